@@ -1,0 +1,10 @@
+//! broca: durable agentic LLM loops. See `README.md` and the house plan for the layers.
+
+pub mod lineage;
+pub mod message;
+pub mod record;
+pub mod session_key;
+pub mod state_root;
+pub mod store;
+pub mod wal;
+pub mod wire;

@@ -1,0 +1,532 @@
+//! A lineage: one session's WAL, its lease, its replayed state and its derived store rows.
+//!
+//! [`Lineage`] is the only writer of its WAL (it holds the lease for as long as it lives).
+//! Opening it acquires the lease, replays the WAL from the store's checkpoint (or from the
+//! start), truncates a torn tail, and seals a run a previous process left open. Appends are
+//! checked against the replay state before they are written, so an invalid record is refused
+//! and nothing is written. Control units become visible (are returned by [`Lineage::commit`])
+//! only after the fsync that makes them durable.
+
+pub mod projection;
+pub mod read;
+pub mod replay;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::json;
+
+use crate::message::Message;
+use crate::record::{self, CancelAt, FinishReason, ProviderError, Record, RequestIdentity};
+use crate::session_key::SessionKey;
+use crate::state_root::StateRoot;
+use crate::store::{Checkpoint, Store, StoreBatch, StoreError};
+use crate::wal::{
+    self, FeatureFloor, Lease, LeaseError, RecordOutcome, ScannedFrame, Wal, WalError, WalOpen,
+};
+use crate::wire::Refusal;
+use projection::{ControlUnit, Cursor};
+use replay::{Replay, ReplayError, Resolution};
+
+/// Derived effects held before the store is written (bounds memory during a long replay).
+const FLUSH_EFFECTS: usize = 512;
+
+/// Every way opening, reading or writing a lineage fails.
+#[derive(Debug)]
+pub enum LineageError {
+    Lease(LeaseError),
+    Wal(WalError),
+    /// A frame's payload is not a record this build can read.
+    Decode {
+        seq: u64,
+        reason: String,
+    },
+    /// The WAL holds a record that may not follow its predecessors.
+    Replay(ReplayError),
+    /// An append was refused before anything was written.
+    Refused(String),
+    Store(StoreError),
+}
+
+impl std::fmt::Display for LineageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LineageError::Lease(e) => e.fmt(f),
+            LineageError::Wal(e) => e.fmt(f),
+            LineageError::Decode { seq, reason } => {
+                write!(f, "wal record seq {seq} does not decode: {reason}")
+            }
+            LineageError::Replay(e) => e.fmt(f),
+            LineageError::Refused(why) => write!(f, "append refused: {why}"),
+            LineageError::Store(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for LineageError {}
+
+impl From<WalError> for LineageError {
+    fn from(e: WalError) -> Self {
+        LineageError::Wal(e)
+    }
+}
+impl From<LeaseError> for LineageError {
+    fn from(e: LeaseError) -> Self {
+        LineageError::Lease(e)
+    }
+}
+impl From<ReplayError> for LineageError {
+    fn from(e: ReplayError) -> Self {
+        LineageError::Replay(e)
+    }
+}
+impl From<StoreError> for LineageError {
+    fn from(e: StoreError) -> Self {
+        LineageError::Store(e)
+    }
+}
+
+impl LineageError {
+    /// The refusal an operation that opens or reads this lineage answers with (spec §10.2).
+    pub fn refusal(&self) -> Refusal {
+        match self {
+            LineageError::Wal(e @ WalError::NewerWriter { missing, .. }) => Refusal::new(
+                "wal_newer_writer",
+                format!("open failed: wal range-read failed: {e}"),
+                Some(json!({"kind": "newer_writer", "missing": missing})),
+            ),
+            LineageError::Lease(e @ LeaseError::Busy { pid, .. }) => Refusal::new(
+                "session_busy",
+                e.to_string(),
+                Some(json!({"state": "leased", "holder_pid": pid})),
+            ),
+            LineageError::Lease(e @ LeaseError::Stale { .. }) => {
+                Refusal::new("lease_stale", e.to_string(), None)
+            }
+            LineageError::Wal(WalError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::Interrupted =>
+            {
+                Refusal::new(
+                    "open_failed",
+                    format!("open failed: {self}"),
+                    Some(json!({"class": "transient"})),
+                )
+            }
+            other => Refusal::new("open_failed", format!("open failed: {other}"), None),
+        }
+    }
+}
+
+/// What happened to a retract request (decided atomically against consumption).
+#[derive(Debug, PartialEq, Eq)]
+pub enum RetractOutcome {
+    /// It was pending; a durable `Retracted` tombstone now says so.
+    Retracted,
+    /// Not pending: already consumed into a run, already retracted, or never queued.
+    NotPending,
+}
+
+/// What opening found and did.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct OpenReport {
+    /// Records replayed from the WAL during this open (the tail after the checkpoint).
+    pub replayed: u64,
+    /// The store checkpoint was used.
+    pub from_checkpoint: bool,
+    /// The run sealed because a previous process left it open.
+    pub sealed_orphan: Option<String>,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn decode(seq: u64, payload: &[u8]) -> Result<Record, LineageError> {
+    Record::decode(payload).map_err(|e| LineageError::Decode { seq, reason: e.0 })
+}
+
+/// The single writer of one session.
+pub struct Lineage {
+    key: SessionKey,
+    store: Arc<Store>,
+    wal: Wal,
+    replay: Replay,
+    /// Units of appended records not yet fsynced (invisible until `commit`).
+    unsynced: Vec<ControlUnit>,
+    /// The last durable control unit.
+    head: Option<Cursor>,
+    /// Derived rows since the store's watermark.
+    batch: StoreBatch,
+    /// A store flush failed: stop flushing (the old checkpoint stays valid) until reopen.
+    store_broken: bool,
+    report: OpenReport,
+    _lease: Lease,
+}
+
+impl Lineage {
+    /// Opens (creating if new) the session's lineage for writing.
+    pub fn open(
+        root: &StateRoot,
+        store: Arc<Store>,
+        floor: Option<Arc<FeatureFloor>>,
+        key: &SessionKey,
+    ) -> Result<Lineage, LineageError> {
+        let lease = Lease::acquire(&root.lease_path(key))?;
+        let path = root.wal_path(key);
+        if !path.exists() {
+            wal::create(&path, key.lineage_id())?;
+        }
+        let header = wal::read_header_of(&path, record::KNOWN_FEATURES)?;
+        let incarnation = header.incarnation_string();
+        let addr = key.addr();
+        let checkpoint = match store.checkpoint(&addr) {
+            Ok(Some(cp)) if cp.incarnation == incarnation => Some(cp),
+            Ok(Some(_)) => {
+                log::info!(
+                    "wal {} has a new incarnation; rebuilding its store rows",
+                    path.display()
+                );
+                store.forget_lineage(&addr)?;
+                None
+            }
+            Ok(None) => None,
+            Err(e) => {
+                log::warn!("store checkpoint of {addr} unreadable ({e}); replaying from the start");
+                None
+            }
+        };
+        let opened = match checkpoint {
+            Some(cp) => match Lineage::replay_open(
+                &path,
+                key,
+                &store,
+                floor.clone(),
+                lease.epoch(),
+                Some(cp),
+                &incarnation,
+            ) {
+                Err(LineageError::Wal(WalError::Corrupt { offset, reason })) => {
+                    log::warn!("store checkpoint of {addr} does not match its wal ({reason} at {offset}); replaying from the start");
+                    store.forget_lineage(&addr)?;
+                    Lineage::replay_open(
+                        &path,
+                        key,
+                        &store,
+                        floor,
+                        lease.epoch(),
+                        None,
+                        &incarnation,
+                    )
+                }
+                other => other,
+            },
+            None => {
+                Lineage::replay_open(&path, key, &store, floor, lease.epoch(), None, &incarnation)
+            }
+        };
+        let (wal, replay, head, batch, report) = opened?;
+        let mut lineage = Lineage {
+            key: key.clone(),
+            store,
+            wal,
+            replay,
+            unsynced: Vec::new(),
+            head,
+            batch,
+            store_broken: false,
+            report,
+            _lease: lease,
+        };
+        lineage.seal_orphan()?;
+        lineage.flush_store(true);
+        Ok(lineage)
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn replay_open(
+        path: &Path,
+        key: &SessionKey,
+        store: &Store,
+        floor: Option<Arc<FeatureFloor>>,
+        epoch: u64,
+        checkpoint: Option<Checkpoint>,
+        incarnation: &str,
+    ) -> Result<(Wal, Replay, Option<Cursor>, StoreBatch, OpenReport), LineageError> {
+        let from_checkpoint = checkpoint.is_some();
+        let resume_at = checkpoint
+            .as_ref()
+            .map(|cp| (cp.next_offset, cp.watermark_seq + 1));
+        let mut replay = checkpoint.map(|cp| cp.replay).unwrap_or_default();
+        let mut batch = StoreBatch::default();
+        let mut replayed = 0u64;
+        let mut visit = |f: ScannedFrame<'_>| -> Result<(), LineageError> {
+            let rec = decode(f.seq, f.payload)?;
+            replay.apply(f.seq, &rec, &mut |e| batch.effects.push(e))?;
+            replay.note_units(f.seq, projection::unit_count(&rec));
+            replayed += 1;
+            if batch.len() >= FLUSH_EFFECTS {
+                batch.checkpoint = Some(Checkpoint {
+                    incarnation: incarnation.to_string(),
+                    watermark_seq: f.seq,
+                    next_offset: f.offset + f.len,
+                    replay: replay.clone(),
+                });
+                store.flush(key, path, &batch)?;
+                batch = StoreBatch::default();
+            }
+            Ok(())
+        };
+        let opts = WalOpen {
+            known_features: record::KNOWN_FEATURES,
+            resume_at,
+            epoch,
+            floor,
+        };
+        let wal = Wal::open(path, opts, &mut visit)?;
+        let head = replay.last_unit;
+        Ok((
+            wal,
+            replay,
+            head,
+            batch,
+            OpenReport {
+                replayed,
+                from_checkpoint,
+                sealed_orphan: None,
+            },
+        ))
+    }
+
+    /// Seals a run a previous process left open (spec §14): unknown-outcome results for calls
+    /// with an intent and no result (never a resend), then `RunFinished{interrupted}` with the
+    /// crash diagnostic — or `cancelled` when a cancel was already durably acknowledged.
+    fn seal_orphan(&mut self) -> Result<(), LineageError> {
+        let Resolution::Resume { run_id } = self.replay.resolution() else {
+            return Ok(());
+        };
+        let step = self.replay.last.as_ref().map_or(0, |e| e.step);
+        let calls: Vec<String> = self
+            .replay
+            .indeterminate_calls()
+            .iter()
+            .map(|c| c.tool_call_id.clone())
+            .collect();
+        for id in &calls {
+            self.append(&Record::ToolResult {
+                run_id: run_id.clone(),
+                step,
+                tool_call_id: id.clone(),
+                output: json!({"kind": "error", "message": "the outcome of this call is unknown: broca ended while it was in flight, and it was not sent again"}),
+                is_error: true,
+                outcome: Some("unknown".into()),
+            })?;
+        }
+        let cancelled = self.replay.last.as_ref().and_then(|e| e.cancel).is_some();
+        let (reason, error) = if cancelled {
+            (FinishReason::Cancelled, None)
+        } else {
+            (
+                FinishReason::Interrupted,
+                Some(ProviderError::previous_process_ended()),
+            )
+        };
+        self.finish_run(&run_id, reason, error, calls)?;
+        self.commit()?;
+        log::info!(
+            "sealed run {run_id} left open by a previous process as {}",
+            reason.as_str()
+        );
+        self.report.sealed_orphan = Some(run_id);
+        Ok(())
+    }
+
+    /// Appends the last episode's `RunFinished` with its counters (not yet durable).
+    pub fn finish_run(
+        &mut self,
+        run_id: &str,
+        reason: FinishReason,
+        error: Option<ProviderError>,
+        indeterminate_tool_calls: Vec<String>,
+    ) -> Result<u64, LineageError> {
+        let e = self
+            .replay
+            .last
+            .as_ref()
+            .ok_or_else(|| LineageError::Refused("no run to finish".into()))?;
+        let rec = Record::RunFinished {
+            run_id: run_id.to_string(),
+            reason,
+            error,
+            usage: e.usage.clone(),
+            retries_used: e.retries_used,
+            final_step_finish_reason: e.final_step_finish_reason.clone(),
+            indeterminate_tool_calls,
+            at_ms: now_ms(),
+        };
+        self.append(&rec)
+    }
+
+    pub fn key(&self) -> &SessionKey {
+        &self.key
+    }
+
+    pub fn wal_path(&self) -> &Path {
+        self.wal.path()
+    }
+
+    pub fn state(&self) -> &Replay {
+        &self.replay
+    }
+
+    pub fn open_report(&self) -> &OpenReport {
+        &self.report
+    }
+
+    /// The last fsynced seq.
+    pub fn durable_seq(&self) -> u64 {
+        self.wal.synced_seq()
+    }
+
+    /// The last durable control unit; `from: "live"` attaches strictly after it.
+    pub fn head(&self) -> Option<Cursor> {
+        self.head
+    }
+
+    /// Checks and appends a record (not yet durable). A refused record writes nothing.
+    pub fn append(&mut self, rec: &Record) -> Result<u64, LineageError> {
+        self.replay.check(rec).map_err(LineageError::Refused)?;
+        let payload = rec.encode();
+        let seq = match self.wal.append(rec.features(), &payload, false) {
+            RecordOutcome::Accepted(seq) => seq,
+            RecordOutcome::Refused(e) => return Err(e.into()),
+        };
+        let batch = &mut self.batch;
+        self.replay
+            .apply(seq, rec, &mut |e| batch.effects.push(e))?;
+        let units = projection::project(seq, rec);
+        self.replay.note_units(seq, units.len());
+        self.unsynced.extend(units);
+        Ok(seq)
+    }
+
+    /// Makes every appended record durable (one fsync) and returns the control units that
+    /// became visible, in cursor order.
+    pub fn commit(&mut self) -> Result<Vec<ControlUnit>, LineageError> {
+        self.wal.sync()?;
+        let units = std::mem::take(&mut self.unsynced);
+        if let Some(last) = units.last() {
+            self.head = Some(last.cursor);
+        }
+        let terminal = self
+            .batch
+            .effects
+            .iter()
+            .any(|e| matches!(e, replay::Effect::RunState { .. }));
+        self.flush_store(terminal || self.batch.len() >= FLUSH_EFFECTS);
+        Ok(units)
+    }
+
+    /// Appends and commits one record.
+    pub fn append_commit(&mut self, rec: &Record) -> Result<(u64, Vec<ControlUnit>), LineageError> {
+        let seq = self.append(rec)?;
+        Ok((seq, self.commit()?))
+    }
+
+    /// Writes derived rows and a checkpoint at the durable head. Only called with nothing
+    /// unsynced. A failure is logged and stops further flushes (the store's older checkpoint
+    /// stays consistent; the next open replays from it).
+    fn flush_store(&mut self, force: bool) {
+        if self.store_broken || !force || self.wal.appended_seq() != self.wal.synced_seq() {
+            return;
+        }
+        self.batch.checkpoint = Some(Checkpoint {
+            incarnation: self.wal.header().incarnation_string(),
+            watermark_seq: self.wal.synced_seq(),
+            next_offset: self.wal.next_offset(),
+            replay: self.replay.clone(),
+        });
+        if let Err(e) = self.store.flush(&self.key, self.wal.path(), &self.batch) {
+            log::warn!(
+                "run-index.db flush for {} failed ({e}); it will be rebuilt from the wal on reopen",
+                self.key.addr()
+            );
+            self.store_broken = true;
+        }
+        self.batch = StoreBatch::default();
+    }
+
+    /// Durably queues a send (spec §11). Durable when this returns.
+    pub fn enqueue(
+        &mut self,
+        submission_id: &str,
+        message: Message,
+        request: RequestIdentity,
+    ) -> Result<u64, LineageError> {
+        let rec = Record::Queued {
+            submission_id: submission_id.into(),
+            message,
+            request,
+        };
+        Ok(self.append_commit(&rec)?.0)
+    }
+
+    /// Retracts a pending send, atomically against its consumption (the writer is `&mut`).
+    pub fn retract(&mut self, submission_id: &str) -> Result<RetractOutcome, LineageError> {
+        if self.replay.pending(submission_id).is_none() {
+            return Ok(RetractOutcome::NotPending);
+        }
+        self.append_commit(&Record::Retracted {
+            submission_id: submission_id.into(),
+        })?;
+        Ok(RetractOutcome::Retracted)
+    }
+
+    /// Records a cancel request for the last run: `step_boundary` is durable before this
+    /// returns (the `"ack"`); a later `now` escalates it.
+    pub fn request_cancel(&mut self, run_id: &str, at: CancelAt) -> Result<(), LineageError> {
+        self.append_commit(&Record::RunCancelRequested {
+            run_id: run_id.into(),
+            at,
+        })?;
+        Ok(())
+    }
+}
+
+impl Drop for Lineage {
+    fn drop(&mut self) {
+        if self.wal.appended_seq() == self.wal.synced_seq() {
+            self.flush_store(!self.batch.is_empty());
+        }
+    }
+}
+
+/// The pieces every lineage of a state root shares.
+pub struct Shared {
+    pub root: StateRoot,
+    pub store: Arc<Store>,
+    pub floor: Arc<FeatureFloor>,
+}
+
+impl Shared {
+    pub fn open(root: StateRoot) -> Result<Shared, LineageError> {
+        let store = Arc::new(Store::open(&root.run_index_path())?);
+        let floor = Arc::new(FeatureFloor::load(&root.feature_floor_path())?);
+        Ok(Shared { root, store, floor })
+    }
+
+    pub fn open_lineage(&self, key: &SessionKey) -> Result<Lineage, LineageError> {
+        Lineage::open(
+            &self.root,
+            self.store.clone(),
+            Some(self.floor.clone()),
+            key,
+        )
+    }
+
+    pub fn wal_path(&self, key: &SessionKey) -> PathBuf {
+        self.root.wal_path(key)
+    }
+}

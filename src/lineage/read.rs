@@ -1,0 +1,98 @@
+//! Reading a lineage without opening it for writing: no lease, nothing written. A torn tail
+//! is not durable and is not read.
+//!
+//! The transcript is the store's materialized prefix ⊕ the WAL tail after its watermark, so
+//! reading a long session costs the page and the tail, not a replay from zero.
+
+use std::path::Path;
+
+use super::projection::{self, ControlUnit, Cursor};
+use super::replay::{Effect, Replay};
+use super::{decode, LineageError};
+use crate::message::Message;
+use crate::record;
+use crate::session_key::SessionKey;
+use crate::store::Store;
+use crate::wal::{self, ScannedFrame};
+
+/// A page of the conversation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TranscriptPage {
+    /// `(ordinal, message)` in ordinal order.
+    pub messages: Vec<(u64, Message)>,
+    /// Messages in the whole conversation.
+    pub prompt_len: u64,
+}
+
+/// Messages `[from, from + limit)` of the session stored at `wal_path`.
+pub fn transcript(
+    store: &Store,
+    key: &SessionKey,
+    wal_path: &Path,
+    from: u64,
+    limit: u64,
+) -> Result<TranscriptPage, LineageError> {
+    let header = wal::read_header_of(wal_path, record::KNOWN_FEATURES)?;
+    let checkpoint = store
+        .checkpoint(&key.addr())?
+        .filter(|cp| cp.incarnation == header.incarnation_string());
+    let end = from.saturating_add(limit);
+    let (mut messages, mut replay, resume) = match checkpoint {
+        Some(cp) => {
+            let upto = cp.replay.prompt_len.min(end);
+            let stored = if from < upto {
+                store.messages(&key.addr(), from, upto - from)?
+            } else {
+                Vec::new()
+            };
+            (
+                stored,
+                cp.replay,
+                Some((cp.next_offset, cp.watermark_seq + 1)),
+            )
+        }
+        None => (Vec::new(), Replay::default(), None),
+    };
+    let mut visit = |f: ScannedFrame<'_>| -> Result<(), LineageError> {
+        let rec = decode(f.seq, f.payload)?;
+        replay.apply(f.seq, &rec, &mut |e| {
+            if let Effect::Message {
+                ordinal, message, ..
+            } = e
+            {
+                if ordinal >= from && ordinal < end {
+                    messages.push((ordinal, message));
+                }
+            }
+        })?;
+        Ok(())
+    };
+    wal::read(wal_path, record::KNOWN_FEATURES, resume, &mut visit)?;
+    Ok(TranscriptPage {
+        messages,
+        prompt_len: replay.prompt_len,
+    })
+}
+
+/// Durable control units strictly after `after` (all units when `None`), at most `limit`.
+pub fn control_units(
+    wal_path: &Path,
+    after: Option<Cursor>,
+    limit: usize,
+) -> Result<Vec<ControlUnit>, LineageError> {
+    let mut out = Vec::new();
+    let mut visit = |f: ScannedFrame<'_>| -> Result<(), LineageError> {
+        if out.len() >= limit || after.is_some_and(|a| f.seq < a.wal_seq) {
+            return Ok(());
+        }
+        let rec = decode(f.seq, f.payload)?;
+        for unit in projection::project(f.seq, &rec) {
+            if after.is_none_or(|a| unit.cursor > a) && out.len() < limit {
+                out.push(unit);
+            }
+        }
+        Ok(())
+    };
+    wal::read(wal_path, record::KNOWN_FEATURES, None, &mut visit)?;
+    Ok(out)
+}

@@ -1,0 +1,554 @@
+//! The episode state machine (spec §3, §11, §17, §21): records in, lineage state out.
+//!
+//! A lineage is a sequence of episodes (runs). Each `RunStarted` closes and validates the
+//! previous episode (it must be finished), then starts a new one; a `RunFinished` marks its
+//! episode finished, never the lineage. Only the last episode is a resume target.
+//!
+//! Invariants of [`Replay`]:
+//! - it holds the last episode, the pending queue and counters only: memory follows the
+//!   configured capacities (one episode's config and open batch, the pending sends), never the
+//!   length of history. Messages leave through the effect sink as they are derived;
+//! - `check` decides whether a record may follow; `apply` never fails after `check` passed, so a
+//!   writer checks, appends, then applies, and a reader applies what the writer checked;
+//! - pending = Queued − Retracted − consumed (by a `RunStarted` or a `Steered`), in FIFO order.
+
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::projection::Cursor;
+use crate::message::{Message, Part, Role, RunUsage};
+use crate::record::{CancelAt, FinishReason, PauseReason, ProviderError, Record, RequestIdentity};
+
+/// A send durably queued and not yet consumed or retracted.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Pending {
+    pub submission_id: String,
+    pub message: Message,
+    pub request: RequestIdentity,
+    pub queued_seq: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "state")]
+pub enum EpisodeStatus {
+    Open,
+    Paused {
+        reason: PauseReason,
+        error: Option<ProviderError>,
+    },
+    Finished {
+        reason: FinishReason,
+        error: Option<ProviderError>,
+    },
+}
+
+/// One call of the current step's tool batch, in planned order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BatchCall {
+    pub tool_call_id: String,
+    pub tool_name: String,
+    /// `(output, is_error)` once its `ToolResult` is recorded.
+    pub result: Option<(Value, bool)>,
+}
+
+/// The last episode of a lineage.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Episode {
+    pub run_id: String,
+    pub submission_id: Option<String>,
+    pub started_seq: u64,
+    pub started_at_ms: u64,
+    /// The frozen render config from `RunStarted`.
+    pub config: Value,
+    pub status: EpisodeStatus,
+    /// The last `StepStarted` number (0 before the first step).
+    pub step: u64,
+    /// A step was started and its `ModelStepFinished` is not recorded yet.
+    pub step_open: bool,
+    pub usage: RunUsage,
+    pub retries_used: u64,
+    pub final_step_finish_reason: Option<String>,
+    pub batch: Vec<BatchCall>,
+    pub cancel: Option<CancelAt>,
+    /// Messages this episode has contributed so far.
+    pub messages: u64,
+}
+
+/// How the last episode stands: what opening the lineage must do with it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Resolution {
+    /// No episode yet.
+    Empty,
+    /// The last episode finished: idle, a send appends a new episode.
+    Idle {
+        run_id: String,
+        reason: FinishReason,
+    },
+    /// Paused (e.g. `AuthRequired`): resumable on the same run_id; no new episode meanwhile.
+    Paused { run_id: String, reason: PauseReason },
+    /// Open: resume the same run_id with the last episode's config and counters.
+    Resume { run_id: String },
+}
+
+/// What replaying a record yields beyond the state: derived facts for the store.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Effect {
+    /// The conversation gained a message at `ordinal`.
+    Message {
+        ordinal: u64,
+        run_id: String,
+        seq: u64,
+        message: Message,
+    },
+    /// A run's lifecycle state changed.
+    RunState {
+        run_id: String,
+        submission_id: Option<String>,
+        state: RunState,
+        seq: u64,
+    },
+}
+
+/// A run's lifecycle state as the run index keeps it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RunState {
+    Active {
+        started_at_ms: u64,
+        config: Value,
+    },
+    Paused {
+        reason: PauseReason,
+        error: Option<ProviderError>,
+    },
+    Finished {
+        reason: FinishReason,
+        error: Option<ProviderError>,
+        usage: RunUsage,
+        at_ms: u64,
+    },
+}
+
+/// A record that may not follow the state: the WAL is not one this engine wrote.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplayError {
+    pub seq: u64,
+    pub reason: String,
+}
+
+impl std::fmt::Display for ReplayError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "replay refused record seq {}: {}", self.seq, self.reason)
+    }
+}
+
+impl std::error::Error for ReplayError {}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Replay {
+    /// Seq of the last applied record.
+    pub last_seq: u64,
+    /// Messages in the conversation so far (the next message's ordinal).
+    pub prompt_len: u64,
+    pub episodes: u64,
+    pub last: Option<Episode>,
+    pub queue: VecDeque<Pending>,
+    /// The cursor of the last control unit projected so far (kept by the reader/writer, not
+    /// by `apply`, since projection is not replay's concern).
+    #[serde(default)]
+    pub last_unit: Option<Cursor>,
+}
+
+impl Replay {
+    pub fn resolution(&self) -> Resolution {
+        match &self.last {
+            None => Resolution::Empty,
+            Some(e) => match &e.status {
+                EpisodeStatus::Finished { reason, .. } => Resolution::Idle {
+                    run_id: e.run_id.clone(),
+                    reason: *reason,
+                },
+                EpisodeStatus::Paused { reason, .. } => Resolution::Paused {
+                    run_id: e.run_id.clone(),
+                    reason: *reason,
+                },
+                EpisodeStatus::Open => Resolution::Resume {
+                    run_id: e.run_id.clone(),
+                },
+            },
+        }
+    }
+
+    /// Notes that the record at `seq` projected `units` control units.
+    pub fn note_units(&mut self, seq: u64, units: usize) {
+        if units > 0 {
+            self.last_unit = Some(Cursor {
+                wal_seq: seq,
+                sub_index: units as u32 - 1,
+            });
+        }
+    }
+
+    pub fn pending(&self, submission_id: &str) -> Option<&Pending> {
+        self.queue.iter().find(|p| p.submission_id == submission_id)
+    }
+
+    /// The episode a record names must be the last one, in an allowed status.
+    fn episode_for(&self, run_id: &str, allow_paused: bool) -> Result<&Episode, String> {
+        let e = self
+            .last
+            .as_ref()
+            .ok_or_else(|| format!("run {run_id} has no RunStarted"))?;
+        if e.run_id != run_id {
+            return Err(format!(
+                "record names run {run_id} but the last episode is {}",
+                e.run_id
+            ));
+        }
+        match e.status {
+            EpisodeStatus::Open => Ok(e),
+            EpisodeStatus::Paused { .. } if allow_paused => Ok(e),
+            _ => Err(format!("run {run_id} is not open")),
+        }
+    }
+
+    /// Whether `record` may follow the current state.
+    pub fn check(&self, record: &Record) -> Result<(), String> {
+        match record {
+            Record::RunStarted(r) => {
+                if let Some(e) = &self.last {
+                    if !matches!(e.status, EpisodeStatus::Finished { .. }) {
+                        return Err(format!(
+                            "run {} started while run {} is not finished",
+                            r.run_id, e.run_id
+                        ));
+                    }
+                    if e.run_id == r.run_id {
+                        return Err(format!("run {} started twice", r.run_id));
+                    }
+                }
+                Ok(())
+            }
+            Record::StepStarted { run_id, step, .. } => {
+                let e = self.episode_for(run_id, false)?;
+                if *step <= e.step || e.step_open {
+                    return Err(format!(
+                        "step {step} does not follow step {} (open: {})",
+                        e.step, e.step_open
+                    ));
+                }
+                Ok(())
+            }
+            Record::ModelAttemptFinished(a) => self.episode_for(&a.run_id, false).map(drop),
+            Record::ModelStepFinished { run_id, step, .. } => {
+                let e = self.episode_for(run_id, false)?;
+                if !e.step_open || *step != e.step {
+                    return Err(format!(
+                        "step {step} finished but the open step is {} (open: {})",
+                        e.step, e.step_open
+                    ));
+                }
+                Ok(())
+            }
+            Record::ToolDispatchIntent {
+                run_id,
+                step,
+                tool_call_id,
+                ..
+            } => {
+                let e = self.episode_for(run_id, false)?;
+                if *step != e.step || e.batch.iter().any(|c| &c.tool_call_id == tool_call_id) {
+                    return Err(format!(
+                        "intent {tool_call_id} for step {step} is a duplicate or not of step {}",
+                        e.step
+                    ));
+                }
+                Ok(())
+            }
+            Record::ToolResult {
+                run_id,
+                tool_call_id,
+                ..
+            } => {
+                let e = self.episode_for(run_id, false)?;
+                match e.batch.iter().find(|c| &c.tool_call_id == tool_call_id) {
+                    Some(c) if c.result.is_none() => Ok(()),
+                    Some(_) => Err(format!("tool call {tool_call_id} already has a result")),
+                    None => Err(format!("tool result {tool_call_id} has no dispatch intent")),
+                }
+            }
+            Record::RunCancelRequested { run_id, .. } => self.episode_for(run_id, true).map(drop),
+            Record::RunPaused { run_id, .. } => self.episode_for(run_id, false).map(drop),
+            Record::RunResumed { run_id } => match self.episode_for(run_id, true)?.status {
+                EpisodeStatus::Paused { .. } => Ok(()),
+                _ => Err(format!("run {run_id} resumed but is not paused")),
+            },
+            Record::RunFinished { run_id, .. } => self.episode_for(run_id, true).map(drop),
+            Record::Queued { submission_id, .. } => match self.pending(submission_id) {
+                Some(_) => Err(format!("submission {submission_id} is already queued")),
+                None => Ok(()),
+            },
+            Record::Steered { run_id, .. } => self.episode_for(run_id, false).map(drop),
+            Record::Retracted { .. } | Record::CacheWarmed { .. } | Record::Unknown(_) => Ok(()),
+        }
+    }
+
+    /// Applies a record at `seq`, reporting derived facts to `sink`.
+    pub fn apply(
+        &mut self,
+        seq: u64,
+        record: &Record,
+        sink: &mut dyn FnMut(Effect),
+    ) -> Result<(), ReplayError> {
+        self.check(record)
+            .map_err(|reason| ReplayError { seq, reason })?;
+        self.last_seq = seq;
+        match record {
+            Record::RunStarted(r) => {
+                if let Some(id) = &r.submission_id {
+                    self.queue.retain(|p| &p.submission_id != id);
+                }
+                self.episodes += 1;
+                self.last = Some(Episode {
+                    run_id: r.run_id.clone(),
+                    submission_id: r.submission_id.clone(),
+                    started_seq: seq,
+                    started_at_ms: r.started_at_ms,
+                    config: r.config.clone(),
+                    status: EpisodeStatus::Open,
+                    step: 0,
+                    step_open: false,
+                    usage: RunUsage::default(),
+                    retries_used: 0,
+                    final_step_finish_reason: None,
+                    batch: Vec::new(),
+                    cancel: None,
+                    messages: 0,
+                });
+                let state = RunState::Active {
+                    started_at_ms: r.started_at_ms,
+                    config: r.config.clone(),
+                };
+                sink(Effect::RunState {
+                    run_id: r.run_id.clone(),
+                    submission_id: r.submission_id.clone(),
+                    state,
+                    seq,
+                });
+                self.push_message(seq, r.input.clone(), sink);
+            }
+            Record::StepStarted { step, .. } => {
+                self.close_batch(seq, sink);
+                let e = self.episode_mut();
+                e.step = *step;
+                e.step_open = true;
+            }
+            Record::ModelAttemptFinished(a) => {
+                if a.outcome == "retry" {
+                    self.episode_mut().retries_used += 1;
+                }
+            }
+            Record::ModelStepFinished {
+                finish_reason,
+                usage,
+                message,
+                provider,
+                model,
+                variant,
+                ..
+            } => {
+                let e = self.episode_mut();
+                e.step_open = false;
+                e.final_step_finish_reason = Some(finish_reason.clone());
+                e.usage.add_step(provider, model, variant.as_deref(), usage);
+                self.push_message(seq, message.clone(), sink);
+            }
+            Record::ToolDispatchIntent {
+                tool_call_id,
+                tool_name,
+                ..
+            } => {
+                self.episode_mut().batch.push(BatchCall {
+                    tool_call_id: tool_call_id.clone(),
+                    tool_name: tool_name.clone(),
+                    result: None,
+                });
+            }
+            Record::ToolResult {
+                tool_call_id,
+                output,
+                is_error,
+                ..
+            } => {
+                if let Some(c) = self
+                    .episode_mut()
+                    .batch
+                    .iter_mut()
+                    .find(|c| &c.tool_call_id == tool_call_id)
+                {
+                    c.result = Some((output.clone(), *is_error));
+                }
+            }
+            Record::RunCancelRequested { at, .. } => {
+                let e = self.episode_mut();
+                e.cancel = Some(match (e.cancel, at) {
+                    (Some(CancelAt::Now), _) | (_, CancelAt::Now) => CancelAt::Now,
+                    _ => CancelAt::StepBoundary,
+                });
+            }
+            Record::RunPaused {
+                run_id,
+                reason,
+                error,
+            } => {
+                self.episode_mut().status = EpisodeStatus::Paused {
+                    reason: *reason,
+                    error: error.clone(),
+                };
+                let state = RunState::Paused {
+                    reason: *reason,
+                    error: error.clone(),
+                };
+                let submission_id = self.episode_mut().submission_id.clone();
+                sink(Effect::RunState {
+                    run_id: run_id.clone(),
+                    submission_id,
+                    state,
+                    seq,
+                });
+            }
+            Record::RunResumed { run_id } => {
+                let e = self.episode_mut();
+                e.status = EpisodeStatus::Open;
+                let state = RunState::Active {
+                    started_at_ms: e.started_at_ms,
+                    config: e.config.clone(),
+                };
+                let submission_id = e.submission_id.clone();
+                sink(Effect::RunState {
+                    run_id: run_id.clone(),
+                    submission_id,
+                    state,
+                    seq,
+                });
+            }
+            Record::RunFinished {
+                run_id,
+                reason,
+                error,
+                usage,
+                at_ms,
+                ..
+            } => {
+                self.close_batch(seq, sink);
+                let e = self.episode_mut();
+                e.status = EpisodeStatus::Finished {
+                    reason: *reason,
+                    error: error.clone(),
+                };
+                e.step_open = false;
+                let state = RunState::Finished {
+                    reason: *reason,
+                    error: error.clone(),
+                    usage: usage.clone(),
+                    at_ms: *at_ms,
+                };
+                let submission_id = e.submission_id.clone();
+                sink(Effect::RunState {
+                    run_id: run_id.clone(),
+                    submission_id,
+                    state,
+                    seq,
+                });
+            }
+            Record::Queued {
+                submission_id,
+                message,
+                request,
+            } => self.queue.push_back(Pending {
+                submission_id: submission_id.clone(),
+                message: message.clone(),
+                request: request.clone(),
+                queued_seq: seq,
+            }),
+            Record::Retracted { submission_id } => {
+                self.queue.retain(|p| &p.submission_id != submission_id)
+            }
+            Record::Steered {
+                submission_id,
+                message,
+                ..
+            } => {
+                self.queue.retain(|p| &p.submission_id != submission_id);
+                self.close_batch(seq, sink);
+                self.push_message(seq, message.clone(), sink);
+            }
+            Record::CacheWarmed { .. } | Record::Unknown(_) => {}
+        }
+        Ok(())
+    }
+
+    fn episode_mut(&mut self) -> &mut Episode {
+        self.last
+            .as_mut()
+            .expect("check() proved an episode exists")
+    }
+
+    fn push_message(&mut self, seq: u64, message: Message, sink: &mut dyn FnMut(Effect)) {
+        let run_id = self
+            .last
+            .as_ref()
+            .map(|e| e.run_id.clone())
+            .unwrap_or_default();
+        if let Some(e) = self.last.as_mut() {
+            e.messages += 1;
+        }
+        sink(Effect::Message {
+            ordinal: self.prompt_len,
+            run_id,
+            seq,
+            message,
+        });
+        self.prompt_len += 1;
+    }
+
+    /// Ends the current tool batch: its recorded results become one tool-role message, in
+    /// planned order.
+    fn close_batch(&mut self, seq: u64, sink: &mut dyn FnMut(Effect)) {
+        let Some(e) = self.last.as_mut() else { return };
+        let batch = std::mem::take(&mut e.batch);
+        let content: Vec<Part> = batch
+            .into_iter()
+            .filter_map(|c| {
+                c.result.map(|(output, is_error)| Part::ToolResult {
+                    tool_call_id: c.tool_call_id,
+                    output,
+                    is_error,
+                })
+            })
+            .collect();
+        if !content.is_empty() {
+            self.push_message(
+                seq,
+                Message {
+                    role: Role::Tool,
+                    content,
+                    origin: None,
+                },
+                sink,
+            );
+        }
+    }
+
+    /// Calls of the open batch with an intent and no result: their outcome is unknown.
+    pub fn indeterminate_calls(&self) -> Vec<&BatchCall> {
+        self.last
+            .iter()
+            .flat_map(|e| e.batch.iter().filter(|c| c.result.is_none()))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

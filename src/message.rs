@@ -1,0 +1,222 @@
+//! Conversation messages in the runner's own schema (`owned-broca`), and usage shapes.
+//!
+//! `{"role":"user","content":[{"type":"text","text":"hi"}]}`; assistant messages may carry
+//! `origin`; a tool-role message holds one `tool_result` part per call of a batch, in planned
+//! order.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    User,
+    Assistant,
+    Tool,
+    System,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Part {
+    Text {
+        text: String,
+    },
+    Reasoning {
+        text: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signature: Option<String>,
+    },
+    ToolCall {
+        tool_call_id: String,
+        tool_name: String,
+        input: Value,
+    },
+    ToolResult {
+        tool_call_id: String,
+        output: Value,
+        is_error: bool,
+    },
+    Image {
+        media_type: String,
+        data: String,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    pub role: Role,
+    pub content: Vec<Part>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<Value>,
+}
+
+impl Message {
+    pub fn user_text(text: impl Into<String>) -> Message {
+        Message {
+            role: Role::User,
+            content: vec![Part::Text { text: text.into() }],
+            origin: None,
+        }
+    }
+
+    pub fn assistant_text(text: impl Into<String>) -> Message {
+        Message {
+            role: Role::Assistant,
+            content: vec![Part::Text { text: text.into() }],
+            origin: None,
+        }
+    }
+
+    /// The text parts joined, as `run.result` reports an assistant's answer.
+    pub fn text(&self) -> String {
+        self.content
+            .iter()
+            .filter_map(|p| match p {
+                Part::Text { text } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// One model step's usage, normalized: `input_tokens` excludes cache reads and writes;
+/// `reasoning_tokens` is inside `output_tokens`; a measurement never reported is absent, never 0.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepUsage {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_input_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_tokens: Option<u64>,
+}
+
+impl StepUsage {
+    /// A step with all five measurements absent is *unreported*.
+    pub fn is_unreported(&self) -> bool {
+        self.input_tokens.is_none()
+            && self.cached_input_tokens.is_none()
+            && self.cache_write_tokens.is_none()
+            && self.output_tokens.is_none()
+            && self.reasoning_tokens.is_none()
+    }
+
+    /// Adds `other` into `self`; a total stays absent until some step reports it.
+    pub fn add(&mut self, other: &StepUsage) {
+        fn add(a: &mut Option<u64>, b: Option<u64>) {
+            if let Some(b) = b {
+                *a = Some(a.unwrap_or(0).saturating_add(b));
+            }
+        }
+        add(&mut self.input_tokens, other.input_tokens);
+        add(&mut self.cached_input_tokens, other.cached_input_tokens);
+        add(&mut self.cache_write_tokens, other.cache_write_tokens);
+        add(&mut self.output_tokens, other.output_tokens);
+        add(&mut self.reasoning_tokens, other.reasoning_tokens);
+    }
+}
+
+/// Usage of one `(provider, model, variant)` within a run.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelUsage {
+    pub provider: String,
+    pub model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
+    pub steps: u64,
+    pub unreported_steps: u64,
+    #[serde(flatten)]
+    pub totals: StepUsage,
+}
+
+/// A run's usage (`RunUsage` of the role): totals plus one entry per model in order of first use.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunUsage {
+    pub steps: u64,
+    pub unreported_steps: u64,
+    #[serde(flatten)]
+    pub totals: StepUsage,
+    #[serde(default)]
+    pub by_model: Vec<ModelUsage>,
+}
+
+impl RunUsage {
+    pub fn add_step(
+        &mut self,
+        provider: &str,
+        model: &str,
+        variant: Option<&str>,
+        usage: &StepUsage,
+    ) {
+        let unreported = u64::from(usage.is_unreported());
+        self.steps += 1;
+        self.unreported_steps += unreported;
+        self.totals.add(usage);
+        let entry = match self.by_model.iter_mut().position(|m| {
+            m.provider == provider && m.model == model && m.variant.as_deref() == variant
+        }) {
+            Some(i) => &mut self.by_model[i],
+            None => {
+                self.by_model.push(ModelUsage {
+                    provider: provider.into(),
+                    model: model.into(),
+                    variant: variant.map(String::from),
+                    ..ModelUsage::default()
+                });
+                self.by_model.last_mut().expect("just pushed")
+            }
+        };
+        entry.steps += 1;
+        entry.unreported_steps += unreported;
+        entry.totals.add(usage);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absent_stays_absent_and_by_model_sums_match() {
+        let mut run = RunUsage::default();
+        run.add_step("p", "m", None, &StepUsage::default());
+        assert_eq!(run.totals, StepUsage::default());
+        assert_eq!(run.unreported_steps, 1);
+        run.add_step(
+            "p",
+            "m2",
+            Some("high"),
+            &StepUsage {
+                output_tokens: Some(5),
+                ..Default::default()
+            },
+        );
+        run.add_step(
+            "p",
+            "m",
+            None,
+            &StepUsage {
+                output_tokens: Some(2),
+                input_tokens: Some(0),
+                ..Default::default()
+            },
+        );
+        assert_eq!(run.totals.output_tokens, Some(7));
+        assert_eq!(run.totals.input_tokens, Some(0));
+        assert_eq!(run.totals.reasoning_tokens, None);
+        assert_eq!(run.by_model.len(), 2);
+        assert_eq!(run.by_model[0].steps + run.by_model[1].steps, run.steps);
+        let json = serde_json::to_string(&run).unwrap();
+        assert!(
+            json.starts_with(
+                r#"{"steps":3,"unreported_steps":1,"input_tokens":0,"output_tokens":7"#
+            ),
+            "{json}"
+        );
+    }
+}

@@ -1,0 +1,378 @@
+//! The typed WAL records (spec §18, §21). Each record is one frame's payload, encoded as JSON
+//! externally tagged by its snake_case name: `{"run_started":{…}}`.
+//!
+//! Compatibility rules: fields are only ever added, with defaults, so old bytes stay readable; a
+//! record type this build does not know decodes as [`Record::Unknown`] and is skipped, unless
+//! its frame names a must-understand feature, in which case the frame is refused by name before
+//! it is decoded (see `wal`). A record whose meaning an older reader must not skip declares
+//! its feature in [`Record::features`].
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::message::{Message, RunUsage, StepUsage};
+
+/// The feature a `RunCancelRequested` frame requires.
+pub const FEATURE_RUN_CANCEL_AT: &str = "run-cancel-at/v1";
+
+/// Every must-understand feature this build reads.
+pub const KNOWN_FEATURES: &[&str] = &[FEATURE_RUN_CANCEL_AT];
+
+/// Where an episode's history comes from.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Origin {
+    #[default]
+    Fresh,
+    SeededFrom {
+        source_lineage: String,
+        at_seq: u64,
+    },
+}
+
+/// A run's terminal reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    Completed,
+    Cancelled,
+    Interrupted,
+    Error,
+    MaxSteps,
+    BudgetExhausted,
+    /// Read, never written by this build.
+    TransformUnavailable,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Completed => "completed",
+            FinishReason::Cancelled => "cancelled",
+            FinishReason::Interrupted => "interrupted",
+            FinishReason::Error => "error",
+            FinishReason::MaxSteps => "max_steps",
+            FinishReason::BudgetExhausted => "budget_exhausted",
+            FinishReason::TransformUnavailable => "transform_unavailable",
+        }
+    }
+}
+
+/// Why a run is paused (non-terminal).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PauseReason {
+    AuthRequired,
+    Restart,
+    ToolHeld,
+}
+
+/// Error classes of the role.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorClass {
+    Transient,
+    Permanent,
+    AuthRequired,
+    ContextOverflow,
+}
+
+/// A typed provider (or process) error persisted on a run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProviderError {
+    pub class: ErrorClass,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_code: Option<String>,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_status: Option<u16>,
+}
+
+/// The provider code of the crash diagnostic written by orphan sealing (spec §14).
+pub const ORPHAN_PROVIDER_CODE: &str = "previous_process_ended_unsealed";
+
+impl ProviderError {
+    /// The diagnostic an orphaned run is sealed with.
+    pub fn previous_process_ended() -> ProviderError {
+        ProviderError {
+            class: ErrorClass::Transient,
+            provider_code: Some(ORPHAN_PROVIDER_CODE.into()),
+            message: "the previous broca process ended without sealing this run: host crash, kill, or power loss".into(),
+            http_status: None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelAt {
+    Now,
+    StepBoundary,
+}
+
+/// Who asked for a queued submission (the request identity, not just its message).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestIdentity {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub harness: Option<String>,
+    pub received_at_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunStarted {
+    /// Authoritative: a resume reuses it.
+    pub run_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submission_id: Option<String>,
+    #[serde(default)]
+    pub origin: Origin,
+    /// The frozen render config (route, model, variant, system, limits, tools): a resume
+    /// renders from this and never re-reads the catalog.
+    pub config: Value,
+    /// The user message that starts the turn.
+    pub input: Message,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    pub started_at_ms: u64,
+}
+
+/// Telemetry of one model attempt (spec §14); every measurement is optional.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AttemptFinished {
+    pub run_id: String,
+    pub step: u64,
+    pub attempt: u32,
+    /// `ok`, `retry`, `failed`, `interrupted`, `cancelled`.
+    pub outcome: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_body_sha256: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ProviderError>,
+    /// Content telemetry fields, kept as written.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub telemetry: serde_json::Map<String, Value>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Record {
+    RunStarted(Box<RunStarted>),
+    StepStarted {
+        run_id: String,
+        step: u64,
+        at_ms: u64,
+    },
+    ModelAttemptFinished(Box<AttemptFinished>),
+    ModelStepFinished {
+        run_id: String,
+        step: u64,
+        finish_reason: String,
+        usage: StepUsage,
+        message: Message,
+        #[serde(default)]
+        provider: String,
+        #[serde(default)]
+        model: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        variant: Option<String>,
+    },
+    ToolDispatchIntent {
+        run_id: String,
+        step: u64,
+        tool_call_id: String,
+        tool_name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        module_id: Option<String>,
+        /// The material the call key derives from (the call's identity, for at-most-once).
+        call_key: String,
+    },
+    ToolResult {
+        run_id: String,
+        step: u64,
+        tool_call_id: String,
+        output: Value,
+        is_error: bool,
+        /// `ok`, `error`, `cancelled`, `interrupted`, `unknown` (an indeterminate call).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        outcome: Option<String>,
+    },
+    RunCancelRequested {
+        run_id: String,
+        at: CancelAt,
+    },
+    RunPaused {
+        run_id: String,
+        reason: PauseReason,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<ProviderError>,
+    },
+    /// A paused run continues (same run_id) from its last durable boundary.
+    RunResumed {
+        run_id: String,
+    },
+    RunFinished {
+        run_id: String,
+        reason: FinishReason,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<ProviderError>,
+        #[serde(default)]
+        usage: RunUsage,
+        #[serde(default)]
+        retries_used: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        final_step_finish_reason: Option<String>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        indeterminate_tool_calls: Vec<String>,
+        #[serde(default)]
+        at_ms: u64,
+    },
+    Queued {
+        submission_id: String,
+        message: Message,
+        request: RequestIdentity,
+    },
+    Retracted {
+        submission_id: String,
+    },
+    /// A queued submission delivered into the running run at a step boundary.
+    Steered {
+        run_id: String,
+        submission_id: String,
+        message: Message,
+    },
+    /// Informational; replay skips it.
+    CacheWarmed {
+        #[serde(default)]
+        detail: Value,
+    },
+    /// A record type this build does not know (and whose frame required no feature).
+    #[serde(skip)]
+    Unknown(String),
+}
+
+/// Why a payload is not a record.
+#[derive(Debug)]
+pub struct DecodeError(pub String);
+
+impl Record {
+    /// The must-understand features a frame holding this record requires.
+    pub fn features(&self) -> &'static [&'static str] {
+        match self {
+            Record::RunCancelRequested { .. } => &[FEATURE_RUN_CANCEL_AT],
+            _ => &[],
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("records always serialize")
+    }
+
+    /// Decodes a payload. A well-formed record of a type this build does not know is
+    /// `Unknown(type)`; anything else malformed is an error.
+    pub fn decode(payload: &[u8]) -> Result<Record, DecodeError> {
+        match serde_json::from_slice::<Record>(payload) {
+            Ok(r) => Ok(r),
+            Err(e) => {
+                #[derive(Deserialize)]
+                struct Tagged(std::collections::BTreeMap<String, serde::de::IgnoredAny>);
+                match serde_json::from_slice::<Tagged>(payload) {
+                    Ok(Tagged(map)) if map.len() == 1 => {
+                        let name = map.into_keys().next().unwrap_or_default();
+                        if Record::is_known_type(&name) {
+                            Err(DecodeError(format!("{name}: {e}")))
+                        } else {
+                            Ok(Record::Unknown(name))
+                        }
+                    }
+                    _ => Err(DecodeError(e.to_string())),
+                }
+            }
+        }
+    }
+
+    fn is_known_type(name: &str) -> bool {
+        matches!(
+            name,
+            "run_started"
+                | "step_started"
+                | "model_attempt_finished"
+                | "model_step_finished"
+                | "tool_dispatch_intent"
+                | "tool_result"
+                | "run_cancel_requested"
+                | "run_paused"
+                | "run_resumed"
+                | "run_finished"
+                | "queued"
+                | "retracted"
+                | "steered"
+                | "cache_warmed"
+        )
+    }
+
+    /// The run this record belongs to, when it belongs to one.
+    pub fn run_id(&self) -> Option<&str> {
+        match self {
+            Record::RunStarted(r) => Some(&r.run_id),
+            Record::ModelAttemptFinished(a) => Some(&a.run_id),
+            Record::StepStarted { run_id, .. }
+            | Record::ModelStepFinished { run_id, .. }
+            | Record::ToolDispatchIntent { run_id, .. }
+            | Record::ToolResult { run_id, .. }
+            | Record::RunCancelRequested { run_id, .. }
+            | Record::RunPaused { run_id, .. }
+            | Record::RunResumed { run_id }
+            | Record::RunFinished { run_id, .. }
+            | Record::Steered { run_id, .. } => Some(run_id),
+            Record::Queued { .. }
+            | Record::Retracted { .. }
+            | Record::CacheWarmed { .. }
+            | Record::Unknown(_) => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_types_decode_as_unknown_and_known_garbage_is_an_error() {
+        assert!(
+            matches!(Record::decode(br#"{"future_thing":{"x":1}}"#), Ok(Record::Unknown(n)) if n == "future_thing")
+        );
+        assert!(Record::decode(br#"{"run_started":{"x":1}}"#).is_err());
+        assert!(Record::decode(b"not json").is_err());
+        assert!(Record::decode(b"{}").is_err());
+    }
+
+    #[test]
+    fn additive_fields_are_tolerated() {
+        let bytes = br#"{"retracted":{"submission_id":"sub-1","added_later":true}}"#;
+        assert_eq!(
+            Record::decode(bytes).unwrap(),
+            Record::Retracted {
+                submission_id: "sub-1".into()
+            }
+        );
+    }
+
+    #[test]
+    fn round_trip() {
+        let r = Record::RunFinished {
+            run_id: "run-1".into(),
+            reason: FinishReason::Interrupted,
+            error: Some(ProviderError::previous_process_ended()),
+            usage: RunUsage::default(),
+            retries_used: 0,
+            final_step_finish_reason: None,
+            indeterminate_tool_calls: vec![],
+            at_ms: 5,
+        };
+        assert_eq!(Record::decode(&r.encode()).unwrap(), r);
+    }
+}

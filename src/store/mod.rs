@@ -1,0 +1,514 @@
+//! `run-index.db`: the derived projection of the WALs (SQLite). Never the source of truth:
+//! deleting it loses nothing, because reopening a lineage derives everything again.
+//!
+//! Tables:
+//! - `lineages`: one row per lineage: its key, WAL path, incarnation and the **checkpoint**
+//!   (watermark seq, offset of the next frame, serialized replay state) that lets an open
+//!   replay only the WAL tail;
+//! - `transcript`: materialized messages up to the lineage's watermark;
+//! - `runs`: `run_id → {session, lineage, submission_id, state, wal_path, …}`; a terminal
+//!   row is never overwritten by a nonterminal one;
+//! - `export_facts` / `export_meta`: the metering lane (spec §17b), insert-once, readable by
+//!   other processes with `mode=ro` while broca writes (WAL journal mode).
+//!
+//! Invariant: a flush writes messages, run rows, facts and the checkpoint in one transaction,
+//! so the watermark never claims messages the table lacks.
+
+use std::path::{Path, PathBuf};
+
+use parking_lot::Mutex;
+use rusqlite::{params, Connection, OptionalExtension};
+
+use crate::lineage::replay::{Effect, Replay, RunState};
+use crate::message::Message;
+use crate::session_key::SessionKey;
+
+const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS lineages (
+    lineage TEXT PRIMARY KEY,
+    project_root TEXT NOT NULL,
+    harness TEXT NOT NULL,
+    session TEXT NOT NULL,
+    wal_path TEXT NOT NULL,
+    incarnation TEXT NOT NULL,
+    watermark_seq INTEGER NOT NULL,
+    next_offset INTEGER NOT NULL,
+    replay TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS transcript (
+    lineage TEXT NOT NULL,
+    ordinal INTEGER NOT NULL,
+    run_id TEXT NOT NULL,
+    wal_seq INTEGER NOT NULL,
+    message TEXT NOT NULL,
+    PRIMARY KEY (lineage, ordinal)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT NOT NULL,
+    lineage TEXT NOT NULL,
+    session TEXT NOT NULL,
+    harness TEXT NOT NULL,
+    project_root TEXT NOT NULL,
+    submission_id TEXT,
+    state TEXT NOT NULL,
+    reason TEXT,
+    error TEXT,
+    terminal INTEGER NOT NULL DEFAULT 0,
+    wal_path TEXT NOT NULL,
+    title TEXT,
+    started_seq INTEGER,
+    updated_seq INTEGER NOT NULL,
+    PRIMARY KEY (lineage, run_id)
+);
+CREATE INDEX IF NOT EXISTS runs_by_id ON runs (run_id);
+CREATE TABLE IF NOT EXISTS export_facts (
+    export_seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    fact_id TEXT NOT NULL UNIQUE,
+    kind TEXT NOT NULL,
+    lineage TEXT NOT NULL,
+    session TEXT NOT NULL,
+    harness TEXT NOT NULL,
+    project_root TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    provider TEXT,
+    model TEXT,
+    variant TEXT,
+    steps INTEGER NOT NULL,
+    unreported_steps INTEGER NOT NULL,
+    input_tokens INTEGER,
+    cached_input_tokens INTEGER,
+    cache_write_tokens INTEGER,
+    output_tokens INTEGER,
+    reasoning_tokens INTEGER,
+    terminal_reason TEXT NOT NULL,
+    occurred_at_ms INTEGER,
+    occurred_at_precision TEXT NOT NULL,
+    recorded_at_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS export_meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+"#;
+
+#[derive(Debug)]
+pub enum StoreError {
+    Sqlite(rusqlite::Error),
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// A stored row does not decode (the database is damaged; rebuild it).
+    Damaged(String),
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Sqlite(e) => write!(f, "run-index.db: {e}"),
+            StoreError::Io { path, source } => {
+                write!(f, "run-index.db {}: {source}", path.display())
+            }
+            StoreError::Damaged(what) => write!(f, "run-index.db holds an unreadable row: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        StoreError::Sqlite(e)
+    }
+}
+
+/// Where a lineage's materialized prefix ends.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Checkpoint {
+    pub incarnation: String,
+    /// The last record covered.
+    pub watermark_seq: u64,
+    /// Offset of the frame after the watermark.
+    pub next_offset: u64,
+    pub replay: Replay,
+}
+
+/// Derived facts waiting to be written, with the checkpoint they bring the store to.
+#[derive(Debug, Default)]
+pub struct StoreBatch {
+    pub effects: Vec<Effect>,
+    pub checkpoint: Option<Checkpoint>,
+}
+
+impl StoreBatch {
+    pub fn is_empty(&self) -> bool {
+        self.effects.is_empty() && self.checkpoint.is_none()
+    }
+
+    /// Messages held, for the flush threshold.
+    pub fn len(&self) -> usize {
+        self.effects.len()
+    }
+}
+
+/// A run's row in the index.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunRow {
+    pub run_id: String,
+    pub lineage: String,
+    pub session: String,
+    pub submission_id: Option<String>,
+    pub state: String,
+    pub reason: Option<String>,
+    pub error: Option<String>,
+    pub terminal: bool,
+    pub wal_path: String,
+}
+
+pub struct Store {
+    path: PathBuf,
+    conn: Mutex<Connection>,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Store {
+    /// Opens (or creates, 0600, minting `source_instance_id`) the database at `path`.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        if !path.exists() {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .open(path)
+                .map_err(|source| StoreError::Io {
+                    path: path.into(),
+                    source,
+                })?;
+        }
+        let conn = Connection::open(path)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        conn.execute_batch(SCHEMA)?;
+        conn.execute(
+            "INSERT OR IGNORE INTO export_meta (key, value) VALUES ('source_instance_id', ?1)",
+            [uuid::Uuid::new_v4().to_string()],
+        )?;
+        conn.execute(
+            "INSERT OR IGNORE INTO export_meta (key, value) VALUES ('high_water', '0')",
+            [],
+        )?;
+        Ok(Store {
+            path: path.to_path_buf(),
+            conn: Mutex::new(conn),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The lineage's checkpoint, if its prefix is materialized.
+    pub fn checkpoint(&self, lineage: &str) -> Result<Option<Checkpoint>, StoreError> {
+        let conn = self.conn.lock();
+        let row = conn
+            .query_row(
+                "SELECT incarnation, watermark_seq, next_offset, replay FROM lineages WHERE lineage = ?1",
+                [lineage],
+                |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?, r.get::<_, String>(3)?)),
+            )
+            .optional()?;
+        let Some((incarnation, seq, offset, replay)) = row else {
+            return Ok(None);
+        };
+        let replay: Replay = serde_json::from_str(&replay)
+            .map_err(|e| StoreError::Damaged(format!("checkpoint: {e}")))?;
+        Ok(Some(Checkpoint {
+            incarnation,
+            watermark_seq: seq as u64,
+            next_offset: offset as u64,
+            replay,
+        }))
+    }
+
+    /// Drops everything derived from a lineage (its WAL was replaced: a new incarnation).
+    pub fn forget_lineage(&self, lineage: &str) -> Result<(), StoreError> {
+        let mut conn = self.conn.lock();
+        let tx = conn.transaction()?;
+        tx.execute("DELETE FROM transcript WHERE lineage = ?1", [lineage])?;
+        tx.execute("DELETE FROM runs WHERE lineage = ?1", [lineage])?;
+        tx.execute("DELETE FROM lineages WHERE lineage = ?1", [lineage])?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Writes a batch in one transaction.
+    pub fn flush(
+        &self,
+        key: &SessionKey,
+        wal_path: &Path,
+        batch: &StoreBatch,
+    ) -> Result<(), StoreError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let lineage = key.addr();
+        let wal = wal_path.to_string_lossy();
+        let mut conn = self.conn.lock();
+        let tx = conn.transaction()?;
+        {
+            let mut put_message = tx.prepare_cached(
+                "INSERT OR REPLACE INTO transcript (lineage, ordinal, run_id, wal_seq, message) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?;
+            let mut put_run = tx.prepare_cached(
+                "INSERT INTO runs (run_id, lineage, session, harness, project_root, submission_id, state, reason, error, terminal, wal_path, started_seq, updated_seq)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12)
+                 ON CONFLICT (lineage, run_id) DO UPDATE SET state = excluded.state, reason = excluded.reason,
+                     error = excluded.error, terminal = excluded.terminal, updated_seq = excluded.updated_seq
+                 WHERE runs.terminal = 0 AND excluded.updated_seq >= runs.updated_seq",
+            )?;
+            for effect in &batch.effects {
+                match effect {
+                    Effect::Message {
+                        ordinal,
+                        run_id,
+                        seq,
+                        message,
+                    } => {
+                        let json = serde_json::to_string(message).expect("messages serialize");
+                        put_message.execute(params![
+                            lineage,
+                            *ordinal as i64,
+                            run_id,
+                            *seq as i64,
+                            json
+                        ])?;
+                    }
+                    Effect::RunState {
+                        run_id,
+                        submission_id,
+                        state,
+                        seq,
+                    } => {
+                        let (name, reason, error, terminal) = match state {
+                            RunState::Active { .. } => ("active", None, None, false),
+                            RunState::Paused { reason, error } => (
+                                "paused",
+                                Some(json_str(reason)),
+                                error.as_ref().map(json_string),
+                                false,
+                            ),
+                            RunState::Finished { reason, error, .. } => (
+                                "terminal",
+                                Some(reason.as_str().to_string()),
+                                error.as_ref().map(json_string),
+                                true,
+                            ),
+                        };
+                        put_run.execute(params![
+                            run_id,
+                            lineage,
+                            key.session,
+                            key.harness,
+                            key.project_root,
+                            submission_id,
+                            name,
+                            reason,
+                            error,
+                            terminal,
+                            wal,
+                            *seq as i64
+                        ])?;
+                        if let RunState::Finished {
+                            reason,
+                            usage,
+                            at_ms,
+                            ..
+                        } = state
+                        {
+                            insert_facts(
+                                &tx,
+                                key,
+                                &lineage,
+                                run_id,
+                                reason.as_str(),
+                                usage,
+                                *at_ms,
+                            )?;
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(cp) = &batch.checkpoint {
+            let replay = serde_json::to_string(&cp.replay).expect("replay state serializes");
+            tx.execute(
+                "INSERT INTO lineages (lineage, project_root, harness, session, wal_path, incarnation, watermark_seq, next_offset, replay)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                 ON CONFLICT (lineage) DO UPDATE SET wal_path = excluded.wal_path, incarnation = excluded.incarnation,
+                     watermark_seq = excluded.watermark_seq, next_offset = excluded.next_offset, replay = excluded.replay",
+                params![
+                    lineage,
+                    key.project_root,
+                    key.harness,
+                    key.session,
+                    wal,
+                    cp.incarnation,
+                    cp.watermark_seq as i64,
+                    cp.next_offset as i64,
+                    replay
+                ],
+            )?;
+        }
+        tx.execute(
+            "UPDATE export_meta SET value = (SELECT COALESCE(MAX(export_seq), 0) FROM export_facts) WHERE key = 'high_water'",
+            [],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Materialized messages `[from, from + limit)` of a lineage, in ordinal order.
+    pub fn messages(
+        &self,
+        lineage: &str,
+        from: u64,
+        limit: u64,
+    ) -> Result<Vec<(u64, Message)>, StoreError> {
+        let conn = self.conn.lock();
+        let mut stmt = conn.prepare_cached(
+            "SELECT ordinal, message FROM transcript WHERE lineage = ?1 AND ordinal >= ?2 ORDER BY ordinal LIMIT ?3",
+        )?;
+        let rows = stmt.query_map(
+            params![lineage, from as i64, limit.min(i64::MAX as u64) as i64],
+            |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, String>(1)?)),
+        )?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (ordinal, json) = row?;
+            let message = serde_json::from_str(&json)
+                .map_err(|e| StoreError::Damaged(format!("message {ordinal}: {e}")))?;
+            out.push((ordinal, message));
+        }
+        Ok(out)
+    }
+
+    /// The index row of `run_id` (most recently updated if several lineages used the id).
+    pub fn run(&self, run_id: &str) -> Result<Option<RunRow>, StoreError> {
+        let conn = self.conn.lock();
+        let row = conn
+            .query_row(
+                "SELECT run_id, lineage, session, submission_id, state, reason, error, terminal, wal_path FROM runs
+                 WHERE run_id = ?1 ORDER BY updated_seq DESC LIMIT 1",
+                [run_id],
+                |r| {
+                    Ok(RunRow {
+                        run_id: r.get(0)?,
+                        lineage: r.get(1)?,
+                        session: r.get(2)?,
+                        submission_id: r.get(3)?,
+                        state: r.get(4)?,
+                        reason: r.get(5)?,
+                        error: r.get(6)?,
+                        terminal: r.get(7)?,
+                        wal_path: r.get(8)?,
+                    })
+                },
+            )
+            .optional()?;
+        Ok(row)
+    }
+}
+
+fn json_string<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).expect("serializes")
+}
+
+/// A unit enum's bare name (`"auth_required"` → `auth_required`).
+fn json_str<T: serde::Serialize>(v: &T) -> String {
+    json_string(v).trim_matches('"').to_string()
+}
+
+/// One usage-only fact per `(run, provider, model, variant)`; a run with no step gets one fact
+/// with no model. Insert-once: a replay of the same terminal adds nothing.
+fn insert_facts(
+    tx: &rusqlite::Transaction<'_>,
+    key: &SessionKey,
+    lineage: &str,
+    run_id: &str,
+    reason: &str,
+    usage: &crate::message::RunUsage,
+    at_ms: u64,
+) -> Result<(), StoreError> {
+    let mut stmt = tx.prepare_cached(
+        "INSERT OR IGNORE INTO export_facts (fact_id, kind, lineage, session, harness, project_root, run_id, provider, model, variant,
+            steps, unreported_steps, input_tokens, cached_input_tokens, cache_write_tokens, output_tokens, reasoning_tokens,
+            terminal_reason, occurred_at_ms, occurred_at_precision, recorded_at_ms)
+         VALUES (?1, 'session', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, 'terminal', ?19)",
+    )?;
+    let occurred = (at_ms > 0).then_some(at_ms as i64);
+    let opt = |v: Option<u64>| v.map(|v| v as i64);
+    let mut put = |provider: Option<&str>,
+                   model: Option<&str>,
+                   variant: Option<&str>,
+                   steps: u64,
+                   unreported: u64,
+                   t: &crate::message::StepUsage| {
+        let fact_id = format!(
+            "{lineage}:{run_id}:{}:{}:{}",
+            provider.unwrap_or(""),
+            model.unwrap_or(""),
+            variant.unwrap_or("")
+        );
+        stmt.execute(params![
+            fact_id,
+            lineage,
+            key.session,
+            key.harness,
+            key.project_root,
+            run_id,
+            provider,
+            model,
+            variant,
+            steps as i64,
+            unreported as i64,
+            opt(t.input_tokens),
+            opt(t.cached_input_tokens),
+            opt(t.cache_write_tokens),
+            opt(t.output_tokens),
+            opt(t.reasoning_tokens),
+            reason,
+            occurred,
+            now_ms() as i64
+        ])
+    };
+    if usage.by_model.is_empty() {
+        put(
+            None,
+            None,
+            None,
+            usage.steps,
+            usage.unreported_steps,
+            &usage.totals,
+        )?;
+    }
+    for m in &usage.by_model {
+        put(
+            Some(&m.provider),
+            Some(&m.model),
+            m.variant.as_deref(),
+            m.steps,
+            m.unreported_steps,
+            &m.totals,
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,109 @@
+//! The single-writer lease: an exclusive OS file lock on `leases/<addr>.lease`.
+//!
+//! The lock is held for as long as the [`Lease`] lives (the OS drops it when the process dies,
+//! so a crashed holder never strands a session). Each acquisition increments the epoch stored
+//! in the file; records are stamped with it as a forensic tenure mark. The file also names the
+//! holder's pid so a second opener can say who holds it.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug)]
+pub enum LeaseError {
+    /// A live process holds the lease.
+    Busy { pid: Option<u32>, epoch: u64 },
+    /// The lock is held but the recorded holder is gone (the lock outlived it, e.g. through an
+    /// inherited descriptor): not safe to write, and not a live session either.
+    Stale { pid: u32, epoch: u64 },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+impl std::fmt::Display for LeaseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LeaseError::Busy {
+                pid: Some(pid),
+                epoch,
+            } => write!(f, "session lease is held by pid {pid} (epoch {epoch})"),
+            LeaseError::Busy { pid: None, epoch } => {
+                write!(f, "session lease is held (epoch {epoch})")
+            }
+            LeaseError::Stale { pid, epoch } => {
+                write!(f, "session lease is stale: locked, but its holder pid {pid} (epoch {epoch}) is gone")
+            }
+            LeaseError::Io { path, source } => write!(f, "lease {}: {source}", path.display()),
+        }
+    }
+}
+
+impl std::error::Error for LeaseError {}
+
+/// A held lease. Dropping it releases the lock.
+#[derive(Debug)]
+pub struct Lease {
+    file: File,
+    epoch: u64,
+}
+
+fn parse(text: &str) -> (u64, Option<u32>) {
+    let mut words = text.split_whitespace();
+    let epoch = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
+    let pid = words.next().and_then(|w| w.parse().ok());
+    (epoch, pid)
+}
+
+impl Lease {
+    /// Takes the lease at `path` without waiting.
+    pub fn acquire(path: &Path) -> Result<Lease, LeaseError> {
+        let io = |source| LeaseError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)
+            .map_err(io)?;
+        let mut text = String::new();
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                file.read_to_string(&mut text).map_err(io)?;
+                let (epoch, pid) = parse(&text);
+                return Err(match pid {
+                    Some(pid) if !Path::new(&format!("/proc/{pid}")).exists() => {
+                        LeaseError::Stale { pid, epoch }
+                    }
+                    pid => LeaseError::Busy { pid, epoch },
+                });
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+        }
+        file.read_to_string(&mut text).map_err(io)?;
+        let epoch = parse(&text).0 + 1;
+        file.seek(SeekFrom::Start(0)).map_err(io)?;
+        file.set_len(0).map_err(io)?;
+        write!(file, "{epoch} {}\n", std::process::id()).map_err(io)?;
+        file.sync_data().map_err(io)?;
+        Ok(Lease { file, epoch })
+    }
+
+    /// This tenure's epoch (1 for the first holder ever).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let _ = self.file.unlock();
+    }
+}

@@ -1,0 +1,588 @@
+//! The write-ahead log: one append-only file per session, the source of truth.
+//!
+//! A file is a header frame (seq 0: the lineage id and an incarnation UUID minted once at
+//! creation) followed by record frames with seqs 1, 2, 3, … across every episode. This layer
+//! frames, checksums, fsyncs and recovers bytes; it does not know what records mean.
+//!
+//! Invariants of [`Wal`]:
+//! - one writer: the caller holds the session's [`Lease`]; `end` is the file length this writer
+//!   last saw, and an append finding the file at another length is refused (`Stale`);
+//! - `synced_seq <= appended_seq`; an accepted seq is durable only once `sync` returned it;
+//! - unsynced frames live only in `pending` (so nothing a reader can see is undurable for long,
+//!   and a group of records costs one `write` and one `fdatasync`);
+//! - after any failed write or fsync the WAL is poisoned and refuses appends until reopened.
+
+mod floor;
+pub mod frame;
+mod lease;
+pub mod reader;
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub use floor::FeatureFloor;
+pub use frame::{Frame, FrameKind, FRAME_VERSION};
+pub use lease::{Lease, LeaseError};
+pub use reader::{FrameReader, Next};
+
+/// Magic and layout of the header frame's payload.
+const HEADER_MAGIC: &[u8; 4] = b"BWAL";
+const HEADER_LAYOUT: u8 = 1;
+const HEADER_PAYLOAD_LEN: usize = 4 + 1 + 16 + 16;
+/// Unsynced bytes beyond which `append` writes (without syncing) to bound memory.
+const PENDING_FLUSH: usize = 1 << 20;
+
+/// The identity a WAL file carries in its header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WalHeader {
+    /// The session's lineage id (derived from its bind triple).
+    pub lineage: [u8; 16],
+    /// Minted once when the file is created, never by a read.
+    pub incarnation: [u8; 16],
+}
+
+impl WalHeader {
+    fn encode(&self) -> Vec<u8> {
+        let mut p = Vec::with_capacity(HEADER_PAYLOAD_LEN);
+        p.extend_from_slice(HEADER_MAGIC);
+        p.push(HEADER_LAYOUT);
+        p.extend_from_slice(&self.lineage);
+        p.extend_from_slice(&self.incarnation);
+        p
+    }
+
+    fn decode(payload: &[u8]) -> Option<WalHeader> {
+        if payload.len() < HEADER_PAYLOAD_LEN
+            || &payload[..4] != HEADER_MAGIC
+            || payload[4] != HEADER_LAYOUT
+        {
+            return None;
+        }
+        Some(WalHeader {
+            lineage: payload[5..21].try_into().ok()?,
+            incarnation: payload[21..37].try_into().ok()?,
+        })
+    }
+
+    pub fn incarnation_string(&self) -> String {
+        uuid::Uuid::from_bytes(self.incarnation)
+            .hyphenated()
+            .to_string()
+    }
+}
+
+/// Every way a WAL operation fails. One enum for the family; the lineage layer maps it to the
+/// spec's refusal codes (`wal_newer_writer`, `open_failed`).
+#[derive(Debug)]
+pub enum WalError {
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    /// A bad frame before the tail. Nothing was rewritten.
+    Corrupt { offset: u64, reason: String },
+    /// A complete frame requires features this build does not know.
+    NewerWriter {
+        version: u16,
+        offset: u64,
+        missing: Vec<String>,
+    },
+    /// The file does not start with a valid header frame.
+    NotAWal { reason: &'static str },
+    /// An earlier write or fsync failed; reopen to continue.
+    Poisoned { cause: String },
+    /// Another writer appended since this one last looked.
+    Stale { expected_len: u64, found_len: u64 },
+    /// The record cannot be framed (too large, a bad feature name).
+    Unframeable { reason: String },
+}
+
+impl std::fmt::Display for WalError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WalError::Io { op, path, source } => write!(f, "wal {op} failed for {}: {source}", path.display()),
+            WalError::Corrupt { offset, reason } => write!(f, "wal corrupt at offset {offset}: {reason}"),
+            WalError::NewerWriter { version, offset, missing } => write!(
+                f,
+                "wal written by a newer broca (NewerWriter): the version {version} frame at offset {offset} requires features this build does not know: {}",
+                missing.join(", ")
+            ),
+            WalError::NotAWal { reason } => write!(f, "not a broca wal: {reason}"),
+            WalError::Poisoned { cause } => write!(f, "wal refuses appends after an earlier failure: {cause}"),
+            WalError::Stale { expected_len, found_len } => write!(
+                f,
+                "wal integrity check failed: another writer appended (expected {expected_len} bytes, found {found_len})"
+            ),
+            WalError::Unframeable { reason } => write!(f, "record cannot be framed: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for WalError {}
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> WalError + 'a {
+    move |source| WalError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The answer to an append.
+#[derive(Debug)]
+pub enum RecordOutcome {
+    /// Accepted at this seq; durable only after a successful `sync`.
+    Accepted(u64),
+    Refused(WalError),
+}
+
+/// A record frame seen while opening.
+pub struct ScannedFrame<'a> {
+    pub offset: u64,
+    /// Total frame length: `offset + len` is where the next frame starts.
+    pub len: u64,
+    pub seq: u64,
+    pub epoch: u64,
+    pub payload: &'a [u8],
+}
+
+/// How to open a WAL.
+pub struct WalOpen<'a> {
+    /// Feature names this build understands.
+    pub known_features: &'a [&'a str],
+    /// Start the scan here instead of after the header: `(offset, seq of the frame there)`,
+    /// from a checkpoint. A mismatch fails with `Corrupt` so the caller can rescan.
+    pub resume_at: Option<(u64, u64)>,
+    /// The lease epoch stamped on appended frames.
+    pub epoch: u64,
+    pub floor: Option<Arc<FeatureFloor>>,
+}
+
+/// The single writer of one WAL file.
+pub struct Wal {
+    path: PathBuf,
+    file: File,
+    header: WalHeader,
+    epoch: u64,
+    floor: Option<Arc<FeatureFloor>>,
+    /// File length as this writer last left it (the integrity high-water mark).
+    end: u64,
+    /// Frames accepted but not yet written.
+    pending: Vec<u8>,
+    /// Frames written to the file but not yet fsynced.
+    unsynced_written: bool,
+    appended_seq: u64,
+    synced_seq: u64,
+    poisoned: Option<String>,
+    scratch: Vec<u8>,
+}
+
+/// Creates a new WAL atomically (temp file, fsync, rename, fsync of the directory), so a crash
+/// leaves either no file or a complete header.
+pub fn create(path: &Path, lineage: [u8; 16]) -> Result<WalHeader, WalError> {
+    let dir = path.parent().ok_or(WalError::NotAWal {
+        reason: "path has no parent directory",
+    })?;
+    let header = WalHeader {
+        lineage,
+        incarnation: *uuid::Uuid::new_v4().as_bytes(),
+    };
+    let tmp = path.with_extension("wal.tmp");
+    let mut out = Vec::new();
+    frame::encode(&mut out, FrameKind::Header, 0, 0, &[], &header.encode());
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io_err("create", &tmp))?;
+    f.write_all(&out).map_err(io_err("write", &tmp))?;
+    f.sync_all().map_err(io_err("fsync", &tmp))?;
+    fs::rename(&tmp, path).map_err(io_err("rename", path))?;
+    sync_dir(dir)?;
+    Ok(header)
+}
+
+/// Fsyncs a directory so a rename or create in it is durable.
+pub fn sync_dir(dir: &Path) -> Result<(), WalError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err("fsync directory", dir))
+}
+
+/// Reads and checks the header frame. Returns the header and the offset after it.
+fn read_header(
+    reader: &mut FrameReader,
+    path: &Path,
+    known: &[&str],
+) -> Result<(WalHeader, u64), WalError> {
+    match reader.next().map_err(io_err("read", path))? {
+        Next::Frame { frame, len, offset } => {
+            check_features(&frame, offset, known)?;
+            if frame.kind != FrameKind::Header || frame.seq != 0 {
+                return Err(WalError::NotAWal {
+                    reason: "first frame is not a header",
+                });
+            }
+            let header = WalHeader::decode(frame.payload).ok_or(WalError::NotAWal {
+                reason: "bad header payload",
+            })?;
+            Ok((header, len as u64))
+        }
+        _ => Err(WalError::NotAWal {
+            reason: "no complete header frame",
+        }),
+    }
+}
+
+fn check_features(frame: &Frame<'_>, offset: u64, known: &[&str]) -> Result<(), WalError> {
+    let missing: Vec<String> = frame
+        .features
+        .iter()
+        .filter(|f| !known.contains(f))
+        .map(|f| f.to_string())
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(WalError::NewerWriter {
+            version: frame.version,
+            offset,
+            missing,
+        })
+    }
+}
+
+/// Where a scan stopped.
+struct ScanEnd {
+    /// Offset after the last good frame.
+    offset: u64,
+    last_seq: u64,
+    torn_bytes: u64,
+}
+
+/// Scans record frames from the reader's position, checking seq continuity and features,
+/// calling `visit` for each. Stops at the end or a torn tail; corruption is an error.
+fn scan<E: From<WalError>>(
+    reader: &mut FrameReader,
+    path: &Path,
+    mut last_seq: u64,
+    known: &[&str],
+    visit: &mut dyn FnMut(ScannedFrame<'_>) -> Result<(), E>,
+) -> Result<ScanEnd, E> {
+    loop {
+        match reader.next().map_err(io_err("read", path))? {
+            Next::End { offset } => {
+                return Ok(ScanEnd {
+                    offset,
+                    last_seq,
+                    torn_bytes: 0,
+                })
+            }
+            Next::Torn { offset, bytes } => {
+                return Ok(ScanEnd {
+                    offset,
+                    last_seq,
+                    torn_bytes: bytes,
+                })
+            }
+            Next::Corrupt { offset, reason } => {
+                return Err(WalError::Corrupt {
+                    offset,
+                    reason: reason.to_string(),
+                }
+                .into());
+            }
+            Next::Frame { offset, frame, len } => {
+                check_features(&frame, offset, known)?;
+                if frame.kind != FrameKind::Record {
+                    return Err(WalError::Corrupt {
+                        offset,
+                        reason: "a second header frame".into(),
+                    }
+                    .into());
+                }
+                if frame.seq != last_seq + 1 {
+                    let reason = format!("seq {} follows seq {last_seq}", frame.seq);
+                    return Err(WalError::Corrupt { offset, reason }.into());
+                }
+                last_seq = frame.seq;
+                visit(ScannedFrame {
+                    offset,
+                    len: len as u64,
+                    seq: frame.seq,
+                    epoch: frame.epoch,
+                    payload: frame.payload,
+                })?;
+            }
+        }
+    }
+}
+
+/// Reads only the header of the WAL at `path`.
+pub fn read_header_of(path: &Path, known: &[&str]) -> Result<WalHeader, WalError> {
+    let file = File::open(path).map_err(io_err("open", path))?;
+    let mut reader = FrameReader::new(file, 0).map_err(io_err("seek", path))?;
+    Ok(read_header(&mut reader, path, known)?.0)
+}
+
+/// Reads a WAL without opening it for writing: no lease, no truncation. A torn tail is
+/// ignored (it is not durable). Returns the header.
+pub fn read<E: From<WalError>>(
+    path: &Path,
+    known: &[&str],
+    from: Option<(u64, u64)>,
+    visit: &mut dyn FnMut(ScannedFrame<'_>) -> Result<(), E>,
+) -> Result<WalHeader, E> {
+    let file = File::open(path).map_err(io_err("open", path))?;
+    let mut reader = FrameReader::new(file, 0).map_err(io_err("seek", path))?;
+    let (header, after_header) = read_header(&mut reader, path, known)?;
+    let last_seq = match from {
+        Some((offset, seq)) if offset > after_header => {
+            let file = File::open(path).map_err(io_err("open", path))?;
+            reader = FrameReader::new(file, offset).map_err(io_err("seek", path))?;
+            seq.saturating_sub(1)
+        }
+        _ => 0,
+    };
+    scan(&mut reader, path, last_seq, known, visit)?;
+    Ok(header)
+}
+
+impl Wal {
+    /// Opens an existing WAL for writing: checks the header, scans records (from the checkpoint
+    /// in `opts.resume_at`, or from the start) calling `visit` for each, truncates a torn tail
+    /// (logged at WARN with the byte count) and positions the writer at the end.
+    pub fn open<E: From<WalError>>(
+        path: &Path,
+        opts: WalOpen<'_>,
+        visit: &mut dyn FnMut(ScannedFrame<'_>) -> Result<(), E>,
+    ) -> Result<Wal, E> {
+        let file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .open(path)
+            .map_err(io_err("open", path))?;
+        let reader_file = file.try_clone().map_err(io_err("open", path))?;
+        let mut reader = FrameReader::new(reader_file, 0).map_err(io_err("seek", path))?;
+        let (header, after_header) = read_header(&mut reader, path, opts.known_features)?;
+        let mut last_seq = 0;
+        if let Some((offset, seq)) = opts.resume_at {
+            if offset != after_header || seq != 1 {
+                reader = FrameReader::new(file.try_clone().map_err(io_err("open", path))?, offset)
+                    .map_err(io_err("seek", path))?;
+                last_seq = seq.saturating_sub(1);
+            }
+        }
+        let end = scan(&mut reader, path, last_seq, opts.known_features, visit)?;
+        if let Some((offset, seq)) = opts.resume_at {
+            if end.last_seq < seq.saturating_sub(1) || end.offset < offset {
+                let reason = format!(
+                    "checkpoint at offset {offset} (seq {seq}) is past the end of the file"
+                );
+                return Err(WalError::Corrupt { offset, reason }.into());
+            }
+        }
+        if end.torn_bytes > 0 {
+            log::warn!(
+                "wal {}: truncating a torn tail of {} bytes at offset {}",
+                path.display(),
+                end.torn_bytes,
+                end.offset
+            );
+            file.set_len(end.offset).map_err(io_err("truncate", path))?;
+            file.sync_all().map_err(io_err("fsync", path))?;
+        }
+        Ok(Wal {
+            path: path.to_path_buf(),
+            file,
+            header,
+            epoch: opts.epoch,
+            floor: opts.floor,
+            end: end.offset,
+            pending: Vec::new(),
+            unsynced_written: false,
+            appended_seq: end.last_seq,
+            synced_seq: end.last_seq,
+            poisoned: None,
+            scratch: Vec::new(),
+        })
+    }
+
+    pub fn header(&self) -> &WalHeader {
+        &self.header
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The last fsynced seq: what anything durable-facing may use.
+    pub fn synced_seq(&self) -> u64 {
+        self.synced_seq
+    }
+
+    /// The last accepted seq (not necessarily durable).
+    pub fn appended_seq(&self) -> u64 {
+        self.appended_seq
+    }
+
+    /// The byte offset where the next frame will start once pending frames are written.
+    pub fn next_offset(&self) -> u64 {
+        self.end + self.pending.len() as u64
+    }
+
+    /// Accepts a record frame requiring `features`; with `sync`, also makes it durable.
+    /// A feature not yet in the state root's floor raises the floor (durably) first.
+    pub fn append(&mut self, features: &[&str], payload: &[u8], sync: bool) -> RecordOutcome {
+        match self.try_append(features, payload, sync) {
+            Ok(seq) => RecordOutcome::Accepted(seq),
+            Err(e) => RecordOutcome::Refused(e),
+        }
+    }
+
+    fn try_append(
+        &mut self,
+        features: &[&str],
+        payload: &[u8],
+        sync: bool,
+    ) -> Result<u64, WalError> {
+        if let Some(cause) = &self.poisoned {
+            return Err(WalError::Poisoned {
+                cause: cause.clone(),
+            });
+        }
+        if features.len() > u8::MAX as usize
+            || features
+                .iter()
+                .any(|f| f.is_empty() || f.len() > frame::MAX_FEATURE_LEN)
+        {
+            return Err(WalError::Unframeable {
+                reason: "feature names must be 1 to 255 bytes, at most 255 of them".into(),
+            });
+        }
+        let body = frame::BODY_FIXED_LEN
+            + features.iter().map(|f| f.len() + 1).sum::<usize>()
+            + payload.len();
+        if body > frame::MAX_BODY_LEN {
+            return Err(WalError::Unframeable {
+                reason: format!("a {body}-byte frame exceeds {}", frame::MAX_BODY_LEN),
+            });
+        }
+        if !features.is_empty() {
+            if let Some(floor) = &self.floor {
+                floor.raise(features)?;
+            }
+        }
+        let seq = self.appended_seq + 1;
+        frame::encode(
+            &mut self.scratch,
+            FrameKind::Record,
+            seq,
+            self.epoch,
+            features,
+            payload,
+        );
+        self.pending.extend_from_slice(&self.scratch);
+        self.appended_seq = seq;
+        if sync {
+            self.sync()?;
+        } else if self.pending.len() >= PENDING_FLUSH {
+            self.write_pending()?;
+        }
+        Ok(seq)
+    }
+
+    /// Writes pending frames with one `write`, after checking no other writer moved the end.
+    fn write_pending(&mut self) -> Result<(), WalError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let found = self
+            .file
+            .metadata()
+            .map_err(|e| self.poison("stat", e))?
+            .len();
+        if found != self.end {
+            let err = WalError::Stale {
+                expected_len: self.end,
+                found_len: found,
+            };
+            self.poisoned = Some(err.to_string());
+            return Err(err);
+        }
+        if let Err(e) = self.file.write_all(&self.pending) {
+            return Err(self.poison("write", e));
+        }
+        self.end += self.pending.len() as u64;
+        self.pending.clear();
+        self.unsynced_written = true;
+        Ok(())
+    }
+
+    /// Makes every accepted frame durable with one write and one fsync; returns the last
+    /// fsynced seq.
+    pub fn sync(&mut self) -> Result<u64, WalError> {
+        if let Some(cause) = &self.poisoned {
+            return Err(WalError::Poisoned {
+                cause: cause.clone(),
+            });
+        }
+        self.write_pending()?;
+        if self.unsynced_written {
+            if let Err(e) = self.file.sync_data() {
+                return Err(self.poison("fsync", e));
+            }
+            self.unsynced_written = false;
+        }
+        self.synced_seq = self.appended_seq;
+        Ok(self.synced_seq)
+    }
+
+    fn poison(&mut self, op: &'static str, source: io::Error) -> WalError {
+        let err = WalError::Io {
+            op,
+            path: self.path.clone(),
+            source,
+        };
+        self.poisoned = Some(err.to_string());
+        err
+    }
+
+    /// Test hook for crash tests: writes the first `cut` bytes of the next record frame (after
+    /// flushing pending frames) and stops, as a crash in the middle of a write would leave it.
+    #[doc(hidden)]
+    pub fn write_torn_for_test(&mut self, payload: &[u8], cut: usize) -> Result<(), WalError> {
+        self.sync()?;
+        frame::encode(
+            &mut self.scratch,
+            FrameKind::Record,
+            self.appended_seq + 1,
+            self.epoch,
+            &[],
+            payload,
+        );
+        let cut = cut.min(self.scratch.len().saturating_sub(1));
+        let bytes = self.scratch[..cut].to_vec();
+        self.file
+            .write_all(&bytes)
+            .map_err(|e| self.poison("write", e))?;
+        self.file.sync_data().map_err(|e| self.poison("fsync", e))?;
+        self.poisoned = Some("torn write injected".into());
+        Ok(())
+    }
+}
+
+/// Creates `dir` (and parents) with mode 0700.
+pub fn ensure_private_dir(dir: &Path) -> io::Result<()> {
+    fs::create_dir_all(dir)?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,273 @@
+use super::*;
+
+const KNOWN: &[&str] = &["known/v1"];
+
+fn fresh() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.wal");
+    create(&path, [7; 16]).unwrap();
+    (dir, path)
+}
+
+fn open_collect(path: &Path) -> Result<(Wal, Vec<(u64, Vec<u8>)>), WalError> {
+    let mut seen = Vec::new();
+    let opts = WalOpen {
+        known_features: KNOWN,
+        resume_at: None,
+        epoch: 1,
+        floor: None,
+    };
+    let wal = Wal::open(
+        path,
+        opts,
+        &mut |f: ScannedFrame<'_>| -> Result<(), WalError> {
+            seen.push((f.seq, f.payload.to_vec()));
+            Ok(())
+        },
+    )?;
+    Ok((wal, seen))
+}
+
+fn accepted(o: RecordOutcome) -> u64 {
+    match o {
+        RecordOutcome::Accepted(seq) => seq,
+        RecordOutcome::Refused(e) => panic!("refused: {e}"),
+    }
+}
+
+#[test]
+fn header_is_69_bytes_and_carries_identity() {
+    let (_d, path) = fresh();
+    assert_eq!(fs::metadata(&path).unwrap().len(), 69);
+    let h = read_header_of(&path, KNOWN).unwrap();
+    assert_eq!(h.lineage, [7; 16]);
+    assert_eq!(uuid::Uuid::from_bytes(h.incarnation).get_version_num(), 4);
+    // Reading never mints a new incarnation.
+    assert_eq!(read_header_of(&path, KNOWN).unwrap(), h);
+}
+
+#[test]
+fn appends_are_durable_only_after_sync_and_seqs_continue_across_reopen() {
+    let (_d, path) = fresh();
+    let (mut wal, _) = open_collect(&path).unwrap();
+    assert_eq!(accepted(wal.append(&[], b"a", false)), 1);
+    assert_eq!(accepted(wal.append(&[], b"b", false)), 2);
+    assert_eq!(wal.synced_seq(), 0);
+    assert_eq!(
+        fs::metadata(&path).unwrap().len(),
+        69,
+        "nothing reaches the file before sync"
+    );
+    assert_eq!(wal.sync().unwrap(), 2);
+    assert_eq!(accepted(wal.append(&[], b"c", true)), 3);
+    drop(wal);
+    let (mut wal, seen) = open_collect(&path).unwrap();
+    assert_eq!(
+        seen,
+        vec![(1, b"a".to_vec()), (2, b"b".to_vec()), (3, b"c".to_vec())]
+    );
+    assert_eq!(accepted(wal.append(&[], b"d", true)), 4);
+}
+
+#[test]
+fn torn_tails_are_truncated_and_nothing_else_changes() {
+    let (_d, path) = fresh();
+    let (mut wal, _) = open_collect(&path).unwrap();
+    accepted(wal.append(&[], b"first", false));
+    accepted(wal.append(&[], b"second", true));
+    drop(wal);
+    let good = fs::read(&path).unwrap();
+    let mut frame_bytes = Vec::new();
+    frame::encode(
+        &mut frame_bytes,
+        FrameKind::Record,
+        3,
+        1,
+        &[],
+        b"third, torn",
+    );
+    // Every strict prefix of a frame, a checksum-failing whole frame, and a zero-filled tail.
+    let mut bad_crc = frame_bytes.clone();
+    let last = bad_crc.len() - 1;
+    bad_crc[last] ^= 0xff;
+    let mut tails: Vec<Vec<u8>> = (1..frame_bytes.len())
+        .map(|n| frame_bytes[..n].to_vec())
+        .collect();
+    tails.push(bad_crc);
+    tails.push(vec![0; 4096]);
+    for tail in tails {
+        let mut bytes = good.clone();
+        bytes.extend_from_slice(&tail);
+        fs::write(&path, &bytes).unwrap();
+        let (wal, seen) = open_collect(&path).unwrap();
+        assert_eq!(seen.len(), 2, "tail of {} bytes", tail.len());
+        assert_eq!(
+            fs::read(&path).unwrap(),
+            good,
+            "tail of {} bytes",
+            tail.len()
+        );
+        assert_eq!(wal.appended_seq(), 2);
+    }
+}
+
+#[test]
+fn a_bad_frame_before_the_tail_fails_the_open_and_rewrites_nothing() {
+    let (_d, path) = fresh();
+    let (mut wal, _) = open_collect(&path).unwrap();
+    for p in [b"one", b"two", b"thr"] {
+        accepted(wal.append(&[], p, false));
+    }
+    wal.sync().unwrap();
+    drop(wal);
+    let good = fs::read(&path).unwrap();
+    // Damage a payload byte and, separately, a length byte of the first record frame.
+    for at in [69 + 32, 69] {
+        let mut bytes = good.clone();
+        bytes[at] ^= 0x01;
+        fs::write(&path, &bytes).unwrap();
+        let err = open_collect(&path)
+            .err()
+            .expect("corruption must fail the open");
+        assert!(matches!(err, WalError::Corrupt { offset: 69, .. }), "{err}");
+        assert_eq!(fs::read(&path).unwrap(), bytes, "nothing is rewritten");
+    }
+}
+
+#[test]
+fn unknown_required_features_are_refused_by_name() {
+    let (_d, path) = fresh();
+    let (mut wal, _) = open_collect(&path).unwrap();
+    accepted(wal.append(&["known/v1"], b"fine", true));
+    accepted(wal.append(&["probe-unknown/v1", "known/v1"], b"newer", true));
+    drop(wal);
+    let err = open_collect(&path).err().unwrap();
+    match &err {
+        WalError::NewerWriter {
+            version,
+            offset,
+            missing,
+        } => {
+            assert_eq!((*version, *offset), (FRAME_VERSION, 69 + 32 + 9 + 4));
+            assert_eq!(missing, &vec!["probe-unknown/v1".to_string()]);
+        }
+        other => panic!("{other}"),
+    }
+    // The read-only path refuses the same way.
+    let r = read(
+        &path,
+        KNOWN,
+        None,
+        &mut |_f: ScannedFrame<'_>| -> Result<(), WalError> { Ok(()) },
+    );
+    assert!(matches!(r, Err(WalError::NewerWriter { .. })));
+}
+
+#[test]
+fn a_stale_writer_is_refused_and_stays_refused() {
+    let (_d, path) = fresh();
+    let (mut a, _) = open_collect(&path).unwrap();
+    let (mut b, _) = open_collect(&path).unwrap();
+    accepted(b.append(&[], b"from b", true));
+    match a.append(&[], b"from a", true) {
+        RecordOutcome::Refused(WalError::Stale {
+            expected_len: 69, ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        a.append(&[], b"again", true),
+        RecordOutcome::Refused(WalError::Poisoned { .. })
+    ));
+    let (_, seen) = open_collect(&path).unwrap();
+    assert_eq!(seen, vec![(1, b"from b".to_vec())]);
+}
+
+#[test]
+fn the_feature_floor_is_raised_durably_before_the_frame() {
+    let (dir, path) = fresh();
+    let floor = Arc::new(FeatureFloor::load(&dir.path().join("floor")).unwrap());
+    let opts = WalOpen {
+        known_features: KNOWN,
+        resume_at: None,
+        epoch: 1,
+        floor: Some(floor.clone()),
+    };
+    let mut wal = Wal::open(
+        &path,
+        opts,
+        &mut |_f: ScannedFrame<'_>| -> Result<(), WalError> { Ok(()) },
+    )
+    .unwrap();
+    accepted(wal.append(&[], b"plain", true));
+    assert!(!dir.path().join("floor").exists());
+    accepted(wal.append(&["known/v1"], b"gated", false));
+    assert_eq!(
+        fs::read_to_string(dir.path().join("floor")).unwrap(),
+        "known/v1\n"
+    );
+    assert_eq!(
+        FeatureFloor::load(&dir.path().join("floor"))
+            .unwrap()
+            .features(),
+        vec!["known/v1"]
+    );
+}
+
+#[test]
+fn a_checkpoint_resume_reads_only_the_tail() {
+    let (_d, path) = fresh();
+    let (mut wal, _) = open_collect(&path).unwrap();
+    accepted(wal.append(&[], b"one", true));
+    let offset = wal.next_offset();
+    accepted(wal.append(&[], b"two", true));
+    drop(wal);
+    let mut seen = Vec::new();
+    let opts = WalOpen {
+        known_features: KNOWN,
+        resume_at: Some((offset, 2)),
+        epoch: 2,
+        floor: None,
+    };
+    let wal = Wal::open(
+        &path,
+        opts,
+        &mut |f: ScannedFrame<'_>| -> Result<(), WalError> {
+            seen.push(f.seq);
+            Ok(())
+        },
+    )
+    .unwrap();
+    assert_eq!(seen, vec![2]);
+    assert_eq!(wal.appended_seq(), 2);
+    // A checkpoint that does not land on the frame it names is refused, not trusted.
+    let opts = WalOpen {
+        known_features: KNOWN,
+        resume_at: Some((offset + 1, 2)),
+        epoch: 2,
+        floor: None,
+    };
+    assert!(Wal::open(
+        &path,
+        opts,
+        &mut |_f: ScannedFrame<'_>| -> Result<(), WalError> { Ok(()) }
+    )
+    .is_err());
+}
+
+#[test]
+fn leases_admit_one_holder_and_count_epochs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lease");
+    let a = Lease::acquire(&path).unwrap();
+    assert_eq!(a.epoch(), 1);
+    match Lease::acquire(&path) {
+        Err(LeaseError::Busy {
+            pid: Some(pid),
+            epoch: 1,
+        }) => assert_eq!(pid, std::process::id()),
+        other => panic!("{other:?}"),
+    }
+    drop(a);
+    assert_eq!(Lease::acquire(&path).unwrap().epoch(), 2);
+}
