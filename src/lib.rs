@@ -6,5 +6,7 @@ pub mod record;
 pub mod session_key;
 pub mod state_root;
 pub mod store;
+#[doc(hidden)]
+pub mod testkit;
 pub mod wal;
 pub mod wire;

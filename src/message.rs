@@ -53,19 +53,11 @@ pub struct Message {
 
 impl Message {
     pub fn user_text(text: impl Into<String>) -> Message {
-        Message {
-            role: Role::User,
-            content: vec![Part::Text { text: text.into() }],
-            origin: None,
-        }
+        Message { role: Role::User, content: vec![Part::Text { text: text.into() }], origin: None }
     }
 
     pub fn assistant_text(text: impl Into<String>) -> Message {
-        Message {
-            role: Role::Assistant,
-            content: vec![Part::Text { text: text.into() }],
-            origin: None,
-        }
+        Message { role: Role::Assistant, content: vec![Part::Text { text: text.into() }], origin: None }
     }
 
     /// The text parts joined, as `run.result` reports an assistant's answer.
@@ -146,20 +138,16 @@ pub struct RunUsage {
 }
 
 impl RunUsage {
-    pub fn add_step(
-        &mut self,
-        provider: &str,
-        model: &str,
-        variant: Option<&str>,
-        usage: &StepUsage,
-    ) {
+    pub fn add_step(&mut self, provider: &str, model: &str, variant: Option<&str>, usage: &StepUsage) {
         let unreported = u64::from(usage.is_unreported());
         self.steps += 1;
         self.unreported_steps += unreported;
         self.totals.add(usage);
-        let entry = match self.by_model.iter_mut().position(|m| {
-            m.provider == provider && m.model == model && m.variant.as_deref() == variant
-        }) {
+        let entry = match self
+            .by_model
+            .iter_mut()
+            .position(|m| m.provider == provider && m.model == model && m.variant.as_deref() == variant)
+        {
             Some(i) => &mut self.by_model[i],
             None => {
                 self.by_model.push(ModelUsage {
@@ -187,24 +175,12 @@ mod tests {
         run.add_step("p", "m", None, &StepUsage::default());
         assert_eq!(run.totals, StepUsage::default());
         assert_eq!(run.unreported_steps, 1);
-        run.add_step(
-            "p",
-            "m2",
-            Some("high"),
-            &StepUsage {
-                output_tokens: Some(5),
-                ..Default::default()
-            },
-        );
+        run.add_step("p", "m2", Some("high"), &StepUsage { output_tokens: Some(5), ..Default::default() });
         run.add_step(
             "p",
             "m",
             None,
-            &StepUsage {
-                output_tokens: Some(2),
-                input_tokens: Some(0),
-                ..Default::default()
-            },
+            &StepUsage { output_tokens: Some(2), input_tokens: Some(0), ..Default::default() },
         );
         assert_eq!(run.totals.output_tokens, Some(7));
         assert_eq!(run.totals.input_tokens, Some(0));
@@ -212,11 +188,6 @@ mod tests {
         assert_eq!(run.by_model.len(), 2);
         assert_eq!(run.by_model[0].steps + run.by_model[1].steps, run.steps);
         let json = serde_json::to_string(&run).unwrap();
-        assert!(
-            json.starts_with(
-                r#"{"steps":3,"unreported_steps":1,"input_tokens":0,"output_tokens":7"#
-            ),
-            "{json}"
-        );
+        assert!(json.starts_with(r#"{"steps":3,"unreported_steps":1,"input_tokens":0,"output_tokens":7"#), "{json}");
     }
 }

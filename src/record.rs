@@ -97,7 +97,8 @@ impl ProviderError {
         ProviderError {
             class: ErrorClass::Transient,
             provider_code: Some(ORPHAN_PROVIDER_CODE.into()),
-            message: "the previous broca process ended without sealing this run: host crash, kill, or power loss".into(),
+            message: "the previous broca process ended without sealing this run: host crash, kill, or power loss"
+                .into(),
             http_status: None,
         }
     }
@@ -328,10 +329,7 @@ impl Record {
             | Record::RunResumed { run_id }
             | Record::RunFinished { run_id, .. }
             | Record::Steered { run_id, .. } => Some(run_id),
-            Record::Queued { .. }
-            | Record::Retracted { .. }
-            | Record::CacheWarmed { .. }
-            | Record::Unknown(_) => None,
+            Record::Queued { .. } | Record::Retracted { .. } | Record::CacheWarmed { .. } | Record::Unknown(_) => None,
         }
     }
 }
@@ -353,12 +351,7 @@ mod tests {
     #[test]
     fn additive_fields_are_tolerated() {
         let bytes = br#"{"retracted":{"submission_id":"sub-1","added_later":true}}"#;
-        assert_eq!(
-            Record::decode(bytes).unwrap(),
-            Record::Retracted {
-                submission_id: "sub-1".into()
-            }
-        );
+        assert_eq!(Record::decode(bytes).unwrap(), Record::Retracted { submission_id: "sub-1".into() });
     }
 
     #[test]

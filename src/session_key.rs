@@ -19,16 +19,8 @@ pub struct SessionKey {
 impl SessionKey {
     pub fn new(project_root: &str, harness: &str, session: &str) -> SessionKey {
         let trimmed = project_root.trim_end_matches('/');
-        let project_root = if trimmed.is_empty() && project_root.starts_with('/') {
-            "/"
-        } else {
-            trimmed
-        };
-        SessionKey {
-            project_root: project_root.into(),
-            harness: harness.into(),
-            session: session.into(),
-        }
+        let project_root = if trimmed.is_empty() && project_root.starts_with('/') { "/" } else { trimmed };
+        SessionKey { project_root: project_root.into(), harness: harness.into(), session: session.into() }
     }
 
     /// The 16-byte lineage id.
@@ -61,25 +53,16 @@ mod tests {
 
     #[test]
     fn trailing_slash_is_ignored_and_fields_do_not_run_together() {
-        assert_eq!(
-            SessionKey::new("/p/", "h", "s").addr(),
-            SessionKey::new("/p", "h", "s").addr()
-        );
+        assert_eq!(SessionKey::new("/p/", "h", "s").addr(), SessionKey::new("/p", "h", "s").addr());
         assert_eq!(SessionKey::new("/", "h", "s").project_root, "/");
-        assert_ne!(
-            SessionKey::new("/p", "ab", "c").addr(),
-            SessionKey::new("/p", "a", "bc").addr()
-        );
+        assert_ne!(SessionKey::new("/p", "ab", "c").addr(), SessionKey::new("/p", "a", "bc").addr());
         assert_eq!(SessionKey::new("/p", "h", "s").addr().len(), 32);
     }
 
     #[test]
     fn derivation_is_pinned() {
         // Changing this value orphans every existing WAL: see the module doc.
-        assert_eq!(
-            SessionKey::new("/work/proj", "broca-run", "s1").addr(),
-            PINNED_ADDR
-        );
+        assert_eq!(SessionKey::new("/work/proj", "broca-run", "s1").addr(), PINNED_ADDR);
     }
 
     const PINNED_ADDR: &str = "f46bbe945ffda0473fb757c9a69934e6";

@@ -37,7 +37,10 @@ pub enum StateRootError {
     /// Neither `BROCA_STATE_ROOT`, `XDG_DATA_HOME` nor `HOME` names a place.
     Unavailable,
     /// Only the legacy directory holds data.
-    LegacyOnly { legacy: PathBuf, current: PathBuf },
+    LegacyOnly {
+        legacy: PathBuf,
+        current: PathBuf,
+    },
     Io {
         path: PathBuf,
         source: std::io::Error,
@@ -71,14 +74,7 @@ pub struct StateRoot {
     root: PathBuf,
 }
 
-const SUBDIRS: &[&str] = &[
-    "wal",
-    "wal-durable",
-    "wal-ephemeral",
-    "wal-archive",
-    "leases",
-    "catalog",
-];
+const SUBDIRS: &[&str] = &["wal", "wal-durable", "wal-ephemeral", "wal-archive", "leases", "catalog"];
 
 fn holds_data(dir: &Path) -> bool {
     dir.join("run-index.db").exists() || dir.join("wal").is_dir()
@@ -87,8 +83,7 @@ fn holds_data(dir: &Path) -> bool {
 impl StateRoot {
     /// Resolves the root per §20 and creates its layout.
     pub fn resolve(env: &RootEnv) -> Result<StateRoot, StateRootError> {
-        let nonempty =
-            |v: &Option<String>| v.as_deref().filter(|s| !s.is_empty()).map(PathBuf::from);
+        let nonempty = |v: &Option<String>| v.as_deref().filter(|s| !s.is_empty()).map(PathBuf::from);
         if let Some(root) = nonempty(&env.broca_state_root) {
             return StateRoot::at(&root);
         }
@@ -100,10 +95,7 @@ impl StateRoot {
         if let Some(dir) = env.connection_file.as_deref().and_then(Path::parent) {
             let legacy = dir.join("broca-state");
             if holds_data(&legacy) && !holds_data(&root) {
-                return Err(StateRootError::LegacyOnly {
-                    legacy,
-                    current: root,
-                });
+                return Err(StateRootError::LegacyOnly { legacy, current: root });
             }
         }
         StateRoot::at(&root)
@@ -113,14 +105,9 @@ impl StateRoot {
     pub fn at(root: &Path) -> Result<StateRoot, StateRootError> {
         for sub in std::iter::once("").chain(SUBDIRS.iter().copied()) {
             let dir = root.join(sub);
-            crate::wal::ensure_private_dir(&dir).map_err(|source| StateRootError::Io {
-                path: dir.clone(),
-                source,
-            })?;
+            crate::wal::ensure_private_dir(&dir).map_err(|source| StateRootError::Io { path: dir.clone(), source })?;
         }
-        Ok(StateRoot {
-            root: root.to_path_buf(),
-        })
+        Ok(StateRoot { root: root.to_path_buf() })
     }
 
     pub fn path(&self) -> &Path {
@@ -132,9 +119,7 @@ impl StateRoot {
     }
 
     pub fn lease_path(&self, key: &SessionKey) -> PathBuf {
-        self.root
-            .join("leases")
-            .join(format!("{}.lease", key.addr()))
+        self.root.join("leases").join(format!("{}.lease", key.addr()))
     }
 
     pub fn run_index_path(&self) -> PathBuf {
@@ -174,15 +159,8 @@ mod tests {
         assert_eq!(r.path(), t.path().join("x/cortexkit/broca"));
         let r = StateRoot::resolve(&env(None, None, Some(&p("h")))).unwrap();
         assert_eq!(r.path(), t.path().join("h/.local/share/cortexkit/broca"));
-        assert!(matches!(
-            StateRoot::resolve(&env(None, Some(""), None)),
-            Err(StateRootError::Unavailable)
-        ));
-        let mode = std::fs::metadata(t.path().join("a/wal"))
-            .unwrap()
-            .permissions()
-            .mode()
-            & 0o777;
+        assert!(matches!(StateRoot::resolve(&env(None, Some(""), None)), Err(StateRootError::Unavailable)));
+        let mode = std::fs::metadata(t.path().join("a/wal")).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o700);
     }
 
@@ -194,10 +172,7 @@ mod tests {
         e.connection_file = Some(t.path().join("subc/conn.json"));
         let err = StateRoot::resolve(&e).unwrap_err();
         let msg = err.to_string();
-        assert!(
-            msg.contains("subc/broca-state") && msg.contains("x/cortexkit/broca"),
-            "{msg}"
-        );
+        assert!(msg.contains("subc/broca-state") && msg.contains("x/cortexkit/broca"), "{msg}");
         // Once the current root holds data, the legacy directory no longer blocks.
         std::fs::create_dir_all(t.path().join("x/cortexkit/broca/wal")).unwrap();
         assert!(StateRoot::resolve(&e).is_ok());

@@ -15,11 +15,7 @@ pub struct Refusal {
 
 impl Refusal {
     pub fn new(code: &str, message: impl Into<String>, detail: Option<Value>) -> Refusal {
-        Refusal {
-            code: code.into(),
-            message: message.into(),
-            detail,
-        }
+        Refusal { code: code.into(), message: message.into(), detail }
     }
 
     /// The exact bytes served.

@@ -21,9 +21,7 @@ use crate::record::{self, CancelAt, FinishReason, ProviderError, Record, Request
 use crate::session_key::SessionKey;
 use crate::state_root::StateRoot;
 use crate::store::{Checkpoint, Store, StoreBatch, StoreError};
-use crate::wal::{
-    self, FeatureFloor, Lease, LeaseError, RecordOutcome, ScannedFrame, Wal, WalError, WalOpen,
-};
+use crate::wal::{self, FeatureFloor, Lease, LeaseError, RecordOutcome, ScannedFrame, Wal, WalError, WalOpen};
 use crate::wire::Refusal;
 use projection::{ControlUnit, Cursor};
 use replay::{Replay, ReplayError, Resolution};
@@ -95,22 +93,12 @@ impl LineageError {
                 format!("open failed: wal range-read failed: {e}"),
                 Some(json!({"kind": "newer_writer", "missing": missing})),
             ),
-            LineageError::Lease(e @ LeaseError::Busy { pid, .. }) => Refusal::new(
-                "session_busy",
-                e.to_string(),
-                Some(json!({"state": "leased", "holder_pid": pid})),
-            ),
-            LineageError::Lease(e @ LeaseError::Stale { .. }) => {
-                Refusal::new("lease_stale", e.to_string(), None)
+            LineageError::Lease(e @ LeaseError::Busy { pid, .. }) => {
+                Refusal::new("session_busy", e.to_string(), Some(json!({"state": "leased", "holder_pid": pid})))
             }
-            LineageError::Wal(WalError::Io { source, .. })
-                if source.kind() == std::io::ErrorKind::Interrupted =>
-            {
-                Refusal::new(
-                    "open_failed",
-                    format!("open failed: {self}"),
-                    Some(json!({"class": "transient"})),
-                )
+            LineageError::Lease(e @ LeaseError::Stale { .. }) => Refusal::new("lease_stale", e.to_string(), None),
+            LineageError::Wal(WalError::Io { source, .. }) if source.kind() == std::io::ErrorKind::Interrupted => {
+                Refusal::new("open_failed", format!("open failed: {self}"), Some(json!({"class": "transient"})))
             }
             other => Refusal::new("open_failed", format!("open failed: {other}"), None),
         }
@@ -138,10 +126,7 @@ pub struct OpenReport {
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 fn decode(seq: u64, payload: &[u8]) -> Result<Record, LineageError> {
@@ -185,10 +170,7 @@ impl Lineage {
         let checkpoint = match store.checkpoint(&addr) {
             Ok(Some(cp)) if cp.incarnation == incarnation => Some(cp),
             Ok(Some(_)) => {
-                log::info!(
-                    "wal {} has a new incarnation; rebuilding its store rows",
-                    path.display()
-                );
+                log::info!("wal {} has a new incarnation; rebuilding its store rows", path.display());
                 store.forget_lineage(&addr)?;
                 None
             }
@@ -199,33 +181,17 @@ impl Lineage {
             }
         };
         let opened = match checkpoint {
-            Some(cp) => match Lineage::replay_open(
-                &path,
-                key,
-                &store,
-                floor.clone(),
-                lease.epoch(),
-                Some(cp),
-                &incarnation,
-            ) {
-                Err(LineageError::Wal(WalError::Corrupt { offset, reason })) => {
-                    log::warn!("store checkpoint of {addr} does not match its wal ({reason} at {offset}); replaying from the start");
-                    store.forget_lineage(&addr)?;
-                    Lineage::replay_open(
-                        &path,
-                        key,
-                        &store,
-                        floor,
-                        lease.epoch(),
-                        None,
-                        &incarnation,
-                    )
+            Some(cp) => {
+                match Lineage::replay_open(&path, key, &store, floor.clone(), lease.epoch(), Some(cp), &incarnation) {
+                    Err(LineageError::Wal(WalError::Corrupt { offset, reason })) => {
+                        log::warn!("store checkpoint of {addr} does not match its wal ({reason} at {offset}); replaying from the start");
+                        store.forget_lineage(&addr)?;
+                        Lineage::replay_open(&path, key, &store, floor, lease.epoch(), None, &incarnation)
+                    }
+                    other => other,
                 }
-                other => other,
-            },
-            None => {
-                Lineage::replay_open(&path, key, &store, floor, lease.epoch(), None, &incarnation)
             }
+            None => Lineage::replay_open(&path, key, &store, floor, lease.epoch(), None, &incarnation),
         };
         let (wal, replay, head, batch, report) = opened?;
         let mut lineage = Lineage {
@@ -256,9 +222,7 @@ impl Lineage {
         incarnation: &str,
     ) -> Result<(Wal, Replay, Option<Cursor>, StoreBatch, OpenReport), LineageError> {
         let from_checkpoint = checkpoint.is_some();
-        let resume_at = checkpoint
-            .as_ref()
-            .map(|cp| (cp.next_offset, cp.watermark_seq + 1));
+        let resume_at = checkpoint.as_ref().map(|cp| (cp.next_offset, cp.watermark_seq + 1));
         let mut replay = checkpoint.map(|cp| cp.replay).unwrap_or_default();
         let mut batch = StoreBatch::default();
         let mut replayed = 0u64;
@@ -279,25 +243,10 @@ impl Lineage {
             }
             Ok(())
         };
-        let opts = WalOpen {
-            known_features: record::KNOWN_FEATURES,
-            resume_at,
-            epoch,
-            floor,
-        };
+        let opts = WalOpen { known_features: record::KNOWN_FEATURES, resume_at, epoch, floor };
         let wal = Wal::open(path, opts, &mut visit)?;
         let head = replay.last_unit;
-        Ok((
-            wal,
-            replay,
-            head,
-            batch,
-            OpenReport {
-                replayed,
-                from_checkpoint,
-                sealed_orphan: None,
-            },
-        ))
+        Ok((wal, replay, head, batch, OpenReport { replayed, from_checkpoint, sealed_orphan: None }))
     }
 
     /// Seals a run a previous process left open (spec §14): unknown-outcome results for calls
@@ -308,12 +257,7 @@ impl Lineage {
             return Ok(());
         };
         let step = self.replay.last.as_ref().map_or(0, |e| e.step);
-        let calls: Vec<String> = self
-            .replay
-            .indeterminate_calls()
-            .iter()
-            .map(|c| c.tool_call_id.clone())
-            .collect();
+        let calls: Vec<String> = self.replay.indeterminate_calls().iter().map(|c| c.tool_call_id.clone()).collect();
         for id in &calls {
             self.append(&Record::ToolResult {
                 run_id: run_id.clone(),
@@ -328,17 +272,11 @@ impl Lineage {
         let (reason, error) = if cancelled {
             (FinishReason::Cancelled, None)
         } else {
-            (
-                FinishReason::Interrupted,
-                Some(ProviderError::previous_process_ended()),
-            )
+            (FinishReason::Interrupted, Some(ProviderError::previous_process_ended()))
         };
         self.finish_run(&run_id, reason, error, calls)?;
         self.commit()?;
-        log::info!(
-            "sealed run {run_id} left open by a previous process as {}",
-            reason.as_str()
-        );
+        log::info!("sealed run {run_id} left open by a previous process as {}", reason.as_str());
         self.report.sealed_orphan = Some(run_id);
         Ok(())
     }
@@ -351,11 +289,7 @@ impl Lineage {
         error: Option<ProviderError>,
         indeterminate_tool_calls: Vec<String>,
     ) -> Result<u64, LineageError> {
-        let e = self
-            .replay
-            .last
-            .as_ref()
-            .ok_or_else(|| LineageError::Refused("no run to finish".into()))?;
+        let e = self.replay.last.as_ref().ok_or_else(|| LineageError::Refused("no run to finish".into()))?;
         let rec = Record::RunFinished {
             run_id: run_id.to_string(),
             reason,
@@ -404,8 +338,7 @@ impl Lineage {
             RecordOutcome::Refused(e) => return Err(e.into()),
         };
         let batch = &mut self.batch;
-        self.replay
-            .apply(seq, rec, &mut |e| batch.effects.push(e))?;
+        self.replay.apply(seq, rec, &mut |e| batch.effects.push(e))?;
         let units = projection::project(seq, rec);
         self.replay.note_units(seq, units.len());
         self.unsynced.extend(units);
@@ -420,11 +353,7 @@ impl Lineage {
         if let Some(last) = units.last() {
             self.head = Some(last.cursor);
         }
-        let terminal = self
-            .batch
-            .effects
-            .iter()
-            .any(|e| matches!(e, replay::Effect::RunState { .. }));
+        let terminal = self.batch.effects.iter().any(|e| matches!(e, replay::Effect::RunState { .. }));
         self.flush_store(terminal || self.batch.len() >= FLUSH_EFFECTS);
         Ok(units)
     }
@@ -465,11 +394,7 @@ impl Lineage {
         message: Message,
         request: RequestIdentity,
     ) -> Result<u64, LineageError> {
-        let rec = Record::Queued {
-            submission_id: submission_id.into(),
-            message,
-            request,
-        };
+        let rec = Record::Queued { submission_id: submission_id.into(), message, request };
         Ok(self.append_commit(&rec)?.0)
     }
 
@@ -478,19 +403,14 @@ impl Lineage {
         if self.replay.pending(submission_id).is_none() {
             return Ok(RetractOutcome::NotPending);
         }
-        self.append_commit(&Record::Retracted {
-            submission_id: submission_id.into(),
-        })?;
+        self.append_commit(&Record::Retracted { submission_id: submission_id.into() })?;
         Ok(RetractOutcome::Retracted)
     }
 
     /// Records a cancel request for the last run: `step_boundary` is durable before this
     /// returns (the `"ack"`); a later `now` escalates it.
     pub fn request_cancel(&mut self, run_id: &str, at: CancelAt) -> Result<(), LineageError> {
-        self.append_commit(&Record::RunCancelRequested {
-            run_id: run_id.into(),
-            at,
-        })?;
+        self.append_commit(&Record::RunCancelRequested { run_id: run_id.into(), at })?;
         Ok(())
     }
 }
@@ -518,12 +438,7 @@ impl Shared {
     }
 
     pub fn open_lineage(&self, key: &SessionKey) -> Result<Lineage, LineageError> {
-        Lineage::open(
-            &self.root,
-            self.store.clone(),
-            Some(self.floor.clone()),
-            key,
-        )
+        Lineage::open(&self.root, self.store.clone(), Some(self.floor.clone()), key)
     }
 
     pub fn wal_path(&self, key: &SessionKey) -> PathBuf {

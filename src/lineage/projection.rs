@@ -30,13 +30,7 @@ pub fn project(seq: u64, record: &Record) -> Vec<ControlUnit> {
     bodies
         .into_iter()
         .enumerate()
-        .map(|(i, unit)| ControlUnit {
-            cursor: Cursor {
-                wal_seq: seq,
-                sub_index: i as u32,
-            },
-            unit,
-        })
+        .map(|(i, unit)| ControlUnit { cursor: Cursor { wal_seq: seq, sub_index: i as u32 }, unit })
         .collect()
 }
 
@@ -46,11 +40,7 @@ pub fn unit_count(record: &Record) -> usize {
     match record {
         Record::RunStarted(r) => 2 + usize::from(r.submission_id.is_some()),
         Record::RunFinished { error, .. } => {
-            1 + usize::from(
-                error
-                    .as_ref()
-                    .is_some_and(|e| e.provider_code.as_deref() == Some(ORPHAN_PROVIDER_CODE)),
-            )
+            1 + usize::from(error.as_ref().is_some_and(|e| e.provider_code.as_deref() == Some(ORPHAN_PROVIDER_CODE)))
         }
         Record::CacheWarmed { .. } | Record::Unknown(_) => 0,
         _ => 1,
@@ -64,9 +54,7 @@ fn unit_bodies(record: &Record) -> Vec<Value> {
             let mut units = Vec::with_capacity(3);
             if let Some(sub) = &r.submission_id {
                 started["submission_id"] = json!(sub);
-                units.push(
-                    json!({"type": "submission_started", "submission_id": sub, "run_id": r.run_id}),
-                );
+                units.push(json!({"type": "submission_started", "submission_id": sub, "run_id": r.run_id}));
             }
             units.insert(0, started);
             units.push(json!({"type": "user_message", "run_id": r.run_id, "message": r.input}));
@@ -85,46 +73,25 @@ fn unit_bodies(record: &Record) -> Vec<Value> {
             }
             vec![unit]
         }
-        Record::ModelStepFinished {
-            run_id,
-            step,
-            finish_reason,
-            usage,
-            message,
-            ..
-        } => vec![json!({
+        Record::ModelStepFinished { run_id, step, finish_reason, usage, message, .. } => vec![json!({
             "type": "assistant_message", "run_id": run_id, "step": step, "finish_reason": finish_reason,
             "usage": usage, "message": message,
         })],
-        Record::ToolDispatchIntent {
-            run_id,
-            tool_call_id,
-            tool_name,
-            module_id,
-            ..
-        } => {
-            let mut unit = json!({"type": "tool_started", "run_id": run_id, "tool_call_id": tool_call_id, "name": tool_name});
+        Record::ToolDispatchIntent { run_id, tool_call_id, tool_name, module_id, .. } => {
+            let mut unit =
+                json!({"type": "tool_started", "run_id": run_id, "tool_call_id": tool_call_id, "name": tool_name});
             if let Some(m) = module_id {
                 unit["module"] = json!(m);
             }
             vec![unit]
         }
-        Record::ToolResult {
-            tool_call_id,
-            output,
-            is_error,
-            ..
-        } => vec![json!({
+        Record::ToolResult { tool_call_id, output, is_error, .. } => vec![json!({
             "type": "tool_result", "result": {"tool_call_id": tool_call_id, "output": output, "is_error": is_error},
         })],
         Record::RunCancelRequested { run_id, at } => {
             vec![json!({"type": "run_cancel_requested", "run_id": run_id, "at": at})]
         }
-        Record::RunPaused {
-            run_id,
-            reason,
-            error,
-        } => {
+        Record::RunPaused { run_id, reason, error } => {
             let mut unit = json!({"type": "run_paused", "run_id": run_id, "reason": reason});
             if let Some(e) = error {
                 unit["error"] = json!(e);
@@ -143,10 +110,7 @@ fn unit_bodies(record: &Record) -> Vec<Value> {
             ..
         } => {
             let mut units = Vec::with_capacity(2);
-            if let Some(e) = error
-                .as_ref()
-                .filter(|e| e.provider_code.as_deref() == Some(ORPHAN_PROVIDER_CODE))
-            {
+            if let Some(e) = error.as_ref().filter(|e| e.provider_code.as_deref() == Some(ORPHAN_PROVIDER_CODE)) {
                 units.push(json!({"type": "error", "run_id": run_id, "error": e}));
             }
             let mut unit = json!({"type": "run_finished", "run_id": run_id, "reason": reason, "usage": usage, "retries_used": retries_used});
@@ -168,11 +132,7 @@ fn unit_bodies(record: &Record) -> Vec<Value> {
         Record::Retracted { submission_id } => {
             vec![json!({"type": "submission_retracted", "submission_id": submission_id})]
         }
-        Record::Steered {
-            run_id,
-            submission_id,
-            message,
-        } => vec![json!({
+        Record::Steered { run_id, submission_id, message } => vec![json!({
             "type": "steered", "run_id": run_id, "submission_id": submission_id, "message": message,
         })],
         Record::CacheWarmed { .. } | Record::Unknown(_) => Vec::new(),

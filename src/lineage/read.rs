@@ -33,33 +33,20 @@ pub fn transcript(
     limit: u64,
 ) -> Result<TranscriptPage, LineageError> {
     let header = wal::read_header_of(wal_path, record::KNOWN_FEATURES)?;
-    let checkpoint = store
-        .checkpoint(&key.addr())?
-        .filter(|cp| cp.incarnation == header.incarnation_string());
+    let checkpoint = store.checkpoint(&key.addr())?.filter(|cp| cp.incarnation == header.incarnation_string());
     let end = from.saturating_add(limit);
     let (mut messages, mut replay, resume) = match checkpoint {
         Some(cp) => {
             let upto = cp.replay.prompt_len.min(end);
-            let stored = if from < upto {
-                store.messages(&key.addr(), from, upto - from)?
-            } else {
-                Vec::new()
-            };
-            (
-                stored,
-                cp.replay,
-                Some((cp.next_offset, cp.watermark_seq + 1)),
-            )
+            let stored = if from < upto { store.messages(&key.addr(), from, upto - from)? } else { Vec::new() };
+            (stored, cp.replay, Some((cp.next_offset, cp.watermark_seq + 1)))
         }
         None => (Vec::new(), Replay::default(), None),
     };
     let mut visit = |f: ScannedFrame<'_>| -> Result<(), LineageError> {
         let rec = decode(f.seq, f.payload)?;
         replay.apply(f.seq, &rec, &mut |e| {
-            if let Effect::Message {
-                ordinal, message, ..
-            } = e
-            {
+            if let Effect::Message { ordinal, message, .. } = e {
                 if ordinal >= from && ordinal < end {
                     messages.push((ordinal, message));
                 }
@@ -68,18 +55,11 @@ pub fn transcript(
         Ok(())
     };
     wal::read(wal_path, record::KNOWN_FEATURES, resume, &mut visit)?;
-    Ok(TranscriptPage {
-        messages,
-        prompt_len: replay.prompt_len,
-    })
+    Ok(TranscriptPage { messages, prompt_len: replay.prompt_len })
 }
 
 /// Durable control units strictly after `after` (all units when `None`), at most `limit`.
-pub fn control_units(
-    wal_path: &Path,
-    after: Option<Cursor>,
-    limit: usize,
-) -> Result<Vec<ControlUnit>, LineageError> {
+pub fn control_units(wal_path: &Path, after: Option<Cursor>, limit: usize) -> Result<Vec<ControlUnit>, LineageError> {
     let mut out = Vec::new();
     let mut visit = |f: ScannedFrame<'_>| -> Result<(), LineageError> {
         if out.len() >= limit || after.is_some_and(|a| f.seq < a.wal_seq) {

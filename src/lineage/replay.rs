@@ -34,14 +34,8 @@ pub struct Pending {
 #[serde(rename_all = "snake_case", tag = "state")]
 pub enum EpisodeStatus {
     Open,
-    Paused {
-        reason: PauseReason,
-        error: Option<ProviderError>,
-    },
-    Finished {
-        reason: FinishReason,
-        error: Option<ProviderError>,
-    },
+    Paused { reason: PauseReason, error: Option<ProviderError> },
+    Finished { reason: FinishReason, error: Option<ProviderError> },
 }
 
 /// One call of the current step's tool batch, in planned order.
@@ -82,10 +76,7 @@ pub enum Resolution {
     /// No episode yet.
     Empty,
     /// The last episode finished: idle, a send appends a new episode.
-    Idle {
-        run_id: String,
-        reason: FinishReason,
-    },
+    Idle { run_id: String, reason: FinishReason },
     /// Paused (e.g. `AuthRequired`): resumable on the same run_id; no new episode meanwhile.
     Paused { run_id: String, reason: PauseReason },
     /// Open: resume the same run_id with the last episode's config and counters.
@@ -96,38 +87,17 @@ pub enum Resolution {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Effect {
     /// The conversation gained a message at `ordinal`.
-    Message {
-        ordinal: u64,
-        run_id: String,
-        seq: u64,
-        message: Message,
-    },
+    Message { ordinal: u64, run_id: String, seq: u64, message: Message },
     /// A run's lifecycle state changed.
-    RunState {
-        run_id: String,
-        submission_id: Option<String>,
-        state: RunState,
-        seq: u64,
-    },
+    RunState { run_id: String, submission_id: Option<String>, state: RunState, seq: u64 },
 }
 
 /// A run's lifecycle state as the run index keeps it.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RunState {
-    Active {
-        started_at_ms: u64,
-        config: Value,
-    },
-    Paused {
-        reason: PauseReason,
-        error: Option<ProviderError>,
-    },
-    Finished {
-        reason: FinishReason,
-        error: Option<ProviderError>,
-        usage: RunUsage,
-        at_ms: u64,
-    },
+    Active { started_at_ms: u64, config: Value },
+    Paused { reason: PauseReason, error: Option<ProviderError> },
+    Finished { reason: FinishReason, error: Option<ProviderError>, usage: RunUsage, at_ms: u64 },
 }
 
 /// A record that may not follow the state: the WAL is not one this engine wrote.
@@ -165,17 +135,13 @@ impl Replay {
         match &self.last {
             None => Resolution::Empty,
             Some(e) => match &e.status {
-                EpisodeStatus::Finished { reason, .. } => Resolution::Idle {
-                    run_id: e.run_id.clone(),
-                    reason: *reason,
-                },
-                EpisodeStatus::Paused { reason, .. } => Resolution::Paused {
-                    run_id: e.run_id.clone(),
-                    reason: *reason,
-                },
-                EpisodeStatus::Open => Resolution::Resume {
-                    run_id: e.run_id.clone(),
-                },
+                EpisodeStatus::Finished { reason, .. } => {
+                    Resolution::Idle { run_id: e.run_id.clone(), reason: *reason }
+                }
+                EpisodeStatus::Paused { reason, .. } => {
+                    Resolution::Paused { run_id: e.run_id.clone(), reason: *reason }
+                }
+                EpisodeStatus::Open => Resolution::Resume { run_id: e.run_id.clone() },
             },
         }
     }
@@ -183,10 +149,7 @@ impl Replay {
     /// Notes that the record at `seq` projected `units` control units.
     pub fn note_units(&mut self, seq: u64, units: usize) {
         if units > 0 {
-            self.last_unit = Some(Cursor {
-                wal_seq: seq,
-                sub_index: units as u32 - 1,
-            });
+            self.last_unit = Some(Cursor { wal_seq: seq, sub_index: units as u32 - 1 });
         }
     }
 
@@ -196,15 +159,9 @@ impl Replay {
 
     /// The episode a record names must be the last one, in an allowed status.
     fn episode_for(&self, run_id: &str, allow_paused: bool) -> Result<&Episode, String> {
-        let e = self
-            .last
-            .as_ref()
-            .ok_or_else(|| format!("run {run_id} has no RunStarted"))?;
+        let e = self.last.as_ref().ok_or_else(|| format!("run {run_id} has no RunStarted"))?;
         if e.run_id != run_id {
-            return Err(format!(
-                "record names run {run_id} but the last episode is {}",
-                e.run_id
-            ));
+            return Err(format!("record names run {run_id} but the last episode is {}", e.run_id));
         }
         match e.status {
             EpisodeStatus::Open => Ok(e),
@@ -219,10 +176,7 @@ impl Replay {
             Record::RunStarted(r) => {
                 if let Some(e) = &self.last {
                     if !matches!(e.status, EpisodeStatus::Finished { .. }) {
-                        return Err(format!(
-                            "run {} started while run {} is not finished",
-                            r.run_id, e.run_id
-                        ));
+                        return Err(format!("run {} started while run {} is not finished", r.run_id, e.run_id));
                     }
                     if e.run_id == r.run_id {
                         return Err(format!("run {} started twice", r.run_id));
@@ -233,10 +187,7 @@ impl Replay {
             Record::StepStarted { run_id, step, .. } => {
                 let e = self.episode_for(run_id, false)?;
                 if *step <= e.step || e.step_open {
-                    return Err(format!(
-                        "step {step} does not follow step {} (open: {})",
-                        e.step, e.step_open
-                    ));
+                    return Err(format!("step {step} does not follow step {} (open: {})", e.step, e.step_open));
                 }
                 Ok(())
             }
@@ -251,12 +202,7 @@ impl Replay {
                 }
                 Ok(())
             }
-            Record::ToolDispatchIntent {
-                run_id,
-                step,
-                tool_call_id,
-                ..
-            } => {
+            Record::ToolDispatchIntent { run_id, step, tool_call_id, .. } => {
                 let e = self.episode_for(run_id, false)?;
                 if *step != e.step || e.batch.iter().any(|c| &c.tool_call_id == tool_call_id) {
                     return Err(format!(
@@ -266,11 +212,7 @@ impl Replay {
                 }
                 Ok(())
             }
-            Record::ToolResult {
-                run_id,
-                tool_call_id,
-                ..
-            } => {
+            Record::ToolResult { run_id, tool_call_id, .. } => {
                 let e = self.episode_for(run_id, false)?;
                 match e.batch.iter().find(|c| &c.tool_call_id == tool_call_id) {
                     Some(c) if c.result.is_none() => Ok(()),
@@ -295,14 +237,8 @@ impl Replay {
     }
 
     /// Applies a record at `seq`, reporting derived facts to `sink`.
-    pub fn apply(
-        &mut self,
-        seq: u64,
-        record: &Record,
-        sink: &mut dyn FnMut(Effect),
-    ) -> Result<(), ReplayError> {
-        self.check(record)
-            .map_err(|reason| ReplayError { seq, reason })?;
+    pub fn apply(&mut self, seq: u64, record: &Record, sink: &mut dyn FnMut(Effect)) -> Result<(), ReplayError> {
+        self.check(record).map_err(|reason| ReplayError { seq, reason })?;
         self.last_seq = seq;
         match record {
             Record::RunStarted(r) => {
@@ -326,16 +262,8 @@ impl Replay {
                     cancel: None,
                     messages: 0,
                 });
-                let state = RunState::Active {
-                    started_at_ms: r.started_at_ms,
-                    config: r.config.clone(),
-                };
-                sink(Effect::RunState {
-                    run_id: r.run_id.clone(),
-                    submission_id: r.submission_id.clone(),
-                    state,
-                    seq,
-                });
+                let state = RunState::Active { started_at_ms: r.started_at_ms, config: r.config.clone() };
+                sink(Effect::RunState { run_id: r.run_id.clone(), submission_id: r.submission_id.clone(), state, seq });
                 self.push_message(seq, r.input.clone(), sink);
             }
             Record::StepStarted { step, .. } => {
@@ -349,44 +277,22 @@ impl Replay {
                     self.episode_mut().retries_used += 1;
                 }
             }
-            Record::ModelStepFinished {
-                finish_reason,
-                usage,
-                message,
-                provider,
-                model,
-                variant,
-                ..
-            } => {
+            Record::ModelStepFinished { finish_reason, usage, message, provider, model, variant, .. } => {
                 let e = self.episode_mut();
                 e.step_open = false;
                 e.final_step_finish_reason = Some(finish_reason.clone());
                 e.usage.add_step(provider, model, variant.as_deref(), usage);
                 self.push_message(seq, message.clone(), sink);
             }
-            Record::ToolDispatchIntent {
-                tool_call_id,
-                tool_name,
-                ..
-            } => {
+            Record::ToolDispatchIntent { tool_call_id, tool_name, .. } => {
                 self.episode_mut().batch.push(BatchCall {
                     tool_call_id: tool_call_id.clone(),
                     tool_name: tool_name.clone(),
                     result: None,
                 });
             }
-            Record::ToolResult {
-                tool_call_id,
-                output,
-                is_error,
-                ..
-            } => {
-                if let Some(c) = self
-                    .episode_mut()
-                    .batch
-                    .iter_mut()
-                    .find(|c| &c.tool_call_id == tool_call_id)
-                {
+            Record::ToolResult { tool_call_id, output, is_error, .. } => {
+                if let Some(c) = self.episode_mut().batch.iter_mut().find(|c| &c.tool_call_id == tool_call_id) {
                     c.result = Some((output.clone(), *is_error));
                 }
             }
@@ -397,89 +303,37 @@ impl Replay {
                     _ => CancelAt::StepBoundary,
                 });
             }
-            Record::RunPaused {
-                run_id,
-                reason,
-                error,
-            } => {
-                self.episode_mut().status = EpisodeStatus::Paused {
-                    reason: *reason,
-                    error: error.clone(),
-                };
-                let state = RunState::Paused {
-                    reason: *reason,
-                    error: error.clone(),
-                };
+            Record::RunPaused { run_id, reason, error } => {
+                self.episode_mut().status = EpisodeStatus::Paused { reason: *reason, error: error.clone() };
+                let state = RunState::Paused { reason: *reason, error: error.clone() };
                 let submission_id = self.episode_mut().submission_id.clone();
-                sink(Effect::RunState {
-                    run_id: run_id.clone(),
-                    submission_id,
-                    state,
-                    seq,
-                });
+                sink(Effect::RunState { run_id: run_id.clone(), submission_id, state, seq });
             }
             Record::RunResumed { run_id } => {
                 let e = self.episode_mut();
                 e.status = EpisodeStatus::Open;
-                let state = RunState::Active {
-                    started_at_ms: e.started_at_ms,
-                    config: e.config.clone(),
-                };
+                let state = RunState::Active { started_at_ms: e.started_at_ms, config: e.config.clone() };
                 let submission_id = e.submission_id.clone();
-                sink(Effect::RunState {
-                    run_id: run_id.clone(),
-                    submission_id,
-                    state,
-                    seq,
-                });
+                sink(Effect::RunState { run_id: run_id.clone(), submission_id, state, seq });
             }
-            Record::RunFinished {
-                run_id,
-                reason,
-                error,
-                usage,
-                at_ms,
-                ..
-            } => {
+            Record::RunFinished { run_id, reason, error, usage, at_ms, .. } => {
                 self.close_batch(seq, sink);
                 let e = self.episode_mut();
-                e.status = EpisodeStatus::Finished {
-                    reason: *reason,
-                    error: error.clone(),
-                };
+                e.status = EpisodeStatus::Finished { reason: *reason, error: error.clone() };
                 e.step_open = false;
-                let state = RunState::Finished {
-                    reason: *reason,
-                    error: error.clone(),
-                    usage: usage.clone(),
-                    at_ms: *at_ms,
-                };
+                let state =
+                    RunState::Finished { reason: *reason, error: error.clone(), usage: usage.clone(), at_ms: *at_ms };
                 let submission_id = e.submission_id.clone();
-                sink(Effect::RunState {
-                    run_id: run_id.clone(),
-                    submission_id,
-                    state,
-                    seq,
-                });
+                sink(Effect::RunState { run_id: run_id.clone(), submission_id, state, seq });
             }
-            Record::Queued {
-                submission_id,
-                message,
-                request,
-            } => self.queue.push_back(Pending {
+            Record::Queued { submission_id, message, request } => self.queue.push_back(Pending {
                 submission_id: submission_id.clone(),
                 message: message.clone(),
                 request: request.clone(),
                 queued_seq: seq,
             }),
-            Record::Retracted { submission_id } => {
-                self.queue.retain(|p| &p.submission_id != submission_id)
-            }
-            Record::Steered {
-                submission_id,
-                message,
-                ..
-            } => {
+            Record::Retracted { submission_id } => self.queue.retain(|p| &p.submission_id != submission_id),
+            Record::Steered { submission_id, message, .. } => {
                 self.queue.retain(|p| &p.submission_id != submission_id);
                 self.close_batch(seq, sink);
                 self.push_message(seq, message.clone(), sink);
@@ -490,26 +344,15 @@ impl Replay {
     }
 
     fn episode_mut(&mut self) -> &mut Episode {
-        self.last
-            .as_mut()
-            .expect("check() proved an episode exists")
+        self.last.as_mut().expect("check() proved an episode exists")
     }
 
     fn push_message(&mut self, seq: u64, message: Message, sink: &mut dyn FnMut(Effect)) {
-        let run_id = self
-            .last
-            .as_ref()
-            .map(|e| e.run_id.clone())
-            .unwrap_or_default();
+        let run_id = self.last.as_ref().map(|e| e.run_id.clone()).unwrap_or_default();
         if let Some(e) = self.last.as_mut() {
             e.messages += 1;
         }
-        sink(Effect::Message {
-            ordinal: self.prompt_len,
-            run_id,
-            seq,
-            message,
-        });
+        sink(Effect::Message { ordinal: self.prompt_len, run_id, seq, message });
         self.prompt_len += 1;
     }
 
@@ -521,32 +364,17 @@ impl Replay {
         let content: Vec<Part> = batch
             .into_iter()
             .filter_map(|c| {
-                c.result.map(|(output, is_error)| Part::ToolResult {
-                    tool_call_id: c.tool_call_id,
-                    output,
-                    is_error,
-                })
+                c.result.map(|(output, is_error)| Part::ToolResult { tool_call_id: c.tool_call_id, output, is_error })
             })
             .collect();
         if !content.is_empty() {
-            self.push_message(
-                seq,
-                Message {
-                    role: Role::Tool,
-                    content,
-                    origin: None,
-                },
-                sink,
-            );
+            self.push_message(seq, Message { role: Role::Tool, content, origin: None }, sink);
         }
     }
 
     /// Calls of the open batch with an intent and no result: their outcome is unknown.
     pub fn indeterminate_calls(&self) -> Vec<&BatchCall> {
-        self.last
-            .iter()
-            .flat_map(|e| e.batch.iter().filter(|c| c.result.is_none()))
-            .collect()
+        self.last.iter().flat_map(|e| e.batch.iter().filter(|c| c.result.is_none())).collect()
     }
 }
 

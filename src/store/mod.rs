@@ -171,10 +171,7 @@ pub struct Store {
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 impl Store {
@@ -188,10 +185,7 @@ impl Store {
                 .truncate(false)
                 .mode(0o600)
                 .open(path)
-                .map_err(|source| StoreError::Io {
-                    path: path.into(),
-                    source,
-                })?;
+                .map_err(|source| StoreError::Io { path: path.into(), source })?;
         }
         let conn = Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
@@ -202,14 +196,8 @@ impl Store {
             "INSERT OR IGNORE INTO export_meta (key, value) VALUES ('source_instance_id', ?1)",
             [uuid::Uuid::new_v4().to_string()],
         )?;
-        conn.execute(
-            "INSERT OR IGNORE INTO export_meta (key, value) VALUES ('high_water', '0')",
-            [],
-        )?;
-        Ok(Store {
-            path: path.to_path_buf(),
-            conn: Mutex::new(conn),
-        })
+        conn.execute("INSERT OR IGNORE INTO export_meta (key, value) VALUES ('high_water', '0')", [])?;
+        Ok(Store { path: path.to_path_buf(), conn: Mutex::new(conn) })
     }
 
     pub fn path(&self) -> &Path {
@@ -229,14 +217,9 @@ impl Store {
         let Some((incarnation, seq, offset, replay)) = row else {
             return Ok(None);
         };
-        let replay: Replay = serde_json::from_str(&replay)
-            .map_err(|e| StoreError::Damaged(format!("checkpoint: {e}")))?;
-        Ok(Some(Checkpoint {
-            incarnation,
-            watermark_seq: seq as u64,
-            next_offset: offset as u64,
-            replay,
-        }))
+        let replay: Replay =
+            serde_json::from_str(&replay).map_err(|e| StoreError::Damaged(format!("checkpoint: {e}")))?;
+        Ok(Some(Checkpoint { incarnation, watermark_seq: seq as u64, next_offset: offset as u64, replay }))
     }
 
     /// Drops everything derived from a lineage (its WAL was replaced: a new incarnation).
@@ -251,12 +234,7 @@ impl Store {
     }
 
     /// Writes a batch in one transaction.
-    pub fn flush(
-        &self,
-        key: &SessionKey,
-        wal_path: &Path,
-        batch: &StoreBatch,
-    ) -> Result<(), StoreError> {
+    pub fn flush(&self, key: &SessionKey, wal_path: &Path, batch: &StoreBatch) -> Result<(), StoreError> {
         if batch.is_empty() {
             return Ok(());
         }
@@ -277,41 +255,19 @@ impl Store {
             )?;
             for effect in &batch.effects {
                 match effect {
-                    Effect::Message {
-                        ordinal,
-                        run_id,
-                        seq,
-                        message,
-                    } => {
+                    Effect::Message { ordinal, run_id, seq, message } => {
                         let json = serde_json::to_string(message).expect("messages serialize");
-                        put_message.execute(params![
-                            lineage,
-                            *ordinal as i64,
-                            run_id,
-                            *seq as i64,
-                            json
-                        ])?;
+                        put_message.execute(params![lineage, *ordinal as i64, run_id, *seq as i64, json])?;
                     }
-                    Effect::RunState {
-                        run_id,
-                        submission_id,
-                        state,
-                        seq,
-                    } => {
+                    Effect::RunState { run_id, submission_id, state, seq } => {
                         let (name, reason, error, terminal) = match state {
                             RunState::Active { .. } => ("active", None, None, false),
-                            RunState::Paused { reason, error } => (
-                                "paused",
-                                Some(json_str(reason)),
-                                error.as_ref().map(json_string),
-                                false,
-                            ),
-                            RunState::Finished { reason, error, .. } => (
-                                "terminal",
-                                Some(reason.as_str().to_string()),
-                                error.as_ref().map(json_string),
-                                true,
-                            ),
+                            RunState::Paused { reason, error } => {
+                                ("paused", Some(json_str(reason)), error.as_ref().map(json_string), false)
+                            }
+                            RunState::Finished { reason, error, .. } => {
+                                ("terminal", Some(reason.as_str().to_string()), error.as_ref().map(json_string), true)
+                            }
                         };
                         put_run.execute(params![
                             run_id,
@@ -327,22 +283,8 @@ impl Store {
                             wal,
                             *seq as i64
                         ])?;
-                        if let RunState::Finished {
-                            reason,
-                            usage,
-                            at_ms,
-                            ..
-                        } = state
-                        {
-                            insert_facts(
-                                &tx,
-                                key,
-                                &lineage,
-                                run_id,
-                                reason.as_str(),
-                                usage,
-                                *at_ms,
-                            )?;
+                        if let RunState::Finished { reason, usage, at_ms, .. } = state {
+                            insert_facts(&tx, key, &lineage, run_id, reason.as_str(), usage, *at_ms)?;
                         }
                     }
                 }
@@ -377,25 +319,19 @@ impl Store {
     }
 
     /// Materialized messages `[from, from + limit)` of a lineage, in ordinal order.
-    pub fn messages(
-        &self,
-        lineage: &str,
-        from: u64,
-        limit: u64,
-    ) -> Result<Vec<(u64, Message)>, StoreError> {
+    pub fn messages(&self, lineage: &str, from: u64, limit: u64) -> Result<Vec<(u64, Message)>, StoreError> {
         let conn = self.conn.lock();
         let mut stmt = conn.prepare_cached(
             "SELECT ordinal, message FROM transcript WHERE lineage = ?1 AND ordinal >= ?2 ORDER BY ordinal LIMIT ?3",
         )?;
-        let rows = stmt.query_map(
-            params![lineage, from as i64, limit.min(i64::MAX as u64) as i64],
-            |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, String>(1)?)),
-        )?;
+        let rows = stmt.query_map(params![lineage, from as i64, limit.min(i64::MAX as u64) as i64], |r| {
+            Ok((r.get::<_, i64>(0)? as u64, r.get::<_, String>(1)?))
+        })?;
         let mut out = Vec::new();
         for row in rows {
             let (ordinal, json) = row?;
-            let message = serde_json::from_str(&json)
-                .map_err(|e| StoreError::Damaged(format!("message {ordinal}: {e}")))?;
+            let message =
+                serde_json::from_str(&json).map_err(|e| StoreError::Damaged(format!("message {ordinal}: {e}")))?;
             out.push((ordinal, message));
         }
         Ok(out)
@@ -462,12 +398,8 @@ fn insert_facts(
                    steps: u64,
                    unreported: u64,
                    t: &crate::message::StepUsage| {
-        let fact_id = format!(
-            "{lineage}:{run_id}:{}:{}:{}",
-            provider.unwrap_or(""),
-            model.unwrap_or(""),
-            variant.unwrap_or("")
-        );
+        let fact_id =
+            format!("{lineage}:{run_id}:{}:{}:{}", provider.unwrap_or(""), model.unwrap_or(""), variant.unwrap_or(""));
         stmt.execute(params![
             fact_id,
             lineage,
@@ -491,24 +423,10 @@ fn insert_facts(
         ])
     };
     if usage.by_model.is_empty() {
-        put(
-            None,
-            None,
-            None,
-            usage.steps,
-            usage.unreported_steps,
-            &usage.totals,
-        )?;
+        put(None, None, None, usage.steps, usage.unreported_steps, &usage.totals)?;
     }
     for m in &usage.by_model {
-        put(
-            Some(&m.provider),
-            Some(&m.model),
-            m.variant.as_deref(),
-            m.steps,
-            m.unreported_steps,
-            &m.totals,
-        )?;
+        put(Some(&m.provider), Some(&m.model), m.variant.as_deref(), m.steps, m.unreported_steps, &m.totals)?;
     }
     Ok(())
 }

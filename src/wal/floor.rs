@@ -24,25 +24,11 @@ impl FeatureFloor {
     /// Loads the floor file at `path` (absent = empty).
     pub fn load(path: &Path) -> Result<FeatureFloor, WalError> {
         let known = match fs::read_to_string(path) {
-            Ok(text) => text
-                .lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .map(String::from)
-                .collect(),
+            Ok(text) => text.lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeSet::new(),
-            Err(source) => {
-                return Err(WalError::Io {
-                    op: "read feature floor",
-                    path: path.into(),
-                    source,
-                })
-            }
+            Err(source) => return Err(WalError::Io { op: "read feature floor", path: path.into(), source }),
         };
-        Ok(FeatureFloor {
-            path: path.to_path_buf(),
-            known: Mutex::new(known),
-        })
+        Ok(FeatureFloor { path: path.to_path_buf(), known: Mutex::new(known) })
     }
 
     /// The features named so far.
@@ -61,11 +47,7 @@ impl FeatureFloor {
         next.extend(features.iter().map(|f| f.to_string()));
         let text: String = next.iter().map(|f| format!("{f}\n")).collect();
         let tmp = self.path.with_extension("tmp");
-        let io = |op, source| WalError::Io {
-            op,
-            path: self.path.clone(),
-            source,
-        };
+        let io = |op, source| WalError::Io { op, path: self.path.clone(), source };
         let mut file = fs::OpenOptions::new()
             .write(true)
             .create(true)
@@ -73,8 +55,7 @@ impl FeatureFloor {
             .mode(0o600)
             .open(&tmp)
             .map_err(|e| io("write feature floor", e))?;
-        file.write_all(text.as_bytes())
-            .map_err(|e| io("write feature floor", e))?;
+        file.write_all(text.as_bytes()).map_err(|e| io("write feature floor", e))?;
         file.sync_all().map_err(|e| io("fsync feature floor", e))?;
         fs::rename(&tmp, &self.path).map_err(|e| io("rename feature floor", e))?;
         if let Some(dir) = self.path.parent() {

@@ -111,38 +111,18 @@ fn decode_body(body: &[u8]) -> Result<Frame<'_>, DecodeError> {
     let mut at = BODY_FIXED_LEN;
     let mut features = Vec::with_capacity(n_features);
     for _ in 0..n_features {
-        let len = *body
-            .get(at)
-            .ok_or(DecodeError::Malformed("feature list overruns the frame"))?
-            as usize;
-        let name = body
-            .get(at + 1..at + 1 + len)
-            .ok_or(DecodeError::Malformed("feature list overruns the frame"))?;
-        let name = std::str::from_utf8(name)
-            .map_err(|_| DecodeError::Malformed("feature name is not UTF-8"))?;
+        let len = *body.get(at).ok_or(DecodeError::Malformed("feature list overruns the frame"))? as usize;
+        let name = body.get(at + 1..at + 1 + len).ok_or(DecodeError::Malformed("feature list overruns the frame"))?;
+        let name = std::str::from_utf8(name).map_err(|_| DecodeError::Malformed("feature name is not UTF-8"))?;
         features.push(name);
         at += 1 + len;
     }
-    Ok(Frame {
-        version,
-        kind,
-        seq,
-        epoch,
-        features,
-        payload: &body[at..],
-    })
+    Ok(Frame { version, kind, seq, epoch, features, payload: &body[at..] })
 }
 
 /// Encodes a frame into `out` (cleared first). Feature names must be 1..=255 bytes;
 /// the caller checks that (see `Wal::append`).
-pub fn encode(
-    out: &mut Vec<u8>,
-    kind: FrameKind,
-    seq: u64,
-    epoch: u64,
-    features: &[&str],
-    payload: &[u8],
-) {
+pub fn encode(out: &mut Vec<u8>, kind: FrameKind, seq: u64, epoch: u64, features: &[&str], payload: &[u8]) {
     out.clear();
     out.extend_from_slice(&[0u8; PREFIX_LEN]);
     out.extend_from_slice(&FRAME_VERSION.to_le_bytes());
@@ -169,14 +149,7 @@ mod tests {
     #[test]
     fn round_trip() {
         let mut buf = Vec::new();
-        encode(
-            &mut buf,
-            FrameKind::Record,
-            7,
-            2,
-            &["a/v1", "bb/v2"],
-            b"hello",
-        );
+        encode(&mut buf, FrameKind::Record, 7, 2, &["a/v1", "bb/v2"], b"hello");
         let (f, n) = decode(&buf).unwrap();
         assert_eq!(n, buf.len());
         assert_eq!(f.seq, 7);
@@ -190,29 +163,15 @@ mod tests {
     #[test]
     fn every_prefix_is_incomplete_and_every_flip_is_caught() {
         let mut buf = Vec::new();
-        encode(
-            &mut buf,
-            FrameKind::Record,
-            1,
-            1,
-            &["x/v1"],
-            b"payload bytes",
-        );
+        encode(&mut buf, FrameKind::Record, 1, 1, &["x/v1"], b"payload bytes");
         for cut in 0..buf.len() {
-            assert_eq!(
-                decode(&buf[..cut]).unwrap_err(),
-                DecodeError::Incomplete,
-                "cut {cut}"
-            );
+            assert_eq!(decode(&buf[..cut]).unwrap_err(), DecodeError::Incomplete, "cut {cut}");
         }
         for i in 0..buf.len() {
             for bit in 0..8 {
                 let mut bad = buf.clone();
                 bad[i] ^= 1 << bit;
-                assert!(
-                    decode(&bad).is_err(),
-                    "flip byte {i} bit {bit} went unnoticed"
-                );
+                assert!(decode(&bad).is_err(), "flip byte {i} bit {bit} went unnoticed");
             }
         }
     }

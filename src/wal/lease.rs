@@ -13,10 +13,16 @@ use std::path::{Path, PathBuf};
 #[derive(Debug)]
 pub enum LeaseError {
     /// A live process holds the lease.
-    Busy { pid: Option<u32>, epoch: u64 },
+    Busy {
+        pid: Option<u32>,
+        epoch: u64,
+    },
     /// The lock is held but the recorded holder is gone (the lock outlived it, e.g. through an
     /// inherited descriptor): not safe to write, and not a live session either.
-    Stale { pid: u32, epoch: u64 },
+    Stale {
+        pid: u32,
+        epoch: u64,
+    },
     Io {
         path: PathBuf,
         source: std::io::Error,
@@ -26,10 +32,9 @@ pub enum LeaseError {
 impl std::fmt::Display for LeaseError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            LeaseError::Busy {
-                pid: Some(pid),
-                epoch,
-            } => write!(f, "session lease is held by pid {pid} (epoch {epoch})"),
+            LeaseError::Busy { pid: Some(pid), epoch } => {
+                write!(f, "session lease is held by pid {pid} (epoch {epoch})")
+            }
             LeaseError::Busy { pid: None, epoch } => {
                 write!(f, "session lease is held (epoch {epoch})")
             }
@@ -60,10 +65,7 @@ fn parse(text: &str) -> (u64, Option<u32>) {
 impl Lease {
     /// Takes the lease at `path` without waiting.
     pub fn acquire(path: &Path) -> Result<Lease, LeaseError> {
-        let io = |source| LeaseError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
+        let io = |source| LeaseError::Io { path: path.to_path_buf(), source };
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -79,9 +81,7 @@ impl Lease {
                 file.read_to_string(&mut text).map_err(io)?;
                 let (epoch, pid) = parse(&text);
                 return Err(match pid {
-                    Some(pid) if !Path::new(&format!("/proc/{pid}")).exists() => {
-                        LeaseError::Stale { pid, epoch }
-                    }
+                    Some(pid) if !Path::new(&format!("/proc/{pid}")).exists() => LeaseError::Stale { pid, epoch },
                     pid => LeaseError::Busy { pid, epoch },
                 });
             }

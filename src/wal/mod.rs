@@ -55,22 +55,14 @@ impl WalHeader {
     }
 
     fn decode(payload: &[u8]) -> Option<WalHeader> {
-        if payload.len() < HEADER_PAYLOAD_LEN
-            || &payload[..4] != HEADER_MAGIC
-            || payload[4] != HEADER_LAYOUT
-        {
+        if payload.len() < HEADER_PAYLOAD_LEN || &payload[..4] != HEADER_MAGIC || payload[4] != HEADER_LAYOUT {
             return None;
         }
-        Some(WalHeader {
-            lineage: payload[5..21].try_into().ok()?,
-            incarnation: payload[21..37].try_into().ok()?,
-        })
+        Some(WalHeader { lineage: payload[5..21].try_into().ok()?, incarnation: payload[21..37].try_into().ok()? })
     }
 
     pub fn incarnation_string(&self) -> String {
-        uuid::Uuid::from_bytes(self.incarnation)
-            .hyphenated()
-            .to_string()
+        uuid::Uuid::from_bytes(self.incarnation).hyphenated().to_string()
     }
 }
 
@@ -84,7 +76,10 @@ pub enum WalError {
         source: io::Error,
     },
     /// A bad frame before the tail. Nothing was rewritten.
-    Corrupt { offset: u64, reason: String },
+    Corrupt {
+        offset: u64,
+        reason: String,
+    },
     /// A complete frame requires features this build does not know.
     NewerWriter {
         version: u16,
@@ -92,13 +87,22 @@ pub enum WalError {
         missing: Vec<String>,
     },
     /// The file does not start with a valid header frame.
-    NotAWal { reason: &'static str },
+    NotAWal {
+        reason: &'static str,
+    },
     /// An earlier write or fsync failed; reopen to continue.
-    Poisoned { cause: String },
+    Poisoned {
+        cause: String,
+    },
     /// Another writer appended since this one last looked.
-    Stale { expected_len: u64, found_len: u64 },
+    Stale {
+        expected_len: u64,
+        found_len: u64,
+    },
     /// The record cannot be framed (too large, a bad feature name).
-    Unframeable { reason: String },
+    Unframeable {
+        reason: String,
+    },
 }
 
 impl std::fmt::Display for WalError {
@@ -125,11 +129,7 @@ impl std::fmt::Display for WalError {
 impl std::error::Error for WalError {}
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> WalError + 'a {
-    move |source| WalError::Io {
-        op,
-        path: path.to_path_buf(),
-        source,
-    }
+    move |source| WalError::Io { op, path: path.to_path_buf(), source }
 }
 
 /// The answer to an append.
@@ -184,13 +184,8 @@ pub struct Wal {
 /// Creates a new WAL atomically (temp file, fsync, rename, fsync of the directory), so a crash
 /// leaves either no file or a complete header.
 pub fn create(path: &Path, lineage: [u8; 16]) -> Result<WalHeader, WalError> {
-    let dir = path.parent().ok_or(WalError::NotAWal {
-        reason: "path has no parent directory",
-    })?;
-    let header = WalHeader {
-        lineage,
-        incarnation: *uuid::Uuid::new_v4().as_bytes(),
-    };
+    let dir = path.parent().ok_or(WalError::NotAWal { reason: "path has no parent directory" })?;
+    let header = WalHeader { lineage, incarnation: *uuid::Uuid::new_v4().as_bytes() };
     let tmp = path.with_extension("wal.tmp");
     let mut out = Vec::new();
     frame::encode(&mut out, FrameKind::Header, 0, 0, &[], &header.encode());
@@ -210,51 +205,30 @@ pub fn create(path: &Path, lineage: [u8; 16]) -> Result<WalHeader, WalError> {
 
 /// Fsyncs a directory so a rename or create in it is durable.
 pub fn sync_dir(dir: &Path) -> Result<(), WalError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err("fsync directory", dir))
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io_err("fsync directory", dir))
 }
 
 /// Reads and checks the header frame. Returns the header and the offset after it.
-fn read_header(
-    reader: &mut FrameReader,
-    path: &Path,
-    known: &[&str],
-) -> Result<(WalHeader, u64), WalError> {
+fn read_header(reader: &mut FrameReader, path: &Path, known: &[&str]) -> Result<(WalHeader, u64), WalError> {
     match reader.next().map_err(io_err("read", path))? {
         Next::Frame { frame, len, offset } => {
             check_features(&frame, offset, known)?;
             if frame.kind != FrameKind::Header || frame.seq != 0 {
-                return Err(WalError::NotAWal {
-                    reason: "first frame is not a header",
-                });
+                return Err(WalError::NotAWal { reason: "first frame is not a header" });
             }
-            let header = WalHeader::decode(frame.payload).ok_or(WalError::NotAWal {
-                reason: "bad header payload",
-            })?;
+            let header = WalHeader::decode(frame.payload).ok_or(WalError::NotAWal { reason: "bad header payload" })?;
             Ok((header, len as u64))
         }
-        _ => Err(WalError::NotAWal {
-            reason: "no complete header frame",
-        }),
+        _ => Err(WalError::NotAWal { reason: "no complete header frame" }),
     }
 }
 
 fn check_features(frame: &Frame<'_>, offset: u64, known: &[&str]) -> Result<(), WalError> {
-    let missing: Vec<String> = frame
-        .features
-        .iter()
-        .filter(|f| !known.contains(f))
-        .map(|f| f.to_string())
-        .collect();
+    let missing: Vec<String> = frame.features.iter().filter(|f| !known.contains(f)).map(|f| f.to_string()).collect();
     if missing.is_empty() {
         Ok(())
     } else {
-        Err(WalError::NewerWriter {
-            version: frame.version,
-            offset,
-            missing,
-        })
+        Err(WalError::NewerWriter { version: frame.version, offset, missing })
     }
 }
 
@@ -277,35 +251,15 @@ fn scan<E: From<WalError>>(
 ) -> Result<ScanEnd, E> {
     loop {
         match reader.next().map_err(io_err("read", path))? {
-            Next::End { offset } => {
-                return Ok(ScanEnd {
-                    offset,
-                    last_seq,
-                    torn_bytes: 0,
-                })
-            }
-            Next::Torn { offset, bytes } => {
-                return Ok(ScanEnd {
-                    offset,
-                    last_seq,
-                    torn_bytes: bytes,
-                })
-            }
+            Next::End { offset } => return Ok(ScanEnd { offset, last_seq, torn_bytes: 0 }),
+            Next::Torn { offset, bytes } => return Ok(ScanEnd { offset, last_seq, torn_bytes: bytes }),
             Next::Corrupt { offset, reason } => {
-                return Err(WalError::Corrupt {
-                    offset,
-                    reason: reason.to_string(),
-                }
-                .into());
+                return Err(WalError::Corrupt { offset, reason: reason.to_string() }.into());
             }
             Next::Frame { offset, frame, len } => {
                 check_features(&frame, offset, known)?;
                 if frame.kind != FrameKind::Record {
-                    return Err(WalError::Corrupt {
-                        offset,
-                        reason: "a second header frame".into(),
-                    }
-                    .into());
+                    return Err(WalError::Corrupt { offset, reason: "a second header frame".into() }.into());
                 }
                 if frame.seq != last_seq + 1 {
                     let reason = format!("seq {} follows seq {last_seq}", frame.seq);
@@ -363,11 +317,7 @@ impl Wal {
         opts: WalOpen<'_>,
         visit: &mut dyn FnMut(ScannedFrame<'_>) -> Result<(), E>,
     ) -> Result<Wal, E> {
-        let file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .open(path)
-            .map_err(io_err("open", path))?;
+        let file = OpenOptions::new().read(true).append(true).open(path).map_err(io_err("open", path))?;
         let reader_file = file.try_clone().map_err(io_err("open", path))?;
         let mut reader = FrameReader::new(reader_file, 0).map_err(io_err("seek", path))?;
         let (header, after_header) = read_header(&mut reader, path, opts.known_features)?;
@@ -382,9 +332,7 @@ impl Wal {
         let end = scan(&mut reader, path, last_seq, opts.known_features, visit)?;
         if let Some((offset, seq)) = opts.resume_at {
             if end.last_seq < seq.saturating_sub(1) || end.offset < offset {
-                let reason = format!(
-                    "checkpoint at offset {offset} (seq {seq}) is past the end of the file"
-                );
+                let reason = format!("checkpoint at offset {offset} (seq {seq}) is past the end of the file");
                 return Err(WalError::Corrupt { offset, reason }.into());
             }
         }
@@ -446,29 +394,18 @@ impl Wal {
         }
     }
 
-    fn try_append(
-        &mut self,
-        features: &[&str],
-        payload: &[u8],
-        sync: bool,
-    ) -> Result<u64, WalError> {
+    fn try_append(&mut self, features: &[&str], payload: &[u8], sync: bool) -> Result<u64, WalError> {
         if let Some(cause) = &self.poisoned {
-            return Err(WalError::Poisoned {
-                cause: cause.clone(),
-            });
+            return Err(WalError::Poisoned { cause: cause.clone() });
         }
         if features.len() > u8::MAX as usize
-            || features
-                .iter()
-                .any(|f| f.is_empty() || f.len() > frame::MAX_FEATURE_LEN)
+            || features.iter().any(|f| f.is_empty() || f.len() > frame::MAX_FEATURE_LEN)
         {
             return Err(WalError::Unframeable {
                 reason: "feature names must be 1 to 255 bytes, at most 255 of them".into(),
             });
         }
-        let body = frame::BODY_FIXED_LEN
-            + features.iter().map(|f| f.len() + 1).sum::<usize>()
-            + payload.len();
+        let body = frame::BODY_FIXED_LEN + features.iter().map(|f| f.len() + 1).sum::<usize>() + payload.len();
         if body > frame::MAX_BODY_LEN {
             return Err(WalError::Unframeable {
                 reason: format!("a {body}-byte frame exceeds {}", frame::MAX_BODY_LEN),
@@ -480,14 +417,7 @@ impl Wal {
             }
         }
         let seq = self.appended_seq + 1;
-        frame::encode(
-            &mut self.scratch,
-            FrameKind::Record,
-            seq,
-            self.epoch,
-            features,
-            payload,
-        );
+        frame::encode(&mut self.scratch, FrameKind::Record, seq, self.epoch, features, payload);
         self.pending.extend_from_slice(&self.scratch);
         self.appended_seq = seq;
         if sync {
@@ -503,16 +433,9 @@ impl Wal {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let found = self
-            .file
-            .metadata()
-            .map_err(|e| self.poison("stat", e))?
-            .len();
+        let found = self.file.metadata().map_err(|e| self.poison("stat", e))?.len();
         if found != self.end {
-            let err = WalError::Stale {
-                expected_len: self.end,
-                found_len: found,
-            };
+            let err = WalError::Stale { expected_len: self.end, found_len: found };
             self.poisoned = Some(err.to_string());
             return Err(err);
         }
@@ -529,9 +452,7 @@ impl Wal {
     /// fsynced seq.
     pub fn sync(&mut self) -> Result<u64, WalError> {
         if let Some(cause) = &self.poisoned {
-            return Err(WalError::Poisoned {
-                cause: cause.clone(),
-            });
+            return Err(WalError::Poisoned { cause: cause.clone() });
         }
         self.write_pending()?;
         if self.unsynced_written {
@@ -545,11 +466,7 @@ impl Wal {
     }
 
     fn poison(&mut self, op: &'static str, source: io::Error) -> WalError {
-        let err = WalError::Io {
-            op,
-            path: self.path.clone(),
-            source,
-        };
+        let err = WalError::Io { op, path: self.path.clone(), source };
         self.poisoned = Some(err.to_string());
         err
     }
@@ -559,19 +476,10 @@ impl Wal {
     #[doc(hidden)]
     pub fn write_torn_for_test(&mut self, payload: &[u8], cut: usize) -> Result<(), WalError> {
         self.sync()?;
-        frame::encode(
-            &mut self.scratch,
-            FrameKind::Record,
-            self.appended_seq + 1,
-            self.epoch,
-            &[],
-            payload,
-        );
+        frame::encode(&mut self.scratch, FrameKind::Record, self.appended_seq + 1, self.epoch, &[], payload);
         let cut = cut.min(self.scratch.len().saturating_sub(1));
         let bytes = self.scratch[..cut].to_vec();
-        self.file
-            .write_all(&bytes)
-            .map_err(|e| self.poison("write", e))?;
+        self.file.write_all(&bytes).map_err(|e| self.poison("write", e))?;
         self.file.sync_data().map_err(|e| self.poison("fsync", e))?;
         self.poisoned = Some("torn write injected".into());
         Ok(())

@@ -16,11 +16,7 @@ const READ_AHEAD: usize = 256 << 10;
 #[derive(Debug)]
 pub enum Next<'a> {
     /// A complete frame starting at `offset` and `len` bytes long.
-    Frame {
-        offset: u64,
-        len: usize,
-        frame: Frame<'a>,
-    },
+    Frame { offset: u64, len: usize, frame: Frame<'a> },
     /// The clean end of the file.
     End { offset: u64 },
     /// A torn last frame: `bytes` bytes from `offset` to the end of the file.
@@ -43,13 +39,7 @@ impl FrameReader {
     /// Reads frames from `offset` on.
     pub fn new(mut file: File, offset: u64) -> io::Result<Self> {
         file.seek(SeekFrom::Start(offset))?;
-        Ok(FrameReader {
-            file,
-            buf: Vec::with_capacity(READ_AHEAD),
-            buf_offset: offset,
-            pos: 0,
-            eof: false,
-        })
+        Ok(FrameReader { file, buf: Vec::with_capacity(READ_AHEAD), buf_offset: offset, pos: 0, eof: false })
     }
 
     /// File offset of the next unread byte.
@@ -101,12 +91,7 @@ impl FrameReader {
         }
         let len = match frame::body_len(&self.buf[self.pos..]) {
             Ok(len) => len,
-            Err(DecodeError::Incomplete) => {
-                return Ok(Next::Torn {
-                    offset,
-                    bytes: avail as u64,
-                })
-            }
+            Err(DecodeError::Incomplete) => return Ok(Next::Torn { offset, bytes: avail as u64 }),
             Err(_) => return self.bad_length(offset),
         };
         self.fill(PREFIX_LEN + len)?;
@@ -115,28 +100,14 @@ impl FrameReader {
         match frame::decode(&self.buf[start..]) {
             Ok((frame, total)) => {
                 self.pos += total;
-                Ok(Next::Frame {
-                    offset,
-                    len: total,
-                    frame,
-                })
+                Ok(Next::Frame { offset, len: total, frame })
             }
-            Err(DecodeError::Incomplete) => Ok(Next::Torn {
-                offset,
-                bytes: avail as u64,
-            }),
-            Err(DecodeError::BadChecksum) if avail == PREFIX_LEN + len => Ok(Next::Torn {
-                offset,
-                bytes: avail as u64,
-            }),
-            Err(DecodeError::BadChecksum) => Ok(Next::Corrupt {
-                offset,
-                reason: "checksum mismatch",
-            }),
-            Err(DecodeError::BadLength) => Ok(Next::Corrupt {
-                offset,
-                reason: "damaged frame length",
-            }),
+            Err(DecodeError::Incomplete) => Ok(Next::Torn { offset, bytes: avail as u64 }),
+            Err(DecodeError::BadChecksum) if avail == PREFIX_LEN + len => {
+                Ok(Next::Torn { offset, bytes: avail as u64 })
+            }
+            Err(DecodeError::BadChecksum) => Ok(Next::Corrupt { offset, reason: "checksum mismatch" }),
+            Err(DecodeError::BadLength) => Ok(Next::Corrupt { offset, reason: "damaged frame length" }),
             Err(DecodeError::Malformed(reason)) => Ok(Next::Corrupt { offset, reason }),
         }
     }
@@ -148,25 +119,16 @@ impl FrameReader {
         loop {
             let unread = &self.buf[self.pos..];
             if unread.iter().any(|&b| b != 0) {
-                return Ok(Next::Corrupt {
-                    offset,
-                    reason: "damaged frame length",
-                });
+                return Ok(Next::Corrupt { offset, reason: "damaged frame length" });
             }
             rest += unread.len() as u64;
             self.pos = self.buf.len();
             if self.eof {
-                return Ok(Next::Torn {
-                    offset,
-                    bytes: rest,
-                });
+                return Ok(Next::Torn { offset, bytes: rest });
             }
             self.fill(1)?;
             if self.buf.len() == self.pos {
-                return Ok(Next::Torn {
-                    offset,
-                    bytes: rest,
-                });
+                return Ok(Next::Torn { offset, bytes: rest });
             }
         }
     }

@@ -11,20 +11,11 @@ fn fresh() -> (tempfile::TempDir, PathBuf) {
 
 fn open_collect(path: &Path) -> Result<(Wal, Vec<(u64, Vec<u8>)>), WalError> {
     let mut seen = Vec::new();
-    let opts = WalOpen {
-        known_features: KNOWN,
-        resume_at: None,
-        epoch: 1,
-        floor: None,
-    };
-    let wal = Wal::open(
-        path,
-        opts,
-        &mut |f: ScannedFrame<'_>| -> Result<(), WalError> {
-            seen.push((f.seq, f.payload.to_vec()));
-            Ok(())
-        },
-    )?;
+    let opts = WalOpen { known_features: KNOWN, resume_at: None, epoch: 1, floor: None };
+    let wal = Wal::open(path, opts, &mut |f: ScannedFrame<'_>| -> Result<(), WalError> {
+        seen.push((f.seq, f.payload.to_vec()));
+        Ok(())
+    })?;
     Ok((wal, seen))
 }
 
@@ -53,19 +44,12 @@ fn appends_are_durable_only_after_sync_and_seqs_continue_across_reopen() {
     assert_eq!(accepted(wal.append(&[], b"a", false)), 1);
     assert_eq!(accepted(wal.append(&[], b"b", false)), 2);
     assert_eq!(wal.synced_seq(), 0);
-    assert_eq!(
-        fs::metadata(&path).unwrap().len(),
-        69,
-        "nothing reaches the file before sync"
-    );
+    assert_eq!(fs::metadata(&path).unwrap().len(), 69, "nothing reaches the file before sync");
     assert_eq!(wal.sync().unwrap(), 2);
     assert_eq!(accepted(wal.append(&[], b"c", true)), 3);
     drop(wal);
     let (mut wal, seen) = open_collect(&path).unwrap();
-    assert_eq!(
-        seen,
-        vec![(1, b"a".to_vec()), (2, b"b".to_vec()), (3, b"c".to_vec())]
-    );
+    assert_eq!(seen, vec![(1, b"a".to_vec()), (2, b"b".to_vec()), (3, b"c".to_vec())]);
     assert_eq!(accepted(wal.append(&[], b"d", true)), 4);
 }
 
@@ -78,21 +62,12 @@ fn torn_tails_are_truncated_and_nothing_else_changes() {
     drop(wal);
     let good = fs::read(&path).unwrap();
     let mut frame_bytes = Vec::new();
-    frame::encode(
-        &mut frame_bytes,
-        FrameKind::Record,
-        3,
-        1,
-        &[],
-        b"third, torn",
-    );
+    frame::encode(&mut frame_bytes, FrameKind::Record, 3, 1, &[], b"third, torn");
     // Every strict prefix of a frame, a checksum-failing whole frame, and a zero-filled tail.
     let mut bad_crc = frame_bytes.clone();
     let last = bad_crc.len() - 1;
     bad_crc[last] ^= 0xff;
-    let mut tails: Vec<Vec<u8>> = (1..frame_bytes.len())
-        .map(|n| frame_bytes[..n].to_vec())
-        .collect();
+    let mut tails: Vec<Vec<u8>> = (1..frame_bytes.len()).map(|n| frame_bytes[..n].to_vec()).collect();
     tails.push(bad_crc);
     tails.push(vec![0; 4096]);
     for tail in tails {
@@ -101,12 +76,7 @@ fn torn_tails_are_truncated_and_nothing_else_changes() {
         fs::write(&path, &bytes).unwrap();
         let (wal, seen) = open_collect(&path).unwrap();
         assert_eq!(seen.len(), 2, "tail of {} bytes", tail.len());
-        assert_eq!(
-            fs::read(&path).unwrap(),
-            good,
-            "tail of {} bytes",
-            tail.len()
-        );
+        assert_eq!(fs::read(&path).unwrap(), good, "tail of {} bytes", tail.len());
         assert_eq!(wal.appended_seq(), 2);
     }
 }
@@ -126,9 +96,7 @@ fn a_bad_frame_before_the_tail_fails_the_open_and_rewrites_nothing() {
         let mut bytes = good.clone();
         bytes[at] ^= 0x01;
         fs::write(&path, &bytes).unwrap();
-        let err = open_collect(&path)
-            .err()
-            .expect("corruption must fail the open");
+        let err = open_collect(&path).err().expect("corruption must fail the open");
         assert!(matches!(err, WalError::Corrupt { offset: 69, .. }), "{err}");
         assert_eq!(fs::read(&path).unwrap(), bytes, "nothing is rewritten");
     }
@@ -143,23 +111,14 @@ fn unknown_required_features_are_refused_by_name() {
     drop(wal);
     let err = open_collect(&path).err().unwrap();
     match &err {
-        WalError::NewerWriter {
-            version,
-            offset,
-            missing,
-        } => {
+        WalError::NewerWriter { version, offset, missing } => {
             assert_eq!((*version, *offset), (FRAME_VERSION, 69 + 32 + 9 + 4));
             assert_eq!(missing, &vec!["probe-unknown/v1".to_string()]);
         }
         other => panic!("{other}"),
     }
     // The read-only path refuses the same way.
-    let r = read(
-        &path,
-        KNOWN,
-        None,
-        &mut |_f: ScannedFrame<'_>| -> Result<(), WalError> { Ok(()) },
-    );
+    let r = read(&path, KNOWN, None, &mut |_f: ScannedFrame<'_>| -> Result<(), WalError> { Ok(()) });
     assert!(matches!(r, Err(WalError::NewerWriter { .. })));
 }
 
@@ -170,15 +129,10 @@ fn a_stale_writer_is_refused_and_stays_refused() {
     let (mut b, _) = open_collect(&path).unwrap();
     accepted(b.append(&[], b"from b", true));
     match a.append(&[], b"from a", true) {
-        RecordOutcome::Refused(WalError::Stale {
-            expected_len: 69, ..
-        }) => {}
+        RecordOutcome::Refused(WalError::Stale { expected_len: 69, .. }) => {}
         other => panic!("{other:?}"),
     }
-    assert!(matches!(
-        a.append(&[], b"again", true),
-        RecordOutcome::Refused(WalError::Poisoned { .. })
-    ));
+    assert!(matches!(a.append(&[], b"again", true), RecordOutcome::Refused(WalError::Poisoned { .. })));
     let (_, seen) = open_collect(&path).unwrap();
     assert_eq!(seen, vec![(1, b"from b".to_vec())]);
 }
@@ -187,31 +141,13 @@ fn a_stale_writer_is_refused_and_stays_refused() {
 fn the_feature_floor_is_raised_durably_before_the_frame() {
     let (dir, path) = fresh();
     let floor = Arc::new(FeatureFloor::load(&dir.path().join("floor")).unwrap());
-    let opts = WalOpen {
-        known_features: KNOWN,
-        resume_at: None,
-        epoch: 1,
-        floor: Some(floor.clone()),
-    };
-    let mut wal = Wal::open(
-        &path,
-        opts,
-        &mut |_f: ScannedFrame<'_>| -> Result<(), WalError> { Ok(()) },
-    )
-    .unwrap();
+    let opts = WalOpen { known_features: KNOWN, resume_at: None, epoch: 1, floor: Some(floor.clone()) };
+    let mut wal = Wal::open(&path, opts, &mut |_f: ScannedFrame<'_>| -> Result<(), WalError> { Ok(()) }).unwrap();
     accepted(wal.append(&[], b"plain", true));
     assert!(!dir.path().join("floor").exists());
     accepted(wal.append(&["known/v1"], b"gated", false));
-    assert_eq!(
-        fs::read_to_string(dir.path().join("floor")).unwrap(),
-        "known/v1\n"
-    );
-    assert_eq!(
-        FeatureFloor::load(&dir.path().join("floor"))
-            .unwrap()
-            .features(),
-        vec!["known/v1"]
-    );
+    assert_eq!(fs::read_to_string(dir.path().join("floor")).unwrap(), "known/v1\n");
+    assert_eq!(FeatureFloor::load(&dir.path().join("floor")).unwrap().features(), vec!["known/v1"]);
 }
 
 #[test]
@@ -223,36 +159,17 @@ fn a_checkpoint_resume_reads_only_the_tail() {
     accepted(wal.append(&[], b"two", true));
     drop(wal);
     let mut seen = Vec::new();
-    let opts = WalOpen {
-        known_features: KNOWN,
-        resume_at: Some((offset, 2)),
-        epoch: 2,
-        floor: None,
-    };
-    let wal = Wal::open(
-        &path,
-        opts,
-        &mut |f: ScannedFrame<'_>| -> Result<(), WalError> {
-            seen.push(f.seq);
-            Ok(())
-        },
-    )
+    let opts = WalOpen { known_features: KNOWN, resume_at: Some((offset, 2)), epoch: 2, floor: None };
+    let wal = Wal::open(&path, opts, &mut |f: ScannedFrame<'_>| -> Result<(), WalError> {
+        seen.push(f.seq);
+        Ok(())
+    })
     .unwrap();
     assert_eq!(seen, vec![2]);
     assert_eq!(wal.appended_seq(), 2);
     // A checkpoint that does not land on the frame it names is refused, not trusted.
-    let opts = WalOpen {
-        known_features: KNOWN,
-        resume_at: Some((offset + 1, 2)),
-        epoch: 2,
-        floor: None,
-    };
-    assert!(Wal::open(
-        &path,
-        opts,
-        &mut |_f: ScannedFrame<'_>| -> Result<(), WalError> { Ok(()) }
-    )
-    .is_err());
+    let opts = WalOpen { known_features: KNOWN, resume_at: Some((offset + 1, 2)), epoch: 2, floor: None };
+    assert!(Wal::open(&path, opts, &mut |_f: ScannedFrame<'_>| -> Result<(), WalError> { Ok(()) }).is_err());
 }
 
 #[test]
@@ -262,10 +179,7 @@ fn leases_admit_one_holder_and_count_epochs() {
     let a = Lease::acquire(&path).unwrap();
     assert_eq!(a.epoch(), 1);
     match Lease::acquire(&path) {
-        Err(LeaseError::Busy {
-            pid: Some(pid),
-            epoch: 1,
-        }) => assert_eq!(pid, std::process::id()),
+        Err(LeaseError::Busy { pid: Some(pid), epoch: 1 }) => assert_eq!(pid, std::process::id()),
         other => panic!("{other:?}"),
     }
     drop(a);

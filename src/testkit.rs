@@ -1,0 +1,66 @@
+//! Record builders shared by tests, property checks and benchmarks. Not part of the engine.
+
+use serde_json::json;
+
+use crate::message::{Message, Part, Role, StepUsage};
+use crate::record::{Origin, Record, RunStarted};
+
+pub fn run_started(run_id: &str, submission_id: Option<&str>, prompt: &str) -> Record {
+    Record::RunStarted(Box::new(RunStarted {
+        run_id: run_id.into(),
+        submission_id: submission_id.map(String::from),
+        origin: Origin::Fresh,
+        config: json!({"provider": "mock", "model": "mock-model", "max_steps": 8}),
+        input: Message::user_text(prompt),
+        title: None,
+        started_at_ms: 1_700_000_000_000,
+    }))
+}
+
+pub fn step_started(run_id: &str, step: u64) -> Record {
+    Record::StepStarted { run_id: run_id.into(), step, at_ms: 1_700_000_000_000 + step }
+}
+
+/// A model step answering `text`, calling the tools named in `calls` (`(id, name)`).
+pub fn model_step(run_id: &str, step: u64, text: &str, calls: &[(&str, &str)]) -> Record {
+    let mut content = vec![Part::Text { text: text.into() }];
+    for (id, name) in calls {
+        content.push(Part::ToolCall {
+            tool_call_id: (*id).into(),
+            tool_name: (*name).into(),
+            input: json!({"path": "x"}),
+        });
+    }
+    Record::ModelStepFinished {
+        run_id: run_id.into(),
+        step,
+        finish_reason: if calls.is_empty() { "stop" } else { "tool_calls" }.into(),
+        usage: StepUsage { input_tokens: Some(10), output_tokens: Some(5), ..Default::default() },
+        message: Message { role: Role::Assistant, content, origin: None },
+        provider: "mock".into(),
+        model: "mock-model".into(),
+        variant: None,
+    }
+}
+
+pub fn intent(run_id: &str, step: u64, id: &str, name: &str) -> Record {
+    Record::ToolDispatchIntent {
+        run_id: run_id.into(),
+        step,
+        tool_call_id: id.into(),
+        tool_name: name.into(),
+        module_id: None,
+        call_key: format!("{run_id}:{id}"),
+    }
+}
+
+pub fn tool_result(run_id: &str, step: u64, id: &str, text: &str) -> Record {
+    Record::ToolResult {
+        run_id: run_id.into(),
+        step,
+        tool_call_id: id.into(),
+        output: json!({"kind": "text", "text": text}),
+        is_error: false,
+        outcome: Some("ok".into()),
+    }
+}

@@ -1,0 +1,295 @@
+//! The lineage core end to end on a real state root: refusals pinned by golden bytes, the store
+//! as a rebuildable projection, checkpointed opens, cursors, orphan sealing and the metering lane.
+
+use std::fs;
+use std::path::Path;
+use std::sync::Arc;
+
+use broca::lineage::projection::Cursor;
+use broca::lineage::read;
+use broca::lineage::replay::Resolution;
+use broca::lineage::{Lineage, RetractOutcome, Shared};
+use broca::message::Message;
+use broca::record::{FinishReason, Record, RequestIdentity};
+use broca::session_key::SessionKey;
+use broca::state_root::StateRoot;
+use broca::testkit::*;
+use broca::wal::frame::{self, FrameKind};
+
+fn key() -> SessionKey {
+    SessionKey::new("/work/proj", "test", "s1")
+}
+
+fn shared(dir: &Path) -> Shared {
+    Shared::open(StateRoot::at(dir).unwrap()).unwrap()
+}
+
+fn golden(name: &str) -> String {
+    fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/golden").join(name)).unwrap()
+}
+
+/// One finished episode with a tool batch.
+fn episode(l: &mut Lineage, run_id: &str, submission: Option<&str>) {
+    let input = submission.unwrap_or("hello");
+    for rec in [
+        run_started(run_id, submission, input),
+        step_started(run_id, 1),
+        model_step(run_id, 1, "reading", &[("c1", "read")]),
+        intent(run_id, 1, "c1", "read"),
+        tool_result(run_id, 1, "c1", "file text"),
+        step_started(run_id, 2),
+        model_step(run_id, 2, "done", &[]),
+    ] {
+        l.append(&rec).unwrap();
+        l.commit().unwrap();
+    }
+    l.finish_run(run_id, FinishReason::Completed, None, vec![]).unwrap();
+    l.commit().unwrap();
+}
+
+#[test]
+fn a_newer_writers_wal_is_refused_with_the_pinned_body_and_left_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = shared(dir.path());
+    drop(shared.open_lineage(&key()).unwrap());
+    let path = shared.wal_path(&key());
+    let mut frame_bytes = Vec::new();
+    frame::encode(&mut frame_bytes, FrameKind::Record, 1, 9, &["probe-unknown/v1"], br#"{"probe":{}}"#);
+    let mut file = fs::OpenOptions::new().append(true).open(&path).unwrap();
+    std::io::Write::write_all(&mut file, &frame_bytes).unwrap();
+    let before = fs::read(&path).unwrap();
+    let err = shared.open_lineage(&key()).err().expect("refused");
+    assert_eq!(err.refusal().to_json(), golden("wal_newer_writer.json"));
+    // The read path refuses the same way, and nothing was written by either.
+    let err = read::transcript(&shared.store, &key(), &path, 0, 10).unwrap_err();
+    assert_eq!(err.refusal().to_json(), golden("wal_newer_writer.json"));
+    assert_eq!(fs::read(&path).unwrap(), before);
+}
+
+#[test]
+fn corruption_before_the_tail_answers_open_failed_without_detail() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = shared(dir.path());
+    let mut l = shared.open_lineage(&key()).unwrap();
+    episode(&mut l, "run-1", None);
+    drop(l);
+    let path = shared.wal_path(&key());
+    let mut bytes = fs::read(&path).unwrap();
+    bytes[69 + 40] ^= 0x20;
+    fs::write(&path, &bytes).unwrap();
+    fs::remove_file(dir.path().join("run-index.db")).unwrap();
+    let refusal =
+        Shared::open(StateRoot::at(dir.path()).unwrap()).unwrap().open_lineage(&key()).err().unwrap().refusal();
+    assert_eq!(refusal.code, "open_failed");
+    assert!(refusal.detail.is_none());
+    assert!(refusal.message.starts_with("open failed: wal corrupt at offset 69"), "{}", refusal.message);
+    assert_eq!(fs::read(&path).unwrap(), bytes, "nothing rewritten");
+}
+
+#[test]
+fn a_second_opener_is_refused_busy_never_a_second_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = shared(dir.path());
+    let _l = shared.open_lineage(&key()).unwrap();
+    let refusal = shared.open_lineage(&key()).err().unwrap().refusal();
+    assert_eq!(refusal.code, "session_busy");
+}
+
+#[test]
+fn deleting_the_store_rebuilds_everything_derivable_from_the_wals() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared1 = shared(dir.path());
+    let mut l = shared1.open_lineage(&key()).unwrap();
+    episode(&mut l, "run-1", None);
+    l.enqueue("sub-2", Message::user_text("queued"), RequestIdentity::default()).unwrap();
+    let next = l.state().queue.front().unwrap().submission_id.clone();
+    episode(&mut l, &format!("run-{next}"), Some(&next));
+    let path = l.wal_path().to_path_buf();
+    drop(l);
+    let before = read::transcript(&shared1.store, &key(), &path, 0, 100).unwrap();
+    let run_before = shared1.store.run("run-1").unwrap().unwrap();
+    drop(shared1);
+    assert_eq!(before.prompt_len, 8);
+    for f in ["run-index.db", "run-index.db-wal", "run-index.db-shm"] {
+        let _ = fs::remove_file(dir.path().join(f));
+    }
+    let shared2 = shared(dir.path());
+    let l = shared2.open_lineage(&key()).unwrap();
+    assert!(!l.open_report().from_checkpoint);
+    drop(l);
+    let after = read::transcript(&shared2.store, &key(), &path, 0, 100).unwrap();
+    assert_eq!(after, before);
+    assert_eq!(shared2.store.run("run-1").unwrap().unwrap(), run_before);
+    assert_eq!(shared2.store.run("run-sub-2").unwrap().unwrap().submission_id.as_deref(), Some("sub-2"));
+}
+
+#[test]
+fn an_open_with_a_current_watermark_replays_only_the_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = shared(dir.path());
+    let mut l = shared.open_lineage(&key()).unwrap();
+    for i in 0..5 {
+        episode(&mut l, &format!("run-{i}"), None);
+    }
+    drop(l);
+    let l = shared.open_lineage(&key()).unwrap();
+    assert!(l.open_report().from_checkpoint);
+    assert_eq!(l.open_report().replayed, 0);
+    assert_eq!(l.state().prompt_len, 20);
+    drop(l);
+    // A page from the middle comes from the store prefix.
+    let page = read::transcript(&shared.store, &key(), &shared.wal_path(&key()), 4, 4).unwrap();
+    assert_eq!(page.messages.iter().map(|(o, _)| *o).collect::<Vec<_>>(), [4, 5, 6, 7]);
+    assert_eq!(page.messages[0].1, Message::user_text("hello"));
+}
+
+#[test]
+fn units_are_visible_only_after_commit_and_cursors_are_continuous_across_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = shared(dir.path());
+    let path = shared.wal_path(&key());
+    let mut l = shared.open_lineage(&key()).unwrap();
+    l.append(&run_started("run-1", None, "hi")).unwrap();
+    assert!(read::control_units(&path, None, usize::MAX).unwrap().is_empty(), "nothing visible before fsync");
+    assert_eq!(l.head(), None);
+    let units = l.commit().unwrap();
+    assert_eq!(units.len(), 2);
+    assert_eq!(l.head(), Some(Cursor { wal_seq: 1, sub_index: 1 }));
+    l.append(&step_started("run-1", 1)).unwrap();
+    drop(l); // a crash-like drop: the step was never committed
+    let mut l = shared.open_lineage(&key()).unwrap();
+    let all = read::control_units(&path, None, usize::MAX).unwrap();
+    let types: Vec<_> = all.iter().map(|u| u.unit["type"].as_str().unwrap().to_string()).collect();
+    assert_eq!(
+        types,
+        ["run_started", "user_message", "error", "run_finished"],
+        "orphan sealed with its diagnostic first"
+    );
+    assert_eq!(all[2].unit["error"]["provider_code"], "previous_process_ended_unsealed");
+    assert_eq!(all[3].unit["reason"], "interrupted");
+    assert!(all.windows(2).all(|w| w[0].cursor < w[1].cursor));
+    assert_eq!(l.head(), Some(all[3].cursor), "live attaches strictly after the last durable unit");
+    // Attach at a cursor is strictly after it.
+    let after = read::control_units(&path, Some(all[1].cursor), usize::MAX).unwrap();
+    assert_eq!(after[0].cursor, all[2].cursor);
+    // A new episode continues the same cursor space.
+    let units = l.append_commit(&run_started("run-2", None, "again")).unwrap().1;
+    assert_eq!(units[0].cursor, Cursor { wal_seq: 3, sub_index: 0 });
+    assert_eq!(l.open_report().sealed_orphan.as_deref(), Some("run-1"), "this open sealed run-1");
+    drop(l);
+    let l = shared.open_lineage(&key()).unwrap();
+    assert_eq!(l.open_report().sealed_orphan.as_deref(), Some("run-2"));
+    assert!(matches!(l.state().resolution(), Resolution::Idle { .. }));
+}
+
+#[test]
+fn retract_is_decided_against_consumption() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = shared(dir.path());
+    let mut l = shared.open_lineage(&key()).unwrap();
+    l.enqueue("sub-a", Message::user_text("a"), RequestIdentity::default()).unwrap();
+    l.enqueue("sub-b", Message::user_text("b"), RequestIdentity::default()).unwrap();
+    l.append_commit(&run_started("run-sub-a", Some("sub-a"), "a")).unwrap();
+    assert_eq!(l.retract("sub-a").unwrap(), RetractOutcome::NotPending);
+    assert_eq!(l.retract("sub-b").unwrap(), RetractOutcome::Retracted);
+    assert_eq!(l.retract("sub-b").unwrap(), RetractOutcome::NotPending);
+    // An invalid record is refused before anything is written.
+    let seq = l.durable_seq();
+    assert!(l.append(&run_started("run-x", None, "x")).is_err());
+    assert!(l.commit().unwrap().is_empty());
+    assert_eq!(l.durable_seq(), seq);
+}
+
+#[test]
+fn export_facts_are_insert_once_and_readable_read_only_while_broca_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = shared(dir.path());
+    let mut l = shared.open_lineage(&key()).unwrap();
+    episode(&mut l, "run-1", None);
+    let db = dir.path().join("run-index.db");
+    let ro = rusqlite::Connection::open_with_flags(
+        format!("file:{}?mode=ro", db.display()),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_URI,
+    )
+    .unwrap();
+    let read_facts = || -> Vec<(i64, String, Option<i64>, String)> {
+        let mut stmt = ro
+            .prepare("SELECT export_seq, run_id, output_tokens, terminal_reason FROM export_facts ORDER BY export_seq")
+            .unwrap();
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))).unwrap().map(Result::unwrap).collect()
+    };
+    let source: String =
+        ro.query_row("SELECT value FROM export_meta WHERE key = 'source_instance_id'", [], |r| r.get(0)).unwrap();
+    assert_eq!(read_facts(), vec![(1, "run-1".to_string(), Some(10), "completed".to_string())]);
+    episode(&mut l, "run-2", None);
+    assert_eq!(read_facts().len(), 2, "a reader sees new facts while the writer holds the database");
+    drop(l);
+    // Reopening replays nothing new into the facts; the identity survives restarts.
+    drop(shared.open_lineage(&key()).unwrap());
+    let shared2 = Shared::open(StateRoot::at(dir.path()).unwrap()).unwrap();
+    drop(shared2.open_lineage(&key()).unwrap());
+    assert_eq!(read_facts().len(), 2);
+    let again: String =
+        ro.query_row("SELECT value FROM export_meta WHERE key = 'source_instance_id'", [], |r| r.get(0)).unwrap();
+    assert_eq!(again, source);
+    let high: String =
+        ro.query_row("SELECT value FROM export_meta WHERE key = 'high_water'", [], |r| r.get(0)).unwrap();
+    assert_eq!(high, "2");
+    let mode = std::os::unix::fs::PermissionsExt::mode(&fs::metadata(&db).unwrap().permissions()) & 0o777;
+    assert_eq!(mode, 0o600);
+}
+
+#[test]
+fn a_terminal_index_row_is_never_overridden_by_a_nonterminal_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = shared(dir.path());
+    let mut l = shared.open_lineage(&key()).unwrap();
+    episode(&mut l, "run-1", None);
+    drop(l);
+    assert!(shared.store.run("run-1").unwrap().unwrap().terminal);
+    // Force a full re-derivation: the active row derived from RunStarted must not win.
+    shared.store.forget_lineage(&key().addr()).unwrap();
+    drop(shared.open_lineage(&key()).unwrap());
+    let row = shared.store.run("run-1").unwrap().unwrap();
+    assert!(row.terminal);
+    assert_eq!(row.reason.as_deref(), Some("completed"));
+}
+
+/// Property: arbitrary bytes never panic the frame decoder, the record decoder or an open;
+/// arbitrary damage to a valid WAL either opens (a torn tail) or fails by name.
+#[test]
+fn garbage_never_panics() {
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for _ in 0..20_000 {
+        let len = (next() % 96) as usize;
+        let bytes: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+        let _ = frame::decode(&bytes);
+        let _ = Record::decode(&bytes);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let shared = shared(dir.path());
+    let mut l = shared.open_lineage(&key()).unwrap();
+    episode(&mut l, "run-1", None);
+    drop(l);
+    let path = shared.wal_path(&key());
+    let good = fs::read(&path).unwrap();
+    for _ in 0..300 {
+        let mut bytes = good.clone();
+        let at = (next() as usize) % bytes.len();
+        bytes[at] = next() as u8;
+        let cut = if next() % 2 == 0 { bytes.len() } else { (next() as usize) % bytes.len() };
+        bytes.truncate(cut);
+        fs::write(&path, &bytes).unwrap();
+        let _ = shared.store.forget_lineage(&key().addr());
+        match Lineage::open(&shared.root, Arc::clone(&shared.store), None, &key()) {
+            Ok(l) => assert!(l.durable_seq() <= 8),
+            Err(e) => assert!(!e.refusal().code.is_empty()),
+        }
+    }
+}
