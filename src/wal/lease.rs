@@ -91,7 +91,7 @@ impl Lease {
         let epoch = parse(&text).0 + 1;
         file.seek(SeekFrom::Start(0)).map_err(io)?;
         file.set_len(0).map_err(io)?;
-        write!(file, "{epoch} {}\n", std::process::id()).map_err(io)?;
+        writeln!(file, "{epoch} {}", std::process::id()).map_err(io)?;
         file.sync_data().map_err(io)?;
         Ok(Lease { file, epoch })
     }

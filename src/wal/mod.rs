@@ -210,7 +210,7 @@ pub fn sync_dir(dir: &Path) -> Result<(), WalError> {
 
 /// Reads and checks the header frame. Returns the header and the offset after it.
 fn read_header(reader: &mut FrameReader, path: &Path, known: &[&str]) -> Result<(WalHeader, u64), WalError> {
-    match reader.next().map_err(io_err("read", path))? {
+    match reader.next_frame().map_err(io_err("read", path))? {
         Next::Frame { frame, len, offset } => {
             check_features(&frame, offset, known)?;
             if frame.kind != FrameKind::Header || frame.seq != 0 {
@@ -250,7 +250,7 @@ fn scan<E: From<WalError>>(
     visit: &mut dyn FnMut(ScannedFrame<'_>) -> Result<(), E>,
 ) -> Result<ScanEnd, E> {
     loop {
-        match reader.next().map_err(io_err("read", path))? {
+        match reader.next_frame().map_err(io_err("read", path))? {
             Next::End { offset } => return Ok(ScanEnd { offset, last_seq, torn_bytes: 0 }),
             Next::Torn { offset, bytes } => return Ok(ScanEnd { offset, last_seq, torn_bytes: bytes }),
             Next::Corrupt { offset, reason } => {

@@ -82,7 +82,7 @@ impl FrameReader {
     }
 
     /// The next frame, the end, or the reason there is none.
-    pub fn next(&mut self) -> io::Result<Next<'_>> {
+    pub fn next_frame(&mut self) -> io::Result<Next<'_>> {
         self.fill(PREFIX_LEN)?;
         let offset = self.offset();
         let avail = self.buf.len() - self.pos;

@@ -9,7 +9,9 @@ fn fresh() -> (tempfile::TempDir, PathBuf) {
     (dir, path)
 }
 
-fn open_collect(path: &Path) -> Result<(Wal, Vec<(u64, Vec<u8>)>), WalError> {
+type Seen = Vec<(u64, Vec<u8>)>;
+
+fn open_collect(path: &Path) -> Result<(Wal, Seen), WalError> {
     let mut seen = Vec::new();
     let opts = WalOpen { known_features: KNOWN, resume_at: None, epoch: 1, floor: None };
     let wal = Wal::open(path, opts, &mut |f: ScannedFrame<'_>| -> Result<(), WalError> {

@@ -1,0 +1,240 @@
+//! `broca-bench`: measures the lineage core on this host's filesystem and prints one line per
+//! figure, `BENCH <name> <value> <unit>`, so runs can be compared. `make bench` runs it.
+//!
+//! Files go under `BROCA_BENCH_DIR` (default: the system temp dir); measure on the filesystem
+//! your state root lives on. Targets are in the README; nothing here asserts them.
+
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use broca::lineage::replay::Replay;
+use broca::lineage::{LineageError, Shared};
+use broca::record::{self, FinishReason, Record};
+use broca::session_key::SessionKey;
+use broca::state_root::StateRoot;
+use broca::testkit::*;
+use broca::wal::{self, RecordOutcome, ScannedFrame, Wal, WalError, WalOpen};
+
+const FSYNC_SAMPLES: usize = 1000;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--help") {
+        println!("usage: broca-bench            run every benchmark\n       broca-bench replay-rss WAL   (internal) replay WAL, print peak RSS in KiB");
+        return;
+    }
+    if args.get(1).map(String::as_str) == Some("replay-rss") {
+        let path = PathBuf::from(&args[2]);
+        let n = replay_file(&path).expect("replay");
+        println!("{n} {}", peak_rss_kib());
+        return;
+    }
+    let base = std::env::var_os("BROCA_BENCH_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    fs::create_dir_all(&base).expect("bench dir");
+    let dir = tempfile::tempdir_in(&base).expect("bench dir");
+    let raw = raw_fsync_us(dir.path());
+    report("fs.raw_fsync_us", raw, "us");
+    let append = append_fsync_us(dir.path());
+    report("wal.append_fsync_us", append, "us");
+    report("wal.append_fsync_ratio", append / raw, "x");
+    report("wal.group_commit_records_per_s", group_commit_records_per_s(dir.path()), "records/s");
+
+    let wal_100k = dir.path().join("100k.wal");
+    write_lineage(&wal_100k, 100_000);
+    let start = Instant::now();
+    let n = replay_file(&wal_100k).expect("replay");
+    report("replay.records_per_s", n as f64 / start.elapsed().as_secs_f64(), "records/s");
+    report("open.tail_ms_100k", open_tail_ms(dir.path(), &wal_100k), "ms");
+
+    let wal_1m = dir.path().join("1m.wal");
+    write_lineage(&wal_1m, 1_000_000);
+    let small = child_rss(&wal_100k);
+    let large = child_rss(&wal_1m);
+    report("replay.rss_kib_100k", small as f64, "KiB");
+    report("replay.rss_kib_1m", large as f64, "KiB");
+    report("replay.rss_ratio_1m_vs_100k", large as f64 / small as f64, "x");
+}
+
+fn report(name: &str, value: f64, unit: &str) {
+    println!("BENCH {name} {value:.3} {unit}");
+}
+
+fn p50(mut samples: Vec<Duration>) -> f64 {
+    samples.sort();
+    samples[samples.len() / 2].as_secs_f64() * 1e6
+}
+
+/// The physical anchor: a bare 1 KiB append + fdatasync.
+fn raw_fsync_us(dir: &Path) -> f64 {
+    let mut f = OpenOptions::new().create(true).append(true).open(dir.join("raw")).expect("raw file");
+    let block = [0x5au8; 1024];
+    let samples = (0..FSYNC_SAMPLES)
+        .map(|_| {
+            let t = Instant::now();
+            f.write_all(&block).expect("write");
+            f.sync_data().expect("fsync");
+            t.elapsed()
+        })
+        .collect();
+    p50(samples)
+}
+
+fn open_wal(path: &Path) -> Wal {
+    if !path.exists() {
+        wal::create(path, [1; 16]).expect("create wal");
+    }
+    let opts = WalOpen { known_features: record::KNOWN_FEATURES, resume_at: None, epoch: 1, floor: None };
+    Wal::open(path, opts, &mut |_f: ScannedFrame<'_>| -> Result<(), WalError> { Ok(()) }).expect("open wal")
+}
+
+fn accept(o: RecordOutcome) {
+    if let RecordOutcome::Refused(e) = o {
+        panic!("append refused: {e}");
+    }
+}
+
+/// A durable append of a 1 KiB record through the WAL.
+fn append_fsync_us(dir: &Path) -> f64 {
+    let mut wal = open_wal(&dir.join("append.wal"));
+    let payload = vec![0x61u8; 1024 - 32];
+    let samples = (0..FSYNC_SAMPLES)
+        .map(|_| {
+            let t = Instant::now();
+            accept(wal.append(&[], &payload, true));
+            t.elapsed()
+        })
+        .collect();
+    p50(samples)
+}
+
+/// 1 KiB records, one fsync per 100.
+fn group_commit_records_per_s(dir: &Path) -> f64 {
+    let mut wal = open_wal(&dir.join("group.wal"));
+    let payload = vec![0x62u8; 1024 - 32];
+    let n = 100_000u64;
+    let start = Instant::now();
+    for i in 1..=n {
+        accept(wal.append(&[], &payload, i.is_multiple_of(100)));
+    }
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Writes a lineage of `records` records: episodes of 10 steps, each with a ~600-byte answer
+/// and a tool call, as a live session would, synced every 1,000 records.
+fn write_lineage(path: &Path, records: u64) {
+    let _ = fs::remove_file(path);
+    let mut wal = open_wal(path);
+    let text = "The quick brown fox jumps over the lazy dog. ".repeat(13);
+    let mut written = 0u64;
+    let mut put = |wal: &mut Wal, rec: Record| {
+        written += 1;
+        accept(wal.append(rec.features(), &rec.encode(), written.is_multiple_of(1000)));
+        written >= records
+    };
+    'episodes: for ep in 0.. {
+        let run = format!("run-{ep}");
+        if put(&mut wal, run_started(&run, None, "summarize the repository")) {
+            break;
+        }
+        for step in 1..=10 {
+            let id = format!("call-{step}");
+            for rec in [
+                step_started(&run, step),
+                model_step(&run, step, &text, &[(&id, "read")]),
+                intent(&run, step, &id, "read"),
+                tool_result(&run, step, &id, &text[..200]),
+            ] {
+                if put(&mut wal, rec) {
+                    break 'episodes;
+                }
+            }
+        }
+        let fin = Record::RunFinished {
+            run_id: run,
+            reason: FinishReason::Completed,
+            error: None,
+            usage: Default::default(),
+            retries_used: 0,
+            final_step_finish_reason: Some("stop".into()),
+            indeterminate_tool_calls: vec![],
+            at_ms: 1,
+        };
+        if put(&mut wal, fin) {
+            break;
+        }
+    }
+    wal.sync().expect("sync");
+}
+
+/// Full replay: frame decode, checksum, record decode and the episode state machine. The
+/// records end mid-episode, which is fine for a read-only replay.
+fn replay_file(path: &Path) -> Result<u64, LineageError> {
+    let mut replay = Replay::default();
+    let mut n = 0u64;
+    wal::read(path, record::KNOWN_FEATURES, None, &mut |f: ScannedFrame<'_>| -> Result<(), LineageError> {
+        let rec = Record::decode(f.payload).map_err(|e| LineageError::Decode { seq: f.seq, reason: e.0 })?;
+        replay.apply(f.seq, &rec, &mut |_| {})?;
+        n += 1;
+        Ok(())
+    })?;
+    Ok(n)
+}
+
+/// Opens a 100k-record lineage whose store watermark is current: first an open that builds
+/// the store, then the measured reopen.
+fn open_tail_ms(dir: &Path, wal_100k: &Path) -> f64 {
+    let root = StateRoot::at(&dir.join("root")).expect("state root");
+    let shared = Shared::open(root).expect("shared");
+    let key = SessionKey::new("/bench", "bench", "open-tail");
+    let path = shared.wal_path(&key);
+    // The lineage id must match the key: rewrite the header of a copy.
+    let mut bytes = fs::read(wal_100k).expect("read wal");
+    reheader(&mut bytes, key.lineage_id());
+    fs::write(&path, &bytes).expect("copy wal");
+    {
+        let mut l = shared.open_lineage(&key).expect("first open");
+        // The copy ends mid-episode; sealing it makes the lineage idle like a real one.
+        let _ = l.commit();
+    }
+    let samples: Vec<Duration> = (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            let l = shared.open_lineage(&key).expect("reopen");
+            let d = t.elapsed();
+            assert!(l.open_report().from_checkpoint, "the reopen used the store's checkpoint");
+            drop(l);
+            d
+        })
+        .collect();
+    p50(samples) / 1000.0
+}
+
+/// Rewrites the lineage id in a WAL header frame (bytes 32+5..32+21) and its checksum.
+fn reheader(bytes: &mut [u8], lineage: [u8; 16]) {
+    bytes[32 + 5..32 + 21].copy_from_slice(&lineage);
+    let len = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes")) as usize;
+    let crc = crc32fast::hash(&bytes[12..12 + len]);
+    bytes[8..12].copy_from_slice(&crc.to_le_bytes());
+}
+
+fn child_rss(path: &Path) -> u64 {
+    let out = std::process::Command::new(std::env::current_exe().expect("exe"))
+        .arg("replay-rss")
+        .arg(path)
+        .output()
+        .expect("spawn replay child");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("child prints its peak RSS")
+}
+
+fn peak_rss_kib() -> u64 {
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
