@@ -1,7 +1,9 @@
 //! broca: durable agentic LLM loops. See `README.md` and the house plan for the layers.
 
+pub mod catalog;
 pub mod lineage;
 pub mod message;
+pub mod provider;
 pub mod record;
 pub mod session_key;
 pub mod state_root;

@@ -91,14 +91,20 @@ impl LineageError {
             LineageError::Wal(e @ WalError::NewerWriter { missing, .. }) => Refusal::new(
                 "wal_newer_writer",
                 format!("open failed: wal range-read failed: {e}"),
-                Some(json!({"kind": "newer_writer", "missing": missing})),
+                Some(crate::detail!("kind" => "newer_writer", "missing" => missing)),
             ),
-            LineageError::Lease(e @ LeaseError::Busy { pid, .. }) => {
-                Refusal::new("session_busy", e.to_string(), Some(json!({"state": "leased", "holder_pid": pid})))
-            }
+            LineageError::Lease(e @ LeaseError::Busy { pid, .. }) => Refusal::new(
+                "session_busy",
+                e.to_string(),
+                Some(crate::detail!("state" => "leased", "holder_pid" => pid)),
+            ),
             LineageError::Lease(e @ LeaseError::Stale { .. }) => Refusal::new("lease_stale", e.to_string(), None),
             LineageError::Wal(WalError::Io { source, .. }) if source.kind() == std::io::ErrorKind::Interrupted => {
-                Refusal::new("open_failed", format!("open failed: {self}"), Some(json!({"class": "transient"})))
+                Refusal::new(
+                    "open_failed",
+                    format!("open failed: {self}"),
+                    Some(crate::detail!("class" => "transient")),
+                )
             }
             other => Refusal::new("open_failed", format!("open failed: {other}"), None),
         }

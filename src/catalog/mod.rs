@@ -1,0 +1,203 @@
+//! The model catalog: fusiform's `catalog.get` answer cached as the LKG file
+//! `catalog/fusiform-lkg.json` under the state root (format: `reference/catalog-and-vault.md`
+//! Part C), loaded into an in-memory snapshot.
+//!
+//! Invariants: a snapshot is installed whole or not at all; the LKG's `response_sha256` (over
+//! the JCS bytes of `response`) must match; a fact that is `null` or absent is *unknown*, never
+//! defaulted.
+
+pub mod route;
+pub mod variant;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// The LKG format this build reads.
+pub const LKG_FORMAT: &str = "broca.fusiform-lkg/v1";
+
+#[derive(Debug)]
+pub enum CatalogError {
+    /// No LKG file: nothing to serve from until it is seeded or fusiform is reached.
+    Missing {
+        path: PathBuf,
+    },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The file is not a usable LKG (bad JSON, unknown format, checksum mismatch, bad rows).
+    Invalid {
+        path: PathBuf,
+        reason: String,
+    },
+}
+
+impl std::fmt::Display for CatalogError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CatalogError::Missing { path } => write!(f, "no catalog LKG at {}", path.display()),
+            CatalogError::Io { path, source } => write!(f, "catalog LKG {}: {source}", path.display()),
+            CatalogError::Invalid { path, reason } => write!(f, "catalog LKG {} is unusable: {reason}", path.display()),
+        }
+    }
+}
+
+impl std::error::Error for CatalogError {}
+
+/// One model row: the facts broca reads, each `None` when null or absent (unknown).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ModelRow {
+    /// `provider/model`.
+    pub key: String,
+    pub provider: String,
+    pub model: String,
+    /// `present` or `retired`.
+    pub existence: String,
+    pub kind: Option<String>,
+    pub family: Option<String>,
+    pub limit_context: Option<u64>,
+    pub limit_output: Option<u64>,
+    pub reasoning: Option<bool>,
+    /// `None` unknown, `Some([])` none.
+    pub reasoning_options: Option<Vec<Value>>,
+    pub tool_call: Option<bool>,
+    pub wire_npm: Option<String>,
+    pub wire_api: Option<String>,
+    pub wire_shape: Option<String>,
+}
+
+impl ModelRow {
+    fn from_facts(key: &str, facts: &serde_json::Map<String, Value>) -> Result<ModelRow, String> {
+        let (provider, model) =
+            key.split_once('/').ok_or_else(|| format!("model key {key:?} is not provider/model"))?;
+        let text = |k: &str| facts.get(k).and_then(Value::as_str).map(String::from);
+        let num = |k: &str| facts.get(k).and_then(Value::as_u64);
+        let existence = text("existence").ok_or_else(|| format!("{key}: existence is required"))?;
+        Ok(ModelRow {
+            key: key.to_string(),
+            provider: provider.to_string(),
+            model: model.to_string(),
+            existence,
+            kind: text("model.kind"),
+            family: text("model.family"),
+            limit_context: num("limit.context"),
+            // An output limit not below the context window is unknown (catalog notes, C.2).
+            limit_output: num("limit.output").filter(|o| num("limit.context").is_none_or(|c| *o < c)),
+            reasoning: facts.get("capability.reasoning").and_then(Value::as_bool),
+            reasoning_options: facts.get("capability.reasoning_options").and_then(Value::as_array).cloned(),
+            tool_call: facts.get("capability.tool_call").and_then(Value::as_bool),
+            wire_npm: text("wire.npm"),
+            wire_api: text("wire.api"),
+            wire_shape: text("wire.shape"),
+        })
+    }
+}
+
+/// An in-memory catalog snapshot.
+#[derive(Clone, Debug, Default)]
+pub struct Catalog {
+    pub catalog_version: u64,
+    pub resolved_at_ms: u64,
+    models: BTreeMap<String, ModelRow>,
+}
+
+#[derive(Deserialize)]
+struct LkgFile {
+    format: String,
+    response_sha256: String,
+    response: Value,
+}
+
+/// Lowercase hex SHA-256 of the JCS bytes of `v` (sorted keys, no whitespace; the catalog's
+/// values are integers, strings, booleans and nulls, for which serde_json's compact form with
+/// sorted maps is the canonical form).
+pub fn jcs_sha256(v: &Value) -> String {
+    let bytes = serde_json::to_vec(v).expect("values serialize");
+    crate::session_key::hex(&Sha256::digest(&bytes))
+}
+
+impl Catalog {
+    /// Loads the LKG at `path`.
+    pub fn load_lkg(path: &Path) -> Result<Catalog, CatalogError> {
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(CatalogError::Missing { path: path.to_path_buf() })
+            }
+            Err(source) => return Err(CatalogError::Io { path: path.to_path_buf(), source }),
+        };
+        let invalid = |reason: String| CatalogError::Invalid { path: path.to_path_buf(), reason };
+        let file: LkgFile = serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
+        if file.format.split('/').next() != LKG_FORMAT.split('/').next() || !file.format.ends_with("/v1") {
+            return Err(invalid(format!("format {:?} is not {LKG_FORMAT}", file.format)));
+        }
+        let digest = jcs_sha256(&file.response);
+        if digest != file.response_sha256 {
+            return Err(invalid(format!(
+                "response_sha256 is {} but the response hashes to {digest}",
+                file.response_sha256
+            )));
+        }
+        Catalog::from_response(&file.response).map_err(invalid)
+    }
+
+    /// Builds a snapshot from a `CatalogGetResponse` value.
+    pub fn from_response(response: &Value) -> Result<Catalog, String> {
+        let models = response.get("models").and_then(Value::as_object).ok_or("response has no models map")?;
+        let mut rows = BTreeMap::new();
+        for (key, facts) in models {
+            let facts = facts.as_object().ok_or_else(|| format!("{key}: facts are not an object"))?;
+            rows.insert(key.clone(), ModelRow::from_facts(key, facts)?);
+        }
+        Ok(Catalog {
+            catalog_version: response.get("catalog_version").and_then(Value::as_u64).unwrap_or(0),
+            resolved_at_ms: response.get("resolved_at_ms").and_then(Value::as_u64).unwrap_or(0),
+            models: rows,
+        })
+    }
+
+    /// The row of `provider/model`.
+    pub fn row(&self, key: &str) -> Option<&ModelRow> {
+        self.models.get(key)
+    }
+
+    pub fn len(&self) -> usize {
+        self.models.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.models.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seeded() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json")
+    }
+
+    #[test]
+    fn the_seeded_lkg_loads_and_its_checksum_holds() {
+        let c = Catalog::load_lkg(&seeded()).unwrap();
+        let row = c.row("anthropic/claude-sonnet-4-5").unwrap();
+        assert_eq!(row.wire_npm.as_deref(), Some("@ai-sdk/anthropic"));
+        assert_eq!(row.limit_output, Some(64000));
+        assert_eq!(c.row("cloudflare-workers-ai/@cf/cloudflare/clef").unwrap().limit_context, None);
+    }
+
+    #[test]
+    fn a_tampered_lkg_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = std::fs::read_to_string(seeded()).unwrap().replacen("64000", "64001", 1);
+        let path = dir.path().join("lkg.json");
+        std::fs::write(&path, text).unwrap();
+        assert!(matches!(Catalog::load_lkg(&path), Err(CatalogError::Invalid { .. })));
+        assert!(matches!(Catalog::load_lkg(&dir.path().join("none.json")), Err(CatalogError::Missing { .. })));
+    }
+}

@@ -1,0 +1,291 @@
+//! Admission-time resolution: a requested `provider/model` (+ variant) and the catalog become a
+//! frozen [`RenderConfig`], or a typed refusal that writes nothing.
+//!
+//! Routing reads only the row's `wire.npm`, `wire.api` and optional `wire.shape`: no guessed
+//! URLs, no local model lists. `BROCA_PROVIDER_BASE_URL` (passed in as `base_url_override`)
+//! replaces the base URL for mock providers and needs no credential.
+
+use std::path::PathBuf;
+
+use super::variant::{self, Setting};
+use super::{Catalog, ModelRow};
+use crate::provider::config::{AuthSource, RenderConfig, ToolSpec};
+use crate::provider::event::Family;
+use crate::wire::Refusal;
+
+/// What the caller asked for.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ModelRequest {
+    /// `provider/model`.
+    pub model: String,
+    pub variant: Option<String>,
+    pub system: Option<String>,
+    pub max_output_tokens: Option<u64>,
+    pub max_steps: Option<u64>,
+    pub tools: Vec<ToolSpec>,
+}
+
+/// Where the route and credential come from beyond the catalog.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RouteOverrides {
+    pub base_url_override: Option<String>,
+    pub auth: AuthSource,
+}
+
+/// Why a model cannot be admitted. Each maps to a typed refusal.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AdmissionError {
+    /// No in-memory catalog. Names the LKG path to seed.
+    CatalogUnavailable {
+        lkg_path: PathBuf,
+        cause: String,
+    },
+    ModelUnknown {
+        model: String,
+    },
+    NotAChatModel {
+        model: String,
+        kind: Option<String>,
+    },
+    Retired {
+        model: String,
+    },
+    /// A routing fact is missing (`wire.api`, `wire.npm`).
+    RouteFactMissing {
+        model: String,
+        fact: &'static str,
+    },
+    /// The package or shape is not one broca drives.
+    RouteUnsupported {
+        model: String,
+        what: String,
+    },
+    VariantUnsupported {
+        model: String,
+        variant: String,
+        defined: Vec<String>,
+    },
+    /// A budget variant whose budget is not below the output cap.
+    BudgetExceedsOutput {
+        model: String,
+        budget: u64,
+        output: u64,
+    },
+    /// A real provider needs a credential and none was configured.
+    CredentialUnavailable {
+        model: String,
+    },
+}
+
+const PREFIX: &str = "open failed: run resolution failed: ";
+
+impl AdmissionError {
+    pub fn refusal(&self) -> Refusal {
+        let permanent = Some(crate::detail!("class" => "permanent"));
+        match self {
+            AdmissionError::CatalogUnavailable { lkg_path, cause } => Refusal::new(
+                "open_failed",
+                format!(
+                    "{PREFIX}model catalog unavailable: no in-memory catalog ({cause}; seed {} or let broca reach fusiform over subc once)",
+                    lkg_path.display()
+                ),
+                Some(crate::detail!("class" => "transient")),
+            ),
+            AdmissionError::ModelUnknown { model } => {
+                Refusal::new("model_unknown", format!("{PREFIX}model '{model}' is not in the catalog"), permanent)
+            }
+            AdmissionError::NotAChatModel { model, kind } => Refusal::new(
+                "open_failed",
+                format!("{PREFIX}model '{model}' is a {} model, not a chat model", kind.as_deref().unwrap_or("unstated-kind")),
+                permanent,
+            ),
+            AdmissionError::Retired { model } => {
+                Refusal::new("open_failed", format!("{PREFIX}model '{model}' is retired in the catalog"), permanent)
+            }
+            AdmissionError::RouteFactMissing { model, fact } => Refusal::new(
+                "open_failed",
+                format!("{PREFIX}model '{model}' cannot be routed: the catalog states no {fact}"),
+                permanent,
+            ),
+            AdmissionError::RouteUnsupported { model, what } => {
+                Refusal::new("open_failed", format!("{PREFIX}model '{model}' cannot be routed: {what}"), permanent)
+            }
+            AdmissionError::VariantUnsupported { model, variant, defined } => Refusal::new(
+                "variant_unsupported",
+                format!("{PREFIX}model '{model}' does not define variant '{variant}'; its variants are [{}]", defined.join(", ")),
+                Some(crate::detail!("model" => model, "variant" => variant, "defined" => defined)),
+            ),
+            AdmissionError::BudgetExceedsOutput { model, budget, output } => Refusal::new(
+                "open_failed",
+                format!("{PREFIX}model '{model}': the thinking budget {budget} does not fit under the output cap {output}"),
+                permanent,
+            ),
+            AdmissionError::CredentialUnavailable { model } => Refusal::new(
+                "open_failed",
+                format!(
+                    "{PREFIX}model '{model}' needs a provider credential: pass --auth-bearer, or point --base-url (BROCA_PROVIDER_BASE_URL) at a mock provider"
+                ),
+                Some(crate::detail!("class" => "auth_required")),
+            ),
+        }
+    }
+}
+
+/// The wire family a row routes to, from `wire.npm` and `wire.shape`.
+fn family_of(row: &ModelRow) -> Result<Family, AdmissionError> {
+    let model = row.key.clone();
+    let npm =
+        row.wire_npm.as_deref().ok_or(AdmissionError::RouteFactMissing { model: model.clone(), fact: "wire.npm" })?;
+    let shape = row.wire_shape.as_deref();
+    let unsupported = |what: String| AdmissionError::RouteUnsupported { model: model.clone(), what };
+    match (npm, shape) {
+        ("@ai-sdk/anthropic", None | Some("messages")) => Ok(Family::AnthropicMessages),
+        ("@ai-sdk/openai", None | Some("responses")) => Ok(Family::OpenaiResponses),
+        ("@ai-sdk/openai" | "@ai-sdk/openai-compatible", Some("chat")) => Ok(Family::OpenaiChat),
+        ("@ai-sdk/openai-compatible", None) => Ok(Family::OpenaiChat),
+        ("@ai-sdk/openai-compatible", Some("responses")) => Ok(Family::OpenaiResponses),
+        (npm, Some(shape)) if ["@ai-sdk/anthropic", "@ai-sdk/openai", "@ai-sdk/openai-compatible"].contains(&npm) => {
+            Err(unsupported(format!("wire.shape {shape:?} is not supported for wire.npm {npm:?}")))
+        }
+        (npm, _) => Err(unsupported(format!("wire.npm {npm:?} is not a package broca drives"))),
+    }
+}
+
+/// Resolves a request against the catalog into the config to freeze into `RunStarted`.
+pub fn resolve(
+    catalog: Result<&Catalog, &super::CatalogError>,
+    lkg_path: PathBuf,
+    req: &ModelRequest,
+    overrides: &RouteOverrides,
+) -> Result<RenderConfig, AdmissionError> {
+    let catalog = catalog.map_err(|e| AdmissionError::CatalogUnavailable { lkg_path, cause: e.to_string() })?;
+    let model = req.model.clone();
+    let Some(row) = catalog.row(&req.model) else {
+        // A variant on an unknown model is refused as a variant (its variants cannot be known).
+        if let Some(variant) = &req.variant {
+            return Err(AdmissionError::VariantUnsupported { model, variant: variant.clone(), defined: vec![] });
+        }
+        return Err(AdmissionError::ModelUnknown { model });
+    };
+    if row.kind.as_deref().is_some_and(|k| k != "chat") {
+        return Err(AdmissionError::NotAChatModel { model, kind: row.kind.clone() });
+    }
+    if row.existence != "present" {
+        return Err(AdmissionError::Retired { model });
+    }
+    let family = family_of(row)?;
+    let base_url = match (&overrides.base_url_override, &row.wire_api) {
+        (Some(url), _) => url.clone(),
+        (None, Some(api)) => api.clone(),
+        (None, None) => return Err(AdmissionError::RouteFactMissing { model, fact: "wire.api" }),
+    };
+    if overrides.base_url_override.is_none() && overrides.auth == AuthSource::None {
+        return Err(AdmissionError::CredentialUnavailable { model });
+    }
+    let max_output_tokens = match (req.max_output_tokens, row.limit_output) {
+        (Some(asked), Some(limit)) => Some(asked.min(limit)),
+        (asked, limit) => asked.or(limit),
+    };
+    let (variant_params, variant) = match &req.variant {
+        None => (serde_json::Value::Null, None),
+        Some(name) => {
+            let defined = variant::variants(row, family);
+            let Some((_, setting)) = defined.iter().find(|(n, _)| n == name) else {
+                let defined = defined.into_iter().map(|(n, _)| n).collect();
+                return Err(AdmissionError::VariantUnsupported { model, variant: name.clone(), defined });
+            };
+            if let (Family::AnthropicMessages, Setting::Budget(budget)) = (family, setting) {
+                let output = max_output_tokens.unwrap_or(0);
+                if output <= *budget {
+                    return Err(AdmissionError::BudgetExceedsOutput { model, budget: *budget, output });
+                }
+            }
+            (variant::render(setting, family, &row.model), Some(name.clone()))
+        }
+    };
+    Ok(RenderConfig {
+        provider: row.provider.clone(),
+        model: row.model.clone(),
+        family,
+        base_url: base_url.trim_end_matches('/').to_string(),
+        wire_model: row.model.clone(),
+        variant,
+        variant_params,
+        system: req.system.clone(),
+        max_output_tokens,
+        max_steps: req.max_steps,
+        tools: req.tools.clone(),
+        auth: if overrides.base_url_override.is_some() && overrides.auth == AuthSource::None {
+            AuthSource::None
+        } else {
+            overrides.auth.clone()
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn catalog() -> Catalog {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json");
+        Catalog::load_lkg(&path).unwrap()
+    }
+
+    fn mock() -> RouteOverrides {
+        RouteOverrides { base_url_override: Some("http://127.0.0.1:9/v1/".into()), auth: AuthSource::None }
+    }
+
+    fn resolve_model(model: &str, variant: Option<&str>) -> Result<RenderConfig, AdmissionError> {
+        let req = ModelRequest { model: model.into(), variant: variant.map(String::from), ..Default::default() };
+        resolve(Ok(&catalog()), PathBuf::from("/lkg"), &req, &mock())
+    }
+
+    #[test]
+    fn rows_route_by_package_and_shape() {
+        assert_eq!(resolve_model("mock/echo-chat", None).unwrap().family, Family::OpenaiChat);
+        assert_eq!(resolve_model("mock/echo-messages", None).unwrap().family, Family::AnthropicMessages);
+        let r = resolve_model("mock/echo-responses", None).unwrap();
+        assert_eq!((r.family, r.base_url.as_str()), (Family::OpenaiResponses, "http://127.0.0.1:9/v1"));
+        assert_eq!(r.max_output_tokens, Some(4096), "limit.output is the default cap");
+        assert!(matches!(resolve_model("mock/odd-package", None), Err(AdmissionError::RouteUnsupported { .. })));
+        assert!(matches!(resolve_model("nope/nothing", None), Err(AdmissionError::ModelUnknown { .. })));
+        assert!(matches!(resolve_model("anthropic/claude-opus-4-1", None), Err(AdmissionError::Retired { .. })));
+        let clef = resolve_model("cloudflare-workers-ai/@cf/cloudflare/clef", None);
+        assert!(matches!(clef, Err(AdmissionError::NotAChatModel { .. })));
+    }
+
+    #[test]
+    fn a_missing_endpoint_is_named_and_never_guessed() {
+        let req = ModelRequest { model: "mock/no-route".into(), ..Default::default() };
+        let auth = RouteOverrides { base_url_override: None, auth: AuthSource::Bearer };
+        let err = resolve(Ok(&catalog()), PathBuf::from("/lkg"), &req, &auth).unwrap_err();
+        assert_eq!(err, AdmissionError::RouteFactMissing { model: "mock/no-route".into(), fact: "wire.api" });
+        assert!(err.refusal().message.contains("mock/no-route") && err.refusal().message.contains("wire.api"));
+    }
+
+    #[test]
+    fn variants_are_checked_and_frozen() {
+        let r = resolve_model("mock/think-messages", Some("high")).unwrap();
+        assert_eq!(r.variant_params["thinking"]["budget_tokens"], 15_999);
+        let err = resolve_model("mock/echo-chat", Some("high")).unwrap_err();
+        assert_eq!(
+            err.refusal().to_json(),
+            r#"{"code":"variant_unsupported","message":"open failed: run resolution failed: model 'mock/echo-chat' does not define variant 'high'; its variants are []","detail":{"model":"mock/echo-chat","variant":"high","defined":[]}}"#
+        );
+        let err = resolve_model("mock/effort-responses", Some("max")).unwrap_err();
+        assert_eq!(err.refusal().detail.unwrap().get("defined"), Some(&json!(["low", "medium", "high"])));
+        assert_eq!(resolve_model("mock/echo-chat", None).unwrap().variant_params, serde_json::Value::Null);
+    }
+
+    #[test]
+    fn no_catalog_names_the_cause_and_the_remedy() {
+        let missing = super::super::CatalogError::Missing { path: "/root/catalog/fusiform-lkg.json".into() };
+        let req = ModelRequest { model: "mock/echo-chat".into(), ..Default::default() };
+        let err = resolve(Err(&missing), "/root/catalog/fusiform-lkg.json".into(), &req, &mock()).unwrap_err();
+        let msg = err.refusal().message;
+        assert!(msg.contains("model catalog unavailable: no in-memory catalog"), "{msg}");
+        assert!(msg.contains("seed /root/catalog/fusiform-lkg.json"), "{msg}");
+    }
+}

@@ -1,0 +1,60 @@
+//! The frozen render config: everything a request's bytes depend on besides the transcript.
+//! Resolved at admission, written into `RunStarted.config`, and the only input a resume renders
+//! from (a resume never re-reads the catalog).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::event::Family;
+
+/// A tool the model may call.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    pub input_schema: Value,
+}
+
+/// How the request authenticates. The secret itself is never frozen, logged or written: the
+/// frozen config names only where it comes from, and the process supplies it at request time.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum AuthSource {
+    /// No credential (mock and loopback providers).
+    #[default]
+    None,
+    /// A bearer token the running process holds (`broca-run --auth-bearer`).
+    Bearer,
+    /// A credential read from the claustrum vault by id.
+    Vault { credential_id: String },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RenderConfig {
+    /// Catalog identity, `provider/model` split.
+    pub provider: String,
+    pub model: String,
+    pub family: Family,
+    /// The route's base URL (`wire.api`, or `BROCA_PROVIDER_BASE_URL`), without a trailing `/`.
+    pub base_url: String,
+    /// The model id sent on the wire.
+    pub wire_model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
+    /// Family-specific members the variant renders to, merged into the request body's top
+    /// level (e.g. `{"reasoning_effort":"high"}`); empty object when no variant.
+    #[serde(default, skip_serializing_if = "Value::is_null")]
+    pub variant_params: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<String>,
+    /// The output cap sent to the provider (bounded by the catalog's `limit.output`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<u64>,
+    #[serde(default)]
+    pub tools: Vec<ToolSpec>,
+    #[serde(default)]
+    pub auth: AuthSource,
+}
