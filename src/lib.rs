@@ -1,5 +1,6 @@
 //! broca: durable agentic LLM loops. See `README.md` and the house plan for the layers.
 
+pub mod agent;
 pub mod catalog;
 pub mod lineage;
 pub mod message;

@@ -27,6 +27,11 @@ pub enum Part {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         signature: Option<String>,
     },
+    /// Reasoning the provider returned only as an opaque blob (Anthropic `redacted_thinking`);
+    /// sent back unchanged.
+    RedactedReasoning {
+        data: String,
+    },
     ToolCall {
         tool_call_id: String,
         tool_name: String,

@@ -190,9 +190,9 @@ fn retract_is_decided_against_consumption() {
     l.enqueue("sub-a", Message::user_text("a"), RequestIdentity::default()).unwrap();
     l.enqueue("sub-b", Message::user_text("b"), RequestIdentity::default()).unwrap();
     l.append_commit(&run_started("run-sub-a", Some("sub-a"), "a")).unwrap();
-    assert_eq!(l.retract("sub-a").unwrap(), RetractOutcome::NotPending);
-    assert_eq!(l.retract("sub-b").unwrap(), RetractOutcome::Retracted);
-    assert_eq!(l.retract("sub-b").unwrap(), RetractOutcome::NotPending);
+    assert_eq!(l.retract("sub-a").unwrap().0, RetractOutcome::NotPending);
+    assert_eq!(l.retract("sub-b").unwrap().0, RetractOutcome::Retracted);
+    assert_eq!(l.retract("sub-b").unwrap().0, RetractOutcome::NotPending);
     // An invalid record is refused before anything is written.
     let seq = l.durable_seq();
     assert!(l.append(&run_started("run-x", None, "x")).is_err());

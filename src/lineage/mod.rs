@@ -165,7 +165,7 @@ impl Lineage {
         floor: Option<Arc<FeatureFloor>>,
         key: &SessionKey,
     ) -> Result<Lineage, LineageError> {
-        let lease = Lease::acquire(&root.lease_path(key))?;
+        let mut lease = Lease::acquire(&root.lease_path(key))?;
         let path = root.wal_path(key);
         if !path.exists() {
             wal::create(&path, key.lineage_id())?;
@@ -199,7 +199,13 @@ impl Lineage {
             }
             None => Lineage::replay_open(&path, key, &store, floor, lease.epoch(), None, &incarnation),
         };
-        let (wal, replay, head, batch, report) = opened?;
+        let (mut wal, mut replay, head, batch, report) = opened?;
+        if replay.last_epoch >= lease.epoch() {
+            let lease_path = root.lease_path(key);
+            lease.raise_to(replay.last_epoch + 1).map_err(|source| LeaseError::Io { path: lease_path, source })?;
+            wal.set_epoch(lease.epoch());
+        }
+        replay.last_epoch = lease.epoch();
         let mut lineage = Lineage {
             key: key.clone(),
             store,
@@ -236,6 +242,7 @@ impl Lineage {
             let rec = decode(f.seq, f.payload)?;
             replay.apply(f.seq, &rec, &mut |e| batch.effects.push(e))?;
             replay.note_units(f.seq, projection::unit_count(&rec));
+            replay.last_epoch = replay.last_epoch.max(f.epoch);
             replayed += 1;
             if batch.len() >= FLUSH_EFFECTS {
                 batch.checkpoint = Some(Checkpoint {
@@ -330,6 +337,22 @@ impl Lineage {
         self.wal.synced_seq()
     }
 
+    /// WAL fsyncs made since this lineage was opened.
+    pub fn fsyncs(&self) -> u64 {
+        self.wal.fsyncs()
+    }
+
+    /// The seq the next appended record will get.
+    pub fn next_seq(&self) -> u64 {
+        self.wal.appended_seq() + 1
+    }
+
+    /// Messages `[from, from + limit)` of this lineage: the store prefix ⊕ the WAL tail.
+    /// Only what is durable is read.
+    pub fn transcript(&self, from: u64, limit: u64) -> Result<read::TranscriptPage, LineageError> {
+        read::transcript(&self.store, &self.key, self.wal.path(), from, limit)
+    }
+
     /// The last durable control unit; `from: "live"` attaches strictly after it.
     pub fn head(&self) -> Option<Cursor> {
         self.head
@@ -393,31 +416,32 @@ impl Lineage {
         self.batch = StoreBatch::default();
     }
 
-    /// Durably queues a send (spec §11). Durable when this returns.
+    /// Durably queues a send (spec §11). Durable when this returns; the units are the ones
+    /// that became visible with it.
     pub fn enqueue(
         &mut self,
         submission_id: &str,
         message: Message,
         request: RequestIdentity,
-    ) -> Result<u64, LineageError> {
-        let rec = Record::Queued { submission_id: submission_id.into(), message, request };
-        Ok(self.append_commit(&rec)?.0)
+    ) -> Result<(u64, Vec<ControlUnit>), LineageError> {
+        self.append_commit(&Record::Queued { submission_id: submission_id.into(), message, request })
     }
 
     /// Retracts a pending send, atomically against its consumption (the writer is `&mut`).
-    pub fn retract(&mut self, submission_id: &str) -> Result<RetractOutcome, LineageError> {
+    /// Either answer is durable when returned: a `NotPending` caused by a consumption not yet
+    /// fsynced commits it first, so a crash cannot make the send pending again.
+    pub fn retract(&mut self, submission_id: &str) -> Result<(RetractOutcome, Vec<ControlUnit>), LineageError> {
         if self.replay.pending(submission_id).is_none() {
-            return Ok(RetractOutcome::NotPending);
+            return Ok((RetractOutcome::NotPending, self.commit()?));
         }
-        self.append_commit(&Record::Retracted { submission_id: submission_id.into() })?;
-        Ok(RetractOutcome::Retracted)
+        let units = self.append_commit(&Record::Retracted { submission_id: submission_id.into() })?.1;
+        Ok((RetractOutcome::Retracted, units))
     }
 
-    /// Records a cancel request for the last run: `step_boundary` is durable before this
-    /// returns (the `"ack"`); a later `now` escalates it.
-    pub fn request_cancel(&mut self, run_id: &str, at: CancelAt) -> Result<(), LineageError> {
-        self.append_commit(&Record::RunCancelRequested { run_id: run_id.into(), at })?;
-        Ok(())
+    /// Records a cancel request for the last run: durable before this returns (the `"ack"`);
+    /// a later `now` escalates a `step_boundary`.
+    pub fn request_cancel(&mut self, run_id: &str, at: CancelAt) -> Result<Vec<ControlUnit>, LineageError> {
+        Ok(self.append_commit(&Record::RunCancelRequested { run_id: run_id.into(), at })?.1)
     }
 }
 

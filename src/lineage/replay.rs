@@ -10,7 +10,10 @@
 //!   length of history. Messages leave through the effect sink as they are derived;
 //! - `check` decides whether a record may follow; `apply` never fails after `check` passed, so a
 //!   writer checks, appends, then applies, and a reader applies what the writer checked;
-//! - pending = Queued − Retracted − consumed (by a `RunStarted` or a `Steered`), in FIFO order.
+//! - pending = Queued − Retracted − consumed (by a `RunStarted` or a `Steered`), in FIFO order;
+//!   a `RunStarted` naming a submission must consume a pending one, so no send is consumed twice
+//!   or after its retraction (an idle send is queued and consumed in one barrier);
+//! - a batch closes (next step, steer, finish) only when every dispatched call has a result.
 
 use std::collections::VecDeque;
 
@@ -128,6 +131,10 @@ pub struct Replay {
     /// by `apply`, since projection is not replay's concern).
     #[serde(default)]
     pub last_unit: Option<Cursor>,
+    /// The highest lease epoch stamped on a frame so far (kept by the lineage, like
+    /// `last_unit`), so a new tenure never stamps a lower one even if the lease file was lost.
+    #[serde(default)]
+    pub last_epoch: u64,
 }
 
 impl Replay {
@@ -170,10 +177,24 @@ impl Replay {
         }
     }
 
+    /// A batch closes only when every dispatched call has a result (a real one, or an
+    /// unknown-outcome one written by recovery): a sent call is never silently dropped.
+    fn batch_resolved(e: &Episode) -> Result<(), String> {
+        match e.batch.iter().find(|c| c.result.is_none()) {
+            Some(c) => Err(format!("tool call {} has a dispatch intent and no result", c.tool_call_id)),
+            None => Ok(()),
+        }
+    }
+
     /// Whether `record` may follow the current state.
     pub fn check(&self, record: &Record) -> Result<(), String> {
         match record {
             Record::RunStarted(r) => {
+                if let Some(id) = &r.submission_id {
+                    if self.pending(id).is_none() {
+                        return Err(format!("run {} consumes submission {id}, which is not pending", r.run_id));
+                    }
+                }
                 if let Some(e) = &self.last {
                     if !matches!(e.status, EpisodeStatus::Finished { .. }) {
                         return Err(format!("run {} started while run {} is not finished", r.run_id, e.run_id));
@@ -189,7 +210,7 @@ impl Replay {
                 if *step <= e.step || e.step_open {
                     return Err(format!("step {step} does not follow step {} (open: {})", e.step, e.step_open));
                 }
-                Ok(())
+                Self::batch_resolved(e)
             }
             Record::ModelAttemptFinished(a) => self.episode_for(&a.run_id, false).map(drop),
             Record::ModelStepFinished { run_id, step, .. } => {
@@ -226,12 +247,12 @@ impl Replay {
                 EpisodeStatus::Paused { .. } => Ok(()),
                 _ => Err(format!("run {run_id} resumed but is not paused")),
             },
-            Record::RunFinished { run_id, .. } => self.episode_for(run_id, true).map(drop),
+            Record::RunFinished { run_id, .. } => Self::batch_resolved(self.episode_for(run_id, true)?),
             Record::Queued { submission_id, .. } => match self.pending(submission_id) {
                 Some(_) => Err(format!("submission {submission_id} is already queued")),
                 None => Ok(()),
             },
-            Record::Steered { run_id, .. } => self.episode_for(run_id, false).map(drop),
+            Record::Steered { run_id, .. } => Self::batch_resolved(self.episode_for(run_id, false)?),
             Record::Retracted { .. } | Record::CacheWarmed { .. } | Record::Unknown(_) => Ok(()),
         }
     }

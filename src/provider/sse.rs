@@ -24,6 +24,8 @@ pub struct Pushed {
     pub comments: u64,
     /// Bytes of comment lines (without their line ends).
     pub comment_bytes: u64,
+    /// Bytes of an incomplete final event discarded by `finish`.
+    pub discarded_bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,15 +65,13 @@ impl SseFramer {
         Ok(out)
     }
 
-    /// Ends the stream: a final event without its blank line is still delivered.
+    /// Ends the stream. As the SSE specification says, an event not terminated by a blank
+    /// line when the stream ends is incomplete and is discarded, never decoded half-written;
+    /// the returned count says how many bytes were dropped that way.
     pub fn finish(&mut self) -> Result<Pushed, SseError> {
-        let mut out = Pushed::default();
-        if !self.line.is_empty() {
-            let line = std::mem::take(&mut self.line);
-            self.line_done(&line, &mut out)?;
-        }
-        self.dispatch(&mut out);
-        Ok(out)
+        let dropped = self.line.len() + self.event_bytes;
+        *self = SseFramer::default();
+        Ok(Pushed { comment_bytes: 0, comments: 0, events: Vec::new(), discarded_bytes: dropped as u64 })
     }
 
     fn dispatch(&mut self, out: &mut Pushed) {

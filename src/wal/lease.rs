@@ -88,12 +88,31 @@ impl Lease {
             Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
         }
         file.read_to_string(&mut text).map_err(io)?;
-        let epoch = parse(&text).0 + 1;
-        file.seek(SeekFrom::Start(0)).map_err(io)?;
-        file.set_len(0).map_err(io)?;
-        writeln!(file, "{epoch} {}", std::process::id()).map_err(io)?;
-        file.sync_data().map_err(io)?;
-        Ok(Lease { file, epoch })
+        let mut lease = Lease { file, epoch: parse(&text).0 };
+        lease.write_epoch(lease.epoch + 1).map_err(io)?;
+        Ok(lease)
+    }
+
+    /// Raises this tenure's epoch to at least `epoch` (when the WAL shows a higher stamp than
+    /// the lease file remembers).
+    pub fn raise_to(&mut self, epoch: u64) -> Result<(), std::io::Error> {
+        if epoch > self.epoch {
+            self.write_epoch(epoch)?;
+        }
+        Ok(())
+    }
+
+    fn write_epoch(&mut self, epoch: u64) -> Result<(), std::io::Error> {
+        let file = &mut self.file;
+        // Overwrite in place, then trim: a crash between the two leaves the new epoch first
+        // (the parser reads only the first two words), never an empty file that would reset it.
+        let line = format!("{epoch} {}\n", std::process::id());
+        file.seek(SeekFrom::Start(0))?;
+        file.write_all(line.as_bytes())?;
+        file.set_len(line.len() as u64)?;
+        file.sync_data()?;
+        self.epoch = epoch;
+        Ok(())
     }
 
     /// This tenure's epoch (1 for the first holder ever).

@@ -179,6 +179,8 @@ pub struct Wal {
     synced_seq: u64,
     poisoned: Option<String>,
     scratch: Vec<u8>,
+    /// fdatasync calls made by this writer (for the fsyncs-per-step benchmark).
+    fsyncs: u64,
 }
 
 /// Creates a new WAL atomically (temp file, fsync, rename, fsync of the directory), so a crash
@@ -359,6 +361,7 @@ impl Wal {
             synced_seq: end.last_seq,
             poisoned: None,
             scratch: Vec::new(),
+            fsyncs: 0,
         })
     }
 
@@ -373,6 +376,16 @@ impl Wal {
     /// The last fsynced seq: what anything durable-facing may use.
     pub fn synced_seq(&self) -> u64 {
         self.synced_seq
+    }
+
+    /// Stamps later frames with `epoch`.
+    pub fn set_epoch(&mut self, epoch: u64) {
+        self.epoch = epoch;
+    }
+
+    /// How many fdatasyncs this writer has made.
+    pub fn fsyncs(&self) -> u64 {
+        self.fsyncs
     }
 
     /// The last accepted seq (not necessarily durable).
@@ -459,6 +472,7 @@ impl Wal {
             if let Err(e) = self.file.sync_data() {
                 return Err(self.poison("fsync", e));
             }
+            self.fsyncs += 1;
             self.unsynced_written = false;
         }
         self.synced_seq = self.appended_seq;

@@ -1,0 +1,100 @@
+//! The agent loop: a run as a state machine, step → attempt(s) → step finished → tool batch →
+//! … → terminal. It reaches the network only through [`ModelClient`] and tools only through
+//! [`ToolDispatcher`], so it is testable without sockets, and it is the same core for the CLI
+//! and the module.
+//!
+//! Durability: each step costs at most two fsyncs. The step's records (StepStarted, attempts,
+//! ModelStepFinished) and its tool intents share one barrier, which lands before any call is
+//! sent; the results share the next barrier with the next StepStarted (or the RunFinished).
+//! A control unit reaches the output only after the barrier that makes it durable.
+
+mod attempt;
+mod tools;
+mod turn;
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+pub use tools::{NoTools, ToolCall, ToolDispatcher, ToolOutput};
+pub use turn::{admit, drive, TurnOutcome};
+
+use crate::lineage::projection::ControlUnit;
+use crate::record::CancelAt;
+
+/// Live, lossy, never-durable events for display.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DisplayEvent {
+    TextDelta {
+        step: u64,
+        text: String,
+    },
+    ReasoningDelta {
+        step: u64,
+        text: String,
+    },
+    ToolInputDelta {
+        step: u64,
+        index: usize,
+        delta: String,
+    },
+    /// A human-readable status line (retrying, waiting for tools, …).
+    Status {
+        text: String,
+    },
+}
+
+/// What the loop hands its front-end, in order.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Output {
+    Display(DisplayEvent),
+    /// Units that just became durable.
+    Control(Vec<ControlUnit>),
+}
+
+/// Commands the loop accepts while it runs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RunCommand {
+    Cancel(CancelAt),
+}
+
+/// How transient failures are retried.
+#[derive(Clone, Debug)]
+pub struct RetryPolicy {
+    /// Retries after the first attempt.
+    pub max_retries: u32,
+    /// Backoff before retry n is `base × 2ⁿ`, capped at `max_backoff`; a provider's
+    /// `retry-after` wins when it is longer (up to `max_backoff`).
+    pub base_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy { max_retries: 3, base_backoff: Duration::from_millis(250), max_backoff: Duration::from_secs(10) }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct LoopOptions {
+    /// The provider watchdog: an attempt silent this long ends `interrupted`.
+    pub idle_timeout: Duration,
+    pub retry: RetryPolicy,
+    /// The bearer secret for `AuthSource::Bearer` routes (memory only).
+    pub bearer: Option<String>,
+}
+
+impl Default for LoopOptions {
+    fn default() -> Self {
+        LoopOptions { idle_timeout: Duration::from_secs(120), retry: RetryPolicy::default(), bearer: None }
+    }
+}
+
+/// Parses a tool call's argument JSON; unparsable arguments are kept as a string so the call
+/// is still recorded exactly as the model produced it.
+pub(crate) fn parse_arguments(raw: &str) -> Value {
+    if raw.trim().is_empty() {
+        return Value::Object(Default::default());
+    }
+    serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.to_string()))
+}

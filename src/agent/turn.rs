@@ -1,0 +1,487 @@
+//! Driving a run from admission to a terminal or a pause.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{select, Receiver};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use super::attempt::Assembler;
+use super::tools::dispatch_batch;
+use super::{DisplayEvent, LoopOptions, Output, RunCommand, ToolCall, ToolDispatcher, ToolOutput};
+use crate::lineage::projection::ControlUnit;
+use crate::lineage::replay::{EpisodeStatus, Resolution};
+use crate::lineage::{Lineage, LineageError};
+use crate::message::{Message, Part, Role, StepUsage};
+use crate::provider::client::{now_ms, Attempt, AttemptEvent, ModelClient};
+use crate::provider::config::RenderConfig;
+use crate::provider::event::StreamEvent;
+use crate::provider::telemetry::Telemetry;
+use crate::record::{
+    AttemptFinished, CancelAt, ErrorClass, FinishReason, Origin, PauseReason, ProviderError, Record, RunStarted,
+};
+
+/// How often the loop wakes to check its watchdog while a stream is quiet.
+const TICK: Duration = Duration::from_millis(25);
+
+/// How a drive ended.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TurnOutcome {
+    pub run_id: String,
+    /// `Some` when the run finished; `None` when it paused.
+    pub reason: Option<FinishReason>,
+    pub paused: Option<PauseReason>,
+    pub error: Option<ProviderError>,
+}
+
+/// Admission's write: the durable `RunStarted` with the frozen config. The caller resolved the
+/// model (and everything else that can refuse) before, so a refusal never leaves a ghost run.
+pub fn admit(
+    lineage: &mut Lineage,
+    run_id: &str,
+    submission_id: Option<&str>,
+    config: &RenderConfig,
+    input: Message,
+    title: Option<String>,
+) -> Result<Vec<ControlUnit>, LineageError> {
+    let rec = Record::RunStarted(Box::new(RunStarted {
+        run_id: run_id.into(),
+        submission_id: submission_id.map(String::from),
+        origin: Origin::Fresh,
+        config: serde_json::to_value(config).expect("configs serialize"),
+        input,
+        title,
+        started_at_ms: now_ms(),
+    }));
+    Ok(lineage.append_commit(&rec)?.1)
+}
+
+/// How one step's model call ended.
+enum StepEnd {
+    Answered { message: Message, finish: (String, String), usage: StepUsage },
+    Paused(ProviderError),
+    Ended(FinishReason, Option<ProviderError>),
+}
+
+/// How one attempt ended.
+enum AttemptEnd {
+    Done(Assembler, Telemetry),
+    Failed { error: ProviderError, delivered: bool, retry_after: Option<Duration>, telemetry: Telemetry },
+    Cancelled(Telemetry),
+    Watchdog(Telemetry),
+}
+
+struct Driver<'a> {
+    lineage: &'a mut Lineage,
+    client: &'a dyn ModelClient,
+    tools: &'a Arc<dyn ToolDispatcher>,
+    commands: &'a Receiver<RunCommand>,
+    opts: &'a LoopOptions,
+    out: &'a mut dyn FnMut(Output),
+    run_id: String,
+    config: RenderConfig,
+    history: Vec<Message>,
+}
+
+/// Runs the lineage's last episode (open, or paused and now resumed) until it finishes or
+/// pauses. Every record goes through `lineage`; every network wait is on helper threads.
+pub fn drive(
+    lineage: &mut Lineage,
+    client: &dyn ModelClient,
+    tools: &Arc<dyn ToolDispatcher>,
+    commands: &Receiver<RunCommand>,
+    opts: &LoopOptions,
+    out: &mut dyn FnMut(Output),
+) -> Result<TurnOutcome, LineageError> {
+    let (run_id, paused) = match lineage.state().resolution() {
+        Resolution::Resume { run_id } => (run_id, false),
+        Resolution::Paused { run_id, .. } => (run_id, true),
+        other => return Err(LineageError::Refused(format!("no run to drive: the lineage is {other:?}"))),
+    };
+    if paused {
+        let units = lineage.append_commit(&Record::RunResumed { run_id: run_id.clone() })?.1;
+        out(Output::Control(units));
+    }
+    let raw_config = lineage.state().last.as_ref().map(|e| e.config.clone()).unwrap_or_default();
+    let history = lineage.transcript(0, u64::MAX)?.messages.into_iter().map(|(_, m)| m).collect();
+    let config: RenderConfig = match serde_json::from_value(raw_config) {
+        Ok(c) => c,
+        Err(e) => {
+            let error = ProviderError {
+                class: ErrorClass::Permanent,
+                provider_code: Some("frozen_config_unreadable".into()),
+                message: format!("the run's frozen render config does not decode: {e}"),
+                http_status: None,
+            };
+            lineage.finish_run(&run_id, FinishReason::Error, Some(error.clone()), vec![])?;
+            out(Output::Control(lineage.commit()?));
+            return Ok(TurnOutcome { run_id, reason: Some(FinishReason::Error), paused: None, error: Some(error) });
+        }
+    };
+    let mut d = Driver { lineage, client, tools, commands, opts, out, run_id, config, history };
+    d.run()
+}
+
+impl Driver<'_> {
+    fn commit(&mut self) -> Result<(), LineageError> {
+        let units = self.lineage.commit()?;
+        if !units.is_empty() {
+            (self.out)(Output::Control(units));
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, reason: FinishReason, error: Option<ProviderError>) -> Result<TurnOutcome, LineageError> {
+        self.lineage.finish_run(&self.run_id, reason, error.clone(), vec![])?;
+        self.commit()?;
+        Ok(TurnOutcome { run_id: self.run_id.clone(), reason: Some(reason), paused: None, error })
+    }
+
+    /// Records a cancel request durably (the "ack" is only true after this).
+    fn request_cancel(&mut self, at: CancelAt) -> Result<(), LineageError> {
+        self.lineage.append(&Record::RunCancelRequested { run_id: self.run_id.clone(), at })?;
+        self.commit()
+    }
+
+    fn cancel_requested(&self) -> Option<CancelAt> {
+        self.lineage.state().last.as_ref().and_then(|e| e.cancel)
+    }
+
+    fn drain_commands(&mut self) -> Result<(), LineageError> {
+        while let Ok(RunCommand::Cancel(at)) = self.commands.try_recv() {
+            self.request_cancel(at)?;
+        }
+        Ok(())
+    }
+
+    fn run(&mut self) -> Result<TurnOutcome, LineageError> {
+        loop {
+            self.drain_commands()?;
+            if self.cancel_requested().is_some() {
+                return self.finish(FinishReason::Cancelled, None);
+            }
+            let (step, step_open) = {
+                let e = self.lineage.state().last.as_ref().expect("drive has an episode");
+                debug_assert!(matches!(e.status, EpisodeStatus::Open));
+                (e.step, e.step_open)
+            };
+            let step = if step_open {
+                step
+            } else {
+                if self.config.max_steps.is_some_and(|max| step >= max) {
+                    return self.finish(FinishReason::MaxSteps, None);
+                }
+                self.lineage.append(&Record::StepStarted {
+                    run_id: self.run_id.clone(),
+                    step: step + 1,
+                    at_ms: now_ms(),
+                })?;
+                step + 1
+            };
+            match self.model_step(step)? {
+                StepEnd::Paused(error) => {
+                    let rec = Record::RunPaused {
+                        run_id: self.run_id.clone(),
+                        reason: PauseReason::AuthRequired,
+                        error: Some(error.clone()),
+                    };
+                    self.lineage.append(&rec)?;
+                    self.commit()?;
+                    return Ok(TurnOutcome {
+                        run_id: self.run_id.clone(),
+                        reason: None,
+                        paused: Some(PauseReason::AuthRequired),
+                        error: Some(error),
+                    });
+                }
+                StepEnd::Ended(reason, error) => return self.finish(reason, error),
+                StepEnd::Answered { message, finish, usage } => {
+                    let calls = tool_calls(&message);
+                    self.lineage.append(&Record::ModelStepFinished {
+                        run_id: self.run_id.clone(),
+                        step,
+                        finish_reason: finish.0,
+                        usage,
+                        message: message.clone(),
+                        provider: self.config.provider.clone(),
+                        model: self.config.model.clone(),
+                        variant: self.config.variant.clone(),
+                    })?;
+                    self.history.push(message);
+                    if calls.is_empty() {
+                        return self.finish(FinishReason::Completed, None);
+                    }
+                    self.tool_batch(step, calls)?;
+                }
+            }
+        }
+    }
+
+    /// One model step: attempts with retries until an answer, a pause or an end.
+    fn model_step(&mut self, step: u64) -> Result<StepEnd, LineageError> {
+        let body = crate::provider::render_request(&self.config, &self.history);
+        let sha = crate::session_key::hex(&Sha256::digest(&body));
+        for attempt in 0.. {
+            let (outcome, end, error, telemetry, retry_after) = match self.attempt(step, &body)? {
+                AttemptEnd::Done(asm, telemetry) => {
+                    self.record_attempt(step, attempt, "ok", &sha, None, &telemetry)?;
+                    let finish = asm.finish.clone().unwrap_or_else(|| ("stop".into(), String::new()));
+                    let usage = asm.usage.clone();
+                    let origin = json!({"provider_module_id": self.config.provider, "model_id": self.config.model});
+                    return Ok(StepEnd::Answered { message: asm.into_message(origin), finish, usage });
+                }
+                AttemptEnd::Cancelled(t) => {
+                    ("cancelled", Some(StepEnd::Ended(FinishReason::Cancelled, None)), None, t, None)
+                }
+                AttemptEnd::Watchdog(t) => {
+                    let error = ProviderError {
+                        class: ErrorClass::Transient,
+                        provider_code: Some("provider_idle_timeout".into()),
+                        message: format!("the provider sent nothing for {} ms", self.opts.idle_timeout.as_millis()),
+                        http_status: None,
+                    };
+                    (
+                        "interrupted",
+                        Some(StepEnd::Ended(FinishReason::Interrupted, Some(error.clone()))),
+                        Some(error),
+                        t,
+                        None,
+                    )
+                }
+                AttemptEnd::Failed { error, delivered, retry_after, telemetry } => {
+                    let retry =
+                        error.class == ErrorClass::Transient && !delivered && attempt < self.opts.retry.max_retries;
+                    let end = match error.class {
+                        _ if retry => None,
+                        ErrorClass::AuthRequired => Some(StepEnd::Paused(error.clone())),
+                        _ => Some(StepEnd::Ended(FinishReason::Error, Some(error.clone()))),
+                    };
+                    (if retry { "retry" } else { "failed" }, end, Some(error), telemetry, retry_after)
+                }
+            };
+            self.record_attempt(step, attempt, outcome, &sha, error.clone(), &telemetry)?;
+            if let Some(end) = end {
+                return Ok(end);
+            }
+            let backoff = self.backoff(attempt, retry_after);
+            let why = error.map(|e| e.message).unwrap_or_default();
+            (self.out)(Output::Display(DisplayEvent::Status {
+                text: format!("retrying in {} ms: {why}", backoff.as_millis()),
+            }));
+            if self.wait_backoff(backoff)? {
+                return Ok(StepEnd::Ended(FinishReason::Cancelled, None));
+            }
+        }
+        unreachable!("the attempt loop returns")
+    }
+
+    fn backoff(&self, attempt: u32, retry_after: Option<Duration>) -> Duration {
+        let p = &self.opts.retry;
+        let exp = p.base_backoff.saturating_mul(1u32 << attempt.min(16));
+        exp.max(retry_after.unwrap_or_default()).min(p.max_backoff)
+    }
+
+    /// Sleeps for a backoff, answering commands. Returns true when cancelled now.
+    fn wait_backoff(&mut self, backoff: Duration) -> Result<bool, LineageError> {
+        let deadline = Instant::now() + backoff;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            select! {
+                recv(self.commands) -> cmd => if let Ok(RunCommand::Cancel(at)) = cmd {
+                    self.request_cancel(at)?;
+                    if at == CancelAt::Now {
+                        return Ok(true);
+                    }
+                },
+                default(left) => return Ok(false),
+            }
+        }
+    }
+
+    fn record_attempt(
+        &mut self,
+        step: u64,
+        attempt: u32,
+        outcome: &str,
+        sha: &str,
+        error: Option<ProviderError>,
+        telemetry: &Telemetry,
+    ) -> Result<(), LineageError> {
+        let rec = Record::ModelAttemptFinished(Box::new(AttemptFinished {
+            run_id: self.run_id.clone(),
+            step,
+            attempt,
+            outcome: outcome.into(),
+            request_body_sha256: Some(sha.into()),
+            error,
+            telemetry: telemetry.to_map(),
+        }));
+        self.lineage.append(&rec).map(drop)
+    }
+
+    /// Runs one attempt, streaming display events out as they arrive.
+    fn attempt(&mut self, step: u64, body: &[u8]) -> Result<AttemptEnd, LineageError> {
+        let cancel = Arc::new(AtomicBool::new(false));
+        let rx = self.client.start(Attempt {
+            config: self.config.clone(),
+            body: body.to_vec(),
+            bearer: self.opts.bearer.clone(),
+            read_timeout: self.opts.idle_timeout + Duration::from_secs(1),
+            cancel: Arc::clone(&cancel),
+        });
+        let stop = |cancel: &AtomicBool| cancel.store(true, Ordering::Relaxed);
+        let mut asm = Assembler::default();
+        let mut last_event = Instant::now();
+        loop {
+            select! {
+                recv(rx) -> msg => {
+                    last_event = Instant::now();
+                    match msg {
+                        Ok(AttemptEvent::Stream { event: StreamEvent::Error { error }, .. }) => {
+                            stop(&cancel);
+                            return Ok(AttemptEnd::Failed { error, delivered: asm.delivered, retry_after: None, telemetry: Telemetry::default() });
+                        }
+                        Ok(AttemptEvent::Stream { event, .. }) => {
+                            self.display(step, &event);
+                            asm.push(event);
+                        }
+                        Ok(AttemptEvent::Http { error, retry_after }) => {
+                            return Ok(AttemptEnd::Failed { error, delivered: false, retry_after, telemetry: Telemetry::default() });
+                        }
+                        Ok(AttemptEvent::Failed { error, telemetry }) => {
+                            return Ok(AttemptEnd::Failed { error, delivered: asm.delivered, retry_after: None, telemetry });
+                        }
+                        Ok(AttemptEvent::End { terminal: true, telemetry }) => return Ok(AttemptEnd::Done(asm, telemetry)),
+                        Ok(AttemptEvent::End { terminal: false, telemetry }) => {
+                            let error = ProviderError {
+                                class: ErrorClass::Transient,
+                                provider_code: Some("stream_truncated".into()),
+                                message: "the provider stream ended without its terminal event".into(),
+                                http_status: None,
+                            };
+                            return Ok(AttemptEnd::Failed { error, delivered: asm.delivered, retry_after: None, telemetry });
+                        }
+                        Err(_) => {
+                            let error = ProviderError {
+                                class: ErrorClass::Transient,
+                                provider_code: Some("transport".into()),
+                                message: "the streamer ended without a result".into(),
+                                http_status: None,
+                            };
+                            return Ok(AttemptEnd::Failed { error, delivered: asm.delivered, retry_after: None, telemetry: Telemetry::default() });
+                        }
+                    }
+                },
+                recv(self.commands) -> cmd => if let Ok(RunCommand::Cancel(at)) = cmd {
+                    self.request_cancel(at)?;
+                    if at == CancelAt::Now {
+                        stop(&cancel);
+                        return Ok(AttemptEnd::Cancelled(Telemetry::default()));
+                    }
+                },
+                default(TICK) => {
+                    if last_event.elapsed() >= self.opts.idle_timeout {
+                        stop(&cancel);
+                        return Ok(AttemptEnd::Watchdog(Telemetry::default()));
+                    }
+                },
+            }
+        }
+    }
+
+    fn display(&mut self, step: u64, event: &StreamEvent) {
+        let shown = match event {
+            StreamEvent::TextDelta { text } => DisplayEvent::TextDelta { step, text: text.clone() },
+            StreamEvent::ReasoningDelta { text } => DisplayEvent::ReasoningDelta { step, text: text.clone() },
+            StreamEvent::ToolCallArgsDelta { index, delta } => {
+                DisplayEvent::ToolInputDelta { step, index: *index, delta: delta.clone() }
+            }
+            _ => return,
+        };
+        (self.out)(Output::Display(shown));
+    }
+
+    /// Intents (durable before any call) → calls → results in planned order → one tool message.
+    fn tool_batch(&mut self, step: u64, calls: Vec<(String, String, serde_json::Value)>) -> Result<(), LineageError> {
+        let lineage_id = self.lineage.key().addr();
+        let mut batch = Vec::with_capacity(calls.len());
+        for (id, name, arguments) in calls {
+            let call_key = format!("{lineage_id}:{}", self.lineage.next_seq());
+            self.lineage.append(&Record::ToolDispatchIntent {
+                run_id: self.run_id.clone(),
+                step,
+                tool_call_id: id.clone(),
+                tool_name: name.clone(),
+                module_id: None,
+                call_key: call_key.clone(),
+            })?;
+            batch.push(ToolCall { run_id: self.run_id.clone(), tool_call_id: id, name, arguments, call_key });
+        }
+        self.commit()?;
+        let ids: Vec<String> = batch.iter().map(|c| c.tool_call_id.clone()).collect();
+        let rx = dispatch_batch(self.tools, batch);
+        let mut results: Vec<Option<ToolOutput>> = vec![None; ids.len()];
+        let mut waiting = ids.len();
+        (self.out)(Output::Display(DisplayEvent::Status { text: format!("waiting for {waiting} tool call(s)") }));
+        while waiting > 0 {
+            select! {
+                recv(rx) -> msg => match msg {
+                    Ok((i, out)) => {
+                        if results[i].replace(out).is_none() {
+                            waiting -= 1;
+                        }
+                    }
+                    Err(_) => break,
+                },
+                recv(self.commands) -> cmd => if let Ok(RunCommand::Cancel(at)) = cmd {
+                    self.request_cancel(at)?;
+                    if at == CancelAt::Now {
+                        break;
+                    }
+                },
+            }
+        }
+        let mut parts = Vec::with_capacity(ids.len());
+        for (id, result) in ids.into_iter().zip(results) {
+            let (out, outcome) = match result {
+                Some(out) => {
+                    let outcome = if out.is_error { "error" } else { "ok" };
+                    (out, outcome)
+                }
+                None => {
+                    (ToolOutput::error("the call was cancelled while in flight; its outcome is unknown"), "cancelled")
+                }
+            };
+            self.lineage.append(&Record::ToolResult {
+                run_id: self.run_id.clone(),
+                step,
+                tool_call_id: id.clone(),
+                output: out.output.clone(),
+                is_error: out.is_error,
+                outcome: Some(outcome.into()),
+            })?;
+            parts.push(Part::ToolResult { tool_call_id: id, output: out.output, is_error: out.is_error });
+        }
+        self.history.push(Message { role: Role::Tool, content: parts, origin: None });
+        Ok(())
+    }
+}
+
+/// The tool calls of an assistant message, in planned order: `(id, name, arguments)`.
+fn tool_calls(message: &Message) -> Vec<(String, String, serde_json::Value)> {
+    message
+        .content
+        .iter()
+        .filter_map(|p| match p {
+            Part::ToolCall { tool_call_id, tool_name, input } => {
+                Some((tool_call_id.clone(), tool_name.clone(), input.clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}

@@ -1,0 +1,373 @@
+//! OpenAI Responses (`POST {api}/responses`, `"stream": true`, `"store": false`): request
+//! rendering and the stream decoder.
+//!
+//! Transcript mapping (owned-broca → `input` items):
+//! - the route's system prompt → top-level `instructions`; a system-role transcript message →
+//!   a `system` message item in place;
+//! - user parts → one `message` item of `input_text` / `input_image` (data URL) parts;
+//! - assistant parts, in order: the `encrypted_content` blob (streamed as
+//!   [`StreamEvent::ReasoningOpaque`]) is sent back as a `reasoning` item
+//!   `{summary, encrypted_content}`. It may be stored either as a redacted-reasoning part
+//!   (`data` = blob; a directly preceding unsigned reasoning part supplies its summary text) or
+//!   as the signature of a reasoning part (its text is the summary). With `store: false` no item
+//!   id can be referenced, so reasoning without a blob is DROPPED. Consecutive text parts → one
+//!   assistant `message` item of `output_text` parts; tool call → a `function_call` item
+//!   `{call_id, name, arguments}` with `arguments` a JSON string;
+//! - a tool-role message → one `function_call_output` item per result `{call_id, output}`
+//!   (the Responses API has no error flag: an error output is its rendered text);
+//! - a message left empty is omitted.
+//!
+//! Tools are sent with `strict: false`: the API otherwise holds schemas to its strict subset
+//! (every property required, `additionalProperties: false`), which arbitrary tool schemas break.
+
+use serde_json::{json, Value};
+
+use super::common::{
+    arguments_text, class, data_object, data_url, event_type, finish, finish_body, is_done, push_text, reasoning_delta,
+    replays_reasoning, str_at, text_delta, tool_output, u64_at, usage_from_total, with_description,
+};
+use super::config::{RenderConfig, ToolSpec};
+use super::errors::stream_error;
+use super::event::{DecodeError, EventClass, StreamDecoder, StreamEvent};
+use super::sse::SseEvent;
+use crate::message::{Message, Part, Role, StepUsage};
+
+/// The request body: `model`, `stream`, `store: false`, `instructions`?, `max_output_tokens`?,
+/// `tools`?, `input`, then the variant's members merged on top (e.g. `reasoning`, `include`).
+pub fn render(config: &RenderConfig, transcript: &[Message]) -> Vec<u8> {
+    let mut input = Vec::new();
+    for m in transcript {
+        push_items(m, config, &mut input);
+    }
+    let mut body = json!({"model": config.wire_model, "stream": true, "store": false, "input": input});
+    if let Some(system) = config.system.as_deref().filter(|s| !s.is_empty()) {
+        body["instructions"] = json!(system);
+    }
+    if let Some(cap) = config.max_output_tokens {
+        body["max_output_tokens"] = json!(cap);
+    }
+    if !config.tools.is_empty() {
+        body["tools"] = config.tools.iter().map(tool).collect();
+    }
+    finish_body(body, config)
+}
+
+fn tool(spec: &ToolSpec) -> Value {
+    with_description(
+        json!({"type": "function", "name": spec.name, "parameters": spec.input_schema, "strict": false}),
+        spec,
+    )
+}
+
+fn push_items(m: &Message, config: &RenderConfig, out: &mut Vec<Value>) {
+    match m.role {
+        Role::User => out.extend(input_message("user", m)),
+        Role::System => out.extend(input_message("system", m)),
+        Role::Assistant => assistant_items(m, replays_reasoning(m, config), out),
+        Role::Tool => out.extend(m.content.iter().filter_map(function_call_output)),
+    }
+}
+
+fn input_message(role: &str, m: &Message) -> Option<Value> {
+    let parts: Vec<Value> = m
+        .content
+        .iter()
+        .filter_map(|p| match p {
+            Part::Text { text } if !text.is_empty() => Some(json!({"type": "input_text", "text": text})),
+            Part::Image { media_type, data } => {
+                Some(json!({"type": "input_image", "image_url": data_url(media_type, data)}))
+            }
+            _ => None,
+        })
+        .collect();
+    (!parts.is_empty()).then(|| json!({"type": "message", "role": role, "content": parts}))
+}
+
+fn assistant_items(m: &Message, replay: bool, out: &mut Vec<Value>) {
+    let mut texts: Vec<Value> = Vec::new();
+    // The text of an unsigned reasoning part, waiting for the redacted blob that may follow it.
+    let mut summary: Option<&str> = None;
+    let flush = |texts: &mut Vec<Value>, out: &mut Vec<Value>| {
+        if !texts.is_empty() {
+            out.push(json!({"type": "message", "role": "assistant", "content": std::mem::take(texts)}));
+        }
+    };
+    for part in &m.content {
+        let pending = summary.take();
+        match part {
+            Part::Text { text } if !text.is_empty() => texts.push(json!({"type": "output_text", "text": text})),
+            Part::Reasoning { text, signature: None } => summary = Some(text),
+            Part::Reasoning { text, signature: Some(blob) } if replay && !blob.is_empty() => {
+                flush(&mut texts, out);
+                out.push(reasoning_item(text, blob));
+            }
+            Part::RedactedReasoning { data } if replay && !data.is_empty() => {
+                flush(&mut texts, out);
+                out.push(reasoning_item(pending.unwrap_or_default(), data));
+            }
+            Part::ToolCall { tool_call_id, tool_name, input } => {
+                flush(&mut texts, out);
+                out.push(json!({
+                    "type": "function_call",
+                    "call_id": tool_call_id,
+                    "name": tool_name,
+                    "arguments": arguments_text(input),
+                }));
+            }
+            _ => {}
+        }
+    }
+    flush(&mut texts, out);
+}
+
+fn reasoning_item(summary: &str, blob: &str) -> Value {
+    let summary: Vec<Value> =
+        if summary.is_empty() { vec![] } else { vec![json!({"type": "summary_text", "text": summary})] };
+    json!({"type": "reasoning", "summary": summary, "encrypted_content": blob})
+}
+
+fn function_call_output(part: &Part) -> Option<Value> {
+    match part {
+        Part::ToolResult { tool_call_id, output, is_error } => {
+            let (text, _) = tool_output(output, *is_error);
+            Some(json!({"type": "function_call_output", "call_id": tool_call_id, "output": text}))
+        }
+        _ => None,
+    }
+}
+
+/// Usage as Responses reports it: `input_tokens` INCLUDES cached (and cache-write) tokens.
+fn usage(u: &Value) -> StepUsage {
+    usage_from_total(
+        u64_at(u, &["input_tokens"]),
+        u64_at(u, &["input_tokens_details", "cached_tokens"]),
+        u64_at(u, &["input_tokens_details", "cache_write_tokens"]),
+        u64_at(u, &["output_tokens"]),
+        u64_at(u, &["output_tokens_details", "reasoning_tokens"]),
+    )
+}
+
+/// `incomplete_details.reason` normalized: `max_output_tokens` → length, `content_filter` →
+/// content_filter, anything else → other.
+pub fn normalize_incomplete_reason(raw: &str) -> &'static str {
+    match raw {
+        "max_output_tokens" => "length",
+        "content_filter" => "content_filter",
+        _ => "other",
+    }
+}
+
+/// One `function_call` output item seen in the stream.
+#[derive(Debug)]
+struct Call {
+    item_id: String,
+    output_index: Option<u64>,
+    /// Whether argument deltas arrived (else the `.done` snapshot supplies them once).
+    args_seen: bool,
+}
+
+/// Decodes a Responses stream.
+///
+/// Invariants: a `ToolCallStart` index counts `function_call` items only, and its `id` is the
+/// item's `call_id` (what `function_call_output` must reference); argument text is emitted once,
+/// from the deltas or, when none arrived, from the `.done` / `output_item.done` snapshot;
+/// consecutive reasoning-summary parts of one item are separated by a blank line; at most one
+/// `Error` is emitted (an `error` event and the `response.failed` that follows report the same
+/// failure); `finished` once `response.completed`, `.incomplete`, `.failed` or `error`.
+#[derive(Debug, Default)]
+pub struct ResponsesDecoder {
+    calls: Vec<Call>,
+    /// The (item id, summary index) the last summary delta belonged to.
+    summary_at: Option<(String, u64)>,
+    refused: bool,
+    errored: bool,
+    finished: bool,
+}
+
+impl ResponsesDecoder {
+    pub fn new() -> ResponsesDecoder {
+        ResponsesDecoder::default()
+    }
+
+    fn find_call(&self, data: &Value, item_id: Option<&str>) -> Option<usize> {
+        let output_index = u64_at(data, &["output_index"]);
+        self.calls.iter().position(|c| match item_id {
+            Some(id) if !c.item_id.is_empty() => c.item_id == id,
+            _ => output_index.is_some() && c.output_index == output_index,
+        })
+    }
+
+    /// The call an item starts or continues; a new one emits `ToolCallStart`.
+    fn call_for_item(&mut self, data: &Value, item: &Value, out: &mut Vec<StreamEvent>) -> usize {
+        if let Some(i) = self.find_call(data, str_at(item, &["id"])) {
+            return i;
+        }
+        let index = self.calls.len();
+        self.calls.push(Call {
+            item_id: str_at(item, &["id"]).unwrap_or_default().to_string(),
+            output_index: u64_at(data, &["output_index"]),
+            args_seen: false,
+        });
+        out.push(StreamEvent::ToolCallStart {
+            index,
+            id: str_at(item, &["call_id"]).unwrap_or_default().to_string(),
+            name: str_at(item, &["name"]).unwrap_or_default().to_string(),
+        });
+        index
+    }
+
+    /// Emits a call's whole argument text from a snapshot, unless deltas already carried it.
+    fn args_snapshot(&mut self, index: usize, arguments: Option<&str>, out: &mut Vec<StreamEvent>) {
+        let Some(call) = self.calls.get_mut(index) else { return };
+        if let Some(args) = arguments.filter(|a| !a.is_empty() && !call.args_seen) {
+            call.args_seen = true;
+            out.push(StreamEvent::ToolCallArgsDelta { index, delta: args.to_string() });
+        }
+    }
+
+    fn item_done(&mut self, data: &Value, out: &mut Vec<StreamEvent>) {
+        let item = data.get("item").unwrap_or(&Value::Null);
+        match str_at(item, &["type"]) {
+            Some("function_call") => {
+                let index = self.call_for_item(data, item, out);
+                self.args_snapshot(index, str_at(item, &["arguments"]), out);
+            }
+            Some("reasoning") => {
+                if let Some(blob) = str_at(item, &["encrypted_content"]).filter(|b| !b.is_empty()) {
+                    out.push(StreamEvent::ReasoningOpaque { data: blob.to_string() });
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A reasoning-summary delta, prefixed with a blank line when it opens a later summary part.
+    fn summary_delta(&mut self, data: &Value, out: &mut Vec<StreamEvent>) -> bool {
+        let Some(delta) = str_at(data, &["delta"]).filter(|d| !d.is_empty()) else { return false };
+        let at =
+            (str_at(data, &["item_id"]).unwrap_or_default().to_string(), u64_at(data, &["summary_index"]).unwrap_or(0));
+        let separate = matches!(&self.summary_at, Some((item, index)) if *item == at.0 && *index != at.1);
+        self.summary_at = Some(at);
+        let text = if separate { format!("\n\n{delta}") } else { delta.to_string() };
+        out.push(StreamEvent::ReasoningDelta { text });
+        true
+    }
+
+    fn args_delta(&mut self, data: &Value, out: &mut Vec<StreamEvent>) -> bool {
+        let Some(delta) = str_at(data, &["delta"]).filter(|d| !d.is_empty()) else { return false };
+        if let Some(index) = self.find_call(data, str_at(data, &["item_id"])) {
+            self.calls[index].args_seen = true;
+            out.push(StreamEvent::ToolCallArgsDelta { index, delta: delta.to_string() });
+        }
+        true
+    }
+
+    fn error(&mut self, err: StreamEvent, out: &mut Vec<StreamEvent>) {
+        if !self.errored {
+            self.errored = true;
+            out.push(err);
+        }
+        self.finished = true;
+    }
+
+    /// A terminal `response.*` event: usage, then the finish reason or the failure.
+    fn terminal(&mut self, kind: &str, data: &Value, out: &mut Vec<StreamEvent>) {
+        let response = data.get("response").unwrap_or(&Value::Null);
+        if let Some(u) = response.get("usage").filter(|u| u.is_object()).map(usage).filter(|u| !u.is_unreported()) {
+            out.push(StreamEvent::Usage { usage: u });
+        }
+        match kind {
+            "response.completed" => {
+                let raw = str_at(response, &["status"]).unwrap_or("completed");
+                let reason = if !self.calls.is_empty() {
+                    "tool_calls"
+                } else if self.refused {
+                    "refusal"
+                } else {
+                    "stop"
+                };
+                out.push(finish(reason, raw));
+            }
+            "response.incomplete" => {
+                let raw = str_at(response, &["incomplete_details", "reason"]).unwrap_or("incomplete");
+                out.push(finish(normalize_incomplete_reason(raw), raw));
+            }
+            _ => {
+                let err = response.get("error").unwrap_or(&Value::Null);
+                let message = str_at(err, &["message"]).or(Some("the response failed"));
+                self.error(stream_error(str_at(err, &["code"]), str_at(err, &["type"]), message), out);
+            }
+        }
+        self.finished = true;
+    }
+}
+
+impl StreamDecoder for ResponsesDecoder {
+    fn decode(&mut self, event: &SseEvent, out: &mut Vec<StreamEvent>) -> Result<EventClass, DecodeError> {
+        if is_done(event) {
+            return Ok(class("[DONE]", false, false));
+        }
+        let data = data_object(event)?;
+        let kind = event_type(&data, event);
+        let (content, unknown) = match kind.as_str() {
+            "response.created"
+            | "response.in_progress"
+            | "response.queued"
+            | "response.content_part.added"
+            | "response.content_part.done"
+            | "response.output_text.done"
+            | "response.output_text.annotation.added"
+            | "response.refusal.done"
+            | "response.reasoning_summary_part.added"
+            | "response.reasoning_summary_part.done"
+            | "response.reasoning_summary_text.done"
+            | "response.reasoning_text.done" => (false, false),
+            "response.output_item.added" => {
+                let item = data.get("item").unwrap_or(&Value::Null);
+                if str_at(item, &["type"]) == Some("function_call") {
+                    self.call_for_item(&data, item, out);
+                }
+                (false, false)
+            }
+            "response.output_item.done" => {
+                self.item_done(&data, out);
+                (false, false)
+            }
+            "response.output_text.delta" => (push_text(out, str_at(&data, &["delta"]), text_delta), false),
+            "response.refusal.delta" => {
+                let content = push_text(out, str_at(&data, &["delta"]), text_delta);
+                self.refused |= content;
+                (content, false)
+            }
+            "response.reasoning_summary_text.delta" => (self.summary_delta(&data, out), false),
+            "response.reasoning_text.delta" => (push_text(out, str_at(&data, &["delta"]), reasoning_delta), false),
+            "response.function_call_arguments.delta" => (self.args_delta(&data, out), false),
+            "response.function_call_arguments.done" => {
+                if let Some(index) = self.find_call(&data, str_at(&data, &["item_id"])) {
+                    self.args_snapshot(index, str_at(&data, &["arguments"]), out);
+                }
+                (false, false)
+            }
+            "response.completed" | "response.incomplete" | "response.failed" => {
+                self.terminal(&kind, &data, out);
+                (false, false)
+            }
+            "error" => {
+                let err = data.get("error").filter(|e| e.is_object()).unwrap_or(&data);
+                let e = stream_error(
+                    str_at(err, &["code"]),
+                    str_at(err, &["type"]).filter(|t| *t != "error"),
+                    str_at(err, &["message"]),
+                );
+                self.error(e, out);
+                (false, false)
+            }
+            _ => (false, true),
+        };
+        Ok(class(kind, content, unknown))
+    }
+
+    fn finished(&self) -> bool {
+        self.finished
+    }
+}
