@@ -4,6 +4,7 @@ pub mod agent;
 pub mod catalog;
 pub mod lineage;
 pub mod message;
+pub mod mock;
 pub mod provider;
 pub mod record;
 pub mod session_key;

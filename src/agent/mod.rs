@@ -3,10 +3,11 @@
 //! [`ToolDispatcher`], so it is testable without sockets, and it is the same core for the CLI
 //! and the module.
 //!
-//! Durability: each step costs at most two fsyncs. The step's records (StepStarted, attempts,
-//! ModelStepFinished) and its tool intents share one barrier, which lands before any call is
-//! sent; the results share the next barrier with the next StepStarted (or the RunFinished).
-//! A control unit reaches the output only after the barrier that makes it durable.
+//! Durability: each step costs two fsyncs. The first makes `StepStarted` durable (with the
+//! previous batch's results, so the model never sees a result that a crash could lose) before
+//! the request is sent; the second covers the attempts, `ModelStepFinished` and the tool intents
+//! (before any call is sent) or the `RunFinished`. A control unit reaches the output only after
+//! the barrier that makes it durable.
 
 mod attempt;
 mod tools;

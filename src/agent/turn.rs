@@ -173,11 +173,14 @@ impl Driver<'_> {
                 if self.config.max_steps.is_some_and(|max| step >= max) {
                     return self.finish(FinishReason::MaxSteps, None);
                 }
+                // The previous batch's results share this barrier: durable before the model
+                // sees them, and the step is announced before it streams.
                 self.lineage.append(&Record::StepStarted {
                     run_id: self.run_id.clone(),
                     step: step + 1,
                     at_ms: now_ms(),
                 })?;
+                self.commit()?;
                 step + 1
             };
             match self.model_step(step)? {

@@ -1,0 +1,153 @@
+//! Argument parsing for `broca-run` (hand-rolled: a dozen flags do not need a crate).
+
+use std::path::PathBuf;
+
+pub const USAGE: &str = "\
+broca-run: run one agentic turn on a durable session, streaming the answer
+
+usage: broca-run [OPTIONS] [PROMPT | -]
+
+  PROMPT                   the user message; - reads it from stdin
+  --model PROVIDER/MODEL   catalog model to run (required unless --read or --demo)
+  --variant NAME           reasoning variant the model defines (e.g. high, max)
+  --system TEXT            system prompt
+  --session ID             session to continue (default: a fresh one, printed at start)
+  --project-root DIR       project the session belongs to (default: the current directory)
+  --harness NAME           harness name in the session key (default: broca-run)
+  --state-root DIR         state root (default: BROCA_STATE_ROOT, else $XDG_DATA_HOME/cortexkit/broca,
+                           else ~/.local/share/cortexkit/broca)
+  --base-url URL           provider base URL instead of the catalog's (for mocks; needs no credential)
+  --auth-bearer TOKEN      bearer credential for the provider (kept in memory, never written)
+  --max-steps N            stop the run after N model steps (reason max_steps)
+  --max-output-tokens N    output cap per step (bounded by the catalog's output limit)
+  --idle-timeout-ms N      provider watchdog: end the attempt `interrupted` after N ms of silence
+                           (default 120000)
+  --reasoning MODE         show reasoning: auto (dimmed on a terminal, hidden otherwise), dim,
+                           plain or hide
+  --json                   one JSON object per line: control units and display deltas
+  --read                   print the session's transcript (with --json: {ordinal, mid, message})
+  --demo                   run a scripted turn against a built-in mock provider in a temp state root
+  --help                   this text
+
+Repeating --session S appends a new turn to the same conversation. Ctrl-C cancels the run
+(recorded as cancelled). Logs go to stderr, filtered by CK_LOG (default warn).
+
+exit codes: 0 completed, 1 run error (error, interrupted, max_steps, paused), 2 usage or admission
+refusal, 130 cancelled";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReasoningMode {
+    Auto,
+    Dim,
+    Plain,
+    Hide,
+}
+
+#[derive(Clone, Debug)]
+pub struct Args {
+    pub prompt: Option<String>,
+    pub model: Option<String>,
+    pub variant: Option<String>,
+    pub system: Option<String>,
+    pub session: String,
+    pub project_root: String,
+    pub harness: String,
+    pub state_root: Option<PathBuf>,
+    pub base_url: Option<String>,
+    pub auth_bearer: Option<String>,
+    pub max_steps: Option<u64>,
+    pub max_output_tokens: Option<u64>,
+    pub idle_timeout_ms: u64,
+    pub reasoning: ReasoningMode,
+    pub json: bool,
+    pub read: bool,
+    pub demo: bool,
+}
+
+pub enum Parsed {
+    Run(Box<Args>),
+    Help,
+}
+
+fn positive(flag: &str, v: &str) -> Result<u64, String> {
+    match v.parse::<u64>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("{flag} takes a positive whole number, not {v:?}")),
+    }
+}
+
+pub fn parse(argv: impl Iterator<Item = String>) -> Result<Parsed, String> {
+    let cwd = std::env::current_dir().map(|p| p.to_string_lossy().into_owned()).unwrap_or_else(|_| "/".into());
+    let mut a = Args {
+        prompt: None,
+        model: None,
+        variant: None,
+        system: None,
+        session: String::new(),
+        project_root: cwd,
+        harness: "broca-run".into(),
+        state_root: None,
+        base_url: None,
+        auth_bearer: None,
+        max_steps: None,
+        max_output_tokens: None,
+        idle_timeout_ms: 120_000,
+        reasoning: ReasoningMode::Auto,
+        json: false,
+        read: false,
+        demo: false,
+    };
+    let mut argv = argv.peekable();
+    while let Some(arg) = argv.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+            _ => (arg.clone(), None),
+        };
+        let mut value = |name: &str| -> Result<String, String> {
+            inline.clone().or_else(|| argv.next()).ok_or_else(|| format!("{name} needs a value"))
+        };
+        match flag.as_str() {
+            "--help" | "-h" => return Ok(Parsed::Help),
+            "--model" => a.model = Some(value("--model")?),
+            "--variant" => a.variant = Some(value("--variant")?),
+            "--system" => a.system = Some(value("--system")?),
+            "--session" => a.session = value("--session")?,
+            "--project-root" => a.project_root = value("--project-root")?,
+            "--harness" => a.harness = value("--harness")?,
+            "--state-root" => a.state_root = Some(PathBuf::from(value("--state-root")?)),
+            "--base-url" => a.base_url = Some(value("--base-url")?),
+            "--auth-bearer" => a.auth_bearer = Some(value("--auth-bearer")?),
+            "--max-steps" => a.max_steps = Some(positive("--max-steps", &value("--max-steps")?)?),
+            "--max-output-tokens" => {
+                a.max_output_tokens = Some(positive("--max-output-tokens", &value("--max-output-tokens")?)?)
+            }
+            "--idle-timeout-ms" => a.idle_timeout_ms = positive("--idle-timeout-ms", &value("--idle-timeout-ms")?)?,
+            "--reasoning" => {
+                a.reasoning = match value("--reasoning")?.as_str() {
+                    "auto" => ReasoningMode::Auto,
+                    "dim" => ReasoningMode::Dim,
+                    "plain" => ReasoningMode::Plain,
+                    "hide" => ReasoningMode::Hide,
+                    other => return Err(format!("--reasoning takes auto, dim, plain or hide, not {other:?}")),
+                }
+            }
+            "--json" => a.json = true,
+            "--read" => a.read = true,
+            "--demo" => a.demo = true,
+            "-" => a.prompt = Some("-".into()),
+            f if f.starts_with('-') && f.len() > 1 => return Err(format!("unknown option {f}")),
+            _ if a.prompt.is_none() => a.prompt = Some(arg),
+            _ => return Err("only one PROMPT may be given (quote it)".into()),
+        }
+    }
+    if a.session.is_empty() {
+        if a.read {
+            return Err("--read needs --session".into());
+        }
+        a.session = format!("s-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    }
+    if a.model.is_none() && !a.read && !a.demo {
+        return Err("--model PROVIDER/MODEL is required".into());
+    }
+    Ok(Parsed::Run(Box::new(a)))
+}

@@ -1,0 +1,377 @@
+//! `broca-run`: one blocking CLI turn on the shared core. One lineage per `--session`, one
+//! episode per invocation; text streams to stdout as it arrives.
+
+use std::io::{IsTerminal, Read, Write};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use broca::agent::{self, DisplayEvent, LoopOptions, NoTools, Output, RunCommand, ToolDispatcher, TurnOutcome};
+use broca::catalog::route::{self, ModelRequest, RouteOverrides};
+use broca::catalog::Catalog;
+use broca::lineage::replay::Resolution;
+use broca::lineage::{read, Shared};
+use broca::message::{Message, RunUsage};
+use broca::provider::client::HttpClient;
+use broca::provider::config::{AuthSource, RenderConfig};
+use broca::record::{CancelAt, FinishReason};
+use broca::session_key::SessionKey;
+use broca::state_root::{RootEnv, StateRoot};
+use broca::wire::Refusal;
+
+mod cli;
+mod demo;
+
+use cli::{Args, ReasoningMode};
+
+const EXIT_OK: u8 = 0;
+const EXIT_RUN_ERROR: u8 = 1;
+const EXIT_REFUSED: u8 = 2;
+const EXIT_CANCELLED: u8 = 130;
+
+static SIGINT: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_sigint(_: libc::c_int) {
+    SIGINT.store(true, Ordering::SeqCst);
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::new().filter_or("CK_LOG", "warn")).init();
+    let args = match cli::parse(std::env::args().skip(1)) {
+        Ok(cli::Parsed::Run(args)) => *args,
+        Ok(cli::Parsed::Help) => {
+            println!("{}", cli::USAGE);
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("broca-run: {e}\n\n{}", cli::USAGE);
+            return ExitCode::from(EXIT_REFUSED);
+        }
+    };
+    ExitCode::from(run(args))
+}
+
+/// Everything after argument parsing; returns the exit code.
+fn run(mut args: Args) -> u8 {
+    let _demo = if args.demo {
+        match demo::prepare(&mut args) {
+            Ok(d) => Some(d),
+            Err(e) => return fail(&args, EXIT_RUN_ERROR, &format!("demo setup failed: {e}")),
+        }
+    } else {
+        None
+    };
+    let root = match &args.state_root {
+        Some(dir) => StateRoot::at(dir),
+        None => StateRoot::resolve(&RootEnv::from_process(None)),
+    };
+    let shared = match root.map_err(|e| e.to_string()).and_then(|r| Shared::open(r).map_err(|e| e.to_string())) {
+        Ok(s) => s,
+        Err(e) => return fail(&args, EXIT_RUN_ERROR, &e),
+    };
+    let key = SessionKey::new(&args.project_root, &args.harness, &args.session);
+    if args.read {
+        return read_transcript(&args, &shared, &key);
+    }
+    // A new session is resolved before anything is created, so a refusal writes nothing.
+    let mut config = None;
+    if !shared.wal_path(&key).exists() {
+        match resolve_config(&args, &shared) {
+            Ok(c) => config = Some(c),
+            Err(refusal) => return refuse(&args, &refusal),
+        }
+    }
+    let mut lineage = match shared.open_lineage(&key) {
+        Ok(l) => l,
+        Err(e) => return refuse(&args, &e.refusal()),
+    };
+    let mut out = Printer::new(&args);
+    if !matches!(lineage.state().resolution(), Resolution::Paused { .. }) {
+        let prompt = match prompt_text(&args) {
+            Ok(p) => p,
+            Err(e) => return fail(&args, EXIT_REFUSED, &e),
+        };
+        let config = match config.map(Ok).unwrap_or_else(|| resolve_config(&args, &shared)) {
+            Ok(c) => c,
+            Err(refusal) => return refuse(&args, &refusal),
+        };
+        let run_id = format!("run-{}", uuid::Uuid::new_v4().simple());
+        out.session(&args.session, &run_id);
+        match agent::admit(&mut lineage, &run_id, None, &config, Message::user_text(prompt), None) {
+            Ok(units) => out.emit(Output::Control(units)),
+            Err(e) => return refuse(&args, &e.refusal()),
+        }
+    }
+    let commands = watch_sigint();
+    let opts = LoopOptions {
+        idle_timeout: Duration::from_millis(args.idle_timeout_ms),
+        bearer: args.auth_bearer.clone(),
+        ..LoopOptions::default()
+    };
+    let tools: Arc<dyn ToolDispatcher> = Arc::new(NoTools);
+    let outcome = agent::drive(&mut lineage, &HttpClient, &tools, &commands, &opts, &mut |o| out.emit(o));
+    let usage = lineage.state().last.as_ref().map(|e| e.usage.clone()).unwrap_or_default();
+    drop(lineage);
+    match outcome {
+        Ok(outcome) => out.finish(&outcome, &usage),
+        Err(e) => fail(&args, EXIT_RUN_ERROR, &e.to_string()),
+    }
+}
+
+/// Admission: the model, its route, variant and limits, resolved against the catalog.
+fn resolve_config(args: &Args, shared: &Shared) -> Result<RenderConfig, Refusal> {
+    let catalog = Catalog::load_lkg(&shared.root.catalog_path());
+    let request = ModelRequest {
+        model: args.model.clone().unwrap_or_default(),
+        variant: args.variant.clone(),
+        system: args.system.clone(),
+        max_output_tokens: args.max_output_tokens,
+        max_steps: args.max_steps,
+        tools: Vec::new(),
+    };
+    let overrides = RouteOverrides {
+        base_url_override: args.base_url.clone().or_else(|| std::env::var("BROCA_PROVIDER_BASE_URL").ok()),
+        auth: if args.auth_bearer.is_some() { AuthSource::Bearer } else { AuthSource::None },
+    };
+    route::resolve(catalog.as_ref(), shared.root.catalog_path(), &request, &overrides).map_err(|e| e.refusal())
+}
+
+fn prompt_text(args: &Args) -> Result<String, String> {
+    match args.prompt.as_deref() {
+        Some("-") => {
+            let mut s = String::new();
+            std::io::stdin().read_to_string(&mut s).map_err(|e| format!("reading the prompt from stdin: {e}"))?;
+            Ok(s)
+        }
+        Some(p) if !p.trim().is_empty() => Ok(p.to_string()),
+        _ => Err("a prompt is required (an argument, or - to read stdin)".into()),
+    }
+}
+
+/// Ctrl-C becomes `cancel now`; a second Ctrl-C falls back to the default (immediate exit).
+fn watch_sigint() -> crossbeam_channel::Receiver<RunCommand> {
+    let (tx, rx) = crossbeam_channel::bounded(4);
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t);
+    }
+    std::thread::spawn(move || loop {
+        std::thread::sleep(Duration::from_millis(20));
+        if SIGINT.load(Ordering::SeqCst) {
+            // SAFETY: restoring the default disposition is async-signal-safe and done once.
+            unsafe {
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+            }
+            let _ = tx.send(RunCommand::Cancel(CancelAt::Now));
+            return;
+        }
+    });
+    rx
+}
+
+fn read_transcript(args: &Args, shared: &Shared, key: &SessionKey) -> u8 {
+    let path = shared.wal_path(key);
+    if !path.exists() {
+        return fail(
+            args,
+            EXIT_REFUSED,
+            &format!("session {:?} has no transcript under {}", args.session, shared.root.path().display()),
+        );
+    }
+    let page = match read::transcript(&shared.store, key, &path, 0, u64::MAX) {
+        Ok(p) => p,
+        Err(e) => return refuse(args, &e.refusal()),
+    };
+    let mut stdout = std::io::stdout().lock();
+    for (ordinal, message) in page.messages {
+        let line = if args.json {
+            serde_json::json!({"ordinal": ordinal, "mid": format!("m{ordinal}"), "message": message}).to_string()
+        } else {
+            format!(
+                "[{ordinal}] {}: {}",
+                serde_json::to_value(message.role).unwrap_or_default().as_str().unwrap_or("?"),
+                summary(&message)
+            )
+        };
+        if writeln!(stdout, "{line}").is_err() {
+            break;
+        }
+    }
+    EXIT_OK
+}
+
+/// A one-screen rendering of a message for `--read`.
+fn summary(m: &Message) -> String {
+    use broca::message::Part;
+    m.content
+        .iter()
+        .map(|p| match p {
+            Part::Text { text } => text.clone(),
+            Part::Reasoning { text, .. } => format!("(reasoning) {text}"),
+            Part::RedactedReasoning { .. } => "(redacted reasoning)".into(),
+            Part::ToolCall { tool_name, input, .. } => format!("(call {tool_name} {input})"),
+            Part::ToolResult { output, is_error, .. } => {
+                format!("(result{} {output})", if *is_error { ", error" } else { "" })
+            }
+            Part::Image { media_type, .. } => format!("(image {media_type})"),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn refuse(args: &Args, refusal: &Refusal) -> u8 {
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({"kind": "refusal", "refusal": serde_json::from_str::<serde_json::Value>(&refusal.to_json()).unwrap_or_default()})
+        );
+    } else {
+        eprintln!("broca-run: {} ({})", refusal.message, refusal.code);
+    }
+    EXIT_REFUSED
+}
+
+fn fail(args: &Args, code: u8, message: &str) -> u8 {
+    if args.json {
+        println!("{}", serde_json::json!({"kind": "error", "message": message}));
+    } else {
+        eprintln!("broca-run: {message}");
+    }
+    code
+}
+
+/// Writes the turn: text to stdout as it arrives (or JSON lines), status to stderr on a tty.
+struct Printer {
+    json: bool,
+    reasoning: ReasoningMode,
+    status_tty: bool,
+    /// Print the outcome and usage line on stderr even when the run completed.
+    summary: bool,
+    in_reasoning: bool,
+    wrote_text: bool,
+}
+
+impl Printer {
+    fn new(args: &Args) -> Printer {
+        let tty = std::io::stdout().is_terminal();
+        // The demo shows everything a turn has: reasoning, text and usage.
+        let reasoning = match args.reasoning {
+            ReasoningMode::Auto if tty => ReasoningMode::Dim,
+            ReasoningMode::Auto if args.demo => ReasoningMode::Plain,
+            ReasoningMode::Auto => ReasoningMode::Hide,
+            other => other,
+        };
+        let status_tty = std::io::stderr().is_terminal();
+        Printer {
+            json: args.json,
+            reasoning,
+            status_tty,
+            summary: status_tty || args.demo,
+            in_reasoning: false,
+            wrote_text: false,
+        }
+    }
+
+    fn session(&mut self, session: &str, run_id: &str) {
+        if self.json {
+            println!("{}", serde_json::json!({"kind": "session", "session": session, "run_id": run_id}));
+        } else if self.status_tty {
+            eprintln!("\x1b[2msession {session} · {run_id}\x1b[0m");
+        }
+    }
+
+    fn emit(&mut self, o: Output) {
+        let mut stdout = std::io::stdout().lock();
+        if self.json {
+            let lines: Vec<serde_json::Value> = match o {
+                Output::Control(units) => units
+                    .into_iter()
+                    .map(|u| serde_json::json!({"kind": "control", "cursor": u.cursor, "unit": u.unit}))
+                    .collect(),
+                Output::Display(d) => vec![serde_json::json!({"kind": "display", "event": display_json(&d)})],
+            };
+            for l in lines {
+                let _ = writeln!(stdout, "{l}");
+            }
+            let _ = stdout.flush();
+            return;
+        }
+        match o {
+            Output::Display(DisplayEvent::TextDelta { text, .. }) => {
+                if self.in_reasoning {
+                    let _ = write!(stdout, "\n\n");
+                    self.in_reasoning = false;
+                }
+                self.wrote_text = true;
+                let _ = write!(stdout, "{text}");
+            }
+            Output::Display(DisplayEvent::ReasoningDelta { text, .. }) => match self.reasoning {
+                ReasoningMode::Hide | ReasoningMode::Auto => {}
+                ReasoningMode::Dim => {
+                    self.in_reasoning = true;
+                    let _ = write!(stdout, "\x1b[2m{text}\x1b[0m");
+                }
+                ReasoningMode::Plain => {
+                    self.in_reasoning = true;
+                    let _ = write!(stdout, "{text}");
+                }
+            },
+            Output::Display(DisplayEvent::Status { text }) if self.status_tty => eprintln!("\x1b[2m… {text}\x1b[0m"),
+            _ => {}
+        }
+        let _ = stdout.flush();
+    }
+
+    fn finish(&mut self, outcome: &TurnOutcome, usage: &RunUsage) -> u8 {
+        if !self.json && self.wrote_text {
+            println!();
+        }
+        let (code, what) = match (outcome.reason, outcome.paused) {
+            (Some(FinishReason::Completed), _) => (EXIT_OK, "completed".to_string()),
+            (Some(FinishReason::Cancelled), _) => (EXIT_CANCELLED, "cancelled".to_string()),
+            (Some(reason), _) => (EXIT_RUN_ERROR, reason.as_str().to_string()),
+            (None, Some(_)) => (EXIT_RUN_ERROR, "paused: the provider needs authentication; rerun with the same --session and a valid --auth-bearer to resume this run".to_string()),
+            (None, None) => (EXIT_RUN_ERROR, "ended".to_string()),
+        };
+        if !self.json {
+            let err = outcome.error.as_ref().map(|e| format!(": {}", e.message)).unwrap_or_default();
+            if code != EXIT_OK || self.summary {
+                eprintln!("{} {what}{err} · {}", outcome.run_id, usage_line(usage));
+            }
+        }
+        code
+    }
+}
+
+fn usage_line(u: &RunUsage) -> String {
+    let t = &u.totals;
+    let part = |name: &str, v: Option<u64>| v.map(|v| format!("{name} {v}"));
+    let fields: Vec<String> = [
+        part("input", t.input_tokens),
+        part("cached", t.cached_input_tokens),
+        part("cache-write", t.cache_write_tokens),
+        part("output", t.output_tokens),
+        part("reasoning", t.reasoning_tokens),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let tokens = if fields.is_empty() { "usage unreported".to_string() } else { fields.join(", ") };
+    format!("{} step(s), {tokens}", u.steps)
+}
+
+fn display_json(d: &DisplayEvent) -> serde_json::Value {
+    match d {
+        DisplayEvent::TextDelta { step, text } => {
+            serde_json::json!({"type": "text_delta", "step": step, "delta": text})
+        }
+        DisplayEvent::ReasoningDelta { step, text } => {
+            serde_json::json!({"type": "reasoning_delta", "step": step, "delta": text})
+        }
+        DisplayEvent::ToolInputDelta { step, index, delta } => {
+            serde_json::json!({"type": "tool_input_delta", "step": step, "index": index, "delta": delta})
+        }
+        DisplayEvent::Status { text } => serde_json::json!({"type": "status", "text": text}),
+    }
+}

@@ -1,0 +1,400 @@
+//! A minimal HTTP/1.1 server side: one request per connection, bodies by `Content-Length`
+//! only, every response `Connection: close`. Streams have no length and end when the
+//! connection closes, so a scripted disconnect looks to the client like a truncated stream.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::render::Piece;
+use super::script::WriteMode;
+
+/// The largest request head (request line and headers) accepted; larger is refused 431.
+pub const MAX_HEAD_BYTES: usize = 64 << 10;
+/// The largest request body accepted; larger is refused 413.
+pub const MAX_BODY_BYTES: usize = 64 << 20;
+
+/// One parsed request.
+pub(crate) struct Request {
+    pub method: String,
+    /// The request target as sent, query included.
+    pub target: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Request {
+    /// The target without its query.
+    pub fn path(&self) -> &str {
+        self.target.split_once('?').map_or(self.target.as_str(), |(p, _)| p)
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+}
+
+/// A whole (non-streamed) response.
+pub(crate) struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn json(status: u16, body: &Value) -> Reply {
+        Reply {
+            status,
+            headers: vec![("Content-Type".into(), "application/json".into())],
+            body: body.to_string().into_bytes(),
+        }
+    }
+
+    pub fn empty(status: u16) -> Reply {
+        Reply { status, headers: Vec::new(), body: Vec::new() }
+    }
+
+    /// A JSON `{"error": message}` reply for mock-level refusals (not a provider's shape).
+    pub fn refusal(status: u16, message: &str) -> Reply {
+        Reply::json(status, &serde_json::json!({ "error": message }))
+    }
+}
+
+pub(crate) enum Incoming {
+    Request(Request),
+    /// The request cannot be served; answer this, then drain and close.
+    Refused(Reply),
+    /// The peer closed before sending a request head.
+    Closed,
+}
+
+/// Reads one request. A `100 Continue` is sent when the client asks for it.
+pub(crate) fn read_request(stream: &mut TcpStream) -> io::Result<Incoming> {
+    let mut buf = Vec::with_capacity(8 << 10);
+    let mut chunk = [0u8; 8 << 10];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i;
+        }
+        if buf.len() > MAX_HEAD_BYTES {
+            return Ok(Incoming::Refused(Reply::refusal(431, "request head exceeds 64 KiB")));
+        }
+        let n = stream.read(&mut chunk)?;
+        if n == 0 {
+            return Ok(Incoming::Closed);
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let mut request = match parse_head(&buf[..head_end]) {
+        Ok(r) => r,
+        Err(reply) => return Ok(Incoming::Refused(reply)),
+    };
+    let length = match body_length(&request) {
+        Ok(n) => n,
+        Err(reply) => return Ok(Incoming::Refused(reply)),
+    };
+    let mut body = buf.split_off(head_end + 4);
+    if body.len() < length && request.header("expect").is_some_and(|v| v.eq_ignore_ascii_case("100-continue")) {
+        stream.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")?;
+    }
+    while body.len() < length {
+        let n = stream.read(&mut chunk[..(length - body.len()).min(8 << 10)])?;
+        if n == 0 {
+            return Ok(Incoming::Closed);
+        }
+        body.extend_from_slice(&chunk[..n]);
+    }
+    // No pipelining: anything past the declared length is not ours.
+    body.truncate(length);
+    request.body = body;
+    Ok(Incoming::Request(request))
+}
+
+fn parse_head(head: &[u8]) -> Result<Request, Reply> {
+    let bad = |why: &str| Reply::refusal(400, why);
+    let text = std::str::from_utf8(head).map_err(|_| bad("request head is not UTF-8"))?;
+    let mut lines = text.split("\r\n");
+    let line = lines.next().unwrap_or_default();
+    let mut words = line.split(' ');
+    let (Some(method), Some(target), Some(version), None) = (words.next(), words.next(), words.next(), words.next())
+    else {
+        return Err(bad("malformed request line"));
+    };
+    if !version.starts_with("HTTP/1.") || method.is_empty() || !target.starts_with('/') {
+        return Err(bad("malformed request line"));
+    }
+    let mut headers = Vec::new();
+    for line in lines {
+        let (name, value) = line.split_once(':').ok_or_else(|| bad("malformed header line"))?;
+        headers.push((name.trim().to_string(), value.trim().to_string()));
+    }
+    Ok(Request { method: method.into(), target: target.into(), headers, body: Vec::new() })
+}
+
+fn body_length(request: &Request) -> Result<usize, Reply> {
+    if request.header("transfer-encoding").is_some() {
+        return Err(Reply::refusal(411, "broca-mock reads Content-Length bodies only"));
+    }
+    let mut length: Option<usize> = None;
+    for (_, v) in request.headers.iter().filter(|(k, _)| k.eq_ignore_ascii_case("content-length")) {
+        let n: usize = v.parse().map_err(|_| Reply::refusal(400, "bad Content-Length"))?;
+        if length.is_some_and(|l| l != n) {
+            return Err(Reply::refusal(400, "conflicting Content-Length headers"));
+        }
+        length = Some(n);
+    }
+    let length = length.unwrap_or(0);
+    if length > MAX_BODY_BYTES {
+        return Err(Reply::refusal(413, "request body exceeds 64 MiB"));
+    }
+    Ok(length)
+}
+
+/// After a refusal: stop writing, then discard what the client is still sending (bounded in
+/// bytes and time) so it reads our reply instead of a connection reset.
+pub(crate) fn drain(stream: &mut TcpStream) {
+    let _ = stream.shutdown(Shutdown::Write);
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut sink = [0u8; 64 << 10];
+    let mut total = 0usize;
+    while Instant::now() < deadline && total <= 2 * MAX_BODY_BYTES {
+        match stream.read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => total += n,
+        }
+    }
+}
+
+pub(crate) fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        204 => "No Content",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        402 => "Payment Required",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        411 => "Length Required",
+        413 => "Content Too Large",
+        429 => "Too Many Requests",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        529 => "Overloaded",
+        _ => "Status",
+    }
+}
+
+/// Writes the status line and headers; `extra` replaces same-named defaults.
+fn write_head(
+    out: &mut impl Write,
+    status: u16,
+    defaults: &[(String, String)],
+    extra: &[(String, String)],
+) -> io::Result<()> {
+    let mut head = format!("HTTP/1.1 {status} {}\r\n", reason(status));
+    let overridden = |name: &str| extra.iter().any(|(k, _)| k.eq_ignore_ascii_case(name));
+    for (k, v) in defaults.iter().filter(|(k, _)| !overridden(k)).chain(extra) {
+        if !k.eq_ignore_ascii_case("connection") {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+    }
+    head.push_str("Connection: close\r\n\r\n");
+    out.write_all(head.as_bytes())
+}
+
+/// Writes a whole response.
+pub(crate) fn write_reply(out: &mut impl Write, reply: &Reply) -> io::Result<()> {
+    let mut defaults = Vec::new();
+    if reply.status != 204 && reply.status >= 200 {
+        defaults.push(("Content-Length".to_string(), reply.body.len().to_string()));
+    }
+    write_head(out, reply.status, &defaults, &reply.headers)?;
+    out.write_all(&reply.body)?;
+    out.flush()
+}
+
+/// Writes a 200 event-stream head.
+pub(crate) fn write_stream_head(out: &mut impl Write, extra: &[(String, String)]) -> io::Result<()> {
+    let defaults = [
+        ("Content-Type".to_string(), "text/event-stream; charset=utf-8".to_string()),
+        ("Cache-Control".to_string(), "no-cache".to_string()),
+    ];
+    write_head(out, 200, &defaults, extra)?;
+    out.flush()
+}
+
+/// How a stream write ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Ended {
+    Complete,
+    /// The script asked to close the connection here.
+    Disconnect,
+    /// The server is shutting down.
+    Stopped,
+}
+
+/// Writes rendered pieces in `mode`, honouring delays.
+pub(crate) fn write_pieces(
+    out: &mut impl Write,
+    pieces: &[Piece],
+    mode: &WriteMode,
+    stopping: &AtomicBool,
+) -> io::Result<Ended> {
+    let mut pending = Vec::new();
+    for piece in pieces {
+        match piece {
+            Piece::Bytes(bytes) if *mode == WriteMode::PerEvent => {
+                out.write_all(bytes)?;
+                out.flush()?;
+            }
+            Piece::Bytes(bytes) => pending.extend_from_slice(bytes),
+            Piece::Delay(ms) => {
+                write_pending(out, &mut pending, mode, stopping)?;
+                if !pause(*ms, stopping) {
+                    return Ok(Ended::Stopped);
+                }
+            }
+            Piece::Disconnect => {
+                write_pending(out, &mut pending, mode, stopping)?;
+                return Ok(Ended::Disconnect);
+            }
+        }
+    }
+    write_pending(out, &mut pending, mode, stopping)?;
+    Ok(Ended::Complete)
+}
+
+fn write_pending(
+    out: &mut impl Write,
+    pending: &mut Vec<u8>,
+    mode: &WriteMode,
+    stopping: &AtomicBool,
+) -> io::Result<()> {
+    if pending.is_empty() {
+        return Ok(());
+    }
+    match mode {
+        WriteMode::Split { every, pause_ms } => {
+            for piece in pending.chunks(*every) {
+                out.write_all(piece)?;
+                out.flush()?;
+                pause(*pause_ms, stopping);
+            }
+        }
+        _ => {
+            out.write_all(pending)?;
+            out.flush()?;
+        }
+    }
+    pending.clear();
+    Ok(())
+}
+
+/// Sleeps `ms`, waking early (returning false) when the server stops.
+pub(crate) fn pause(ms: u64, stopping: &AtomicBool) -> bool {
+    let deadline = Instant::now() + Duration::from_millis(ms);
+    loop {
+        if stopping.load(Ordering::Relaxed) {
+            return false;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return true;
+        }
+        std::thread::sleep((deadline - now).min(Duration::from_millis(20)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pieces() -> Vec<Piece> {
+        vec![
+            Piece::Bytes(b"data: a\n\n".to_vec()),
+            Piece::Bytes(b"data: b\n\n".to_vec()),
+            Piece::Delay(1),
+            Piece::Bytes(b"data: c\n\n".to_vec()),
+            Piece::Disconnect,
+            Piece::Bytes(b"data: never\n\n".to_vec()),
+        ]
+    }
+
+    /// Records each write separately.
+    #[derive(Default)]
+    struct Writes(Vec<Vec<u8>>);
+
+    impl Write for Writes {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0.push(buf.to_vec());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn written(mode: WriteMode) -> (Vec<Vec<u8>>, Ended) {
+        let mut w = Writes::default();
+        let ended = write_pieces(&mut w, &pieces(), &mode, &AtomicBool::new(false)).unwrap();
+        (w.0, ended)
+    }
+
+    #[test]
+    fn write_modes_cut_the_same_bytes_differently() {
+        let (per_event, ended) = written(WriteMode::PerEvent);
+        assert_eq!(ended, Ended::Disconnect);
+        assert_eq!(per_event.len(), 3);
+        let (coalesced, _) = written(WriteMode::Coalesce);
+        assert_eq!(coalesced, vec![b"data: a\n\ndata: b\n\n".to_vec(), b"data: c\n\n".to_vec()]);
+        let (split, _) = written(WriteMode::Split { every: 4, pause_ms: 0 });
+        assert!(split.iter().all(|w| w.len() <= 4));
+        assert_eq!(split.concat(), per_event.concat());
+        assert_eq!(per_event.concat(), b"data: a\n\ndata: b\n\ndata: c\n\n");
+    }
+
+    #[test]
+    fn stopping_cuts_a_delay_short() {
+        let mut w = Writes::default();
+        let ended = write_pieces(&mut w, &[Piece::Delay(60_000)], &WriteMode::PerEvent, &AtomicBool::new(true));
+        assert_eq!(ended.unwrap(), Ended::Stopped);
+    }
+
+    #[test]
+    fn heads_parse_and_refuse() {
+        let r = parse_head(b"POST /v1/messages?x=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 3").ok().unwrap();
+        assert_eq!((r.method.as_str(), r.path(), r.header("content-length")), ("POST", "/v1/messages", Some("3")));
+        assert_eq!(body_length(&r).ok(), Some(3));
+        assert!(parse_head(b"GARBAGE").is_err());
+        assert!(parse_head(b"GET / HTTP/1.1\r\nno colon").is_err());
+        let big = parse_head(format!("POST / HTTP/1.1\r\nContent-Length: {}", MAX_BODY_BYTES + 1).as_bytes()).ok();
+        assert_eq!(body_length(&big.unwrap()).err().map(|r| r.status), Some(413));
+        let chunked = parse_head(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked").ok().unwrap();
+        assert_eq!(body_length(&chunked).err().map(|r| r.status), Some(411));
+    }
+
+    #[test]
+    fn script_headers_replace_defaults() {
+        let mut out = Vec::new();
+        let reply = Reply {
+            status: 429,
+            headers: vec![("content-length".into(), "99".into()), ("retry-after".into(), "1".into())],
+            body: b"{}".to_vec(),
+        };
+        write_reply(&mut out, &reply).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("HTTP/1.1 429 Too Many Requests\r\n"));
+        assert!(text.contains("retry-after: 1\r\n") && text.contains("content-length: 99\r\n"));
+        assert!(!text.contains("Content-Length: 2"));
+        assert!(text.ends_with("Connection: close\r\n\r\n{}"));
+    }
+}

@@ -1,0 +1,429 @@
+//! `broca-mock`: a scripted stand-in for remote model providers on loopback. It speaks the
+//! real SSE wire formats of Anthropic Messages, OpenAI Chat Completions and OpenAI Responses
+//! (see `provider-streams.md`), because broca's real client parses what it sends.
+//!
+//! # Lanes and routes
+//!
+//! One HTTP/1.1 request per connection (answered `Connection: close`), one thread per
+//! connection. Model requests are routed by path prefix to a *lane*:
+//!
+//! | path | lane | family |
+//! |---|---|---|
+//! | `POST /v1/messages` | `default` | Anthropic Messages |
+//! | `POST /v1/chat/completions` | `default` | OpenAI Chat |
+//! | `POST /v1/responses` | `default` | OpenAI Responses |
+//! | `POST /lane/<name>/v1/<same>` | `<name>` | by the rest of the path |
+//!
+//! Every request under a lane prefix is recorded ([`RecordedRequest`]: method, target, headers,
+//! body bytes and their SHA-256, family) *before* it is answered. Each model request then pops
+//! one scripted response from the lane's FIFO; an empty FIFO answers a default reply: the text
+//! `Hello from broca-mock.` in three deltas, usage, finish `stop`. Other paths under a lane are
+//! recorded and answered 404 (405 for a model path with another method).
+//!
+//! # Script format
+//!
+//! ```json
+//! {"responses": [
+//!   {"status": 429, "headers": {"retry-after": "1"}},
+//!   {"status": 401, "body": {"error": {"message": "bad key", "type": "invalid_request_error"}}},
+//!   {"events": [
+//!     {"reasoning": "The user wants a file size.", "signature": "EqQBCkYmock=="},
+//!     {"text": "Let me "}, {"delay_ms": 50}, {"text": "check."},
+//!     {"comment": "keepalive"},
+//!     {"tool_call": {"id": "call_1", "name": "stat_file", "arguments": "{\"path\":\"build.log\"}", "chunks": 3}},
+//!     {"usage": {"input": 812, "cached": 4096, "output": 87}},
+//!     {"finish": "tool_calls"}
+//!   ], "write": {"split_every": 7}},
+//!   {"events": [{"text": "The three causes are"}, {"error": {"type": "overloaded_error", "message": "Overloaded"}}]},
+//!   {"events": [{"text": "cut off"}, {"disconnect": true}]}
+//! ]}
+//! ```
+//!
+//! A response is an **HTTP reply** — `status`, optional `body` (default: the family's own
+//! error document for that status, e.g. Anthropic `{"type":"error","error":{"type":
+//! "rate_limit_error",...}}`, OpenAI `{"error":{"type":"requests","code":
+//! "rate_limit_exceeded",...}}`), optional `headers` — or a **stream** (`200
+//! text/event-stream`): `events`, optional `write`, optional `headers`. Both take an optional
+//! `delay_ms` before the status line.
+//!
+//! Stream events, family-neutral (each object has exactly one of these keys):
+//!
+//! | event | renders as |
+//! |---|---|
+//! | `{"text": s}` | a text delta (consecutive texts share one block / part) |
+//! | `{"reasoning": s, "signature": s?}` | Anthropic thinking block (signature just before its stop); Responses reasoning summary (signature → `encrypted_content`); Chat `reasoning_content` |
+//! | `{"redacted_reasoning": s}` | Anthropic `redacted_thinking`; Responses reasoning item with `encrypted_content`; nothing in Chat |
+//! | `{"refusal": s}` | Anthropic text; Chat `delta.refusal`; Responses `refusal` content part |
+//! | `{"tool_call": {"id", "name", "arguments", "chunks"?}}` | a tool call; `arguments` (a string sent as is, or JSON serialized) split into `chunks` (default 2) fragments after an empty first one; the id is Responses' `call_id` |
+//! | `{"usage": {"input"?, "cached"?, "cache_write"?, "output"?, "reasoning"?}}` | merged; rendered natively (below) |
+//! | `{"finish": r}` | `stop`, `length`, `tool_calls`, `content_filter`, `refusal`, or any other string sent raw |
+//! | `{"error": {"type", "message", "done"?}}` | an in-stream error after 200, native form; the stream then ends (Chat: `done: true` adds `data: [DONE]`) |
+//! | `{"delay_ms": n}` | a pause (bytes before it are flushed) |
+//! | `{"comment": s}` | an SSE comment line `: s` |
+//! | `{"unknown_event": {"name": s, "data": json}}` | `event: s` + `data: json`, verbatim |
+//! | `{"disconnect": true}` | close the connection here (no terminal event) |
+//!
+//! Without `finish`, `error` or `disconnect` a stream finishes with `stop` (`tool_calls` if it
+//! had tool calls). Content may not follow `finish`/`error`; nothing follows `disconnect`.
+//!
+//! Finish mapping: Anthropic `stop_reason` `end_turn`/`max_tokens`/`tool_use`/`refusal`
+//! (`content_filter` too); Chat `finish_reason` as named (`refusal` → `stop`, the content being
+//! `delta.refusal`); Responses `response.completed` for stop/tool_calls/refusal,
+//! `response.incomplete` with reason `max_output_tokens` for length and the raw name otherwise.
+//!
+//! Usage: `input` excludes cache reads (`cached`) and writes (`cache_write`), as broca
+//! normalizes it. Anthropic puts `input_tokens` (fresh), `cache_read_input_tokens`,
+//! `cache_creation_input_tokens` and `output_tokens: 1` in `message_start` and the final
+//! `output_tokens` in `message_delta` (no reasoning field). Chat sends a last `choices: []`
+//! chunk with `prompt_tokens` = input + cached + cache_write, `completion_tokens`,
+//! `total_tokens`, `prompt_tokens_details`, `completion_tokens_details.reasoning_tokens`, and
+//! `"usage": null` on every other chunk. Responses puts the same totals (`input_tokens`
+//! including cache) in `response.completed`. Absent fields are omitted; a stream without a
+//! usage event carries no usage at all.
+//!
+//! `write`: absent = one write per SSE event; `{"split_every": n, "pause_ms": m?}` = the bytes
+//! in `n`-byte writes (cutting events and UTF-8 characters), `m` ms apart;
+//! `{"coalesce": true}` = everything between delays in one write.
+//!
+//! Without a socket, [`render::render`] and [`render::bytes`] give a script's stream bytes for
+//! a family (e.g. for decoder tests).
+//!
+//! # Control endpoint
+//!
+//! | request | answer |
+//! |---|---|
+//! | `GET /_mock/health` | 200 `{"ok":true}` |
+//! | `POST /_mock/lanes/<lane>/script` (body: a script) | 204; the responses are appended to the lane's FIFO; 400 `{"error":...}` if invalid |
+//! | `GET /_mock/lanes/<lane>/requests` | 200, JSON array of `{method, path, headers: [[name, value]...], body (UTF-8, lossy), body_sha256, family}`; header `X-Mock-Dropped-Requests` |
+//! | `GET /_mock/lanes/<lane>` | 200 `{"pending", "recorded", "dropped"}` |
+//! | `DELETE /_mock/lanes/<lane>` | 204; FIFO and records cleared |
+//!
+//! # Bounds
+//!
+//! Request heads over 64 KiB are refused 431 and bodies over 64 MiB 413; chunked request
+//! bodies 411. Each lane keeps the last [`MAX_RECORDED_PER_LANE`] requests and counts the
+//! dropped ones. At most [`MAX_CONNECTIONS`] connections are served at once (503 beyond).
+
+mod control;
+mod http;
+mod lanes;
+pub mod render;
+pub mod script;
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub use http::{MAX_BODY_BYTES, MAX_HEAD_BYTES};
+pub use lanes::{sha256_hex, RecordedRequest, MAX_RECORDED_PER_LANE};
+pub use script::{
+    default_reply, HttpReply, Script, ScriptedResponse, Step, StreamError, StreamReply, ToolCall, Usage, WriteMode,
+    DEFAULT_REPLY_TEXT,
+};
+
+use crate::provider::event::Family;
+use http::{Ended, Incoming, Reply, Request};
+use lanes::Lanes;
+use render::RenderCtx;
+
+/// Connections served at once; more are answered 503 and closed.
+pub const MAX_CONNECTIONS: usize = 256;
+/// Idle read/write limit on a connection.
+const IO_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The state shared by the listener and connection threads.
+#[derive(Default)]
+pub(crate) struct Shared {
+    pub(crate) lanes: Lanes,
+    next_id: AtomicU64,
+    stopping: AtomicBool,
+    connections: AtomicUsize,
+}
+
+/// A running mock provider. Dropping it stops the listener.
+pub struct MockServer {
+    shared: Arc<Shared>,
+    /// The address clients connect to (loopback when bound to an unspecified address).
+    addr: SocketAddr,
+    listener: Option<JoinHandle<()>>,
+}
+
+impl MockServer {
+    /// Binds `bind` (e.g. `127.0.0.1:0`) and starts serving.
+    pub fn start(bind: &str) -> io::Result<MockServer> {
+        let listener = TcpListener::bind(bind)?;
+        let mut addr = listener.local_addr()?;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(match addr.ip() {
+                IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+                IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
+            });
+        }
+        let shared = Arc::new(Shared::default());
+        let accept_shared = Arc::clone(&shared);
+        let handle = thread::Builder::new()
+            .name("broca-mock-listen".into())
+            .spawn(move || accept_loop(listener, accept_shared))?;
+        log::info!("broca-mock listening on {addr}");
+        Ok(MockServer { shared, addr, listener: Some(handle) })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The base URL a route points at: `.../v1` for the default lane, `.../lane/<lane>/v1`.
+    pub fn base_url(&self, lane: Option<&str>) -> String {
+        match lane {
+            None => format!("{}/v1", self.url()),
+            Some(lane) => format!("{}/lane/{lane}/v1", self.url()),
+        }
+    }
+
+    /// Appends the script's responses to the lane's FIFO.
+    pub fn install(&self, lane: &str, script: Script) {
+        self.shared.lanes.install(lane, script);
+    }
+
+    /// The lane's recorded requests, oldest first.
+    pub fn requests(&self, lane: &str) -> Vec<RecordedRequest> {
+        self.shared.lanes.requests(lane)
+    }
+
+    /// Requests dropped from the lane's record by the cap.
+    pub fn dropped_requests(&self, lane: &str) -> u64 {
+        self.shared.lanes.dropped(lane)
+    }
+
+    /// Scripted responses still queued on the lane.
+    pub fn pending(&self, lane: &str) -> usize {
+        self.shared.lanes.pending(lane)
+    }
+
+    /// Clears the lane's FIFO and records.
+    pub fn reset(&self, lane: &str) {
+        self.shared.lanes.reset(lane);
+    }
+
+    /// Stops accepting and joins the listener thread; streams in flight end at their next
+    /// delay. Idempotent.
+    pub fn shutdown(&mut self) {
+        let Some(handle) = self.listener.take() else { return };
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        // Wake the blocking accept.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if handle.join().is_err() {
+            log::error!("broca-mock listener thread panicked");
+        }
+    }
+}
+
+impl Drop for MockServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    for conn in listener.incoming() {
+        if shared.stopping.load(Ordering::SeqCst) {
+            break;
+        }
+        match conn {
+            Ok(stream) => spawn_connection(&shared, stream),
+            Err(e) => {
+                log::warn!("broca-mock accept failed: {e}");
+                thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// Decrements the connection count when a connection thread ends.
+struct ConnectionSlot(Arc<Shared>);
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn spawn_connection(shared: &Arc<Shared>, mut stream: TcpStream) {
+    if shared.connections.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+        shared.connections.fetch_sub(1, Ordering::SeqCst);
+        let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+        let _ = http::write_reply(&mut stream, &Reply::refusal(503, "broca-mock connection limit reached"));
+        return;
+    }
+    let slot = ConnectionSlot(Arc::clone(shared));
+    let spawned = thread::Builder::new().name("broca-mock-conn".into()).spawn(move || {
+        let shared = Arc::clone(&slot.0);
+        if let Err(e) = serve(&shared, stream) {
+            // Clients hanging up mid-stream is routine in tests.
+            log::debug!("broca-mock connection ended: {e}");
+        }
+        drop(slot);
+    });
+    if let Err(e) = spawned {
+        log::warn!("broca-mock cannot spawn a connection thread: {e}");
+    }
+}
+
+/// Serves one connection: one request, one answer.
+fn serve(shared: &Shared, mut stream: TcpStream) -> io::Result<()> {
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    let request = match http::read_request(&mut stream)? {
+        Incoming::Closed => return Ok(()),
+        Incoming::Refused(reply) => {
+            log::warn!("broca-mock refused a request: {}", reply.status);
+            http::write_reply(&mut stream, &reply)?;
+            http::drain(&mut stream);
+            return Ok(());
+        }
+        Incoming::Request(r) => r,
+    };
+    log::debug!("broca-mock {} {} ({} body bytes)", request.method, request.target, request.body.len());
+    if request.path().starts_with("/_mock/") {
+        return http::write_reply(&mut stream, &control::handle(shared, &request));
+    }
+    let Some((lane, rest)) = route(request.path()) else {
+        return http::write_reply(&mut stream, &Reply::refusal(404, "not a broca-mock route"));
+    };
+    let lane = lane.to_string();
+    let family = family_of(rest);
+    let is_model = family.is_some() && request.method == "POST";
+    let model = model_of(&request);
+    let Request { method, target, headers, body } = request;
+    shared.lanes.record(&lane, RecordedRequest::new(&method, &target, headers, body, family));
+    let Some(family) = family.filter(|_| is_model) else {
+        let status = if family.is_some() { 405 } else { 404 };
+        return http::write_reply(&mut stream, &Reply::refusal(status, "not a model request"));
+    };
+    let response = shared.lanes.pop(&lane).unwrap_or_else(|| ScriptedResponse::Stream(default_reply()));
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed).to_string();
+    answer(shared, &mut stream, family, model, id, response)
+}
+
+/// Sends one scripted response.
+fn answer(
+    shared: &Shared,
+    stream: &mut TcpStream,
+    family: Family,
+    model: String,
+    id: String,
+    response: ScriptedResponse,
+) -> io::Result<()> {
+    let request_id = format!("req_mock{id}");
+    let id_header = match family {
+        Family::AnthropicMessages => "request-id",
+        Family::OpenaiChat | Family::OpenaiResponses => "x-request-id",
+    };
+    let mut headers = vec![(id_header.to_string(), request_id.clone())];
+    match response {
+        ScriptedResponse::Http(reply) => {
+            if !http::pause(reply.delay_ms, &shared.stopping) {
+                return Ok(());
+            }
+            let body = reply.body.unwrap_or_else(|| render::error_document(family, reply.status, &request_id));
+            let mut out = Reply::json(reply.status, &body);
+            out.headers.extend(headers);
+            out.headers.extend(reply.headers);
+            http::write_reply(stream, &out)
+        }
+        ScriptedResponse::Stream(reply) => {
+            if !http::pause(reply.delay_ms, &shared.stopping) {
+                return Ok(());
+            }
+            let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+            let ctx = RenderCtx { model, id, created };
+            let pieces = render::render(family, &reply.events, &ctx);
+            headers.extend(reply.headers);
+            http::write_stream_head(stream, &headers)?;
+            if http::write_pieces(stream, &pieces, &reply.write, &shared.stopping)? == Ended::Disconnect {
+                let _ = stream.shutdown(Shutdown::Both);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// `/v1/...` → (`default`, `/...`); `/lane/<name>/v1/...` → (`<name>`, `/...`).
+fn route(path: &str) -> Option<(&str, &str)> {
+    let (lane, rest) = match path.strip_prefix("/lane/") {
+        Some(rest) => {
+            let (name, rest) = rest.split_once('/')?;
+            (name, format_rest(rest)?)
+        }
+        None => ("default", format_rest(path.strip_prefix('/')?)?),
+    };
+    (!lane.is_empty()).then_some((lane, rest))
+}
+
+/// `v1/x` → `/x`; `v1` → ``.
+fn format_rest(rest: &str) -> Option<&str> {
+    let rest = rest.strip_prefix("v1")?;
+    (rest.is_empty() || rest.starts_with('/')).then_some(rest)
+}
+
+fn family_of(rest: &str) -> Option<Family> {
+    [Family::AnthropicMessages, Family::OpenaiChat, Family::OpenaiResponses].into_iter().find(|f| f.path() == rest)
+}
+
+/// The request's `model`, echoed in the stream as real servers do.
+fn model_of(request: &Request) -> String {
+    serde_json::from_slice::<serde_json::Value>(&request.body)
+        .ok()
+        .and_then(|v| v.get("model").and_then(|m| m.as_str()).map(str::to_string))
+        .unwrap_or_else(|| "broca-mock".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_lanes_and_families() {
+        assert_eq!(route("/v1/messages"), Some(("default", "/messages")));
+        assert_eq!(route("/lane/a-1/v1/chat/completions"), Some(("a-1", "/chat/completions")));
+        assert_eq!(route("/lane/x/v1"), Some(("x", "")));
+        assert_eq!(route("/v1x/messages"), None);
+        assert_eq!(route("/lane//v1/messages"), None);
+        assert_eq!(route("/lane/x/v2/messages"), None);
+        assert_eq!(route("/other"), None);
+        assert_eq!(family_of("/responses"), Some(Family::OpenaiResponses));
+        assert_eq!(family_of("/messages"), Some(Family::AnthropicMessages));
+        assert_eq!(family_of("/models"), None);
+    }
+
+    #[test]
+    fn the_documented_example_script_decodes() {
+        let doc: String = include_str!("mod.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("//!"))
+            .map(|l| l.strip_prefix(' ').unwrap_or(l))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let start = doc.find("```json\n").unwrap() + "```json\n".len();
+        let end = start + doc[start..].find("```").unwrap();
+        let script = Script::from_json(&doc[start..end]).unwrap();
+        assert_eq!(script.responses.len(), 5);
+    }
+
+    #[test]
+    fn base_urls() {
+        let server = MockServer::start("127.0.0.1:0").unwrap();
+        let port = server.port();
+        assert_eq!(server.base_url(None), format!("http://127.0.0.1:{port}/v1"));
+        assert_eq!(server.base_url(Some("b")), format!("http://127.0.0.1:{port}/lane/b/v1"));
+    }
+}

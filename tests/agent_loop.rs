@@ -1,0 +1,374 @@
+//! The agent loop in-process, against the real HTTP client and `broca-mock` on loopback, with an
+//! in-process tool dispatcher: the batch machinery, at-most-once, cancel, watchdog, retries,
+//! auth pause and resume, max_steps, and what really went over the wire.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use broca::agent::{self, LoopOptions, NoTools, Output, RetryPolicy, RunCommand, ToolCall, ToolDispatcher, ToolOutput};
+use broca::catalog::route::{self, ModelRequest, RouteOverrides};
+use broca::catalog::Catalog;
+use broca::lineage::{read, Lineage, Shared};
+use broca::message::{Message, Part, Role};
+use broca::mock::{MockServer, Script};
+use broca::provider::client::HttpClient;
+use broca::provider::config::{AuthSource, RenderConfig};
+use broca::record::{CancelAt, FinishReason, PauseReason, Record};
+use broca::session_key::SessionKey;
+use broca::state_root::StateRoot;
+use broca::wal::{self, ScannedFrame, WalError};
+use crossbeam_channel::{unbounded, Receiver, Sender};
+use serde_json::{json, Value};
+
+struct Rig {
+    _dir: tempfile::TempDir,
+    shared: Shared,
+    mock: MockServer,
+    lane: String,
+}
+
+fn rig(lane: &str) -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = Shared::open(StateRoot::at(dir.path()).unwrap()).unwrap();
+    let mock = MockServer::start("127.0.0.1:0").unwrap();
+    Rig { _dir: dir, shared, mock, lane: lane.into() }
+}
+
+fn key() -> SessionKey {
+    SessionKey::new("/work/proj", "loop-test", "s1")
+}
+
+impl Rig {
+    fn config(&self, model: &str, max_steps: Option<u64>) -> RenderConfig {
+        let lkg = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json");
+        let catalog = Catalog::load_lkg(&lkg).unwrap();
+        let req = ModelRequest { model: model.into(), max_steps, ..Default::default() };
+        let overrides =
+            RouteOverrides { base_url_override: Some(self.mock.base_url(Some(&self.lane))), auth: AuthSource::None };
+        route::resolve(Ok(&catalog), lkg, &req, &overrides).unwrap()
+    }
+
+    fn script(&self, json: Value) {
+        self.mock.install(&self.lane, Script::from_json(&json.to_string()).unwrap());
+    }
+
+    fn bodies(&self) -> Vec<Value> {
+        self.mock.requests(&self.lane).iter().map(|r| serde_json::from_slice(&r.body).unwrap()).collect()
+    }
+}
+
+fn opts() -> LoopOptions {
+    LoopOptions {
+        idle_timeout: Duration::from_secs(10),
+        retry: RetryPolicy {
+            max_retries: 2,
+            base_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(50),
+        },
+        bearer: None,
+    }
+}
+
+/// Admits and drives one turn; returns the outcome and everything the loop output.
+fn turn(
+    l: &mut Lineage,
+    config: &RenderConfig,
+    prompt: &str,
+    tools: Arc<dyn ToolDispatcher>,
+    commands: &Receiver<RunCommand>,
+    opts: &LoopOptions,
+) -> (agent::TurnOutcome, Vec<Output>) {
+    let run_id = format!("run-{}", l.state().episodes + 1);
+    let mut seen = Vec::new();
+    seen.push(Output::Control(agent::admit(l, &run_id, None, config, Message::user_text(prompt), None).unwrap()));
+    let outcome = agent::drive(l, &HttpClient, &tools, commands, opts, &mut |o| seen.push(o)).unwrap();
+    (outcome, seen)
+}
+
+fn records(path: &std::path::Path) -> Vec<Record> {
+    let mut out = Vec::new();
+    wal::read::<WalError>(path, broca::record::KNOWN_FEATURES, None, &mut |f: ScannedFrame<'_>| {
+        out.push(Record::decode(f.payload).unwrap());
+        Ok(())
+    })
+    .unwrap();
+    out
+}
+
+fn idle() -> (Sender<RunCommand>, Receiver<RunCommand>) {
+    unbounded()
+}
+
+fn tool_steps(calls: &[(&str, &str)]) -> Value {
+    let mut events: Vec<Value> = vec![json!({"text": "Let me look."})];
+    for (id, name) in calls {
+        events.push(
+            json!({"tool_call": {"id": id, "name": name, "arguments": {"path": format!("{id}.txt")}, "chunks": 3}}),
+        );
+    }
+    events.push(json!({"usage": {"input": 20, "output": 7}}));
+    events.push(json!({"finish": "tool_calls"}));
+    json!({"events": events})
+}
+
+fn text_step(text: &str) -> Value {
+    json!({"events": [{"text": text}, {"usage": {"input": 30, "output": 3}}, {"finish": "stop"}]})
+}
+
+/// Records every call, answers after a per-name delay, and checks that the call's intent is
+/// already durable in the WAL when the call arrives.
+struct Recorder {
+    wal: std::path::PathBuf,
+    calls: Mutex<Vec<ToolCall>>,
+    durable_at_call: AtomicUsize,
+}
+
+impl ToolDispatcher for Recorder {
+    fn call(&self, call: &ToolCall) -> ToolOutput {
+        let durable = read::control_units(&self.wal, None, usize::MAX)
+            .unwrap()
+            .iter()
+            .any(|u| u.unit["type"] == "tool_started" && u.unit["tool_call_id"] == json!(call.tool_call_id));
+        if durable {
+            self.durable_at_call.fetch_add(1, Ordering::SeqCst);
+        }
+        self.calls.lock().unwrap().push(call.clone());
+        if call.name == "slow" {
+            std::thread::sleep(Duration::from_millis(150));
+        }
+        ToolOutput::text(format!("result of {}", call.tool_call_id))
+    }
+}
+
+#[test]
+fn a_tool_batch_is_intended_durably_dispatched_once_and_answered_in_planned_order() {
+    for model in ["mock/echo-chat", "mock/echo-messages", "mock/echo-responses"] {
+        let r = rig(model.split('/').nth(1).unwrap());
+        r.script(json!({"responses": [tool_steps(&[("c1", "slow"), ("c2", "fast")]), text_step("All done.")]}));
+        let mut l = r.shared.open_lineage(&key()).unwrap();
+        let recorder = Arc::new(Recorder {
+            wal: l.wal_path().to_path_buf(),
+            calls: Mutex::new(vec![]),
+            durable_at_call: AtomicUsize::new(0),
+        });
+        let fsyncs_before = l.fsyncs();
+        let (_tx, rx) = idle();
+        let (outcome, _) = turn(&mut l, &r.config(model, None), "read two files", recorder.clone(), &rx, &opts());
+        assert_eq!(outcome.reason, Some(FinishReason::Completed), "{model}");
+        let calls = recorder.calls.lock().unwrap().clone();
+        assert_eq!(calls.len(), 2, "{model}: each call dispatched exactly once");
+        assert_eq!(recorder.durable_at_call.load(Ordering::SeqCst), 2, "{model}: intents durable before the calls");
+        assert!(calls.iter().all(|c| c.call_key.starts_with(&key().addr())));
+        assert_eq!(calls.iter().find(|c| c.tool_call_id == "c1").unwrap().arguments, json!({"path": "c1.txt"}));
+        // The tool message holds both results in planned order (c1 answered last).
+        let page = l.transcript(0, 100).unwrap();
+        let tool_msg = &page.messages[2].1;
+        assert_eq!(tool_msg.role, Role::Tool);
+        let ids: Vec<_> = tool_msg
+            .content
+            .iter()
+            .map(|p| match p {
+                Part::ToolResult { tool_call_id, .. } => tool_call_id.as_str(),
+                _ => "?",
+            })
+            .collect();
+        assert_eq!(ids, ["c1", "c2"], "{model}");
+        // What really went over the wire: the second request carries both results, in order.
+        let bodies = r.bodies();
+        assert_eq!(bodies.len(), 2);
+        let second = bodies[1].to_string();
+        let (p1, p2) = (second.find("result of c1").unwrap(), second.find("result of c2").unwrap());
+        assert!(p1 < p2, "{model}: results in planned order on the wire");
+        // Two steps, two fsyncs each, plus one for the RunStarted.
+        assert_eq!(l.fsyncs() - fsyncs_before, 1 + 2 * 2, "{model}: fsyncs");
+        // The recorded request digest is the digest of the bytes the mock received.
+        let shas: Vec<String> = records(l.wal_path())
+            .into_iter()
+            .filter_map(|rec| match rec {
+                Record::ModelAttemptFinished(a) => a.request_body_sha256,
+                _ => None,
+            })
+            .collect();
+        let received: Vec<String> = r.mock.requests(&r.lane).iter().map(|q| q.body_sha256.clone()).collect();
+        assert_eq!(shas, received, "{model}");
+    }
+}
+
+#[test]
+fn max_steps_ends_the_run_after_that_many_steps() {
+    let r = rig("max");
+    r.script(json!({"responses": [tool_steps(&[("a", "x")]), tool_steps(&[("b", "x")]), tool_steps(&[("c", "x")])]}));
+    let mut l = r.shared.open_lineage(&key()).unwrap();
+    let (_tx, rx) = idle();
+    let (outcome, _) = turn(&mut l, &r.config("mock/echo-chat", Some(2)), "loop", Arc::new(NoTools), &rx, &opts());
+    assert_eq!(outcome.reason, Some(FinishReason::MaxSteps));
+    assert_eq!(r.bodies().len(), 2);
+    // NoTools answered each call with an error result the model could read.
+    let page = l.transcript(0, 100).unwrap();
+    assert!(matches!(&page.messages[2].1.content[0], Part::ToolResult { is_error: true, .. }));
+}
+
+#[test]
+fn transient_failures_are_retried_with_the_same_bytes_and_counted() {
+    let r = rig("retry");
+    r.script(json!({"responses": [
+        {"status": 503},
+        {"events": [{"error": {"type": "overloaded_error", "message": "busy"}}]},
+        text_step("third time lucky"),
+    ]}));
+    let mut l = r.shared.open_lineage(&key()).unwrap();
+    let (_tx, rx) = idle();
+    let (outcome, seen) = turn(&mut l, &r.config("mock/echo-messages", None), "hi", Arc::new(NoTools), &rx, &opts());
+    assert_eq!(outcome.reason, Some(FinishReason::Completed));
+    let shas: Vec<String> = r.mock.requests(&r.lane).iter().map(|q| q.body_sha256.clone()).collect();
+    assert_eq!(shas.len(), 3);
+    assert!(shas.windows(2).all(|w| w[0] == w[1]), "a retry sends the same bytes");
+    let finished = seen
+        .iter()
+        .filter_map(|o| match o {
+            Output::Control(units) => units.iter().find(|u| u.unit["type"] == "run_finished").cloned(),
+            _ => None,
+        })
+        .next()
+        .unwrap();
+    assert_eq!(finished.unit["retries_used"], 2);
+}
+
+#[test]
+fn an_error_after_content_fails_the_run_without_a_retry() {
+    let r = rig("midstream");
+    r.script(json!({"responses": [
+        {"events": [{"text": "The three causes are"}, {"error": {"type": "overloaded_error", "message": "Overloaded"}}]},
+        text_step("never sent"),
+    ]}));
+    let mut l = r.shared.open_lineage(&key()).unwrap();
+    let (_tx, rx) = idle();
+    let (outcome, _) = turn(&mut l, &r.config("mock/echo-messages", None), "hi", Arc::new(NoTools), &rx, &opts());
+    assert_eq!(outcome.reason, Some(FinishReason::Error));
+    assert_eq!(outcome.error.unwrap().message, "Overloaded");
+    assert_eq!(r.bodies().len(), 1, "content was delivered: no retry");
+}
+
+#[test]
+fn auth_failure_pauses_and_the_same_run_resumes() {
+    let r = rig("auth");
+    r.script(json!({"responses": [{"status": 401}, text_step("welcome back")]}));
+    let mut l = r.shared.open_lineage(&key()).unwrap();
+    let (_tx, rx) = idle();
+    let (outcome, _) = turn(&mut l, &r.config("mock/echo-responses", None), "hi", Arc::new(NoTools), &rx, &opts());
+    assert_eq!(outcome.paused, Some(PauseReason::AuthRequired));
+    assert_eq!(outcome.reason, None);
+    let run_id = outcome.run_id.clone();
+    drop(l);
+    // A new process: the paused run is not sealed, and resuming continues the same run_id.
+    let mut l = r.shared.open_lineage(&key()).unwrap();
+    assert_eq!(l.open_report().sealed_orphan, None);
+    let tools: Arc<dyn ToolDispatcher> = Arc::new(NoTools);
+    let resumed = agent::drive(&mut l, &HttpClient, &tools, &rx, &opts(), &mut |_| {}).unwrap();
+    assert_eq!(resumed.run_id, run_id);
+    assert_eq!(resumed.reason, Some(FinishReason::Completed));
+    assert_eq!(l.transcript(0, 10).unwrap().messages.len(), 2, "one user message, one answer: no new episode");
+}
+
+#[test]
+fn the_watchdog_interrupts_a_silent_provider() {
+    let r = rig("watchdog");
+    r.script(
+        json!({"responses": [{"events": [{"text": "a"}, {"delay_ms": 3000}, {"text": "b"}, {"finish": "stop"}]}]}),
+    );
+    let mut l = r.shared.open_lineage(&key()).unwrap();
+    let (_tx, rx) = idle();
+    let opts = LoopOptions { idle_timeout: Duration::from_millis(300), ..opts() };
+    let (outcome, _) = turn(&mut l, &r.config("mock/echo-chat", None), "hi", Arc::new(NoTools), &rx, &opts);
+    assert_eq!(outcome.reason, Some(FinishReason::Interrupted), "interrupted, not cancelled");
+    assert_eq!(outcome.error.unwrap().provider_code.as_deref(), Some("provider_idle_timeout"));
+}
+
+#[test]
+fn cancel_now_stops_the_stream() {
+    let r = rig("cancel-now");
+    let mut events = vec![json!({"text": "start "})];
+    for _ in 0..50 {
+        events.push(json!({"delay_ms": 100}));
+        events.push(json!({"text": "more "}));
+    }
+    r.script(json!({"responses": [{"events": events}]}));
+    let mut l = r.shared.open_lineage(&key()).unwrap();
+    let (tx, rx) = idle();
+    let config = r.config("mock/echo-chat", None);
+    agent::admit(&mut l, "run-1", None, &config, Message::user_text("go"), None).unwrap();
+    let tools: Arc<dyn ToolDispatcher> = Arc::new(NoTools);
+    let mut sent = false;
+    let outcome = agent::drive(&mut l, &HttpClient, &tools, &rx, &opts(), &mut |o| {
+        if matches!(o, Output::Display(_)) && !sent {
+            tx.send(RunCommand::Cancel(CancelAt::Now)).unwrap();
+            sent = true;
+        }
+    })
+    .unwrap();
+    assert_eq!(outcome.reason, Some(FinishReason::Cancelled));
+    let recs = records(l.wal_path());
+    assert!(recs.iter().any(|r| matches!(r, Record::RunCancelRequested { at: CancelAt::Now, .. })));
+    assert!(!recs.iter().any(|r| matches!(r, Record::ModelStepFinished { .. })), "the cancelled step has no answer");
+}
+
+/// Blocks each call until released, so a boundary cancel can arrive mid-batch.
+struct Gate {
+    release: Receiver<()>,
+    started: Sender<()>,
+}
+
+impl ToolDispatcher for Gate {
+    fn call(&self, _call: &ToolCall) -> ToolOutput {
+        let _ = self.started.send(());
+        let _ = self.release.recv_timeout(Duration::from_secs(10));
+        ToolOutput::text("released")
+    }
+}
+
+#[test]
+fn cancel_at_the_step_boundary_finishes_the_batch_and_starts_no_step() {
+    let r = rig("cancel-boundary");
+    r.script(json!({"responses": [tool_steps(&[("c1", "x")]), text_step("must not be asked")]}));
+    let mut l = r.shared.open_lineage(&key()).unwrap();
+    let (tx, rx) = idle();
+    let (release_tx, release_rx) = unbounded();
+    let (started_tx, started_rx) = unbounded();
+    let gate: Arc<dyn ToolDispatcher> = Arc::new(Gate { release: release_rx, started: started_tx });
+    let driver = std::thread::spawn(move || {
+        // Cancel once the call is in flight, then let the call finish.
+        started_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        tx.send(RunCommand::Cancel(CancelAt::StepBoundary)).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        release_tx.send(()).unwrap();
+    });
+    let (outcome, _) = turn(&mut l, &r.config("mock/echo-chat", None), "go", gate, &rx, &opts());
+    driver.join().unwrap();
+    assert_eq!(outcome.reason, Some(FinishReason::Cancelled));
+    let recs = records(l.wal_path());
+    let steps = recs.iter().filter(|r| matches!(r, Record::StepStarted { .. })).count();
+    assert_eq!(steps, 1, "no further StepStarted after a boundary cancel");
+    assert!(
+        recs.iter().any(|r| matches!(r, Record::ToolResult { outcome: Some(o), .. } if o == "ok")),
+        "the batch finished"
+    );
+    assert_eq!(r.bodies().len(), 1);
+}
+
+#[test]
+fn a_second_episode_sends_the_prefix() {
+    let r = rig("episodes");
+    r.script(json!({"responses": [text_step("first answer"), text_step("second answer")]}));
+    let mut l = r.shared.open_lineage(&key()).unwrap();
+    let (_tx, rx) = idle();
+    let config = r.config("mock/echo-responses", None);
+    turn(&mut l, &config, "first question", Arc::new(NoTools), &rx, &opts());
+    drop(l);
+    let mut l = r.shared.open_lineage(&key()).unwrap();
+    turn(&mut l, &config, "second question", Arc::new(NoTools), &rx, &opts());
+    let second = r.bodies()[1].to_string();
+    for needle in ["first question", "first answer", "second question"] {
+        assert!(second.contains(needle), "the second request lacks {needle:?}");
+    }
+}
