@@ -16,6 +16,7 @@ test:
 
 # Prints `BENCH <name> <value> <unit>` lines; see README "Benchmarks".
 bench:
+	$(CARGO) build --release --locked --bins
 	$(CARGO) run --release --locked --bin broca-bench
 
 fmt:

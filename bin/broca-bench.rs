@@ -9,8 +9,17 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use std::io::Read;
+use std::sync::Arc;
+
+use broca::agent::{self, LoopOptions, NoTools, ToolDispatcher};
+use broca::catalog::route::{self, ModelRequest, RouteOverrides};
+use broca::catalog::Catalog;
 use broca::lineage::replay::Replay;
 use broca::lineage::{LineageError, Shared};
+use broca::mock::{MockServer, Script};
+use broca::provider::client::HttpClient;
+use broca::provider::config::AuthSource;
 use broca::record::{self, FinishReason, Record};
 use broca::session_key::SessionKey;
 use broca::state_root::StateRoot;
@@ -22,7 +31,7 @@ const FSYNC_SAMPLES: usize = 1000;
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("--help") {
-        println!("usage: broca-bench            run every benchmark\n       broca-bench replay-rss WAL   (internal) replay WAL, print peak RSS in KiB");
+        println!("usage: broca-bench            run every benchmark\n       broca-bench loop       only the loop benchmarks\n       broca-bench replay-rss WAL   (internal) replay WAL, print peak RSS in KiB");
         return;
     }
     if args.get(1).map(String::as_str) == Some("replay-rss") {
@@ -34,6 +43,12 @@ fn main() {
     let base = std::env::var_os("BROCA_BENCH_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
     fs::create_dir_all(&base).expect("bench dir");
     let dir = tempfile::tempdir_in(&base).expect("bench dir");
+    if args.get(1).map(String::as_str) == Some("loop") {
+        let (overhead, fsyncs) = loop_step_overhead(dir.path());
+        report("loop.step_overhead_us", overhead, "us");
+        report("loop.fsyncs_per_step", fsyncs, "fsyncs");
+        return;
+    }
     let raw = raw_fsync_us(dir.path());
     report("fs.raw_fsync_us", raw, "us");
     let append = append_fsync_us(dir.path());
@@ -47,6 +62,13 @@ fn main() {
     let n = replay_file(&wal_100k).expect("replay");
     report("replay.records_per_s", n as f64 / start.elapsed().as_secs_f64(), "records/s");
     report("open.tail_ms_100k", open_tail_ms(dir.path(), &wal_100k), "ms");
+
+    let (overhead, fsyncs) = loop_step_overhead(dir.path());
+    report("loop.step_overhead_us", overhead, "us");
+    report("loop.fsyncs_per_step", fsyncs, "fsyncs");
+    if let Some(ms) = demo_ms() {
+        report("cli.demo_ms", ms, "ms");
+    }
 
     let wal_1m = dir.path().join("1m.wal");
     write_lineage(&wal_1m, 1_000_000);
@@ -237,4 +259,87 @@ fn peak_rss_kib() -> u64 {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
+}
+
+const LOOP_STEPS: usize = 20;
+
+/// 20 scripted responses: 19 steps calling a tool, then an answer.
+fn loop_script() -> Script {
+    let mut responses = Vec::new();
+    for i in 0..LOOP_STEPS - 1 {
+        responses.push(serde_json::json!({"events": [
+            {"text": "Checking the next file. "},
+            {"tool_call": {"id": format!("call-{i}"), "name": "read", "arguments": {"path": format!("f{i}.txt")}}},
+            {"usage": {"input": 100, "output": 20}}, {"finish": "tool_calls"}
+        ]}));
+    }
+    responses.push(
+        serde_json::json!({"events": [{"text": "Done."}, {"usage": {"input": 100, "output": 2}}, {"finish": "stop"}]}),
+    );
+    Script::from_json(&serde_json::json!({"responses": responses}).to_string()).expect("script")
+}
+
+/// Per-step wall time of a 20-step run through the loop minus that of a bare ureq client
+/// streaming the same 20 responses from the same mock, as the median of five paired rounds
+/// (the machine's noise is larger than the difference); and the loop's fsyncs per step.
+fn loop_step_overhead(dir: &Path) -> (f64, f64) {
+    let mock = MockServer::start("127.0.0.1:0").expect("mock");
+    let root = StateRoot::at(&dir.join("loop-root")).expect("state root");
+    let shared = Shared::open(root).expect("shared");
+    let lkg: serde_json::Value =
+        serde_json::from_str(include_str!("../testdata/catalog/fusiform-lkg.json")).expect("lkg");
+    let catalog = Catalog::from_response(&lkg["response"]).expect("catalog");
+    let req = ModelRequest { model: "mock/echo-chat".into(), ..Default::default() };
+    let overrides = RouteOverrides { base_url_override: Some(mock.base_url(Some("loop"))), auth: AuthSource::None };
+    let config = route::resolve(Ok(&catalog), PathBuf::new(), &req, &overrides).expect("route");
+    let client = HttpClient::default();
+    let mut overheads = Vec::new();
+    let mut fsyncs = 0.0;
+    for round in 0..5 {
+        // The bare client: one HTTP round trip and the whole stream per step, nothing else.
+        mock.install("bare", loop_script());
+        let url = format!("{}/chat/completions", mock.base_url(Some("bare")));
+        let body = broca::provider::render_request(&config, &[broca::message::Message::user_text("go")]);
+        let start = Instant::now();
+        for _ in 0..LOOP_STEPS {
+            let resp = ureq::post(&url).set("content-type", "application/json").send_bytes(&body).expect("bare post");
+            let mut sink = Vec::new();
+            resp.into_reader().read_to_end(&mut sink).expect("bare read");
+        }
+        let bare = start.elapsed().as_secs_f64() * 1e6 / LOOP_STEPS as f64;
+
+        mock.install("loop", loop_script());
+        let key = SessionKey::new("/bench", "bench", &format!("loop-{round}"));
+        let mut lineage = shared.open_lineage(&key).expect("lineage");
+        let tools: Arc<dyn ToolDispatcher> = Arc::new(NoTools);
+        let (_tx, rx) = crossbeam_channel::unbounded();
+        let input = broca::message::Message::user_text("go");
+        agent::admit(&mut lineage, "run-bench", None, &config, input, None).expect("admit");
+        let fsyncs_before = lineage.fsyncs();
+        let start = Instant::now();
+        let outcome =
+            agent::drive(&mut lineage, &client, &tools, &rx, &LoopOptions::default(), &mut |_| {}).expect("drive");
+        let looped = start.elapsed().as_secs_f64() * 1e6 / LOOP_STEPS as f64;
+        assert_eq!(outcome.reason, Some(FinishReason::Completed), "the bench run completes");
+        fsyncs = (lineage.fsyncs() - fsyncs_before) as f64 / LOOP_STEPS as f64;
+        if std::env::var_os("BROCA_BENCH_VERBOSE").is_some() {
+            eprintln!("loop {looped:.0} us/step, bare {bare:.0} us/step");
+        }
+        overheads.push(looped - bare);
+    }
+    overheads.sort_by(f64::total_cmp);
+    (overheads[overheads.len() / 2], fsyncs)
+}
+
+/// Wall time of `broca-run --demo` end to end (the binary beside this one), if it is built.
+fn demo_ms() -> Option<f64> {
+    let exe = std::env::current_exe().ok()?.with_file_name("broca-run");
+    if !exe.exists() {
+        eprintln!("broca-bench: {} is not built; skipping cli.demo_ms", exe.display());
+        return None;
+    }
+    let start = Instant::now();
+    let out = std::process::Command::new(exe).arg("--demo").output().ok()?;
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    out.status.success().then_some(ms)
 }

@@ -5,6 +5,7 @@ pub mod catalog;
 pub mod lineage;
 pub mod message;
 pub mod mock;
+pub mod pool;
 pub mod provider;
 pub mod record;
 pub mod session_key;

@@ -82,7 +82,7 @@ fn turn(
     let run_id = format!("run-{}", l.state().episodes + 1);
     let mut seen = Vec::new();
     seen.push(Output::Control(agent::admit(l, &run_id, None, config, Message::user_text(prompt), None).unwrap()));
-    let outcome = agent::drive(l, &HttpClient, &tools, commands, opts, &mut |o| seen.push(o)).unwrap();
+    let outcome = agent::drive(l, &HttpClient::default(), &tools, commands, opts, &mut |o| seen.push(o)).unwrap();
     (outcome, seen)
 }
 
@@ -265,7 +265,7 @@ fn auth_failure_pauses_and_the_same_run_resumes() {
     let mut l = r.shared.open_lineage(&key()).unwrap();
     assert_eq!(l.open_report().sealed_orphan, None);
     let tools: Arc<dyn ToolDispatcher> = Arc::new(NoTools);
-    let resumed = agent::drive(&mut l, &HttpClient, &tools, &rx, &opts(), &mut |_| {}).unwrap();
+    let resumed = agent::drive(&mut l, &HttpClient::default(), &tools, &rx, &opts(), &mut |_| {}).unwrap();
     assert_eq!(resumed.run_id, run_id);
     assert_eq!(resumed.reason, Some(FinishReason::Completed));
     assert_eq!(l.transcript(0, 10).unwrap().messages.len(), 2, "one user message, one answer: no new episode");
@@ -300,7 +300,7 @@ fn cancel_now_stops_the_stream() {
     agent::admit(&mut l, "run-1", None, &config, Message::user_text("go"), None).unwrap();
     let tools: Arc<dyn ToolDispatcher> = Arc::new(NoTools);
     let mut sent = false;
-    let outcome = agent::drive(&mut l, &HttpClient, &tools, &rx, &opts(), &mut |o| {
+    let outcome = agent::drive(&mut l, &HttpClient::default(), &tools, &rx, &opts(), &mut |o| {
         if matches!(o, Output::Display(_)) && !sent {
             tx.send(RunCommand::Cancel(CancelAt::Now)).unwrap();
             sent = true;

@@ -1101,6 +1101,7 @@ fn check_lineage(shared: &Shared, l: &Lineage, m: &Model, messages: &[(u64, Mess
 /// The run index (`run-index.db`) agrees with the WAL for `runs`: a finished run's row is
 /// terminal with its reason, an unfinished one's is active or paused.
 fn check_run_index<'a>(shared: &Shared, w: &Walker, runs: impl IntoIterator<Item = &'a str>) {
+    shared.settle();
     for run in runs {
         let facts = &w.runs[run];
         let row = shared.store.run(run).expect("run index").unwrap_or_else(|| panic!("run {run} has no index row"));
@@ -1125,6 +1126,7 @@ fn check_run_index<'a>(shared: &Shared, w: &Walker, runs: impl IntoIterator<Item
 
 /// Export facts exist for exactly the finished runs, with their terminal reason.
 fn check_export_facts(shared: &Shared, w: &Walker) {
+    shared.settle();
     let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY;
     let conn = rusqlite::Connection::open_with_flags(shared.store.path(), flags).expect("read run-index.db");
     let mut stmt = conn

@@ -3,7 +3,6 @@
 
 use std::fs;
 use std::path::Path;
-use std::sync::Arc;
 
 use broca::lineage::projection::Cursor;
 use broca::lineage::read;
@@ -106,6 +105,7 @@ fn deleting_the_store_rebuilds_everything_derivable_from_the_wals() {
     episode(&mut l, &format!("run-{next}"), Some(&next));
     let path = l.wal_path().to_path_buf();
     drop(l);
+    shared1.settle();
     let before = read::transcript(&shared1.store, &key(), &path, 0, 100).unwrap();
     let run_before = shared1.store.run("run-1").unwrap().unwrap();
     drop(shared1);
@@ -117,6 +117,7 @@ fn deleting_the_store_rebuilds_everything_derivable_from_the_wals() {
     let l = shared2.open_lineage(&key()).unwrap();
     assert!(!l.open_report().from_checkpoint);
     drop(l);
+    shared2.settle();
     let after = read::transcript(&shared2.store, &key(), &path, 0, 100).unwrap();
     assert_eq!(after, before);
     assert_eq!(shared2.store.run("run-1").unwrap().unwrap(), run_before);
@@ -213,6 +214,7 @@ fn export_facts_are_insert_once_and_readable_read_only_while_broca_writes() {
     )
     .unwrap();
     let read_facts = || -> Vec<(i64, String, Option<i64>, String)> {
+        shared.settle();
         let mut stmt = ro
             .prepare("SELECT export_seq, run_id, output_tokens, terminal_reason FROM export_facts ORDER BY export_seq")
             .unwrap();
@@ -246,10 +248,12 @@ fn a_terminal_index_row_is_never_overridden_by_a_nonterminal_one() {
     let mut l = shared.open_lineage(&key()).unwrap();
     episode(&mut l, "run-1", None);
     drop(l);
+    shared.settle();
     assert!(shared.store.run("run-1").unwrap().unwrap().terminal);
     // Force a full re-derivation: the active row derived from RunStarted must not win.
     shared.store.forget_lineage(&key().addr()).unwrap();
     drop(shared.open_lineage(&key()).unwrap());
+    shared.settle();
     let row = shared.store.run("run-1").unwrap().unwrap();
     assert!(row.terminal);
     assert_eq!(row.reason.as_deref(), Some("completed"));
@@ -287,7 +291,7 @@ fn garbage_never_panics() {
         bytes.truncate(cut);
         fs::write(&path, &bytes).unwrap();
         let _ = shared.store.forget_lineage(&key().addr());
-        match Lineage::open(&shared.root, Arc::clone(&shared.store), None, &key()) {
+        match Lineage::open(&shared, &key()) {
             Ok(l) => assert!(l.durable_seq() <= 8),
             Err(e) => assert!(!e.refusal().code.is_empty()),
         }

@@ -8,7 +8,8 @@ broca-run: run one agentic turn on a durable session, streaming the answer
 usage: broca-run [OPTIONS] [PROMPT | -]
 
   PROMPT                   the user message; - reads it from stdin
-  --model PROVIDER/MODEL   catalog model to run (required unless --read or --demo)
+  --model PROVIDER/MODEL   catalog model to run (required for a new session; a continued
+                           session defaults to the model of its last turn)
   --variant NAME           reasoning variant the model defines (e.g. high, max)
   --system TEXT            system prompt
   --session ID             session to continue (default: a fresh one, printed at start)
@@ -145,9 +146,6 @@ pub fn parse(argv: impl Iterator<Item = String>) -> Result<Parsed, String> {
             return Err("--read needs --session".into());
         }
         a.session = format!("s-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    }
-    if a.model.is_none() && !a.read && !a.demo {
-        return Err("--model PROVIDER/MODEL is required".into());
     }
     Ok(Parsed::Run(Box::new(a)))
 }

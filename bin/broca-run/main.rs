@@ -77,6 +77,9 @@ fn run(mut args: Args) -> u8 {
     // A new session is resolved before anything is created, so a refusal writes nothing.
     let mut config = None;
     if !shared.wal_path(&key).exists() {
+        if args.model.is_none() {
+            return fail(&args, EXIT_REFUSED, "--model PROVIDER/MODEL is required for a new session");
+        }
         match resolve_config(&args, &shared) {
             Ok(c) => config = Some(c),
             Err(refusal) => return refuse(&args, &refusal),
@@ -92,6 +95,18 @@ fn run(mut args: Args) -> u8 {
             Ok(p) => p,
             Err(e) => return fail(&args, EXIT_REFUSED, &e),
         };
+        if args.model.is_none() {
+            // A continued session keeps the model (and variant) of its last turn.
+            match lineage.state().last.as_ref().map(|e| &e.config) {
+                Some(c) => {
+                    let text = |k: &str| c.get(k).and_then(|v| v.as_str()).map(String::from);
+                    args.model =
+                        Some(format!("{}/{}", text("provider").unwrap_or_default(), text("model").unwrap_or_default()));
+                    args.variant = args.variant.take().or_else(|| text("variant"));
+                }
+                None => return fail(&args, EXIT_REFUSED, "--model PROVIDER/MODEL is required for a new session"),
+            }
+        }
         let config = match config.map(Ok).unwrap_or_else(|| resolve_config(&args, &shared)) {
             Ok(c) => c,
             Err(refusal) => return refuse(&args, &refusal),
@@ -110,7 +125,7 @@ fn run(mut args: Args) -> u8 {
         ..LoopOptions::default()
     };
     let tools: Arc<dyn ToolDispatcher> = Arc::new(NoTools);
-    let outcome = agent::drive(&mut lineage, &HttpClient, &tools, &commands, &opts, &mut |o| out.emit(o));
+    let outcome = agent::drive(&mut lineage, &HttpClient::default(), &tools, &commands, &opts, &mut |o| out.emit(o));
     let usage = lineage.state().last.as_ref().map(|e| e.usage.clone()).unwrap_or_default();
     drop(lineage);
     match outcome {

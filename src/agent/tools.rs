@@ -50,6 +50,12 @@ impl ToolDispatcher for NoTools {
     }
 }
 
+/// The helper threads tool calls run on (shared by every run in the process).
+fn tool_pool() -> &'static crate::pool::Pool {
+    static POOL: std::sync::OnceLock<crate::pool::Pool> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| crate::pool::Pool::new("broca-tool"))
+}
+
 /// Starts every call of a batch; results arrive as `(planned index, output)`.
 pub(crate) fn dispatch_batch(
     dispatcher: &Arc<dyn ToolDispatcher>,
@@ -59,7 +65,7 @@ pub(crate) fn dispatch_batch(
     for (index, call) in calls.into_iter().enumerate() {
         let worker_tx = tx.clone();
         let dispatcher = Arc::clone(dispatcher);
-        let spawned = std::thread::Builder::new().name("broca-tool".into()).spawn(move || {
+        let spawned = tool_pool().run(move || {
             let out = dispatcher.call(&call);
             let _ = worker_tx.send((index, out));
         });

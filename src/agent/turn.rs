@@ -345,13 +345,16 @@ impl Driver<'_> {
                 recv(rx) -> msg => {
                     last_event = Instant::now();
                     match msg {
-                        Ok(AttemptEvent::Stream { event: StreamEvent::Error { error }, .. }) => {
-                            stop(&cancel);
-                            return Ok(AttemptEnd::Failed { error, delivered: asm.delivered, retry_after: None, telemetry: Telemetry::default() });
-                        }
-                        Ok(AttemptEvent::Stream { event, .. }) => {
-                            self.display(step, &event);
-                            asm.push(event);
+                        Ok(AttemptEvent::Stream { events, .. }) => {
+                            for event in events {
+                                if let StreamEvent::Error { error } = event {
+                                    stop(&cancel);
+                                    let telemetry = Telemetry::default();
+                                    return Ok(AttemptEnd::Failed { error, delivered: asm.delivered, retry_after: None, telemetry });
+                                }
+                                self.display(step, &event);
+                                asm.push(event);
+                            }
                         }
                         Ok(AttemptEvent::Http { error, retry_after }) => {
                             return Ok(AttemptEnd::Failed { error, delivered: false, retry_after, telemetry: Telemetry::default() });

@@ -12,6 +12,7 @@ pub mod read;
 pub mod replay;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use serde_json::json;
@@ -20,6 +21,7 @@ use crate::message::Message;
 use crate::record::{self, CancelAt, FinishReason, ProviderError, Record, RequestIdentity};
 use crate::session_key::SessionKey;
 use crate::state_root::StateRoot;
+use crate::store::writer::StoreWriter;
 use crate::store::{Checkpoint, Store, StoreBatch, StoreError};
 use crate::wal::{self, FeatureFloor, Lease, LeaseError, RecordOutcome, ScannedFrame, Wal, WalError, WalOpen};
 use crate::wire::Refusal;
@@ -151,21 +153,21 @@ pub struct Lineage {
     head: Option<Cursor>,
     /// Derived rows since the store's watermark.
     batch: StoreBatch,
+    /// Writes derived rows off this thread.
+    writer: Arc<StoreWriter>,
     /// A store flush failed: stop flushing (the old checkpoint stays valid) until reopen.
-    store_broken: bool,
+    store_broken: Arc<AtomicBool>,
     report: OpenReport,
     _lease: Lease,
 }
 
 impl Lineage {
     /// Opens (creating if new) the session's lineage for writing.
-    pub fn open(
-        root: &StateRoot,
-        store: Arc<Store>,
-        floor: Option<Arc<FeatureFloor>>,
-        key: &SessionKey,
-    ) -> Result<Lineage, LineageError> {
+    pub fn open(shared: &Shared, key: &SessionKey) -> Result<Lineage, LineageError> {
+        let (root, store, floor) = (&shared.root, Arc::clone(&shared.store), Some(Arc::clone(&shared.floor)));
         let mut lease = Lease::acquire(&root.lease_path(key))?;
+        // A previous holder in this process may still have rows queued: let them land first.
+        shared.writer.settle();
         let path = root.wal_path(key);
         if !path.exists() {
             wal::create(&path, key.lineage_id())?;
@@ -214,7 +216,8 @@ impl Lineage {
             unsynced: Vec::new(),
             head,
             batch,
-            store_broken: false,
+            writer: Arc::clone(&shared.writer),
+            store_broken: Arc::new(AtomicBool::new(false)),
             report,
             _lease: lease,
         };
@@ -393,27 +396,20 @@ impl Lineage {
         Ok((seq, self.commit()?))
     }
 
-    /// Writes derived rows and a checkpoint at the durable head. Only called with nothing
-    /// unsynced. A failure is logged and stops further flushes (the store's older checkpoint
-    /// stays consistent; the next open replays from it).
+    /// Queues derived rows and a checkpoint at the durable head for the run-index writer. Only
+    /// called with nothing unsynced, so the store never describes undurable records.
     fn flush_store(&mut self, force: bool) {
-        if self.store_broken || !force || self.wal.appended_seq() != self.wal.synced_seq() {
+        if self.store_broken.load(Ordering::Acquire) || !force || self.wal.appended_seq() != self.wal.synced_seq() {
             return;
         }
-        self.batch.checkpoint = Some(Checkpoint {
+        let mut batch = std::mem::take(&mut self.batch);
+        batch.checkpoint = Some(Checkpoint {
             incarnation: self.wal.header().incarnation_string(),
             watermark_seq: self.wal.synced_seq(),
             next_offset: self.wal.next_offset(),
             replay: self.replay.clone(),
         });
-        if let Err(e) = self.store.flush(&self.key, self.wal.path(), &self.batch) {
-            log::warn!(
-                "run-index.db flush for {} failed ({e}); it will be rebuilt from the wal on reopen",
-                self.key.addr()
-            );
-            self.store_broken = true;
-        }
-        self.batch = StoreBatch::default();
+        self.writer.flush(&self.key, self.wal.path().to_path_buf(), batch, &self.store_broken);
     }
 
     /// Durably queues a send (spec §11). Durable when this returns; the units are the ones
@@ -458,17 +454,25 @@ pub struct Shared {
     pub root: StateRoot,
     pub store: Arc<Store>,
     pub floor: Arc<FeatureFloor>,
+    pub writer: Arc<StoreWriter>,
 }
 
 impl Shared {
     pub fn open(root: StateRoot) -> Result<Shared, LineageError> {
         let store = Arc::new(Store::open(&root.run_index_path())?);
         let floor = Arc::new(FeatureFloor::load(&root.feature_floor_path())?);
-        Ok(Shared { root, store, floor })
+        let writer = StoreWriter::start(Arc::clone(&store))
+            .map_err(|source| StoreError::Io { path: root.run_index_path(), source })?;
+        Ok(Shared { root, store, floor, writer: Arc::new(writer) })
     }
 
     pub fn open_lineage(&self, key: &SessionKey) -> Result<Lineage, LineageError> {
-        Lineage::open(&self.root, self.store.clone(), Some(self.floor.clone()), key)
+        Lineage::open(self, key)
+    }
+
+    /// Returns once every derived row queued so far is in `run-index.db`.
+    pub fn settle(&self) {
+        self.writer.settle();
     }
 
     pub fn wal_path(&self, key: &SessionKey) -> PathBuf {

@@ -37,8 +37,9 @@ pub struct Attempt {
 /// What an attempt reports, in order; exactly one terminal (`Http`, `Failed` or `End`).
 #[derive(Debug)]
 pub enum AttemptEvent {
-    /// A decoded stream event with the time it arrived.
-    Stream { event: StreamEvent, at_ms: u64 },
+    /// Decoded stream events of one read, in order, with the time they arrived (one message
+    /// per read, not per event, so a burst costs one wake-up of the loop).
+    Stream { events: Vec<StreamEvent>, at_ms: u64 },
     /// The provider refused before streaming (non-2xx).
     Http { error: ProviderError, retry_after: Option<Duration> },
     /// The connection or the stream broke (transport error, undecodable data).
@@ -57,17 +58,30 @@ pub fn now_ms() -> u64 {
 }
 
 /// The real client: ureq, one thread per attempt. The read timeout (the socket-level half of
-/// the watchdog) is the attempt's, so each attempt gets its own agent.
+/// the watchdog) is the attempt's; agents (TLS configuration, connection pool) are built once
+/// per distinct timeout and reused, since building one is costly.
 #[derive(Default)]
-pub struct HttpClient;
+pub struct HttpClient {
+    agents: parking_lot::Mutex<Vec<(Duration, ureq::Agent)>>,
+}
+
+impl HttpClient {
+    fn agent(&self, read_timeout: Duration) -> ureq::Agent {
+        let mut agents = self.agents.lock();
+        if let Some((_, a)) = agents.iter().find(|(t, _)| *t == read_timeout) {
+            return a.clone();
+        }
+        let agent =
+            ureq::AgentBuilder::new().timeout_connect(Duration::from_secs(10)).timeout_read(read_timeout).build();
+        agents.push((read_timeout, agent.clone()));
+        agent
+    }
+}
 
 impl ModelClient for HttpClient {
     fn start(&self, attempt: Attempt) -> Receiver<AttemptEvent> {
         let (tx, rx) = bounded(EVENT_QUEUE);
-        let agent = ureq::AgentBuilder::new()
-            .timeout_connect(Duration::from_secs(10))
-            .timeout_read(attempt.read_timeout)
-            .build();
+        let agent = self.agent(attempt.read_timeout);
         let spawned =
             std::thread::Builder::new().name("broca-stream".into()).spawn(move || stream(&agent, attempt, &tx));
         if let Err(e) = spawned {
@@ -126,6 +140,7 @@ fn stream(agent: &ureq::Agent, a: Attempt, tx: &Sender<AttemptEvent>) {
     let mut decoder = super::decoder(a.config.family);
     let mut telemetry = Telemetry::default();
     let mut events = Vec::new();
+    let mut batch = Vec::new();
     let mut buf = vec![0u8; READ_CHUNK];
     loop {
         if a.cancel.load(Ordering::Relaxed) {
@@ -167,11 +182,12 @@ fn stream(agent: &ureq::Agent, a: Attempt, tx: &Sender<AttemptEvent>) {
                     return;
                 }
             }
-            for event in events.drain(..) {
-                if tx.send(AttemptEvent::Stream { event, at_ms: now }).is_err() {
-                    return;
-                }
-            }
+            batch.append(&mut events);
+        }
+        if !batch.is_empty()
+            && tx.send(AttemptEvent::Stream { events: std::mem::take(&mut batch), at_ms: now }).is_err()
+        {
+            return;
         }
         if n == 0 || decoder.finished() {
             let _ = tx.send(AttemptEvent::End { terminal: decoder.finished(), telemetry });

@@ -14,6 +14,8 @@
 //! Invariant: a flush writes messages, run rows, facts and the checkpoint in one transaction,
 //! so the watermark never claims messages the table lacks.
 
+pub mod writer;
+
 use std::path::{Path, PathBuf};
 
 use parking_lot::Mutex;

@@ -1,0 +1,236 @@
+//! `broca-run` as a real process against `broca-mock` on loopback: multi-episode sessions for
+//! every wire family, SIGINT, auth pause and resume, the watchdog, retries, max_steps, typed
+//! admission refusals that write nothing, and `--demo`.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use broca::mock::{MockServer, Script};
+use serde_json::{json, Value};
+
+const BIN: &str = env!("CARGO_BIN_EXE_broca-run");
+
+struct Rig {
+    dir: tempfile::TempDir,
+    mock: MockServer,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = dir.path().join("root/catalog");
+        std::fs::create_dir_all(&catalog).unwrap();
+        let lkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json");
+        std::fs::copy(lkg, catalog.join("fusiform-lkg.json")).unwrap();
+        Rig { dir, mock: MockServer::start("127.0.0.1:0").unwrap() }
+    }
+
+    fn root(&self) -> PathBuf {
+        self.dir.path().join("root")
+    }
+
+    fn script(&self, lane: &str, responses: Value) {
+        self.mock.install(lane, Script::from_json(&json!({"responses": responses}).to_string()).unwrap());
+    }
+
+    fn command(&self, lane: &str, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.arg("--state-root").arg(self.root()).arg("--base-url").arg(self.mock.base_url(Some(lane)));
+        c.args(["--project-root", "/work/proj"]).args(args);
+        c.env_remove("BROCA_PROVIDER_BASE_URL").stdin(Stdio::null());
+        c
+    }
+
+    fn run(&self, lane: &str, args: &[&str]) -> Output {
+        self.command(lane, args).output().unwrap()
+    }
+}
+
+fn text_step(text: &str) -> Value {
+    json!({"events": [{"text": text}, {"usage": {"input": 12, "output": 4}}, {"finish": "stop"}]})
+}
+
+fn json_lines(out: &Output) -> Vec<Value> {
+    String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn unit<'a>(lines: &'a [Value], ty: &str) -> Option<&'a Value> {
+    lines.iter().filter(|l| l["kind"] == "control").map(|l| &l["unit"]).find(|u| u["type"] == ty)
+}
+
+fn code(out: &Output) -> i32 {
+    out.status.code().unwrap_or(-1)
+}
+
+#[test]
+fn a_session_accumulates_episodes_in_every_family() {
+    let rig = Rig::new();
+    for model in ["mock/echo-chat", "mock/echo-messages", "mock/echo-responses"] {
+        let lane = model.split('/').nth(1).unwrap();
+        rig.script(lane, json!([text_step("Paris."), text_step("About two million.")]));
+        let session = format!("geo-{lane}");
+        let first = rig.run(lane, &["--model", model, "--session", &session, "What is the capital of France?"]);
+        assert_eq!(code(&first), 0, "{model}: {}", String::from_utf8_lossy(&first.stderr));
+        assert_eq!(String::from_utf8_lossy(&first.stdout), "Paris.\n", "{model}: streamed text on stdout");
+        let second = rig.run(lane, &["--model", model, "--session", &session, "How many people live there?"]);
+        assert_eq!(code(&second), 0, "{model}");
+        let bodies = rig.mock.requests(lane);
+        let sent = String::from_utf8_lossy(&bodies[1].body).to_string();
+        for needle in ["What is the capital of France?", "Paris.", "How many people live there?"] {
+            assert!(sent.contains(needle), "{model}: the second request lacks {needle:?}");
+        }
+        let read = rig.run(lane, &["--session", &session, "--read", "--json"]);
+        let lines = json_lines(&read);
+        let mids: Vec<&str> = lines.iter().map(|l| l["mid"].as_str().unwrap()).collect();
+        assert_eq!(mids, ["m0", "m1", "m2", "m3"], "{model}");
+        assert_eq!(lines[3]["message"]["content"][0]["text"], "About two million.");
+        assert_eq!(lines[3]["ordinal"], 3);
+    }
+}
+
+#[test]
+fn sigint_cancels_the_run_and_exits_130() {
+    let rig = Rig::new();
+    let mut events = vec![json!({"text": "Counting: "})];
+    for i in 0..100 {
+        events.push(json!({"delay_ms": 50}));
+        events.push(json!({"text": format!("{i} ")}));
+    }
+    rig.script("sigint", json!([{"events": events}]));
+    let mut child = rig
+        .command("sigint", &["--model", "mock/echo-chat", "--session", "count", "--json", "count to 100"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut lines = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut line = String::new();
+        assert!(stdout.read_line(&mut line).unwrap() > 0 && Instant::now() < deadline, "no text streamed");
+        let v: Value = serde_json::from_str(&line).unwrap();
+        let is_text = v["kind"] == "display" && v["event"]["type"] == "text_delta";
+        lines.push(v);
+        if is_text {
+            break;
+        }
+    }
+    // SAFETY: sending a signal to our own child process.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    for line in stdout.lines() {
+        lines.push(serde_json::from_str(&line.unwrap()).unwrap());
+    }
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert_eq!(unit(&lines, "run_cancel_requested").unwrap()["at"], "now");
+    assert_eq!(unit(&lines, "run_finished").unwrap()["reason"], "cancelled");
+}
+
+#[test]
+fn an_auth_failure_pauses_and_a_rerun_resumes_the_same_run() {
+    let rig = Rig::new();
+    rig.script("auth", json!([{"status": 401}]));
+    let paused = rig.run("auth", &["--model", "mock/echo-messages", "--session", "locked", "--json", "hello"]);
+    assert_eq!(code(&paused), 1);
+    let lines = json_lines(&paused);
+    let run_id = lines[0]["run_id"].as_str().unwrap().to_string();
+    assert_eq!(unit(&lines, "run_paused").unwrap()["reason"], "auth_required");
+    assert!(unit(&lines, "run_finished").is_none(), "a pause is not a terminal");
+    rig.script("auth", json!([text_step("Hello again.")]));
+    let resumed = rig.run("auth", &["--session", "locked", "--json"]);
+    assert_eq!(code(&resumed), 0, "{}", String::from_utf8_lossy(&resumed.stderr));
+    let lines = json_lines(&resumed);
+    assert_eq!(unit(&lines, "run_resumed").unwrap()["run_id"], json!(run_id));
+    let finished = unit(&lines, "run_finished").unwrap();
+    assert_eq!((finished["run_id"].as_str(), finished["reason"].as_str()), (Some(run_id.as_str()), Some("completed")));
+}
+
+#[test]
+fn the_watchdog_ends_a_silent_attempt_interrupted() {
+    let rig = Rig::new();
+    rig.script("slow", json!([{"events": [{"text": "thinking"}, {"delay_ms": 5000}, {"finish": "stop"}]}]));
+    let out = rig
+        .run("slow", &["--model", "mock/echo-responses", "--session", "w", "--idle-timeout-ms", "300", "--json", "hi"]);
+    assert_eq!(code(&out), 1);
+    let lines = json_lines(&out);
+    let finished = unit(&lines, "run_finished").unwrap();
+    assert_eq!(finished["reason"], "interrupted");
+    assert_eq!(finished["error"]["provider_code"], "provider_idle_timeout");
+}
+
+#[test]
+fn a_transient_error_is_retried() {
+    let rig = Rig::new();
+    rig.script("flaky", json!([{"status": 429, "headers": {"retry-after": "0"}}, text_step("ok now")]));
+    let out = rig.run("flaky", &["--model", "mock/echo-chat", "--session", "r", "--json", "hi"]);
+    assert_eq!(code(&out), 0);
+    let lines = json_lines(&out);
+    assert_eq!(unit(&lines, "run_finished").unwrap()["retries_used"], 1);
+    assert_eq!(rig.mock.requests("flaky").len(), 2);
+}
+
+#[test]
+fn max_steps_stops_the_loop() {
+    let rig = Rig::new();
+    let call = |id: &str| json!({"events": [{"tool_call": {"id": id, "name": "look", "arguments": {}}}, {"finish": "tool_calls"}]});
+    rig.script("steps", json!([call("a"), call("b"), call("c")]));
+    let out = rig.run("steps", &["--model", "mock/echo-chat", "--session", "m", "--max-steps", "2", "--json", "go"]);
+    assert_eq!(code(&out), 1);
+    assert_eq!(unit(&json_lines(&out), "run_finished").unwrap()["reason"], "max_steps");
+    assert_eq!(rig.mock.requests("steps").len(), 2);
+}
+
+#[test]
+fn admission_refusals_are_typed_and_write_nothing() {
+    let rig = Rig::new();
+    let refused = |args: &[&str]| {
+        let out = rig.run("refuse", args);
+        assert_eq!(code(&out), 2, "{args:?}");
+        json_lines(&out).pop().unwrap()["refusal"].clone()
+    };
+    let r = refused(&["--model", "nope/none", "--session", "a", "--json", "hi"]);
+    assert_eq!(r["code"], "model_unknown");
+    let r = refused(&["--model", "mock/echo-chat", "--variant", "max", "--session", "b", "--json", "hi"]);
+    assert_eq!(r["code"], "variant_unsupported");
+    assert_eq!(r["detail"], json!({"model": "mock/echo-chat", "variant": "max", "defined": []}));
+    // Without a --base-url the catalog's endpoint is needed, and never guessed.
+    let out = Command::new(BIN)
+        .arg("--state-root")
+        .arg(rig.root())
+        .args(["--model", "mock/no-route", "--auth-bearer", "t", "--session", "c", "--json", "hi"])
+        .env_remove("BROCA_PROVIDER_BASE_URL")
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 2);
+    let r = json_lines(&out).pop().unwrap()["refusal"].clone();
+    assert!(
+        r["message"].as_str().unwrap().contains("mock/no-route") && r["message"].as_str().unwrap().contains("wire.api"),
+        "{r}"
+    );
+    std::fs::remove_file(rig.root().join("catalog/fusiform-lkg.json")).unwrap();
+    let r = refused(&["--model", "mock/echo-chat", "--session", "d", "--json", "hi"]);
+    let msg = r["message"].as_str().unwrap();
+    assert!(
+        msg.contains("model catalog unavailable: no in-memory catalog") && msg.contains("fusiform-lkg.json"),
+        "{msg}"
+    );
+    assert_eq!(std::fs::read_dir(rig.root().join("wal")).unwrap().count(), 0, "no refusal wrote a WAL");
+    assert!(rig.mock.requests("refuse").is_empty(), "no refusal reached the provider");
+    // A usage error is exit 2 too.
+    let out = Command::new(BIN).arg("--max-steps").arg("0").output().unwrap();
+    assert_eq!(code(&out), 2);
+}
+
+#[test]
+fn the_demo_streams_a_turn_with_reasoning_and_usage() {
+    let out = Command::new(BIN).arg("--demo").env_remove("BROCA_STATE_ROOT").output().unwrap();
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("Keep it to two sentences."), "reasoning shown: {stdout}");
+    assert!(stdout.contains("broca runs agentic LLM loops"), "{stdout}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("completed") && stderr.contains("output 51"), "usage shown: {stderr}");
+}
