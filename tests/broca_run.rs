@@ -64,6 +64,10 @@ fn code(out: &Output) -> i32 {
     out.status.code().unwrap_or(-1)
 }
 
+/// One model per wire family, each on its own mock lane.
+const FAMILIES: [(&str, &str); 3] =
+    [("mock/echo-chat", "chat"), ("mock/echo-messages", "messages"), ("mock/echo-responses", "responses")];
+
 #[test]
 fn a_session_accumulates_episodes_in_every_family() {
     let rig = Rig::new();
@@ -93,94 +97,105 @@ fn a_session_accumulates_episodes_in_every_family() {
 #[test]
 fn sigint_cancels_the_run_and_exits_130() {
     let rig = Rig::new();
-    let mut events = vec![json!({"text": "Counting: "})];
-    for i in 0..100 {
-        events.push(json!({"delay_ms": 50}));
-        events.push(json!({"text": format!("{i} ")}));
-    }
-    rig.script("sigint", json!([{"events": events}]));
-    let mut child = rig
-        .command("sigint", &["--model", "mock/echo-chat", "--session", "count", "--json", "count to 100"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut lines = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let mut line = String::new();
-        assert!(stdout.read_line(&mut line).unwrap() > 0 && Instant::now() < deadline, "no text streamed");
-        let v: Value = serde_json::from_str(&line).unwrap();
-        let is_text = v["kind"] == "display" && v["event"]["type"] == "text_delta";
-        lines.push(v);
-        if is_text {
-            break;
+    for (model, lane) in FAMILIES {
+        let mut events = vec![json!({"text": "Counting: "})];
+        for i in 0..100 {
+            events.push(json!({"delay_ms": 50}));
+            events.push(json!({"text": format!("{i} ")}));
         }
+        rig.script(lane, json!([{"events": events}]));
+        let mut child = rig
+            .command(lane, &["--model", model, "--session", "count", "--json", "count to 100"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut lines = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let mut line = String::new();
+            assert!(stdout.read_line(&mut line).unwrap() > 0 && Instant::now() < deadline, "{model}: no text streamed");
+            let v: Value = serde_json::from_str(&line).unwrap();
+            let is_text = v["kind"] == "display" && v["event"]["type"] == "text_delta";
+            lines.push(v);
+            if is_text {
+                break;
+            }
+        }
+        // SAFETY: sending a signal to our own child process.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+        for line in stdout.lines() {
+            lines.push(serde_json::from_str(&line.unwrap()).unwrap());
+        }
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(130), "{model}");
+        assert_eq!(unit(&lines, "run_cancel_requested").unwrap()["at"], "now");
+        assert_eq!(unit(&lines, "run_finished").unwrap()["reason"], "cancelled", "{model}");
     }
-    // SAFETY: sending a signal to our own child process.
-    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
-    for line in stdout.lines() {
-        lines.push(serde_json::from_str(&line.unwrap()).unwrap());
-    }
-    let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(130));
-    assert_eq!(unit(&lines, "run_cancel_requested").unwrap()["at"], "now");
-    assert_eq!(unit(&lines, "run_finished").unwrap()["reason"], "cancelled");
 }
 
 #[test]
 fn an_auth_failure_pauses_and_a_rerun_resumes_the_same_run() {
     let rig = Rig::new();
-    rig.script("auth", json!([{"status": 401}]));
-    let paused = rig.run("auth", &["--model", "mock/echo-messages", "--session", "locked", "--json", "hello"]);
-    assert_eq!(code(&paused), 1);
-    let lines = json_lines(&paused);
-    let run_id = lines[0]["run_id"].as_str().unwrap().to_string();
-    assert_eq!(unit(&lines, "run_paused").unwrap()["reason"], "auth_required");
-    assert!(unit(&lines, "run_finished").is_none(), "a pause is not a terminal");
-    rig.script("auth", json!([text_step("Hello again.")]));
-    let resumed = rig.run("auth", &["--session", "locked", "--json"]);
-    assert_eq!(code(&resumed), 0, "{}", String::from_utf8_lossy(&resumed.stderr));
-    let lines = json_lines(&resumed);
-    assert_eq!(unit(&lines, "run_resumed").unwrap()["run_id"], json!(run_id));
-    let finished = unit(&lines, "run_finished").unwrap();
-    assert_eq!((finished["run_id"].as_str(), finished["reason"].as_str()), (Some(run_id.as_str()), Some("completed")));
+    for (model, lane) in FAMILIES {
+        rig.script(lane, json!([{"status": 401}]));
+        let paused = rig.run(lane, &["--model", model, "--session", "locked", "--json", "hello"]);
+        assert_eq!(code(&paused), 1, "{model}");
+        let lines = json_lines(&paused);
+        let run_id = lines[0]["run_id"].as_str().unwrap().to_string();
+        assert_eq!(unit(&lines, "run_paused").unwrap()["reason"], "auth_required", "{model}");
+        assert!(unit(&lines, "run_finished").is_none(), "{model}: a pause is not a terminal");
+        rig.script(lane, json!([text_step("Hello again.")]));
+        let resumed = rig.run(lane, &["--session", "locked", "--json"]);
+        assert_eq!(code(&resumed), 0, "{model}: {}", String::from_utf8_lossy(&resumed.stderr));
+        let lines = json_lines(&resumed);
+        assert_eq!(unit(&lines, "run_resumed").unwrap()["run_id"], json!(run_id));
+        let finished = unit(&lines, "run_finished").unwrap();
+        assert_eq!(finished["run_id"], json!(run_id), "{model}: the same run");
+        assert_eq!(finished["reason"], "completed");
+    }
 }
 
 #[test]
 fn the_watchdog_ends_a_silent_attempt_interrupted() {
     let rig = Rig::new();
-    rig.script("slow", json!([{"events": [{"text": "thinking"}, {"delay_ms": 5000}, {"finish": "stop"}]}]));
-    let out = rig
-        .run("slow", &["--model", "mock/echo-responses", "--session", "w", "--idle-timeout-ms", "300", "--json", "hi"]);
-    assert_eq!(code(&out), 1);
-    let lines = json_lines(&out);
-    let finished = unit(&lines, "run_finished").unwrap();
-    assert_eq!(finished["reason"], "interrupted");
-    assert_eq!(finished["error"]["provider_code"], "provider_idle_timeout");
+    for (model, lane) in FAMILIES {
+        rig.script(lane, json!([{"events": [{"text": "thinking"}, {"delay_ms": 5000}, {"finish": "stop"}]}]));
+        let args = ["--model", model, "--session", "w", "--idle-timeout-ms", "300", "--json", "hi"];
+        let out = rig.run(lane, &args);
+        assert_eq!(code(&out), 1, "{model}");
+        let lines = json_lines(&out);
+        let finished = unit(&lines, "run_finished").unwrap();
+        assert_eq!(finished["reason"], "interrupted", "{model}");
+        assert_eq!(finished["error"]["provider_code"], "provider_idle_timeout");
+    }
 }
 
 #[test]
 fn a_transient_error_is_retried() {
     let rig = Rig::new();
-    rig.script("flaky", json!([{"status": 429, "headers": {"retry-after": "0"}}, text_step("ok now")]));
-    let out = rig.run("flaky", &["--model", "mock/echo-chat", "--session", "r", "--json", "hi"]);
-    assert_eq!(code(&out), 0);
-    let lines = json_lines(&out);
-    assert_eq!(unit(&lines, "run_finished").unwrap()["retries_used"], 1);
-    assert_eq!(rig.mock.requests("flaky").len(), 2);
+    for (model, lane) in FAMILIES {
+        rig.script(lane, json!([{"status": 429, "headers": {"retry-after": "0"}}, text_step("ok now")]));
+        let out = rig.run(lane, &["--model", model, "--session", "r", "--json", "hi"]);
+        assert_eq!(code(&out), 0, "{model}");
+        let lines = json_lines(&out);
+        assert_eq!(unit(&lines, "run_finished").unwrap()["retries_used"], 1, "{model}");
+        assert_eq!(rig.mock.requests(lane).len(), 2, "{model}");
+    }
 }
 
 #[test]
 fn max_steps_stops_the_loop() {
     let rig = Rig::new();
     let call = |id: &str| json!({"events": [{"tool_call": {"id": id, "name": "look", "arguments": {}}}, {"finish": "tool_calls"}]});
-    rig.script("steps", json!([call("a"), call("b"), call("c")]));
-    let out = rig.run("steps", &["--model", "mock/echo-chat", "--session", "m", "--max-steps", "2", "--json", "go"]);
-    assert_eq!(code(&out), 1);
-    assert_eq!(unit(&json_lines(&out), "run_finished").unwrap()["reason"], "max_steps");
-    assert_eq!(rig.mock.requests("steps").len(), 2);
+    for (model, lane) in FAMILIES {
+        rig.script(lane, json!([call("a"), call("b"), call("c")]));
+        let out = rig.run(lane, &["--model", model, "--session", "m", "--max-steps", "2", "--json", "go"]);
+        assert_eq!(code(&out), 1, "{model}");
+        assert_eq!(unit(&json_lines(&out), "run_finished").unwrap()["reason"], "max_steps", "{model}");
+        assert_eq!(rig.mock.requests(lane).len(), 2, "{model}");
+    }
 }
 
 #[test]
