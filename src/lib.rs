@@ -1,16 +1,19 @@
 //! broca: durable agentic LLM loops. See `README.md` and the house plan for the layers.
 
+pub mod actor;
 pub mod agent;
 pub mod catalog;
 pub mod lineage;
 pub mod message;
 pub mod mock;
+pub mod ops;
 pub mod pool;
 pub mod provider;
 pub mod record;
 pub mod session_key;
 pub mod state_root;
 pub mod store;
+pub mod subc;
 #[doc(hidden)]
 pub mod testkit;
 pub mod wal;

@@ -111,8 +111,9 @@ pub enum CancelAt {
     StepBoundary,
 }
 
-/// Who asked for a queued submission (the request identity, not just its message).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Who asked for a queued submission, and what they asked for (the request identity, not just
+/// its message).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RequestIdentity {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub send_id: Option<String>,
@@ -121,6 +122,10 @@ pub struct RequestIdentity {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub harness: Option<String>,
     pub received_at_ms: u64,
+    /// The render config frozen at admission, so the run this send starts later renders what
+    /// was admitted (a build or catalog change meanwhile cannot alter it). Null when absent.
+    #[serde(default, skip_serializing_if = "Value::is_null")]
+    pub config: Value,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

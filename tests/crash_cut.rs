@@ -436,6 +436,7 @@ fn request(tag: &str) -> RequestIdentity {
         principal: Some("tester".into()),
         harness: None,
         received_at_ms: 7,
+        config: json!({"model": "m1"}),
     }
 }
 

@@ -18,6 +18,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 pub use tools::{NoTools, ToolCall, ToolDispatcher, ToolOutput};
+pub use turn::handle_command;
 pub use turn::{admit, drive, TurnOutcome};
 
 use crate::lineage::projection::ControlUnit;
@@ -53,10 +54,24 @@ pub enum Output {
     Control(Vec<ControlUnit>),
 }
 
+/// Work for the lineage's owner, run between the loop's events (an op that needs the writer
+/// while a run is going: queue a send, retract, read a snapshot). Returns the control units it
+/// made durable, which the loop publishes like its own.
+pub type LineageJob = Box<dyn FnOnce(&mut crate::lineage::Lineage) -> Vec<ControlUnit> + Send>;
+
 /// Commands the loop accepts while it runs.
-#[derive(Clone, Debug, PartialEq)]
 pub enum RunCommand {
     Cancel(CancelAt),
+    Exec(LineageJob),
+}
+
+impl std::fmt::Debug for RunCommand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunCommand::Cancel(at) => write!(f, "Cancel({at:?})"),
+            RunCommand::Exec(_) => write!(f, "Exec(..)"),
+        }
+    }
 }
 
 /// How transient failures are retried.

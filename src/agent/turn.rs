@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{select, Receiver};
+use crossbeam_channel::{select, Receiver, RecvError};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
@@ -77,12 +77,21 @@ struct Driver<'a> {
     lineage: &'a mut Lineage,
     client: &'a dyn ModelClient,
     tools: &'a Arc<dyn ToolDispatcher>,
-    commands: &'a Receiver<RunCommand>,
+    commands: Receiver<RunCommand>,
     opts: &'a LoopOptions,
     out: &'a mut dyn FnMut(Output),
     run_id: String,
     config: RenderConfig,
     history: Vec<Message>,
+}
+
+/// Handles a command that arrived while no run is being driven: a job runs at once; a cancel
+/// finds nothing active (the caller answers `not_active`).
+pub fn handle_command(lineage: &mut Lineage, cmd: RunCommand) -> Vec<ControlUnit> {
+    match cmd {
+        RunCommand::Exec(job) => job(lineage),
+        RunCommand::Cancel(_) => Vec::new(),
+    }
 }
 
 /// Runs the lineage's last episode (open, or paused and now resumed) until it finishes or
@@ -120,7 +129,7 @@ pub fn drive(
             return Ok(TurnOutcome { run_id, reason: Some(FinishReason::Error), paused: None, error: Some(error) });
         }
     };
-    let mut d = Driver { lineage, client, tools, commands, opts, out, run_id, config, history };
+    let mut d = Driver { lineage, client, tools, commands: commands.clone(), opts, out, run_id, config, history };
     d.run()
 }
 
@@ -150,10 +159,32 @@ impl Driver<'_> {
     }
 
     fn drain_commands(&mut self) -> Result<(), LineageError> {
-        while let Ok(RunCommand::Cancel(at)) = self.commands.try_recv() {
-            self.request_cancel(at)?;
+        while let Ok(cmd) = self.commands.try_recv() {
+            self.command(Ok(cmd))?;
         }
         Ok(())
+    }
+
+    /// Handles one command (or the channel's end); returns the cancel mode it asked for.
+    fn command(&mut self, cmd: Result<RunCommand, RecvError>) -> Result<Option<CancelAt>, LineageError> {
+        match cmd {
+            Ok(RunCommand::Cancel(at)) => {
+                self.request_cancel(at)?;
+                Ok(Some(at))
+            }
+            Ok(RunCommand::Exec(job)) => {
+                let units = job(self.lineage);
+                if !units.is_empty() {
+                    (self.out)(Output::Control(units));
+                }
+                Ok(None)
+            }
+            // Nobody can send commands any more: stop selecting on a channel that is always ready.
+            Err(RecvError) => {
+                self.commands = crossbeam_channel::never();
+                Ok(None)
+            }
+        }
     }
 
     fn run(&mut self) -> Result<TurnOutcome, LineageError> {
@@ -294,12 +325,10 @@ impl Driver<'_> {
             if left.is_zero() {
                 return Ok(false);
             }
+            let commands = self.commands.clone();
             select! {
-                recv(self.commands) -> cmd => if let Ok(RunCommand::Cancel(at)) = cmd {
-                    self.request_cancel(at)?;
-                    if at == CancelAt::Now {
-                        return Ok(true);
-                    }
+                recv(commands) -> cmd => if self.command(cmd)? == Some(CancelAt::Now) {
+                    return Ok(true);
                 },
                 default(left) => return Ok(false),
             }
@@ -341,6 +370,7 @@ impl Driver<'_> {
         let mut asm = Assembler::default();
         let mut last_event = Instant::now();
         loop {
+            let commands = self.commands.clone();
             select! {
                 recv(rx) -> msg => {
                     last_event = Instant::now();
@@ -383,12 +413,9 @@ impl Driver<'_> {
                         }
                     }
                 },
-                recv(self.commands) -> cmd => if let Ok(RunCommand::Cancel(at)) = cmd {
-                    self.request_cancel(at)?;
-                    if at == CancelAt::Now {
-                        stop(&cancel);
-                        return Ok(AttemptEnd::Cancelled(Telemetry::default()));
-                    }
+                recv(commands) -> cmd => if self.command(cmd)? == Some(CancelAt::Now) {
+                    stop(&cancel);
+                    return Ok(AttemptEnd::Cancelled(Telemetry::default()));
                 },
                 default(TICK) => {
                     if last_event.elapsed() >= self.opts.idle_timeout {
@@ -435,6 +462,7 @@ impl Driver<'_> {
         let mut waiting = ids.len();
         (self.out)(Output::Display(DisplayEvent::Status { text: format!("waiting for {waiting} tool call(s)") }));
         while waiting > 0 {
+            let commands = self.commands.clone();
             select! {
                 recv(rx) -> msg => match msg {
                     Ok((i, out)) => {
@@ -444,11 +472,8 @@ impl Driver<'_> {
                     }
                     Err(_) => break,
                 },
-                recv(self.commands) -> cmd => if let Ok(RunCommand::Cancel(at)) = cmd {
-                    self.request_cancel(at)?;
-                    if at == CancelAt::Now {
-                        break;
-                    }
+                recv(commands) -> cmd => if self.command(cmd)? == Some(CancelAt::Now) {
+                    break;
                 },
             }
         }

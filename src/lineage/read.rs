@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use super::projection::{self, ControlUnit, Cursor};
-use super::replay::{Effect, Replay};
+use super::replay::{Effect, Replay, Resolution};
 use super::{decode, LineageError};
 use crate::message::Message;
 use crate::record;
@@ -22,6 +22,11 @@ pub struct TranscriptPage {
     pub messages: Vec<(u64, Message)>,
     /// Messages in the whole conversation.
     pub prompt_len: u64,
+    /// The last durable control unit this read covers (`session.subscribe {from: head}`
+    /// continues strictly after it).
+    pub head: Option<Cursor>,
+    /// Where the last episode stands.
+    pub resolution: Resolution,
 }
 
 /// Messages `[from, from + limit)` of the session stored at `wal_path`.
@@ -52,10 +57,16 @@ pub fn transcript(
                 }
             }
         })?;
+        replay.note_units(f.seq, projection::unit_count(&rec));
         Ok(())
     };
     wal::read(wal_path, record::KNOWN_FEATURES, resume, &mut visit)?;
-    Ok(TranscriptPage { messages, prompt_len: replay.prompt_len })
+    Ok(TranscriptPage {
+        messages,
+        prompt_len: replay.prompt_len,
+        head: replay.last_unit,
+        resolution: replay.resolution(),
+    })
 }
 
 /// Durable control units strictly after `after` (all units when `None`), at most `limit`.

@@ -1,0 +1,234 @@
+//! Lineage actors (spec §12): one OS thread per open session owns its [`Lineage`] (lease, WAL
+//! writer, replay state, queue) and runs its turns. Every write to a session goes through its
+//! actor as a job; reads that need no writer go around it.
+//!
+//! Registry invariants:
+//! - each key has one slot (`Mutex<Option<Actor>>`); opening happens under the slot's lock, so
+//!   exactly one Opening exists per lineage and a concurrent opener waits for it;
+//! - an actor closes only under its slot's lock and only when no job is waiting, and it drops
+//!   its lineage (releasing the lease) before unlocking, so a send racing a close either reaches
+//!   the live actor or opens a fresh one after the lease is free — never a half-torn state;
+//! - durable queued work keeps an actor open (it drains the FIFO, one episode per send), and so
+//!   does a run in progress; an idle actor with no pending work closes after its TTL.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
+use parking_lot::Mutex;
+
+use crate::agent::{self, LineageJob, LoopOptions, Output, RunCommand, ToolDispatcher};
+use crate::lineage::replay::Resolution;
+use crate::lineage::{Lineage, LineageError, Shared};
+use crate::provider::client::ModelClient;
+use crate::provider::config::RenderConfig;
+use crate::record::{CancelAt, ErrorClass, FinishReason, ProviderError};
+use crate::session_key::SessionKey;
+
+/// Where an actor's output goes: the session's subscribers (or nowhere).
+pub type Publish = Arc<dyn Fn(&SessionKey, Output) + Send + Sync>;
+
+/// What every actor needs to run turns.
+pub struct RunDeps {
+    pub client: Arc<dyn ModelClient>,
+    pub tools: Arc<dyn ToolDispatcher>,
+    pub opts: LoopOptions,
+    pub publish: Publish,
+    /// How long an idle actor with nothing pending keeps its lease.
+    pub idle_ttl: Duration,
+}
+
+struct Actor {
+    tx: Sender<RunCommand>,
+}
+
+type Slot = Arc<Mutex<Option<Actor>>>;
+
+pub struct Registry {
+    shared: Arc<Shared>,
+    deps: Arc<RunDeps>,
+    slots: Mutex<HashMap<SessionKey, Slot>>,
+}
+
+impl Registry {
+    pub fn new(shared: Arc<Shared>, deps: RunDeps) -> Arc<Registry> {
+        Arc::new(Registry { shared, deps: Arc::new(deps), slots: Mutex::new(HashMap::new()) })
+    }
+
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    fn slot(&self, key: &SessionKey) -> Slot {
+        Arc::clone(self.slots.lock().entry(key.clone()).or_default())
+    }
+
+    /// Runs `job` on the session's actor, opening it first if needed. Blocks only while
+    /// opening (lease and replay); call it from a worker, never from the io thread.
+    pub fn submit(self: &Arc<Self>, key: &SessionKey, job: LineageJob) -> Result<(), LineageError> {
+        self.send(key, RunCommand::Exec(job))
+    }
+
+    /// Asks the session's running turn to cancel. Returns false when no actor is open (so no
+    /// run is active in this process).
+    pub fn cancel(&self, key: &SessionKey, at: CancelAt) -> bool {
+        let slot = self.slot(key);
+        let guard = slot.lock();
+        guard.as_ref().is_some_and(|a| a.tx.send(RunCommand::Cancel(at)).is_ok())
+    }
+
+    /// Whether the session has an open actor.
+    pub fn is_open(&self, key: &SessionKey) -> bool {
+        self.slot(key).lock().is_some()
+    }
+
+    fn send(self: &Arc<Self>, key: &SessionKey, cmd: RunCommand) -> Result<(), LineageError> {
+        let slot = self.slot(key);
+        let mut guard = slot.lock();
+        if let Some(actor) = guard.as_ref() {
+            match actor.tx.send(cmd) {
+                Ok(()) => return Ok(()),
+                // The actor died (a panic or a poisoned WAL); open a fresh one.
+                Err(e) => {
+                    *guard = None;
+                    return self.open_locked(key, &slot, &mut guard, e.into_inner());
+                }
+            }
+        }
+        self.open_locked(key, &slot, &mut guard, cmd)
+    }
+
+    fn open_locked(
+        self: &Arc<Self>,
+        key: &SessionKey,
+        slot: &Slot,
+        guard: &mut Option<Actor>,
+        first: RunCommand,
+    ) -> Result<(), LineageError> {
+        let lineage = self.shared.open_lineage(key)?;
+        let (tx, rx) = unbounded();
+        let _ = tx.send(first);
+        let registry = Arc::clone(self);
+        let slot = Arc::clone(slot);
+        let name = format!("broca-actor-{}", &key.addr()[..8]);
+        std::thread::Builder::new()
+            .name(name)
+            .spawn(move || registry.actor_main(lineage, rx, slot))
+            .map_err(|e| LineageError::Refused(format!("cannot start the session's actor: {e}")))?;
+        *guard = Some(Actor { tx });
+        Ok(())
+    }
+
+    /// The actor thread: jobs, then turns (a resumed run or the next queued send), then an idle
+    /// wait that ends in closing.
+    fn actor_main(self: Arc<Self>, mut lineage: Lineage, rx: Receiver<RunCommand>, slot: Slot) {
+        let key = lineage.key().clone();
+        let publish = |o: Output| (self.deps.publish)(&key, o);
+        loop {
+            while let Ok(cmd) = rx.try_recv() {
+                let units = agent::handle_command(&mut lineage, cmd);
+                if !units.is_empty() {
+                    publish(Output::Control(units));
+                }
+            }
+            match self.next_turn(&mut lineage, &rx, &publish) {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(e) => {
+                    log::error!("session {}: the actor stops after a write failure: {e}", key.addr());
+                    self.close(&slot, &rx);
+                    return;
+                }
+            }
+            match rx.recv_timeout(self.deps.idle_ttl) {
+                Ok(cmd) => {
+                    let units = agent::handle_command(&mut lineage, cmd);
+                    if !units.is_empty() {
+                        publish(Output::Control(units));
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {
+                    let mut guard = slot.lock();
+                    if rx.is_empty() && lineage.state().queue.is_empty() {
+                        *guard = None;
+                        drop(lineage);
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    fn close(&self, slot: &Slot, rx: &Receiver<RunCommand>) {
+        let mut guard = slot.lock();
+        *guard = None;
+        // Jobs that can no longer run are dropped; their callers see their reply channel close.
+        while rx.try_recv().is_ok() {}
+    }
+
+    /// Drives the open run, or starts the next queued send. Returns whether it did anything.
+    fn next_turn(
+        &self,
+        lineage: &mut Lineage,
+        rx: &Receiver<RunCommand>,
+        publish: &dyn Fn(Output),
+    ) -> Result<bool, LineageError> {
+        match lineage.state().resolution() {
+            Resolution::Resume { .. } => {}
+            Resolution::Paused { .. } => return Ok(false),
+            Resolution::Empty | Resolution::Idle { .. } => {
+                let Some(next) = lineage.state().queue.front().cloned() else { return Ok(false) };
+                let run_id = format!("run-{}", next.submission_id);
+                let config: RenderConfig = match serde_json::from_value(next.request.config.clone()) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        // Admitted under a config this build cannot read: end it visibly rather
+                        // than leave the FIFO stuck behind it.
+                        let units = agent::admit(
+                            lineage,
+                            &run_id,
+                            Some(&next.submission_id),
+                            &unreadable(),
+                            next.message,
+                            None,
+                        )?;
+                        publish(Output::Control(units));
+                        let error = ProviderError {
+                            class: ErrorClass::Permanent,
+                            provider_code: Some("queued_config_unreadable".into()),
+                            message: format!("the queued send's frozen config does not decode: {e}"),
+                            http_status: None,
+                        };
+                        lineage.finish_run(&run_id, FinishReason::Error, Some(error), vec![])?;
+                        publish(Output::Control(lineage.commit()?));
+                        return Ok(true);
+                    }
+                };
+                let units = agent::admit(lineage, &run_id, Some(&next.submission_id), &config, next.message, None)?;
+                publish(Output::Control(units));
+            }
+        }
+        let d = &self.deps;
+        agent::drive(lineage, d.client.as_ref(), &d.tools, rx, &d.opts, &mut |o| publish(o))?;
+        Ok(true)
+    }
+}
+
+/// A placeholder config recorded for a queued send whose own config cannot be read.
+fn unreadable() -> RenderConfig {
+    RenderConfig {
+        provider: String::new(),
+        model: String::new(),
+        family: crate::provider::event::Family::OpenaiChat,
+        base_url: String::new(),
+        wire_model: String::new(),
+        variant: None,
+        variant_params: serde_json::Value::Null,
+        system: None,
+        max_output_tokens: None,
+        max_steps: None,
+        tools: vec![],
+        auth: Default::default(),
+    }
+}

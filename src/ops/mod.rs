@@ -1,0 +1,114 @@
+//! The session ops: requests mapped to actor jobs (writes) or direct reads. Transport-free: a
+//! caller (the subc module, a test) hands in the bound session, the method and its params, and
+//! gets exactly one answer through `reply`, possibly from another thread.
+//!
+//! Leniency is per operation (spec §15): `session.send` tolerates unknown members (logged once
+//! per key); `session.read` and `run.status` are strict and refuse unknown members by name.
+//! Every refusal is decided before anything is written.
+
+mod read;
+mod send;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::{Mutex, RwLock};
+use serde_json::{json, Value};
+
+use crate::actor::Registry;
+use crate::catalog::{Catalog, CatalogError};
+use crate::session_key::SessionKey;
+use crate::wire::Refusal;
+
+/// One answer, delivered once.
+pub type Reply = Box<dyn FnOnce(Result<Value, Refusal>) + Send>;
+
+/// A reply that is answered exactly once: by the first `answer`, or, if it is dropped
+/// unanswered (a job that never ran), with a transient refusal, so no request is left hanging.
+pub struct ReplyOnce(Mutex<Option<Reply>>);
+
+impl ReplyOnce {
+    pub fn new(reply: Reply) -> Arc<ReplyOnce> {
+        Arc::new(ReplyOnce(Mutex::new(Some(reply))))
+    }
+
+    pub fn answer(&self, result: Result<Value, Refusal>) {
+        if let Some(reply) = self.0.lock().take() {
+            reply(result);
+        }
+    }
+}
+
+impl Drop for ReplyOnce {
+    fn drop(&mut self) {
+        if let Some(reply) = self.0.get_mut().take() {
+            let detail = Some(crate::detail!("class" => "transient"));
+            reply(Err(Refusal::new("open_failed", "open failed: the session closed before answering", detail)));
+        }
+    }
+}
+
+/// What the ops need.
+pub struct Ops {
+    pub registry: Arc<Registry>,
+    pub catalog: Arc<RwLock<Result<Catalog, CatalogError>>>,
+    /// `BROCA_PROVIDER_BASE_URL`: mock providers, credential-free.
+    pub base_url_override: Option<String>,
+}
+
+/// The ops this module serves on a session route, in the order `role.describe` lists them.
+pub const OPS: &[&str] = &["role.describe", "session.send", "session.read", "run.status"];
+
+pub fn invalid_params(field: &str, why: &str) -> Refusal {
+    Refusal::new("invalid_params", format!("invalid params: {field}: {why}"), Some(crate::detail!("field" => field)))
+}
+
+/// Refuses members outside `known` (strict ops).
+fn strict(params: &Value, known: &[&str]) -> Result<(), Refusal> {
+    match params {
+        Value::Null => Ok(()),
+        Value::Object(map) => match map.keys().find(|k| !known.contains(&k.as_str())) {
+            Some(k) => Err(invalid_params(k, "unknown member")),
+            None => Ok(()),
+        },
+        _ => Err(invalid_params("params", "must be an object")),
+    }
+}
+
+/// Logs an unread `session.send` member once per key per process.
+fn note_unread(key: &str, harness: &str) {
+    static SEEN: OnceLock<Mutex<BTreeSet<String>>> = OnceLock::new();
+    if SEEN.get_or_init(Default::default).lock().insert(key.to_string()) {
+        log::warn!(target: "broca.wire", "session.send member {key:?} (from harness {harness:?}) is not read by this build");
+    }
+}
+
+impl Ops {
+    pub fn lkg_path(&self) -> PathBuf {
+        self.registry.shared().root.catalog_path()
+    }
+
+    /// Serves `method` for the session `key`. Blocking work (opening a lineage, reading the
+    /// store) happens here: call it from a worker thread.
+    pub fn handle(self: &Arc<Self>, key: &SessionKey, method: &str, params: Value, reply: Reply) {
+        match method {
+            "role.describe" => reply(strict(&params, &[]).map(|()| describe())),
+            "session.send" => send::session_send(self, key, params, reply),
+            "session.read" => reply(read::session_read(self, key, &params)),
+            "run.status" => reply(read::run_status(self, key, &params)),
+            other => reply(Err(Refusal::new("unknown_method", format!("unknown method {other:?}"), None))),
+        }
+    }
+}
+
+/// The `role.describe` answer: this build's major, its ops and capability groups.
+pub fn describe() -> Value {
+    json!({
+        "majors": [{"version": "llm-runner/v1", "ops": OPS, "stability": "alpha"}],
+        "implementation_version": concat!("broca ", env!("CARGO_PKG_VERSION")),
+        "capabilities": [],
+        "session_capabilities_from": "admission",
+        "max_bytes": {"default": read::MAX_BYTES, "maximum": read::MAX_BYTES},
+    })
+}

@@ -1,0 +1,114 @@
+//! `session.read` and `run.status`: strict reads that never open the session's actor. The
+//! transcript is the store prefix ⊕ the WAL tail; run-keyed status comes from the durable run
+//! index, then from the WAL.
+
+use serde_json::{json, Value};
+
+use super::{invalid_params, strict, Ops};
+use crate::lineage::read;
+use crate::lineage::replay::Resolution;
+use crate::session_key::SessionKey;
+use crate::wire::Refusal;
+
+/// The page byte cap (spec §4: default and maximum 3 MiB of serialized reply body).
+pub const MAX_BYTES: u64 = 3 << 20;
+const DEFAULT_LIMIT: u64 = 100;
+const MAX_LIMIT: u64 = 1000;
+
+fn state_name(r: &Resolution) -> &'static str {
+    match r {
+        Resolution::Empty => "empty",
+        Resolution::Idle { .. } => "idle",
+        Resolution::Paused { .. } => "paused",
+        Resolution::Resume { .. } => "active",
+    }
+}
+
+fn count(params: &Value, field: &str) -> Result<Option<u64>, Refusal> {
+    match params.get(field) {
+        None => Ok(None),
+        Some(v) => v.as_u64().map(Some).ok_or_else(|| invalid_params(field, "a non-negative integer is required")),
+    }
+}
+
+pub(super) fn session_read(ops: &Ops, key: &SessionKey, params: &Value) -> Result<Value, Refusal> {
+    strict(params, &["from_ordinal", "limit"])?;
+    let limit = match count(params, "limit")? {
+        Some(0) => return Err(invalid_params("limit", "must be at least 1")),
+        Some(n) => n.min(MAX_LIMIT),
+        None => DEFAULT_LIMIT,
+    };
+    let from = count(params, "from_ordinal")?;
+    let shared = ops.registry.shared();
+    let path = shared.wal_path(key);
+    if !path.exists() {
+        return Ok(json!({"messages": [], "lineage_state": "empty"}));
+    }
+    // The newest page needs the length first; a forward page does not.
+    let start = match from {
+        Some(f) => f,
+        None => {
+            let len = read::transcript(&shared.store, key, &path, u64::MAX, 0).map_err(|e| e.refusal())?.prompt_len;
+            len.saturating_sub(limit)
+        }
+    };
+    let page = read::transcript(&shared.store, key, &path, start, limit).map_err(|e| e.refusal())?;
+    let mut answer = json!({
+        "messages": page.messages.iter().map(|(o, m)| json!({"ordinal": o, "mid": format!("m{o}"), "message": m})).collect::<Vec<_>>(),
+        "lineage_state": state_name(&page.resolution),
+    });
+    let end = start.saturating_add(page.messages.len() as u64);
+    if end < page.prompt_len {
+        answer["next_from_ordinal"] = json!(end);
+    }
+    if let Some(head) = page.head {
+        answer["head"] = json!(head);
+    }
+    Ok(answer)
+}
+
+pub(super) fn run_status(ops: &Ops, key: &SessionKey, params: &Value) -> Result<Value, Refusal> {
+    strict(params, &["run_id"])?;
+    let shared = ops.registry.shared();
+    let run_id = match params.get("run_id") {
+        None => None,
+        Some(Value::String(id)) => Some(id.clone()),
+        Some(_) => return Err(invalid_params("run_id", "a string is required")),
+    };
+    if let Some(id) = &run_id {
+        shared.settle();
+        if let Some(row) =
+            shared.store.run(id).map_err(|e| Refusal::new("open_failed", format!("open failed: {e}"), None))?
+        {
+            if row.lineage == key.addr() {
+                let state = if row.terminal {
+                    row.reason.clone().unwrap_or_else(|| "terminal".into())
+                } else {
+                    row.state.clone()
+                };
+                let mut answer = json!({"run_id": id, "state": state});
+                if let Some(error) = row.error.as_deref().and_then(|e| serde_json::from_str::<Value>(e).ok()) {
+                    answer["error"] = error;
+                }
+                return Ok(answer);
+            }
+        }
+    }
+    let path = shared.wal_path(key);
+    if !path.exists() {
+        return Ok(json!({"state": if run_id.is_some() { "unknown" } else { "idle" }}));
+    }
+    let page = read::transcript(&shared.store, key, &path, u64::MAX, 0).map_err(|e| e.refusal())?;
+    let (last, state) = match &page.resolution {
+        Resolution::Empty => (None, "idle".to_string()),
+        Resolution::Idle { run_id, reason } => (Some(run_id.clone()), reason.as_str().to_string()),
+        Resolution::Paused { run_id, .. } => (Some(run_id.clone()), "paused".into()),
+        Resolution::Resume { run_id } => (Some(run_id.clone()), "active".into()),
+    };
+    match (run_id, last) {
+        (Some(asked), Some(last)) if asked != last => Ok(json!({"run_id": asked, "state": "unknown"})),
+        (Some(asked), None) => Ok(json!({"run_id": asked, "state": "unknown"})),
+        (_, Some(last)) => Ok(json!({"run_id": last, "state": state})),
+        (None, None) => Ok(json!({"state": state})),
+    }
+}

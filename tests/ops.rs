@@ -1,0 +1,171 @@
+//! The session ops on the actor registry, in-process against broca-mock: idle sends start runs,
+//! busy sends queue durably and drain in FIFO order, reads page from store ⊕ WAL, refusals are
+//! typed and write nothing, idle actors release their lease.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use broca::actor::{Registry, RunDeps};
+use broca::agent::{LoopOptions, NoTools};
+use broca::catalog::Catalog;
+use broca::lineage::Shared;
+use broca::mock::{MockServer, Script};
+use broca::ops::Ops;
+use broca::provider::client::HttpClient;
+use broca::session_key::SessionKey;
+use broca::state_root::StateRoot;
+use broca::wire::Refusal;
+use crossbeam_channel::bounded;
+use parking_lot::RwLock;
+use serde_json::{json, Value};
+
+struct Rig {
+    _dir: tempfile::TempDir,
+    mock: MockServer,
+    ops: Arc<Ops>,
+}
+
+fn rig(idle_ttl: Duration) -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = Arc::new(Shared::open(StateRoot::at(dir.path()).unwrap()).unwrap());
+    let mock = MockServer::start("127.0.0.1:0").unwrap();
+    let deps = RunDeps {
+        client: Arc::new(HttpClient::default()),
+        tools: Arc::new(NoTools),
+        opts: LoopOptions::default(),
+        publish: Arc::new(|_, _| {}),
+        idle_ttl,
+    };
+    let lkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json");
+    let ops = Arc::new(Ops {
+        registry: Registry::new(shared, deps),
+        catalog: Arc::new(RwLock::new(Catalog::load_lkg(&lkg))),
+        base_url_override: Some(mock.base_url(None)),
+    });
+    Rig { _dir: dir, mock, ops }
+}
+
+fn key() -> SessionKey {
+    SessionKey::new("/work/proj", "ops-test", "s1")
+}
+
+impl Rig {
+    fn call(&self, method: &str, params: Value) -> Result<Value, Refusal> {
+        let (tx, rx) = bounded(1);
+        self.ops.handle(&key(), method, params, Box::new(move |r| tx.send(r).unwrap()));
+        rx.recv_timeout(Duration::from_secs(10)).expect("an answer")
+    }
+
+    fn wait_state(&self, run_id: &str, want: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let status = self.call("run.status", json!({"run_id": run_id})).unwrap();
+            if status["state"] == want {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{run_id} never reached {want}: {status}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn send(prompt: &str) -> Value {
+    json!({"prompt": prompt, "model": {"provider": "mock", "model": "echo-chat"}, "send_id": prompt})
+}
+
+fn reply_script(text: &str, delay_ms: u64) -> Value {
+    json!({"events": [{"delay_ms": delay_ms}, {"text": text}, {"usage": {"input": 5, "output": 2}}, {"finish": "stop"}]})
+}
+
+#[test]
+fn an_idle_send_runs_and_a_busy_send_queues_then_drains_in_order() {
+    let rig = rig(Duration::from_secs(5));
+    let script =
+        json!({"responses": [reply_script("first", 300), reply_script("second", 0), reply_script("third", 0)]});
+    rig.mock.install("default", Script::from_json(&script.to_string()).unwrap());
+    let first = rig.call("session.send", send("one")).unwrap();
+    assert_eq!(first["state"], "active");
+    let run1 = first["run_id"].as_str().unwrap().to_string();
+    assert_eq!(run1, format!("run-{}", first["submission_id"].as_str().unwrap()));
+    let second = rig.call("session.send", send("two")).unwrap();
+    let third = rig.call("session.send", send("three")).unwrap();
+    assert_eq!((second["state"].as_str(), third["state"].as_str()), (Some("pending"), Some("pending")));
+    let run3 = format!("run-{}", third["submission_id"].as_str().unwrap());
+    rig.wait_state(&run3, "completed");
+    rig.wait_state(&run1, "completed");
+    let page = rig.call("session.read", json!({})).unwrap();
+    let texts: Vec<String> = page["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["message"]["content"][0]["text"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(texts, ["one", "first", "two", "second", "three", "third"], "FIFO, one episode per send");
+    assert_eq!(page["lineage_state"], "idle");
+    assert!(page["head"]["wal_seq"].as_u64().unwrap() > 0);
+    // Paging: a forward page and its continuation.
+    let p = rig.call("session.read", json!({"from_ordinal": 1, "limit": 2})).unwrap();
+    assert_eq!(p["messages"][0]["mid"], "m1");
+    assert_eq!(p["next_from_ordinal"], 3);
+}
+
+#[test]
+fn refusals_are_typed_and_write_nothing() {
+    let rig = rig(Duration::from_secs(5));
+    let err =
+        rig.call("session.send", json!({"prompt": "x", "model": {"provider": "nope", "model": "none"}})).unwrap_err();
+    assert_eq!(err.code, "model_unknown");
+    let err = rig.call("session.send", json!({"model": {"provider": "mock", "model": "echo-chat"}})).unwrap_err();
+    assert_eq!(
+        (err.code.as_str(), err.detail.unwrap().get("field").cloned()),
+        ("invalid_params", Some(json!("prompt")))
+    );
+    let err = rig.call(
+        "session.send",
+        json!({"prompt": "x", "session": "other", "model": {"provider": "mock", "model": "echo-chat"}}),
+    );
+    assert_eq!(err.unwrap_err().detail.unwrap().get("field"), Some(&json!("session")));
+    let err = rig.call("session.read", json!({"direction": "backward"})).unwrap_err();
+    assert_eq!(err.detail.unwrap().get("field"), Some(&json!("direction")), "session.read is strict");
+    let err = rig.call("run.status", json!({"runid": "x"})).unwrap_err();
+    assert_eq!(err.code, "invalid_params");
+    assert_eq!(rig.call("session.frobnicate", json!({})).unwrap_err().code, "unknown_method");
+    assert!(!rig.ops.registry.shared().wal_path(&key()).exists(), "no refusal created the session");
+    assert!(rig.mock.requests("default").is_empty());
+    assert_eq!(rig.call("run.status", json!({"run_id": "run-nothing"})).unwrap()["state"], "unknown");
+}
+
+#[test]
+fn an_idle_actor_releases_its_lease() {
+    let rig = rig(Duration::from_millis(100));
+    let sent = rig.call("session.send", send("hello")).unwrap();
+    rig.wait_state(sent["run_id"].as_str().unwrap(), "completed");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rig.ops.registry.is_open(&key()) {
+        assert!(Instant::now() < deadline, "the actor never closed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The lease is free: this process can open the lineage directly.
+    let l = rig.ops.registry.shared().open_lineage(&key()).unwrap();
+    assert_eq!(l.state().episodes, 1);
+    drop(l);
+    // And a later send reopens the actor and appends a second episode.
+    let again = rig.call("session.send", send("again")).unwrap();
+    rig.wait_state(again["run_id"].as_str().unwrap(), "completed");
+    assert_eq!(rig.call("session.read", json!({})).unwrap()["messages"].as_array().unwrap().len(), 4);
+}
+
+#[test]
+fn a_newer_writers_session_refuses_the_send_by_name() {
+    let rig = rig(Duration::from_secs(5));
+    let shared = rig.ops.registry.shared();
+    drop(shared.open_lineage(&key()).unwrap());
+    let mut frame = Vec::new();
+    broca::wal::frame::encode(&mut frame, broca::wal::frame::FrameKind::Record, 1, 1, &["probe-unknown/v1"], b"{}");
+    let mut f = std::fs::OpenOptions::new().append(true).open(shared.wal_path(&key())).unwrap();
+    std::io::Write::write_all(&mut f, &frame).unwrap();
+    let err = rig.call("session.send", send("hi")).unwrap_err();
+    assert_eq!(err.code, "wal_newer_writer");
+    assert_eq!(rig.call("session.read", json!({})).unwrap_err().code, "wal_newer_writer");
+}
