@@ -3,6 +3,7 @@
 pub mod actor;
 pub mod agent;
 pub mod catalog;
+pub mod fanout;
 pub mod lineage;
 pub mod message;
 pub mod mock;
@@ -13,7 +14,6 @@ pub mod record;
 pub mod session_key;
 pub mod state_root;
 pub mod store;
-pub mod subc;
 #[doc(hidden)]
 pub mod testkit;
 pub mod wal;

@@ -304,7 +304,7 @@ impl Printer {
                     .into_iter()
                     .map(|u| serde_json::json!({"kind": "control", "cursor": u.cursor, "unit": u.unit}))
                     .collect(),
-                Output::Display(d) => vec![serde_json::json!({"kind": "display", "event": display_json(&d)})],
+                Output::Display(d) => vec![broca::fanout::display_frame(&d)],
             };
             for l in lines {
                 let _ = writeln!(stdout, "{l}");
@@ -374,19 +374,4 @@ fn usage_line(u: &RunUsage) -> String {
     .collect();
     let tokens = if fields.is_empty() { "usage unreported".to_string() } else { fields.join(", ") };
     format!("{} step(s), {tokens}", u.steps)
-}
-
-fn display_json(d: &DisplayEvent) -> serde_json::Value {
-    match d {
-        DisplayEvent::TextDelta { step, text } => {
-            serde_json::json!({"type": "text_delta", "step": step, "delta": text})
-        }
-        DisplayEvent::ReasoningDelta { step, text } => {
-            serde_json::json!({"type": "reasoning_delta", "step": step, "delta": text})
-        }
-        DisplayEvent::ToolInputDelta { step, index, delta } => {
-            serde_json::json!({"type": "tool_input_delta", "step": step, "index": index, "delta": delta})
-        }
-        DisplayEvent::Status { text } => serde_json::json!({"type": "status", "text": text}),
-    }
 }

@@ -1,0 +1,175 @@
+//! Fan-out in-process: observers attached from `start`, from a cursor and `live` see the same
+//! durable control stream with no gap and no duplicate, frames are numbered from 1, a terminal
+//! does not end a stream, and a subscriber that never reads slows nothing down.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use broca::actor::{Registry, RunDeps};
+use broca::agent::{LoopOptions, NoTools};
+use broca::catalog::Catalog;
+use broca::fanout::{From, Hub, SinkError, StreamSink};
+use broca::lineage::projection::Cursor;
+use broca::lineage::Shared;
+use broca::mock::{MockServer, Script};
+use broca::ops::Ops;
+use broca::provider::client::HttpClient;
+use broca::session_key::SessionKey;
+use broca::state_root::StateRoot;
+use broca::wire::Refusal;
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
+use parking_lot::RwLock;
+use serde_json::{json, Value};
+
+struct Rig {
+    _dir: tempfile::TempDir,
+    mock: MockServer,
+    ops: Arc<Ops>,
+    hub: Arc<Hub>,
+}
+
+fn rig() -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = Arc::new(Shared::open(StateRoot::at(dir.path()).unwrap()).unwrap());
+    let mock = MockServer::start("127.0.0.1:0").unwrap();
+    let hub = Hub::new();
+    let publish_hub = Arc::clone(&hub);
+    let deps = RunDeps {
+        client: Arc::new(HttpClient::default()),
+        tools: Arc::new(NoTools),
+        opts: LoopOptions::default(),
+        publish: Arc::new(move |key, out| publish_hub.publish(key, &out)),
+        idle_ttl: Duration::from_secs(5),
+    };
+    let lkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json");
+    let ops = Arc::new(Ops {
+        registry: Registry::new(shared, deps),
+        catalog: Arc::new(RwLock::new(Catalog::load_lkg(&lkg))),
+        base_url_override: Some(mock.base_url(None)),
+    });
+    Rig { _dir: dir, mock, ops, hub }
+}
+
+fn key() -> SessionKey {
+    SessionKey::new("/work/proj", "fanout-test", "s1")
+}
+
+/// A sink that forwards frames to the test.
+struct Collect(Sender<Result<Value, Option<Refusal>>>);
+
+impl StreamSink for Collect {
+    fn frame(&mut self, event: &Value) -> Result<(), SinkError> {
+        self.0.send(Ok(event.clone())).map_err(|_| SinkError::Closed)
+    }
+    fn end(&mut self, error: Option<Refusal>) {
+        let _ = self.0.send(Err(error));
+    }
+}
+
+/// A sink that never returns from its first frame until released: a reader that stopped.
+struct Stalled(Receiver<()>);
+
+impl StreamSink for Stalled {
+    fn frame(&mut self, _event: &Value) -> Result<(), SinkError> {
+        let _ = self.0.recv_timeout(Duration::from_secs(30));
+        Err(SinkError::Closed)
+    }
+    fn end(&mut self, _error: Option<Refusal>) {}
+}
+
+impl Rig {
+    fn send(&self, prompt: &str) -> Value {
+        let (tx, rx) = bounded(1);
+        let params = json!({"prompt": prompt, "model": {"provider": "mock", "model": "echo-chat"}});
+        self.ops.handle(&key(), "session.send", params, Box::new(move |r| tx.send(r).unwrap()));
+        rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap()
+    }
+
+    fn attach(&self, from: From) -> Receiver<Result<Value, Option<Refusal>>> {
+        let (tx, rx) = unbounded();
+        let wal = self.ops.registry.shared().wal_path(&key());
+        self.hub.attach(&key(), wal, from, Collect(tx));
+        rx
+    }
+}
+
+/// Control frames until (and including) the `run_finished` of `run_id`.
+fn until_finished(rx: &Receiver<Result<Value, Option<Refusal>>>, run_id: &str, seen: &mut Vec<Value>) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let frame =
+            rx.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("a frame").expect("open");
+        let done = frame["unit"]["type"] == "run_finished" && frame["unit"]["run_id"] == json!(run_id);
+        seen.push(frame);
+        if done {
+            return;
+        }
+    }
+}
+
+fn control(frames: &[Value]) -> Vec<(Value, Value)> {
+    frames.iter().filter(|f| f["kind"] == "control").map(|f| (f["cursor"].clone(), f["unit"].clone())).collect()
+}
+
+fn script(rig: &Rig, texts: &[&str]) {
+    let responses: Vec<Value> = texts
+        .iter()
+        .map(
+            |t| json!({"events": [{"delay_ms": 30}, {"text": t}, {"delay_ms": 30}, {"text": "!"}, {"finish": "stop"}]}),
+        )
+        .collect();
+    rig.mock.install("default", Script::from_json(&json!({"responses": responses}).to_string()).unwrap());
+}
+
+#[test]
+fn observers_see_one_durable_stream_and_stay_attached_across_episodes() {
+    let rig = rig();
+    script(&rig, &["first", "second"]);
+    let a = rig.attach(From::Start);
+    let b = rig.attach(From::Start);
+    let run1 = rig.send("one")["run_id"].as_str().unwrap().to_string();
+    let (mut fa, mut fb) = (Vec::new(), Vec::new());
+    until_finished(&a, &run1, &mut fa);
+    until_finished(&b, &run1, &mut fb);
+    assert_eq!(control(&fa), control(&fb), "both observers see the same control stream");
+    assert!(fa.iter().any(|f| f["kind"] == "display" && f["event"]["delta"] == "first"), "display lane is live");
+    let seqs: Vec<u64> = fa.iter().map(|f| f["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "seq from 1 with no jumps");
+    // A terminal run does not end the stream: the next episode arrives on the same one.
+    let run2 = rig.send("two")["run_id"].as_str().unwrap().to_string();
+    until_finished(&a, &run2, &mut fa);
+    let cursors: Vec<Cursor> = control(&fa).iter().map(|(c, _)| serde_json::from_value(c.clone()).unwrap()).collect();
+    assert!(cursors.windows(2).all(|w| w[0] < w[1]), "cursors strictly increase");
+    // A late observer from `start` replays the same durable history.
+    let late = rig.attach(From::Start);
+    let mut fl = Vec::new();
+    until_finished(&late, &run2, &mut fl);
+    assert_eq!(control(&fl), control(&fa));
+    // Resubscribing from a cursor continues strictly after it: no gap, no duplicate.
+    let mid: Cursor = serde_json::from_value(control(&fa)[3].0.clone()).unwrap();
+    let resumed = rig.attach(From::After(mid));
+    let mut fr = Vec::new();
+    until_finished(&resumed, &run2, &mut fr);
+    assert_eq!(control(&fr), control(&fa)[4..].to_vec());
+}
+
+#[test]
+fn live_attaches_after_the_head_and_a_stalled_reader_slows_nothing() {
+    let rig = rig();
+    script(&rig, &["first", "second"]);
+    let run1 = rig.send("one")["run_id"].as_str().unwrap().to_string();
+    let watcher = rig.attach(From::Start);
+    until_finished(&watcher, &run1, &mut Vec::new());
+    let live = rig.attach(From::Live);
+    let (_release, stall) = unbounded();
+    rig.hub.attach(&key(), rig.ops.registry.shared().wal_path(&key()), From::Start, Stalled(stall));
+    let run2 = rig.send("two")["run_id"].as_str().unwrap().to_string();
+    let mut fl = Vec::new();
+    until_finished(&live, &run2, &mut fl);
+    let units = control(&fl);
+    assert_eq!(units[0].1["type"], "submission_queued", "live starts with the next send");
+    assert!(units.iter().all(|(_, u)| u["run_id"] != json!(run1)), "live replays no history");
+    assert!(units.iter().any(|(_, u)| u["type"] == "run_started" && u["run_id"] == json!(run2)));
+    assert_eq!(rig.hub.subscribers(&key()), 3);
+}
