@@ -11,9 +11,11 @@ pub mod ops;
 pub mod pool;
 pub mod provider;
 pub mod record;
+pub mod serve;
 pub mod session_key;
 pub mod state_root;
 pub mod store;
+pub mod subc;
 #[doc(hidden)]
 pub mod testkit;
 pub mod wal;

@@ -1,0 +1,271 @@
+//! The module front: the subc io thread's [`Handler`], mapping bound routes to sessions and
+//! requests to ops. It runs on the io thread, so it only decodes, looks up and hands work to
+//! the op workers; it never blocks and never touches disk (DESIGN §2 rule 2).
+//!
+//! Invariants: a route's session is fixed by its bind (harness + session from the identity;
+//! project root from the daemon's legacy identity field, else the stamped scope's `workdir`,
+//! else `/`); every request gets exactly one terminal frame, from its op's reply or from a
+//! refusal here; a `session.subscribe` stream lives until its client cancels, its route closes,
+//! or it ends in error.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use subc_protocol::Flags;
+
+use crate::fanout::{From, Hub, SinkError, StreamSink, Subscription};
+use crate::lineage::projection::Cursor;
+use crate::ops::{invalid_params, Ops};
+use crate::pool::Pool;
+use crate::session_key::SessionKey;
+use crate::subc::{health_ok, BindRequest, ControlRequest, Handler, Outbound, Route};
+use crate::wire::Refusal;
+
+/// Process-lifetime counters for `health.check`.
+#[derive(Default)]
+pub struct Metrics {
+    ops: Mutex<BTreeMap<&'static str, u64>>,
+    session_reads: AtomicU64,
+}
+
+impl Metrics {
+    fn count(&self, method: &str) {
+        if let Some(op) = SERVED.iter().find(|o| **o == method) {
+            *self.ops.lock().entry(op).or_default() += 1;
+        }
+        if method == "session.read" {
+            self.session_reads.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Every served operation at zero or above, plus the named gauges.
+    pub fn snapshot(&self, hub: &Hub) -> Value {
+        let ops = self.ops.lock();
+        let management: BTreeMap<&str, u64> = SERVED.iter().map(|o| (*o, ops.get(o).copied().unwrap_or(0))).collect();
+        let _ = hub;
+        json!({
+            "management_ops": management,
+            "session_reads": self.session_reads.load(Ordering::Relaxed),
+        })
+    }
+}
+
+/// Every operation served on a session route, including the stream.
+pub const SERVED: &[&str] = &["role.describe", "session.send", "session.read", "run.status", "session.subscribe"];
+
+pub struct Server {
+    ops: Arc<Ops>,
+    hub: Arc<Hub>,
+    outbound: Outbound,
+    workers: Arc<Pool>,
+    metrics: Arc<Metrics>,
+    routes: HashMap<Route, SessionKey>,
+    streams: Arc<Mutex<HashMap<(Route, u64), Subscription>>>,
+    draining: Arc<AtomicBool>,
+    stopped: crossbeam_channel::Sender<()>,
+}
+
+impl Server {
+    pub fn new(ops: Arc<Ops>, hub: Arc<Hub>, outbound: Outbound, stopped: crossbeam_channel::Sender<()>) -> Server {
+        Server {
+            ops,
+            hub,
+            outbound,
+            workers: Arc::new(Pool::new("broca-op")),
+            metrics: Arc::new(Metrics::default()),
+            routes: HashMap::new(),
+            streams: Arc::new(Mutex::new(HashMap::new())),
+            draining: Arc::new(AtomicBool::new(false)),
+            stopped,
+        }
+    }
+
+    fn refuse(&self, route: Route, corr: u64, refusal: &Refusal) {
+        let _ = self.outbound.refuse(route, corr, refusal);
+    }
+
+    fn subscribe(&mut self, route: Route, corr: u64, key: SessionKey, params: &Value) {
+        let from = match parse_from(params) {
+            Ok(f) => f,
+            Err(r) => return self.refuse(route, corr, &r),
+        };
+        let (hub, wal) = (Arc::clone(&self.hub), self.ops.registry.shared().wal_path(&key));
+        let sink = SubcSink { outbound: self.outbound.clone(), route, corr };
+        let streams = Arc::clone(&self.streams);
+        // Attaching may read the WAL (the live head): a worker does it, not the io thread.
+        let job = move || {
+            let sub = hub.attach(&key, wal, from, sink);
+            streams.lock().insert((route, corr), sub);
+        };
+        if let Err(e) = self.workers.run(job) {
+            log::error!("cannot start an op worker: {e}");
+        }
+    }
+}
+
+fn parse_from(params: &Value) -> Result<From, Refusal> {
+    if let Some(map) = params.as_object() {
+        if let Some(k) = map.keys().find(|k| k.as_str() != "from") {
+            return Err(invalid_params(k, "unknown member"));
+        }
+    } else if !params.is_null() {
+        return Err(invalid_params("params", "must be an object"));
+    }
+    match params.get("from") {
+        None => Ok(From::Live),
+        Some(Value::String(s)) if s == "live" => Ok(From::Live),
+        Some(Value::String(s)) if s == "start" => Ok(From::Start),
+        Some(c @ Value::Object(_)) => serde_json::from_value::<Cursor>(c.clone())
+            .map(From::After)
+            .map_err(|_| invalid_params("from", "\"start\", \"live\" or a cursor {wal_seq, sub_index}")),
+        Some(_) => Err(invalid_params("from", "\"start\", \"live\" or a cursor {wal_seq, sub_index}")),
+    }
+}
+
+/// The session a bind addresses.
+fn session_of(bind: &BindRequest) -> SessionKey {
+    let root = bind
+        .legacy_project_root
+        .clone()
+        .or_else(|| bind.scope.as_ref().and_then(|s| s.workdir.clone()))
+        .unwrap_or_else(|| "/".into());
+    SessionKey::new(&root, &bind.identity.harness, &bind.identity.session)
+}
+
+impl Handler for Server {
+    fn on_route_bound(&mut self, bind: BindRequest) {
+        self.routes.insert(bind.route, session_of(&bind));
+    }
+
+    fn on_request(&mut self, route: Route, corr: u64, flags: Flags, body: Vec<u8>) {
+        let Some(key) = self.routes.get(&route).cloned() else {
+            return self.refuse(route, corr, &Refusal::new("unknown_channel", "the route is not bound", None));
+        };
+        let envelope: Value = match serde_json::from_slice(&body) {
+            Ok(v) => v,
+            Err(e) => return self.refuse(route, corr, &invalid_params("body", &format!("not JSON: {e}"))),
+        };
+        let Some(method) = envelope.get("method").and_then(Value::as_str).map(String::from) else {
+            return self.refuse(route, corr, &invalid_params("method", "required"));
+        };
+        let params = envelope.get("params").cloned().unwrap_or(Value::Null);
+        self.metrics.count(&method);
+        if method == "session.subscribe" {
+            if !flags.is_subscription() {
+                return self.refuse(
+                    route,
+                    corr,
+                    &invalid_params("flags", "session.subscribe is a subscription request"),
+                );
+            }
+            return self.subscribe(route, corr, key, &params);
+        }
+        if method == "session.send" && self.draining.load(Ordering::Acquire) {
+            let refusal = Refusal::new("module_reloading", "broca is draining; send again shortly", None);
+            return self.refuse(route, corr, &refusal);
+        }
+        let (ops, outbound) = (Arc::clone(&self.ops), self.outbound.clone());
+        let job = move || {
+            let out = outbound.clone();
+            ops.handle(
+                &key,
+                &method,
+                params,
+                Box::new(move |result| {
+                    let _ = match result {
+                        Ok(answer) => out.reply(route, corr, json!({"result": answer}).to_string().into_bytes()),
+                        Err(refusal) => out.refuse(route, corr, &refusal),
+                    };
+                }),
+            );
+        };
+        if let Err(e) = self.workers.run(job) {
+            log::error!("cannot start an op worker: {e}");
+        }
+    }
+
+    fn on_cancel(&mut self, route: Route, corr: u64) {
+        // A stream ends on cancel; a unary request keeps its one terminal from its op.
+        if let Some(sub) = self.streams.lock().remove(&(route, corr)) {
+            sub.cancel();
+        }
+    }
+
+    fn on_route_closed(&mut self, route: Route) {
+        self.routes.remove(&route);
+        let mut streams = self.streams.lock();
+        let gone: Vec<(Route, u64)> = streams.keys().filter(|(r, _)| *r == route).copied().collect();
+        for k in gone {
+            if let Some(sub) = streams.remove(&k) {
+                sub.cancel();
+            }
+        }
+    }
+
+    fn on_control(&mut self, request: ControlRequest) {
+        match request {
+            ControlRequest::HealthCheck { corr } => {
+                let _ = self.outbound.health(corr, health_ok(self.metrics.snapshot(&self.hub)));
+            }
+            ControlRequest::Draining { .. } => self.draining.store(true, Ordering::Release),
+        }
+    }
+
+    fn on_shutdown(&mut self) {
+        let _ = self.stopped.send(());
+    }
+}
+
+/// A subscription's frames as subc StreamData on its request.
+struct SubcSink {
+    outbound: Outbound,
+    route: Route,
+    corr: u64,
+}
+
+impl StreamSink for SubcSink {
+    fn frame(&mut self, event: &Value) -> Result<(), SinkError> {
+        let body = match serde_json::to_vec(event) {
+            Ok(b) => b,
+            Err(_) => {
+                return Err(SinkError::Undeliverable(undeliverable(
+                    event,
+                    "unencodable",
+                    None,
+                    self.outbound.frame_limit(),
+                )))
+            }
+        };
+        if !self.outbound.fits(body.len()) {
+            let refusal = undeliverable(event, "too_large", Some(body.len()), self.outbound.frame_limit());
+            return Err(SinkError::Undeliverable(refusal));
+        }
+        self.outbound.stream_data(self.route, self.corr, body).map_err(|_| SinkError::Closed)
+    }
+
+    fn end(&mut self, error: Option<Refusal>) {
+        let _ = match error {
+            None => self.outbound.stream_end(self.route, self.corr, Vec::new()),
+            Some(r) => self.outbound.refuse(self.route, self.corr, &r),
+        };
+    }
+}
+
+/// `subscribe_unit_undeliverable` (spec §9): the stream ends with it and no StreamEnd.
+fn undeliverable(event: &Value, reason: &str, frame_bytes: Option<usize>, limit: usize) -> Refusal {
+    let cursor = event.get("cursor").cloned().unwrap_or(Value::Null);
+    let detail = match frame_bytes {
+        Some(bytes) => {
+            crate::detail!("reason" => reason, "cursor" => cursor, "frame_bytes" => bytes + subc_protocol::HEADER_LEN, "limit" => limit)
+        }
+        None => crate::detail!("reason" => reason, "cursor" => cursor),
+    };
+    Refusal::new(
+        "subscribe_unit_undeliverable",
+        format!("a subscription unit cannot be delivered: {reason}"),
+        Some(detail),
+    )
+}

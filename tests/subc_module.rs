@@ -1,0 +1,415 @@
+//! broca as a real subc module: the subc daemon (the `subc-daemon` library, booted in this
+//! process) supervises the broca binary, and the official consumer SDK (`subc-client-rs`) calls it.
+//!
+//! One test, because stopping the in-process daemon means sending SIGTERM to this process (the
+//! daemon's tokio signal handler catches it and runs the shutdown sequence of `subc-wire.md` §16).
+//! Every wait is bounded.
+
+use std::fs;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use broca::subc::{self, BindRequest, ConnectionEnd, ControlRequest, Handler, Outbound, Route};
+use cortexkit_role_llm_runner::describe::RoleDescribe;
+use crossbeam_channel::{Receiver, Sender};
+use subc_client_rs::{CallError, CallOptions, ConsumerOptions, SubcConsumer, SubscribeOptions, SubscriptionEnd};
+use subc_daemon::bootstrap::{run_with_config, BootstrapConfig};
+use subc_protocol::manifest::{
+    Concurrency, ManagementOperation, ManagementOperationKind, ModuleManifest, ProviderRole,
+};
+use subc_protocol::{BindIdentity, ErrorBody, Flags, Principal, RouteTarget};
+
+const MODULE_ID: &str = "broca";
+/// A module served in this process by `broca::subc`, to drive the io layer through the daemon.
+const PROBE_ID: &str = "subc-io-probe";
+const STEP: Duration = Duration::from_secs(15);
+
+/// A private fixture tree: `config/cortexkit/subc.jsonc`, `runtime/`, `run/` (logs, journal).
+struct Rig {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        let dir = tempfile::Builder::new().prefix("bsm").tempdir_in("/tmp").unwrap();
+        let root = dir.path().to_path_buf();
+        for sub in ["config", "config/cortexkit", "runtime", "run", "run/logs", "state"] {
+            fs::DirBuilder::new().mode(0o700).create(root.join(sub)).unwrap();
+        }
+        let config = serde_json::json!({
+            "version": 1,
+            "modules": {
+                MODULE_ID: {
+                    "program": env!("CARGO_BIN_EXE_broca"),
+                    "args": [],
+                    "env": {"CK_LOG": "info", "BROCA_STATE_ROOT": root.join("state")},
+                    "enabled": true,
+                    "reserved": true
+                }
+            }
+        });
+        fs::write(root.join("config/cortexkit/subc.jsonc"), config.to_string()).unwrap();
+        Rig { _dir: dir, root }
+    }
+
+    fn connection_file(&self) -> PathBuf {
+        self.root.join("runtime/subc-connection.json")
+    }
+
+    fn journal(&self) -> PathBuf {
+        self.root.join("run/terminals.jsonl")
+    }
+
+    fn broca_log(&self) -> String {
+        fs::read_to_string(self.root.join("run/logs/broca.stderr.log")).unwrap_or_default()
+    }
+
+    fn daemon_config(&self) -> BootstrapConfig {
+        BootstrapConfig::new(self.connection_file(), 0)
+            .with_daemon_config_path(self.root.join("config/cortexkit/subc.jsonc"))
+            .unwrap()
+            .with_capture_logs_dir(self.root.join("run/logs"))
+            .with_terminal_journal_path(self.journal())
+    }
+}
+
+fn wait_for_file(path: &Path, within: Duration) {
+    let until = Instant::now() + within;
+    while !path.exists() {
+        assert!(Instant::now() < until, "{} did not appear within {within:?}", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn consumer_options() -> ConsumerOptions {
+    ConsumerOptions {
+        handshake_timeout: Duration::from_secs(2),
+        call_timeout: Duration::from_secs(10),
+        ..Default::default()
+    }
+}
+
+fn call_options() -> CallOptions {
+    CallOptions { timeout: Duration::from_secs(10), ..Default::default() }
+}
+
+fn target() -> RouteTarget {
+    RouteTarget::ManagementSurface { module_id: MODULE_ID.into() }
+}
+
+async fn wait_until_registered(consumer: &SubcConsumer) -> subc_client_rs::CatalogEntry {
+    let until = Instant::now() + STEP;
+    loop {
+        if let Ok(list) = consumer.catalog_list().await {
+            if let Some(entry) = list.modules.into_iter().find(|m| m.module_id == MODULE_ID && m.ready) {
+                return entry;
+            }
+        }
+        assert!(Instant::now() < until, "broca did not register within {STEP:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Everything asked of the running module, through the consumer SDK.
+async fn exercise(rig: &Rig) {
+    let consumer = SubcConsumer::connect(&rig.connection_file(), consumer_options()).await.unwrap();
+    let entry = wait_until_registered(&consumer).await;
+    assert!(entry.nonce_verified, "the launch nonce was read and sent: {entry:?}");
+    assert!(entry.control_ops.iter().any(|op| op == "health.check"), "{:?}", entry.control_ops);
+    let provides = entry.capabilities.as_ref().map(|c| c.provides.clone()).unwrap_or_default();
+    assert_eq!(provides, vec!["llm-runner/v1".to_owned()]);
+
+    let identity = BindIdentity::new("test-harness", "session-1");
+    let describe = br#"{"method":"role.describe","params":{}}"#.to_vec();
+    let reply = consumer.call(target(), identity.clone(), describe, call_options()).await.unwrap();
+    let raw: serde_json::Value = serde_json::from_slice(&reply).unwrap();
+    assert_eq!(raw.as_object().unwrap().keys().collect::<Vec<_>>(), vec!["result"], "{raw}");
+    let answer: RoleDescribe = cortexkit_role_llm_runner::wire::read_reply(&reply).unwrap();
+    let major = answer.major("llm-runner/v1").expect("the llm-runner/v1 major");
+    assert!(major.serves("role.describe"), "{answer:?}");
+    assert_eq!(answer.implementation_version, env!("CARGO_PKG_VERSION"));
+
+    let unknown = br#"{"method":"nope","params":{}}"#.to_vec();
+    match consumer.call(target(), identity, unknown, call_options()).await {
+        Err(CallError::Module(body)) => {
+            assert_eq!(body.code, "unknown_method", "{body:?}");
+            assert_eq!(body.detail.unwrap()["method"], "nope");
+        }
+        other => panic!("expected unknown_method, got {other:?}"),
+    }
+
+    let health = consumer.supervisor_health_probe(MODULE_ID).await.unwrap();
+    assert_eq!(health.status, subc_protocol::session::HealthStatus::Ok);
+    let metrics = health.metrics.expect("health metrics");
+    assert_eq!(metrics["management_ops"], serde_json::json!({"role.describe": 1}), "{metrics}");
+}
+
+/// What the probe's handler saw, in order.
+#[derive(Debug, PartialEq)]
+enum Seen {
+    Bound { route: Route, session: String, principal: Option<Principal> },
+    Cancel { route: Route, corr: u64 },
+    Closed(Route),
+    Draining,
+    Shutdown,
+}
+
+/// A request the handler forwards to the probe's worker thread (the io thread never blocks).
+struct Job {
+    route: Route,
+    corr: u64,
+    method: String,
+    body: Vec<u8>,
+}
+
+struct ProbeHandler {
+    jobs: Sender<Job>,
+    seen: Sender<Seen>,
+}
+
+impl Handler for ProbeHandler {
+    fn on_route_bound(&mut self, bind: BindRequest) {
+        let _ = self.seen.send(Seen::Bound {
+            route: bind.route,
+            session: bind.identity.session,
+            principal: bind.principal,
+        });
+    }
+    fn on_request(&mut self, route: Route, corr: u64, _flags: Flags, body: Vec<u8>) {
+        let method = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["method"].as_str().map(str::to_owned));
+        let _ = self.jobs.send(Job { route, corr, method: method.unwrap_or_default(), body });
+    }
+    fn on_cancel(&mut self, route: Route, corr: u64) {
+        let _ = self.seen.send(Seen::Cancel { route, corr });
+        let _ = self.jobs.send(Job { route, corr, method: "cancel".into(), body: Vec::new() });
+    }
+    fn on_route_closed(&mut self, route: Route) {
+        let _ = self.seen.send(Seen::Closed(route));
+    }
+    fn on_control(&mut self, request: ControlRequest) {
+        match request {
+            ControlRequest::HealthCheck { .. } => {}
+            _ => {
+                let _ = self.seen.send(Seen::Draining);
+            }
+        }
+    }
+    fn on_shutdown(&mut self) {
+        let _ = self.seen.send(Seen::Shutdown);
+    }
+}
+
+/// The probe's worker: answers each method through `Outbound`, from its own thread.
+fn probe_worker(out: Outbound, jobs: Receiver<Job>) {
+    let limit = out.frame_limit() - subc::frame::HEADER_LEN;
+    for Job { route, corr, method, body } in jobs {
+        let _ = match method.as_str() {
+            "echo" => out.reply(route, corr, body),
+            "exact" => out.reply(route, corr, vec![b'x'; limit]),
+            "big" => out.reply(route, corr, vec![b'x'; limit + 1]),
+            "twice" => {
+                let _ = out.reply(route, corr, b"first".to_vec());
+                out.reply(route, corr, b"second".to_vec())
+            }
+            "stream" => {
+                for event in ["a", "b", "c"] {
+                    out.stream_data(route, corr, event.as_bytes().to_vec()).unwrap();
+                }
+                out.stream_end(route, corr, Vec::new()).unwrap();
+                // Both dropped by the io thread: nothing follows a terminal frame.
+                let _ = out.stream_data(route, corr, b"late".to_vec());
+                out.reply(route, corr, b"late".to_vec())
+            }
+            "hold" => Ok(()),
+            "cancel" => out.error(route, corr, &ErrorBody::new("cancelled", "cancelled by the client")),
+            "close" => {
+                let _ = out.reply(route, corr, b"closing".to_vec());
+                out.close_route(route)
+            }
+            other => out.error(route, corr, &ErrorBody::new("unknown_method", format!("unknown method {other:?}"))),
+        };
+    }
+}
+
+fn probe_manifest() -> ModuleManifest {
+    let operations = ["echo", "exact", "big", "twice", "stream", "hold", "close"]
+        .iter()
+        .map(|name| ManagementOperation {
+            name: (*name).into(),
+            kind: ManagementOperationKind::Query,
+            description: None,
+        })
+        .collect();
+    ModuleManifest::builder(PROBE_ID, "0.0.1")
+        .provides(vec![ProviderRole::ManagementSurface {
+            operations,
+            config_schema: serde_json::json!({"type": "object"}),
+            observability: Vec::new(),
+            identity_scope: Vec::new(),
+            concurrency: Concurrency::ModuleManaged,
+        }])
+        .build()
+}
+
+/// Registers the probe (a self-connecting module, as a hand-started one would) and serves it.
+fn start_probe(conn_file: &Path) -> (subc::Running, Receiver<Seen>) {
+    let conn = subc::connect(conn_file, probe_manifest(), PROBE_ID).unwrap();
+    assert_eq!(conn.hello_ack().negotiated_ver, 2);
+    let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded();
+    let (seen_tx, seen_rx) = crossbeam_channel::unbounded();
+    let out = conn.outbound();
+    std::thread::spawn(move || probe_worker(out, jobs_rx));
+    // Test-only: a real authorizer decides on the stamped principal and scope, never on the
+    // opener's unattested identity. This one refuses a named session to exercise the refusal path.
+    let authorizer = |bind: &BindRequest| match bind.identity.session.as_str() {
+        "refuse-me" => Err(ErrorBody::new("not_authorized", "the probe refuses this session")),
+        _ => Ok(()),
+    };
+    let running = conn.start(ProbeHandler { jobs: jobs_tx, seen: seen_tx }, authorizer).unwrap();
+    (running, seen_rx)
+}
+
+fn next_seen(seen: &Receiver<Seen>) -> Seen {
+    seen.recv_timeout(STEP).expect("the probe saw nothing within the step")
+}
+
+/// The io layer through the real daemon: binds, replies, limits, one terminal, streams, cancel,
+/// refusal and module-side route close.
+async fn exercise_probe(rig: &Rig, seen: &Receiver<Seen>) {
+    let consumer = SubcConsumer::connect(&rig.connection_file(), consumer_options()).await.unwrap();
+    let probe = RouteTarget::ManagementSurface { module_id: PROBE_ID.into() };
+    let identity = BindIdentity::new("probe-harness", "probe-1");
+    let call = |method: &str| {
+        let body = serde_json::json!({"method": method, "params": {}}).to_string().into_bytes();
+        consumer.call(probe.clone(), identity.clone(), body, call_options())
+    };
+
+    let echoed = call("echo").await.unwrap();
+    assert_eq!(serde_json::from_slice::<serde_json::Value>(&echoed).unwrap()["method"], "echo");
+    let Seen::Bound { route, session, principal } = next_seen(seen) else { panic!("expected the bind first") };
+    assert_eq!((session.as_str(), principal), ("probe-1", Some(Principal::Direct)));
+
+    // A reply of exactly the delivered-frame limit (header included) arrives whole.
+    assert_eq!(call("exact").await.unwrap().len(), subc_protocol::MAX_DELIVERED_FRAME_LEN - 21);
+    // One byte more is replaced by the module's generic refusal; the route stays usable.
+    match call("big").await {
+        Err(CallError::Module(body)) => {
+            assert_eq!(body.code, "frame_too_large");
+            assert!(body.message.starts_with("module reply of 4194305 bytes"), "{body:?}");
+        }
+        other => panic!("expected frame_too_large, got {other:?}"),
+    }
+    // A second terminal for one request is dropped; the client sees the first and the route's
+    // credit is released exactly once.
+    assert_eq!(call("twice").await.unwrap(), b"first");
+    assert!(call("echo").await.is_ok());
+
+    let stream_body = br#"{"method":"stream","params":{}}"#.to_vec();
+    let mut sub =
+        consumer.subscribe(probe.clone(), identity.clone(), stream_body, SubscribeOptions::default()).await.unwrap();
+    let mut events = Vec::new();
+    while let Some(event) = tokio::time::timeout(STEP, sub.events().recv()).await.expect("stream events") {
+        events.push(String::from_utf8(event).unwrap());
+    }
+    assert_eq!(events, ["a", "b", "c"]);
+    assert!(matches!(sub.ended().await, SubscriptionEnd::StreamEnd));
+
+    // Cancel reaches the handler for the open request, which still sends its one terminal.
+    let hold_body = br#"{"method":"hold","params":{}}"#.to_vec();
+    let held =
+        consumer.subscribe(probe.clone(), identity.clone(), hold_body, SubscribeOptions::default()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    held.unsubscribe().unwrap();
+    let Seen::Cancel { route: cancelled, .. } = next_seen(seen) else { panic!("expected the cancel") };
+    assert_eq!(cancelled, route);
+    assert!(call("echo").await.is_ok(), "the cancelled request's credit was released");
+
+    // A refused bind reaches the opener with the authorizer's code.
+    let refused = consumer
+        .call(probe.clone(), BindIdentity::new("probe-harness", "refuse-me"), b"{}".to_vec(), call_options())
+        .await;
+    let err = refused.unwrap_err();
+    assert_eq!(err.route_open_refusal().map(|b| b.code.as_str()), Some("not_authorized"), "{err:?}");
+
+    // The module closes a route itself; a new route (another session) still binds and serves.
+    assert_eq!(call("close").await.unwrap(), b"closing");
+    assert_eq!(next_seen(seen), Seen::Closed(route));
+    let other = BindIdentity::new("probe-harness", "probe-2");
+    let body = br#"{"method":"echo","params":{}}"#.to_vec();
+    assert!(consumer.call(probe.clone(), other, body, call_options()).await.is_ok());
+    assert!(matches!(next_seen(seen), Seen::Bound { ref session, .. } if session == "probe-2"));
+}
+
+/// `broca` alone or `--subc` without a path is a usage error (2); an unreadable file is 1.
+fn refuses_to_start_without_a_connection_file() {
+    let run = |args: &[&str]| {
+        let out =
+            std::process::Command::new(env!("CARGO_BIN_EXE_broca")).args(args).env_remove("CK_LOG").output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, stderr) = run(&[]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("without --subc"), "{stderr}");
+    assert_eq!(run(&["--subc"]).0, Some(2));
+    let (code, stderr) = run(&["--subc", "/nonexistent/subc-connection.json"]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("connection file /nonexistent/subc-connection.json"), "{stderr}");
+}
+
+#[test]
+fn broca_serves_under_the_real_daemon_and_exits_zero_on_its_goodbye() {
+    // Test clients must open routes as plain direct callers (subc-wire.md §20.4). Nothing else
+    // runs in this process yet, so changing the environment is safe here.
+    for var in ["SUBC_MODULE_ID", "SUBC_LAUNCH_NONCE", "SUBC_LAUNCH_NONCE_FD"] {
+        std::env::remove_var(var);
+    }
+    refuses_to_start_without_a_connection_file();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_test_writer()
+        .try_init();
+    let rig = Rig::new();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let daemon = rt.spawn(run_with_config(rig.daemon_config()));
+    wait_for_file(&rig.connection_file(), STEP);
+
+    let exercised = rt.block_on(async { tokio::time::timeout(Duration::from_secs(60), exercise(&rig)).await });
+    assert!(exercised.is_ok(), "the scenario timed out; broca's log:\n{}", rig.broca_log());
+    let (probe, seen) = start_probe(&rig.connection_file());
+    let probed =
+        rt.block_on(async { tokio::time::timeout(Duration::from_secs(60), exercise_probe(&rig, &seen)).await });
+    assert!(probed.is_ok(), "the probe scenario timed out");
+
+    // SIGTERM-equivalent stop: the daemon drains, sends GOODBYE, closes, and waits for broca.
+    // SAFETY: kill(2) on our own pid; the daemon's handler for SIGTERM is installed by now.
+    assert_eq!(unsafe { libc::kill(libc::getpid(), libc::SIGTERM) }, 0);
+    let stopped = rt.block_on(async { tokio::time::timeout(Duration::from_secs(40), daemon).await });
+    let result = stopped.expect("the daemon stopped within 40 s").expect("the daemon task did not panic");
+    assert!(result.is_ok(), "daemon: {result:?}");
+
+    // The daemon journals every module exit; broca's must be a clean exit 0.
+    let journal = fs::read_to_string(rig.journal()).unwrap_or_default();
+    let exit = journal
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|e| e["module_id"] == MODULE_ID && e.get("exit_code").is_some())
+        .unwrap_or_else(|| panic!("no exit of broca in the journal:\n{journal}\nbroca's log:\n{}", rig.broca_log()));
+    assert_eq!(exit["exit_code"], 0, "{exit}\nbroca's log:\n{}", rig.broca_log());
+    assert_eq!(exit["disposition"], "daemon_shutdown", "{exit}");
+
+    // The in-process probe saw the drain notice, then the daemon's GOODBYE.
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    std::thread::spawn(move || tx.send(probe.join()));
+    let end = rx.recv_timeout(STEP).expect("the probe's io thread ended");
+    assert!(matches!(end, ConnectionEnd::Goodbye), "{end:?}");
+    // (The client's route GOODBYE for the last route may land before the drain or not at all.)
+    let rest: Vec<Seen> = seen.try_iter().filter(|s| !matches!(s, Seen::Closed(_))).collect();
+    assert_eq!(rest, [Seen::Draining, Seen::Shutdown]);
+    let log = rig.broca_log();
+    assert!(log.contains("exiting cleanly: subc said goodbye"), "broca's log:\n{log}");
+    rt.shutdown_timeout(Duration::from_secs(5));
+}
