@@ -1,29 +1,37 @@
 //! `broca`: the subc module binary. `broca --subc <connection-file>` serves the module connection
 //! (started that way by the subc daemon); the other commands are operator tools on the lineage core.
 //!
-//! Serving today is the management surface's skeleton: `role.describe` and `health.check`; every
-//! other method is refused `unknown_method`. Exit 0 after the daemon's GOODBYE (or EOF, or
-//! SIGTERM), 1 when the connection could not be made or ended abnormally, 2 for usage errors.
+//! Served: `role.describe`, `session.send` (plain queue delivery), `session.read`, `run.status`,
+//! `session.subscribe` (a watch stream), and `health.check`; any other method is refused
+//! `unknown_method`. Exit 0 after the daemon's GOODBYE (or EOF, or SIGTERM), 1 when the
+//! connection could not be made or ended abnormally, 2 for usage errors.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
+use broca::actor::{Registry, RunDeps};
+use broca::agent::{LoopOptions, NoTools};
+use broca::catalog::Catalog;
+use broca::fanout::Hub;
 use broca::lineage::read;
 use broca::lineage::{LineageError, Shared};
+use broca::ops::Ops;
+use broca::provider::client::HttpClient;
 use broca::record::{self, Record};
+use broca::serve::{Server, SERVED};
 use broca::session_key::SessionKey;
 use broca::state_root::{RootEnv, StateRoot};
-use broca::subc::{self, BindRequest, ControlRequest, Handler, Outbound, Route};
+use broca::subc::{self, BindRequest, Outbound};
 use broca::wal::{self, ScannedFrame};
-use broca::wire::Refusal;
-use cortexkit_role_llm_runner::describe::{Major, RoleDescribe};
+use parking_lot::RwLock;
 use subc_protocol::manifest::{
     CapabilityDeclarations, Concurrency, IdentityScope, ManagementOperation, ManagementOperationKind, ModuleManifest,
-    ProviderRole,
+    OperationDelivery, ProviderRole,
 };
-use subc_protocol::{ErrorBody, Flags};
 
 const USAGE: &str = "\
 broca: durable agentic LLM loops (a CortexKit subc module)
@@ -113,8 +121,8 @@ fn locate(key: &SessionKey) -> Result<(), Box<dyn std::error::Error>> {
 
 /// The module id when the daemon does not name one (`SUBC_MODULE_ID`).
 const DEFAULT_MODULE_ID: &str = "broca";
-/// The management operations served, in the order `health.check` reports them.
-const MANAGEMENT_OPS: &[&str] = &["role.describe"];
+/// How long an idle session's actor keeps its lease.
+const IDLE_TTL: Duration = Duration::from_secs(30);
 
 static SIGTERM: AtomicBool = AtomicBool::new(false);
 
@@ -135,11 +143,44 @@ fn serve(conn_file: &Path) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    let root = match StateRoot::resolve(&RootEnv::from_process(Some(conn_file.to_path_buf()))) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("broca: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let shared = match Shared::open(root) {
+        Ok(s) => Arc::new(s),
+        Err(e) => {
+            eprintln!("broca: cannot open the state root: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let catalog = Catalog::load_lkg(&shared.root.catalog_path());
+    if let Err(e) = &catalog {
+        log::warn!("broca: {e}; sends are refused until a catalog is seeded");
+    }
+    let hub = Hub::new();
+    let publish_hub = Arc::clone(&hub);
+    let deps = RunDeps {
+        client: Arc::new(HttpClient::default()),
+        tools: Arc::new(NoTools),
+        opts: LoopOptions::default(),
+        publish: Arc::new(move |key, out| publish_hub.publish(key, &out)),
+        idle_ttl: IDLE_TTL,
+    };
+    let ops = Arc::new(Ops {
+        registry: Registry::new(shared, deps),
+        catalog: Arc::new(RwLock::new(catalog)),
+        base_url_override: std::env::var("BROCA_PROVIDER_BASE_URL").ok().filter(|u| !u.is_empty()),
+    });
     let outbound = conn.outbound();
-    let handler = Serve { outbound: outbound.clone(), describe: describe_reply(), counts: [0; MANAGEMENT_OPS.len()] };
-    // Route binds: the management surface serves only build-level answers so far, so every
-    // daemon-stamped caller is admitted; per-session authorization arrives with the session ops.
-    let running = match conn.start(handler, |_: &BindRequest| Ok(())) {
+    let (stopped, _stopped_rx) = crossbeam_channel::unbounded();
+    let server = Server::new(ops, hub, outbound.clone(), stopped);
+    // Every daemon-stamped caller may bind a session route; owner-only operations arrive with
+    // the driver surface.
+    let running = match conn.start(server, |_: &BindRequest| Ok(())) {
         Ok(running) => running,
         Err(e) => {
             eprintln!("broca: cannot start the subc io thread: {e}");
@@ -179,16 +220,22 @@ fn watch_sigterm(outbound: Outbound) {
     }
 }
 
-/// The module manifest: a `management_surface` claiming `llm-runner/v1`.
+/// The module manifest: a `management_surface` claiming `llm-runner/v1`, with
+/// `session.subscribe` delivered as a watch.
 fn manifest(module_id: &str) -> ModuleManifest {
-    let operations = MANAGEMENT_OPS
+    let operations = SERVED
         .iter()
         .map(|name| ManagementOperation {
             name: (*name).to_owned(),
-            kind: ManagementOperationKind::Query,
+            kind: if *name == "session.send" {
+                ManagementOperationKind::Mutate
+            } else {
+                ManagementOperationKind::Query
+            },
             description: None,
         })
         .collect();
+    let delivery = BTreeMap::from([("session.subscribe".to_owned(), OperationDelivery::Watch)]);
     ModuleManifest::builder(module_id, env!("CARGO_PKG_VERSION"))
         .provides(vec![ProviderRole::ManagementSurface {
             operations,
@@ -202,83 +249,6 @@ fn manifest(module_id: &str) -> ModuleManifest {
             requires: Vec::new(),
             must_never_reach: Vec::new(),
         }))
+        .operation_delivery(delivery)
         .build()
-}
-
-/// `{"result": <role.describe answer>}`: the build's major, listing only the ops served.
-fn describe_reply() -> Vec<u8> {
-    let ops = MANAGEMENT_OPS.iter().map(|op| (*op).to_owned()).collect();
-    let describe = RoleDescribe::new(
-        vec![Major::new(cortexkit_role_llm_runner::PROVIDES, ops, "alpha")],
-        env!("CARGO_PKG_VERSION"),
-    )
-    .with_capabilities(Vec::new())
-    .with_session_capabilities_from(cortexkit_role_llm_runner::capabilities::source::ADMISSION);
-    cortexkit_role_llm_runner::wire::reply_body(&describe).expect("role.describe serializes")
-}
-
-/// The io thread's handler: answers the build-level ops inline (they are constant and cheap).
-struct Serve {
-    outbound: Outbound,
-    describe: Vec<u8>,
-    /// Served requests per entry of `MANAGEMENT_OPS`, for `health.check`.
-    counts: [u64; MANAGEMENT_OPS.len()],
-}
-
-#[derive(serde::Deserialize)]
-struct Envelope {
-    method: String,
-}
-
-impl Handler for Serve {
-    fn on_request(&mut self, route: Route, corr: u64, _flags: Flags, body: Vec<u8>) {
-        let sent = match serde_json::from_slice::<Envelope>(&body) {
-            Err(e) => {
-                let message = format!("a request is {{\"method\", \"params\"}}: {e}");
-                let refusal = Refusal::new("invalid_params", message, Some(broca::detail! {"field" => "method"}));
-                self.outbound.refuse(route, corr, &refusal)
-            }
-            Ok(Envelope { method }) if method == "role.describe" => {
-                self.counts[0] += 1;
-                self.outbound.reply(route, corr, self.describe.clone())
-            }
-            Ok(Envelope { method }) => {
-                let error = ErrorBody::new("unknown_method", format!("unknown method {method:?}"))
-                    .with_detail(serde_json::json!({"method": method}));
-                self.outbound.error(route, corr, &error)
-            }
-        };
-        if let Err(e) = sent {
-            log::warn!("broca: answering {route} corr {corr}: {e}");
-        }
-    }
-
-    fn on_cancel(&mut self, _route: Route, _corr: u64) {
-        // Every request is answered before the next frame is read, so none is left to cancel.
-    }
-
-    fn on_route_closed(&mut self, route: Route) {
-        log::debug!("broca: route {route} closed");
-    }
-
-    fn on_control(&mut self, request: ControlRequest) {
-        match request {
-            ControlRequest::HealthCheck { corr } => {
-                let ops: serde_json::Map<String, serde_json::Value> =
-                    MANAGEMENT_OPS.iter().zip(self.counts).map(|(op, n)| ((*op).to_owned(), n.into())).collect();
-                let report = subc::health_ok(serde_json::json!({"management_ops": ops}));
-                if let Err(e) = self.outbound.health(corr, report) {
-                    log::warn!("broca: answering health.check: {e}");
-                }
-            }
-            ControlRequest::Draining { reason, deadline_ms } => {
-                log::info!("broca: subc is draining this module ({reason:?}, deadline {deadline_ms} ms)");
-            }
-            other => log::debug!("broca: ignoring control request {other:?}"),
-        }
-    }
-
-    fn on_shutdown(&mut self) {
-        log::info!("broca: the subc connection is ending");
-    }
 }

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::{Mutex, RwLock};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::actor::Registry;
 use crate::catalog::{Catalog, CatalogError};
@@ -57,9 +57,6 @@ pub struct Ops {
     pub base_url_override: Option<String>,
 }
 
-/// The ops this module serves on a session route, in the order `role.describe` lists them.
-pub const OPS: &[&str] = &["role.describe", "session.send", "session.read", "run.status"];
-
 pub fn invalid_params(field: &str, why: &str) -> Refusal {
     Refusal::new("invalid_params", format!("invalid params: {field}: {why}"), Some(crate::detail!("field" => field)))
 }
@@ -97,18 +94,26 @@ impl Ops {
             "session.send" => send::session_send(self, key, params, reply),
             "session.read" => reply(read::session_read(self, key, &params)),
             "run.status" => reply(read::run_status(self, key, &params)),
-            other => reply(Err(Refusal::new("unknown_method", format!("unknown method {other:?}"), None))),
+            other => {
+                let detail = Some(crate::detail!("method" => other));
+                reply(Err(Refusal::new("unknown_method", format!("unknown method {other:?}"), detail)))
+            }
         }
     }
 }
 
-/// The `role.describe` answer: this build's major, its ops and capability groups.
+/// The `role.describe` answer: this build's major, the ops it serves on a session route, and
+/// its (so far empty) capability groups. `session.baseline`, required by the role, is not served
+/// yet, so a strict role check refuses this build by name until it is.
 pub fn describe() -> Value {
-    json!({
-        "majors": [{"version": "llm-runner/v1", "ops": OPS, "stability": "alpha"}],
-        "implementation_version": concat!("broca ", env!("CARGO_PKG_VERSION")),
-        "capabilities": [],
-        "session_capabilities_from": "admission",
-        "max_bytes": {"default": read::MAX_BYTES, "maximum": read::MAX_BYTES},
-    })
+    use cortexkit_role_llm_runner::describe::{Major, RoleDescribe};
+    let ops = crate::serve::SERVED.iter().map(|op| (*op).to_owned()).collect();
+    let describe = RoleDescribe::new(
+        vec![Major::new(cortexkit_role_llm_runner::PROVIDES, ops, "alpha")],
+        env!("CARGO_PKG_VERSION"),
+    )
+    .with_capabilities(Vec::new())
+    .with_session_capabilities_from(cortexkit_role_llm_runner::capabilities::source::ADMISSION)
+    .with_max_bytes(read::MAX_BYTES, read::MAX_BYTES);
+    serde_json::to_value(describe).expect("role.describe serializes")
 }

@@ -10,9 +10,11 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use broca::mock::{MockServer, Script};
 use broca::subc::{self, BindRequest, ConnectionEnd, ControlRequest, Handler, Outbound, Route};
 use cortexkit_role_llm_runner::describe::RoleDescribe;
 use crossbeam_channel::{Receiver, Sender};
+use serde_json::{json, Value};
 use subc_client_rs::{CallError, CallOptions, ConsumerOptions, SubcConsumer, SubscribeOptions, SubscriptionEnd};
 use subc_daemon::bootstrap::{run_with_config, BootstrapConfig};
 use subc_protocol::manifest::{
@@ -32,19 +34,27 @@ struct Rig {
 }
 
 impl Rig {
-    fn new() -> Rig {
+    /// A rig whose broca answers models from `provider_base_url` (broca-mock) and has the
+    /// testdata catalog seeded in its state root.
+    fn new(provider_base_url: &str) -> Rig {
         let dir = tempfile::Builder::new().prefix("bsm").tempdir_in("/tmp").unwrap();
         let root = dir.path().to_path_buf();
-        for sub in ["config", "config/cortexkit", "runtime", "run", "run/logs", "state"] {
+        for sub in ["config", "config/cortexkit", "runtime", "run", "run/logs", "state", "state/catalog"] {
             fs::DirBuilder::new().mode(0o700).create(root.join(sub)).unwrap();
         }
+        let lkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json");
+        fs::copy(lkg, root.join("state/catalog/fusiform-lkg.json")).unwrap();
         let config = serde_json::json!({
             "version": 1,
             "modules": {
                 MODULE_ID: {
                     "program": env!("CARGO_BIN_EXE_broca"),
                     "args": [],
-                    "env": {"CK_LOG": "info", "BROCA_STATE_ROOT": root.join("state")},
+                    "env": {
+                        "CK_LOG": "info",
+                        "BROCA_STATE_ROOT": root.join("state"),
+                        "BROCA_PROVIDER_BASE_URL": provider_base_url
+                    },
                     "enabled": true,
                     "reserved": true
                 }
@@ -143,7 +153,142 @@ async fn exercise(rig: &Rig) {
     let health = consumer.supervisor_health_probe(MODULE_ID).await.unwrap();
     assert_eq!(health.status, subc_protocol::session::HealthStatus::Ok);
     let metrics = health.metrics.expect("health metrics");
-    assert_eq!(metrics["management_ops"], serde_json::json!({"role.describe": 1}), "{metrics}");
+    assert_eq!(metrics["management_ops"]["role.describe"], 1, "{metrics}");
+    assert_eq!(metrics["management_ops"]["session.send"], 0, "every served op is reported: {metrics}");
+}
+
+/// A session op through the daemon: the `result`, or the module's refusal.
+async fn op(consumer: &SubcConsumer, session: &str, method: &str, params: Value) -> Result<Value, ErrorBody> {
+    let identity = BindIdentity::new("e2e-harness", session);
+    let body = json!({"method": method, "params": params}).to_string().into_bytes();
+    match consumer.call(target(), identity, body, call_options()).await {
+        Ok(reply) => {
+            let v: Value = serde_json::from_slice(&reply).unwrap();
+            Ok(v["result"].clone())
+        }
+        Err(CallError::Module(body)) => Err(body),
+        Err(other) => panic!("{method}: {other:?}"),
+    }
+}
+
+async fn subscribe(consumer: &SubcConsumer, session: &str, from: Value) -> subc_client_rs::Subscription {
+    let identity = BindIdentity::new("e2e-harness", session);
+    let body = json!({"method": "session.subscribe", "params": {"from": from}}).to_string().into_bytes();
+    consumer.subscribe(target(), identity, body, SubscribeOptions::default()).await.unwrap()
+}
+
+/// Stream events until the `run_finished` unit of `run_id`.
+async fn until_finished(sub: &mut subc_client_rs::Subscription, run_id: &str, seen: &mut Vec<Value>) {
+    loop {
+        let event = tokio::time::timeout(STEP, sub.events().recv()).await.expect("a stream event").expect("open");
+        let v: Value = serde_json::from_slice(&event).unwrap();
+        let done = v["unit"]["type"] == "run_finished" && v["unit"]["run_id"] == json!(run_id);
+        seen.push(v);
+        if done {
+            return;
+        }
+    }
+}
+
+fn control(events: &[Value]) -> Vec<Value> {
+    events.iter().filter(|e| e["kind"] == "control").map(|e| json!([e["cursor"], e["unit"]])).collect()
+}
+
+fn slow_reply(text: &str) -> Value {
+    json!({"events": [{"delay_ms": 40}, {"text": text}, {"delay_ms": 40}, {"text": "."}, {"usage": {"input": 9, "output": 3}}, {"finish": "stop"}]})
+}
+
+/// The pid of the broca process the daemon supervises (the one running the built binary).
+fn broca_pid() -> Option<i32> {
+    let exe = fs::canonicalize(env!("CARGO_BIN_EXE_broca")).ok()?;
+    fs::read_dir("/proc").ok()?.filter_map(Result::ok).find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        (fs::read_link(e.path().join("exe")).ok()? == exe).then_some(pid)
+    })
+}
+
+/// Sessions end to end: two observers and a driver, resumption from a cursor, reads and status,
+/// and a SIGKILL of broca mid-run that the daemon answers with a respawn.
+async fn exercise_sessions(rig: &Rig, mock: &MockServer) {
+    let consumer = SubcConsumer::connect(&rig.connection_file(), consumer_options()).await.unwrap();
+    let script = json!({"responses": [slow_reply("Paris"), slow_reply("Two million")]});
+    mock.install("default", Script::from_json(&script.to_string()).unwrap());
+    let mut a = subscribe(&consumer, "s1", json!("start")).await;
+    let mut b = subscribe(&consumer, "s1", json!("start")).await;
+    let send = |prompt: &str| json!({"prompt": prompt, "model": {"provider": "mock", "model": "echo-chat"}});
+    let first = op(&consumer, "s1", "session.send", send("Capital of France?")).await.unwrap();
+    assert_eq!(first["state"], "active", "{first}");
+    let run1 = first["run_id"].as_str().unwrap().to_owned();
+    let (mut ea, mut eb) = (Vec::new(), Vec::new());
+    until_finished(&mut a, &run1, &mut ea).await;
+    until_finished(&mut b, &run1, &mut eb).await;
+    let second = op(&consumer, "s1", "session.send", send("Population?")).await.unwrap();
+    let run2 = second["run_id"]
+        .as_str()
+        .map(String::from)
+        .unwrap_or_else(|| format!("run-{}", second["submission_id"].as_str().unwrap()));
+    until_finished(&mut a, &run2, &mut ea).await;
+    until_finished(&mut b, &run2, &mut eb).await;
+    assert_eq!(control(&ea), control(&eb), "both observers see the same control stream");
+    assert!(ea.iter().any(|e| e["kind"] == "display" && e["event"]["delta"] == "Paris"), "the display lane is live");
+    let seqs: Vec<u64> = ea.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "seq from 1 with no jumps");
+    // An observer that reconnects from a cursor gets exactly the rest.
+    let all = control(&ea);
+    let cursor = all[4][0].clone();
+    let mut c = subscribe(&consumer, "s1", cursor).await;
+    let mut ec = Vec::new();
+    until_finished(&mut c, &run2, &mut ec).await;
+    assert_eq!(control(&ec), all[5..].to_vec(), "no gap, no duplicate after a cursor");
+    let page = op(&consumer, "s1", "session.read", json!({})).await.unwrap();
+    assert_eq!(page["messages"].as_array().unwrap().len(), 4, "{page}");
+    assert_eq!(op(&consumer, "s1", "run.status", json!({"run_id": run1})).await.unwrap()["state"], "completed");
+    let refused = op(&consumer, "s1", "session.read", json!({"direction": "back"})).await.unwrap_err();
+    assert_eq!(refused.code, "invalid_params");
+
+    // SIGKILL broca mid-run: the daemon respawns it, the run reads interrupted with its
+    // diagnostic, and the session takes a new send.
+    let stall = json!({"responses": [{"events": [{"text": "thinking"}, {"delay_ms": 20000}, {"finish": "stop"}]}]});
+    mock.install("default", Script::from_json(&stall.to_string()).unwrap());
+    let third = op(&consumer, "s1", "session.send", send("Take your time")).await.unwrap();
+    let run3 = third["run_id"].as_str().unwrap().to_owned();
+    loop {
+        let event = tokio::time::timeout(STEP, a.events().recv()).await.expect("stream").expect("open");
+        let v: Value = serde_json::from_slice(&event).unwrap();
+        if v["kind"] == "display" {
+            break;
+        }
+    }
+    let pid = broca_pid().expect("broca's pid");
+    // SAFETY: killing the module process the daemon started for this test.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let until = Instant::now() + STEP;
+    while broca_pid().is_none_or(|p| p == pid) {
+        assert!(Instant::now() < until, "broca was not respawned");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    wait_until_registered(&consumer).await;
+    let status = loop {
+        match op(&consumer, "s1", "run.status", json!({"run_id": run3})).await {
+            Ok(s) => break s,
+            Err(e) if Instant::now() < until + STEP => {
+                log::debug!("run.status while broca restarts: {e:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("run.status after the restart: {e:?}"),
+        }
+    };
+    assert_eq!(status["state"], "interrupted", "{status}");
+    mock.install("default", Script::from_json(&json!({"responses": [slow_reply("Back")]}).to_string()).unwrap());
+    let fourth = op(&consumer, "s1", "session.send", send("Still there?")).await.unwrap();
+    let run4 = fourth["run_id"].as_str().unwrap().to_owned();
+    let mut d = subscribe(&consumer, "s1", json!("start")).await;
+    let mut ed = Vec::new();
+    until_finished(&mut d, &run4, &mut ed).await;
+    let units = control(&ed);
+    let diag =
+        units.iter().find(|u| u[1]["type"] == "error" && u[1]["run_id"] == json!(run3)).expect("the crash diagnostic");
+    assert_eq!(diag[1]["error"]["provider_code"], "previous_process_ended_unsealed");
 }
 
 /// What the probe's handler saw, in order.
@@ -372,13 +517,17 @@ fn broca_serves_under_the_real_daemon_and_exits_zero_on_its_goodbye() {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .with_test_writer()
         .try_init();
-    let rig = Rig::new();
+    let mock = MockServer::start("127.0.0.1:0").unwrap();
+    let rig = Rig::new(&mock.base_url(None));
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let daemon = rt.spawn(run_with_config(rig.daemon_config()));
     wait_for_file(&rig.connection_file(), STEP);
 
     let exercised = rt.block_on(async { tokio::time::timeout(Duration::from_secs(60), exercise(&rig)).await });
     assert!(exercised.is_ok(), "the scenario timed out; broca's log:\n{}", rig.broca_log());
+    let sessions =
+        rt.block_on(async { tokio::time::timeout(Duration::from_secs(90), exercise_sessions(&rig, &mock)).await });
+    assert!(sessions.is_ok(), "the session scenario timed out; broca's log:\n{}", rig.broca_log());
     let (probe, seen) = start_probe(&rig.connection_file());
     let probed =
         rt.block_on(async { tokio::time::timeout(Duration::from_secs(60), exercise_probe(&rig, &seen)).await });
@@ -391,12 +540,14 @@ fn broca_serves_under_the_real_daemon_and_exits_zero_on_its_goodbye() {
     let result = stopped.expect("the daemon stopped within 40 s").expect("the daemon task did not panic");
     assert!(result.is_ok(), "daemon: {result:?}");
 
-    // The daemon journals every module exit; broca's must be a clean exit 0.
+    // The daemon journals every module exit: the SIGKILL above, then the last one, which must be
+    // a clean exit 0.
     let journal = fs::read_to_string(rig.journal()).unwrap_or_default();
     let exit = journal
         .lines()
         .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .find(|e| e["module_id"] == MODULE_ID && e.get("exit_code").is_some())
+        .filter(|e| e["module_id"] == MODULE_ID && e.get("exit_code").is_some())
+        .last()
         .unwrap_or_else(|| panic!("no exit of broca in the journal:\n{journal}\nbroca's log:\n{}", rig.broca_log()));
     assert_eq!(exit["exit_code"], 0, "{exit}\nbroca's log:\n{}", rig.broca_log());
     assert_eq!(exit["disposition"], "daemon_shutdown", "{exit}");
