@@ -545,9 +545,9 @@ fn broca_serves_under_the_real_daemon_and_exits_zero_on_its_goodbye() {
     let journal = fs::read_to_string(rig.journal()).unwrap_or_default();
     let exit = journal
         .lines()
+        .rev()
         .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|e| e["module_id"] == MODULE_ID && e.get("exit_code").is_some())
-        .last()
+        .find(|e| e["module_id"] == MODULE_ID && e.get("exit_code").is_some())
         .unwrap_or_else(|| panic!("no exit of broca in the journal:\n{journal}\nbroca's log:\n{}", rig.broca_log()));
     assert_eq!(exit["exit_code"], 0, "{exit}\nbroca's log:\n{}", rig.broca_log());
     assert_eq!(exit["disposition"], "daemon_shutdown", "{exit}");
