@@ -254,18 +254,41 @@ impl StreamSink for SubcSink {
     }
 }
 
-/// `subscribe_unit_undeliverable` (spec §9): the stream ends with it and no StreamEnd.
-fn undeliverable(event: &Value, reason: &str, frame_bytes: Option<usize>, limit: usize) -> Refusal {
+/// `subscribe_unit_undeliverable` (spec §9): the stream ends with it and no StreamEnd. `cursor`
+/// is the control unit's (null for a display event); `frame_bytes` counts the header.
+pub fn undeliverable(event: &Value, reason: &str, body_bytes: Option<usize>, limit: usize) -> Refusal {
     let cursor = event.get("cursor").cloned().unwrap_or(Value::Null);
-    let detail = match frame_bytes {
+    let (detail, message) = match body_bytes {
         Some(bytes) => {
-            crate::detail!("reason" => reason, "cursor" => cursor, "frame_bytes" => bytes + subc_protocol::HEADER_LEN, "limit" => limit)
+            let frame_bytes = bytes + subc_protocol::HEADER_LEN;
+            let message = format!(
+                "subscribe unit undeliverable: its frame would be {frame_bytes} bytes, over the {limit}-byte limit; resubscribing before its cursor reaches it again"
+            );
+            (
+                crate::detail!("reason" => reason, "cursor" => cursor, "frame_bytes" => frame_bytes, "limit" => limit),
+                message,
+            )
         }
-        None => crate::detail!("reason" => reason, "cursor" => cursor),
+        None => {
+            let message = "subscribe unit undeliverable: it cannot be encoded".to_string();
+            (crate::detail!("reason" => reason, "cursor" => cursor), message)
+        }
     };
-    Refusal::new(
-        "subscribe_unit_undeliverable",
-        format!("a subscription unit cannot be delivered: {reason}"),
-        Some(detail),
-    )
+    Refusal::new("subscribe_unit_undeliverable", message, Some(detail))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_undeliverable_refusal_is_pinned() {
+        let event =
+            json!({"kind": "control", "cursor": {"wal_seq": 7, "sub_index": 0}, "unit": {"type": "assistant_message"}});
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/golden/subscribe_unit_undeliverable.too_large.json");
+        let golden = std::fs::read_to_string(path).unwrap();
+        // A body exactly at the limit: with its header the frame is 21 bytes over.
+        let limit = subc_protocol::MAX_DELIVERED_FRAME_LEN;
+        assert_eq!(undeliverable(&event, "too_large", Some(limit), limit).to_json(), golden);
+    }
 }

@@ -112,11 +112,23 @@ struct LkgFile {
     response: Value,
 }
 
-/// Lowercase hex SHA-256 of the JCS bytes of `v` (sorted keys, no whitespace; the catalog's
-/// values are integers, strings, booleans and nulls, for which serde_json's compact form with
-/// sorted maps is the canonical form).
+/// Lowercase hex SHA-256 of the JCS (RFC 8785) bytes of `v`: keys sorted, no whitespace. The
+/// catalog's values are integers, strings, booleans and nulls, for which serde_json's compact
+/// form of a key-sorted value is the canonical form.
 pub fn jcs_sha256(v: &Value) -> String {
-    let bytes = serde_json::to_vec(v).expect("values serialize");
+    fn sorted(v: &Value) -> Value {
+        match v {
+            Value::Object(map) => {
+                let mut keys: Vec<&String> = map.keys().collect();
+                // JCS orders by UTF-16 code units; for these keys that equals byte order.
+                keys.sort();
+                Value::Object(keys.into_iter().map(|k| (k.clone(), sorted(&map[k]))).collect())
+            }
+            Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
+            other => other.clone(),
+        }
+    }
+    let bytes = serde_json::to_vec(&sorted(v)).expect("values serialize");
     crate::session_key::hex(&Sha256::digest(&bytes))
 }
 
