@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 use serde_json::{json, Value};
 use subc_protocol::Flags;
 
+use crate::actor::Gauges;
 use crate::fanout::{From, Hub, SinkError, StreamSink, Subscription};
 use crate::lineage::projection::Cursor;
 use crate::ops::{invalid_params, Ops};
@@ -41,14 +42,20 @@ impl Metrics {
         }
     }
 
-    /// Every served operation at zero or above, plus the named gauges.
-    pub fn snapshot(&self, hub: &Hub) -> Value {
+    /// Every served operation at zero or above, plus the named gauges. No consumer connection
+    /// exists yet, so no reverse request can arrive to be refused.
+    pub fn snapshot(&self, gauges: &Gauges) -> Value {
         let ops = self.ops.lock();
         let management: BTreeMap<&str, u64> = SERVED.iter().map(|o| (*o, ops.get(o).copied().unwrap_or(0))).collect();
-        let _ = hub;
+        let load = |g: &AtomicU64| g.load(Ordering::Relaxed);
         json!({
             "management_ops": management,
             "session_reads": self.session_reads.load(Ordering::Relaxed),
+            "actor_opens": load(&gauges.actor_opens),
+            "runs_in_flight": load(&gauges.runs_in_flight),
+            "opening": load(&gauges.opening),
+            "closing": load(&gauges.closing),
+            "reverse_requests_refused": 0,
         })
     }
 }
@@ -170,6 +177,10 @@ impl Handler for Server {
         let (ops, outbound) = (Arc::clone(&self.ops), self.outbound.clone());
         let job = move || {
             let out = outbound.clone();
+            let started = std::time::Instant::now();
+            let session = key.session.clone();
+            crate::actor::take_opened_here();
+            let log_method = method.clone();
             ops.handle(
                 &key,
                 &method,
@@ -180,6 +191,13 @@ impl Handler for Server {
                         Err(refusal) => out.refuse(route, corr, &refusal),
                     };
                 }),
+            );
+            // One record per served op: never its parameters (spec §4, CK_LOG).
+            log::debug!(
+                target: "broca.requests",
+                "op={log_method} session={session} actor_opened={} elapsed_us={}",
+                crate::actor::take_opened_here(),
+                started.elapsed().as_micros()
             );
         };
         if let Err(e) = self.workers.run(job) {
@@ -208,7 +226,8 @@ impl Handler for Server {
     fn on_control(&mut self, request: ControlRequest) {
         match request {
             ControlRequest::HealthCheck { corr } => {
-                let _ = self.outbound.health(corr, health_ok(self.metrics.snapshot(&self.hub)));
+                let metrics = self.metrics.snapshot(self.ops.registry.gauges());
+                let _ = self.outbound.health(corr, health_ok(metrics));
             }
             ControlRequest::Draining { .. } => self.draining.store(true, Ordering::Release),
         }

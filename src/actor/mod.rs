@@ -12,6 +12,7 @@
 //!   does a run in progress; an idle actor with no pending work closes after its TTL.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -49,11 +50,35 @@ pub struct Registry {
     shared: Arc<Shared>,
     deps: Arc<RunDeps>,
     slots: Mutex<HashMap<SessionKey, Slot>>,
+    gauges: Gauges,
+}
+
+/// Counters and gauges for `health.check`.
+#[derive(Default)]
+pub struct Gauges {
+    pub actor_opens: AtomicU64,
+    pub opening: AtomicU64,
+    pub closing: AtomicU64,
+    pub runs_in_flight: AtomicU64,
+}
+
+thread_local! {
+    /// Set when the current thread opened an actor (for the per-request log record).
+    static OPENED_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread opened an actor since the last call (and resets the flag).
+pub fn take_opened_here() -> bool {
+    OPENED_HERE.with(|c| c.replace(false))
 }
 
 impl Registry {
     pub fn new(shared: Arc<Shared>, deps: RunDeps) -> Arc<Registry> {
-        Arc::new(Registry { shared, deps: Arc::new(deps), slots: Mutex::new(HashMap::new()) })
+        Arc::new(Registry { shared, deps: Arc::new(deps), slots: Mutex::new(HashMap::new()), gauges: Gauges::default() })
+    }
+
+    pub fn gauges(&self) -> &Gauges {
+        &self.gauges
     }
 
     pub fn shared(&self) -> &Arc<Shared> {
@@ -106,7 +131,12 @@ impl Registry {
         guard: &mut Option<Actor>,
         first: RunCommand,
     ) -> Result<(), LineageError> {
-        let lineage = self.shared.open_lineage(key)?;
+        self.gauges.opening.fetch_add(1, Ordering::Relaxed);
+        let opened = self.shared.open_lineage(key);
+        self.gauges.opening.fetch_sub(1, Ordering::Relaxed);
+        let lineage = opened?;
+        self.gauges.actor_opens.fetch_add(1, Ordering::Relaxed);
+        OPENED_HERE.with(|c| c.set(true));
         let (tx, rx) = unbounded();
         let _ = tx.send(first);
         let registry = Arc::clone(self);
@@ -151,8 +181,10 @@ impl Registry {
                 Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {
                     let mut guard = slot.lock();
                     if rx.is_empty() && lineage.state().queue.is_empty() {
+                        self.gauges.closing.fetch_add(1, Ordering::Relaxed);
                         *guard = None;
                         drop(lineage);
+                        self.gauges.closing.fetch_sub(1, Ordering::Relaxed);
                         return;
                     }
                 }
@@ -210,7 +242,10 @@ impl Registry {
             }
         }
         let d = &self.deps;
-        agent::drive(lineage, d.client.as_ref(), &d.tools, rx, &d.opts, &mut |o| publish(o))?;
+        self.gauges.runs_in_flight.fetch_add(1, Ordering::Relaxed);
+        let driven = agent::drive(lineage, d.client.as_ref(), &d.tools, rx, &d.opts, &mut |o| publish(o));
+        self.gauges.runs_in_flight.fetch_sub(1, Ordering::Relaxed);
+        driven?;
         Ok(true)
     }
 }
