@@ -159,16 +159,19 @@ async fn exercise(rig: &Rig) {
 
 /// A session op through the daemon: the `result`, or the module's refusal.
 async fn op(consumer: &SubcConsumer, session: &str, method: &str, params: Value) -> Result<Value, ErrorBody> {
-    let identity = BindIdentity::new("e2e-harness", session);
-    let body = json!({"method": method, "params": params}).to_string().into_bytes();
-    match consumer.call(target(), identity, body, call_options()).await {
-        Ok(reply) => {
-            let v: Value = serde_json::from_slice(&reply).unwrap();
-            Ok(v["result"].clone())
-        }
+    match try_op(consumer, session, method, params).await {
+        Ok(v) => Ok(v),
         Err(CallError::Module(body)) => Err(body),
         Err(other) => panic!("{method}: {other:?}"),
     }
+}
+
+async fn try_op(consumer: &SubcConsumer, session: &str, method: &str, params: Value) -> Result<Value, CallError> {
+    let identity = BindIdentity::new("e2e-harness", session);
+    let body = json!({"method": method, "params": params}).to_string().into_bytes();
+    let reply = consumer.call(target(), identity, body, call_options()).await?;
+    let v: Value = serde_json::from_slice(&reply).unwrap();
+    Ok(v["result"].clone())
 }
 
 async fn subscribe(consumer: &SubcConsumer, session: &str, from: Value) -> subc_client_rs::Subscription {
@@ -268,8 +271,9 @@ async fn exercise_sessions(rig: &Rig, mock: &MockServer) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     wait_until_registered(&consumer).await;
+    // Calls racing the restart may meet the dead incarnation's closed route; retry them.
     let status = loop {
-        match op(&consumer, "s1", "run.status", json!({"run_id": run3})).await {
+        match try_op(&consumer, "s1", "run.status", json!({"run_id": run3})).await {
             Ok(s) => break s,
             Err(e) if Instant::now() < until + STEP => {
                 log::debug!("run.status while broca restarts: {e:?}");
