@@ -1,7 +1,7 @@
 # broca: the two commands a newcomer runs are `make demo` (once it exists) and `make test`.
 CARGO ?= cargo
 
-.PHONY: build demo test bench fmt lint check
+.PHONY: build demo test bench e2e fmt lint check
 
 build:
 	$(CARGO) build --release --locked
@@ -13,6 +13,21 @@ demo:
 # The whole suite: unit, property, crash-cut (real SIGKILLs) and integration tests.
 test:
 	$(CARGO) test --locked
+
+# A real subc daemon supervising broca, with broca-mock as its provider (scripts/rig up), the
+# scripted scenario against it through the consumer SDK, and the rig stopped whatever happened
+# (scripts/rig down). Exits with the scenario's status; on success the last line is
+# `E2E OK <n> checks`.
+e2e:
+	@set -e; rig=$$(CARGO="$(CARGO)" scripts/rig up); \
+	SUBC_CONNECTION_FILE=$$(printf '%s\n' "$$rig" | sed -n 's/^SUBC_CONNECTION_FILE=//p'); \
+	BROCA_STATE_ROOT=$$(printf '%s\n' "$$rig" | sed -n 's/^BROCA_STATE_ROOT=//p'); \
+	BROCA_MOCK_MODEL=$$(printf '%s\n' "$$rig" | sed -n 's/^BROCA_MOCK_MODEL=//p'); \
+	export SUBC_CONNECTION_FILE BROCA_STATE_ROOT BROCA_MOCK_MODEL; \
+	trap 'scripts/rig down "$$SUBC_CONNECTION_FILE"' EXIT; trap 'exit 130' INT TERM HUP; \
+	set +e; result=$$($(CARGO) run --quiet --locked --example subc-rig-check); status=$$?; \
+	trap - EXIT; scripts/rig down "$$SUBC_CONNECTION_FILE"; \
+	if [ -n "$$result" ]; then printf '%s\n' "$$result"; fi; exit $$status
 
 # Prints `BENCH <name> <value> <unit>` lines; see README "Benchmarks".
 bench:

@@ -74,7 +74,12 @@ pub fn take_opened_here() -> bool {
 
 impl Registry {
     pub fn new(shared: Arc<Shared>, deps: RunDeps) -> Arc<Registry> {
-        Arc::new(Registry { shared, deps: Arc::new(deps), slots: Mutex::new(HashMap::new()), gauges: Gauges::default() })
+        Arc::new(Registry {
+            shared,
+            deps: Arc::new(deps),
+            slots: Mutex::new(HashMap::new()),
+            gauges: Gauges::default(),
+        })
     }
 
     pub fn gauges(&self) -> &Gauges {

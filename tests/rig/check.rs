@@ -1,0 +1,439 @@
+//! `subc-rig-check`: the scripted scenario behind `make e2e`, run against a rig started by
+//! `scripts/rig up`. It talks to broca only through the real daemon, with the official consumer
+//! SDK (`subc-client-rs`), using the connection file named by `SUBC_CONNECTION_FILE`.
+//!
+//! - `subc-rig-check --wait-ready [SECS]`: wait (default 60 s) until the daemon lists broca as
+//!   registered and ready; exit 0, or 1 with a message.
+//! - `subc-rig-check`: the scenario on a fresh session, one numbered check at a time (progress on
+//!   stderr); the last line on stdout is `E2E OK <n> checks`. The first failed check ends it
+//!   with exit 1 and `E2E FAIL check <n> (<name>): <why>` on stderr. The model is
+//!   `BROCA_MOCK_MODEL` (`provider/model`), which broca-mock answers with its default reply.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+use subc_client_rs::{CallError, CallOptions, ConsumerOptions, SubcConsumer, SubscribeOptions, Subscription};
+use subc_protocol::{BindIdentity, ErrorBody, RouteTarget};
+
+const MODULE_ID: &str = "broca";
+const HARNESS: &str = "subc-rig-check";
+/// The longest wait for any one stream event or call.
+const STEP: Duration = Duration::from_secs(15);
+/// The whole scenario.
+const SCENARIO: Duration = Duration::from_secs(120);
+
+const USAGE: &str = "\
+usage: subc-rig-check [--wait-ready [SECS]]
+
+Environment: SUBC_CONNECTION_FILE (required), BROCA_MOCK_MODEL (provider/model, for the scenario).";
+
+type Failure = String;
+
+/// Numbered checks: each one passes (and is counted) or ends the run.
+struct Checks {
+    passed: u32,
+}
+
+impl Checks {
+    fn check(&mut self, name: &str, outcome: Result<(), String>) -> Result<(), Failure> {
+        match outcome {
+            Ok(()) => {
+                self.passed += 1;
+                eprintln!("ok {} {name}", self.passed);
+                Ok(())
+            }
+            Err(why) => Err(format!("E2E FAIL check {} ({name}): {why}", self.passed + 1)),
+        }
+    }
+
+    fn ensure(&mut self, name: &str, ok: bool, detail: impl FnOnce() -> String) -> Result<(), Failure> {
+        self.check(name, if ok { Ok(()) } else { Err(detail()) })
+    }
+}
+
+fn main() -> ExitCode {
+    // Open routes as a plain `direct` caller, never as a supervised module (subc-wire §20.4).
+    // Nothing else runs in this process yet.
+    for var in ["SUBC_MODULE_ID", "SUBC_LAUNCH_NONCE", "SUBC_LAUNCH_NONCE_FD"] {
+        std::env::remove_var(var);
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let wait_ready = match args.as_slice() {
+        [] => None,
+        [flag] if flag == "--wait-ready" => Some(Duration::from_secs(60)),
+        [flag, secs] if flag == "--wait-ready" => match secs.parse::<u64>() {
+            Ok(s) => Some(Duration::from_secs(s)),
+            Err(_) => return usage_error(&format!("--wait-ready takes whole seconds, not `{secs}`")),
+        },
+        [flag] if flag == "--help" || flag == "-h" => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        _ => return usage_error("unexpected arguments"),
+    };
+    let Some(conn_file) = std::env::var_os("SUBC_CONNECTION_FILE").filter(|v| !v.is_empty()).map(PathBuf::from) else {
+        return usage_error("SUBC_CONNECTION_FILE is not set");
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("subc-rig-check: cannot start the tokio runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let outcome = match wait_ready {
+        Some(within) => runtime.block_on(async {
+            let consumer = connect(&conn_file, within).await?;
+            ready(&consumer, within).await.map(|_| eprintln!("subc-rig-check: broca is registered and ready"))
+        }),
+        None => {
+            let model = std::env::var("BROCA_MOCK_MODEL").unwrap_or_default();
+            let Some((provider, name)) = model.split_once('/').filter(|(p, m)| !p.is_empty() && !m.is_empty()) else {
+                return usage_error(&format!("BROCA_MOCK_MODEL must be provider/model, not `{model}`"));
+            };
+            let model = json!({"provider": provider, "model": name});
+            let mut checks = Checks { passed: 0 };
+            let run = runtime.block_on(async {
+                match tokio::time::timeout(SCENARIO, scenario(&conn_file, model, &mut checks)).await {
+                    Ok(result) => result,
+                    Err(_) => Err(format!("E2E FAIL: the scenario did not finish within {SCENARIO:?}")),
+                }
+            });
+            run.map(|()| println!("E2E OK {} checks", checks.passed)).map_err(|why| {
+                if why.starts_with("E2E FAIL") {
+                    why
+                } else {
+                    format!("E2E FAIL check {}: {why}", checks.passed + 1)
+                }
+            })
+        }
+    };
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("{message}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn usage_error(why: &str) -> ExitCode {
+    eprintln!("subc-rig-check: {why}\n{USAGE}");
+    ExitCode::from(2)
+}
+
+fn target() -> RouteTarget {
+    RouteTarget::ManagementSurface { module_id: MODULE_ID.into() }
+}
+
+fn call_options() -> CallOptions {
+    CallOptions { timeout: STEP, ..Default::default() }
+}
+
+/// Connects through the connection file, retrying until it exists and the daemon answers.
+async fn connect(conn_file: &std::path::Path, within: Duration) -> Result<SubcConsumer, Failure> {
+    let until = Instant::now() + within;
+    let options = ConsumerOptions {
+        handshake_timeout: Duration::from_secs(2),
+        call_timeout: Duration::from_secs(10),
+        ..Default::default()
+    };
+    loop {
+        let last = if conn_file.exists() {
+            match SubcConsumer::connect(conn_file, options.clone()).await {
+                Ok(consumer) => return Ok(consumer),
+                Err(e) => format!("{e}"),
+            }
+        } else {
+            "it does not exist".to_owned()
+        };
+        if Instant::now() >= until {
+            return Err(format!(
+                "cannot connect to the daemon through {} within {within:?}: {last}",
+                conn_file.display()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until the daemon's catalog lists broca as ready.
+async fn ready(consumer: &SubcConsumer, within: Duration) -> Result<subc_client_rs::CatalogEntry, Failure> {
+    let until = Instant::now() + within;
+    loop {
+        let last = match consumer.catalog_list().await {
+            Ok(list) => match list.modules.into_iter().find(|m| m.module_id == MODULE_ID) {
+                Some(entry) if entry.ready => return Ok(entry),
+                Some(_) => "listed but not ready".to_owned(),
+                None => "not in the catalog".to_owned(),
+            },
+            Err(e) => format!("catalog.list failed: {e:?}"),
+        };
+        if Instant::now() >= until {
+            return Err(format!("broca was not registered and ready within {within:?}: {last}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One session op: its `result`, or the module's refusal. Transport failures end the run.
+async fn op(
+    consumer: &SubcConsumer,
+    session: &str,
+    method: &str,
+    params: Value,
+) -> Result<Result<Value, ErrorBody>, Failure> {
+    let identity = BindIdentity::new(HARNESS, session);
+    let body = json!({"method": method, "params": params}).to_string().into_bytes();
+    match consumer.call(target(), identity, body, call_options()).await {
+        Ok(reply) => {
+            let v: Value = serde_json::from_slice(&reply)
+                .map_err(|e| format!("{method}: the reply is not JSON ({e}): {}", String::from_utf8_lossy(&reply)))?;
+            match v.get("result") {
+                Some(result) => Ok(Ok(result.clone())),
+                None => Err(format!("{method}: the reply has no `result`: {v}")),
+            }
+        }
+        Err(CallError::Module(body)) => Ok(Err(body)),
+        Err(other) => Err(format!("{method}: the call failed: {other:?}")),
+    }
+}
+
+/// An op that must succeed.
+async fn ok_op(consumer: &SubcConsumer, session: &str, method: &str, params: Value) -> Result<Value, Failure> {
+    op(consumer, session, method, params).await?.map_err(|e| format!("{method} was refused: {e:?}"))
+}
+
+/// What one subscription delivered for one run.
+#[derive(Default)]
+struct Episode {
+    /// `[cursor, unit]` of every control frame, in order.
+    control: Vec<(Value, Value)>,
+    /// The text deltas joined.
+    display_text: String,
+    /// Every frame's `seq`.
+    seqs: Vec<u64>,
+}
+
+impl Episode {
+    fn units_of(&self, run_id: &str) -> Vec<&Value> {
+        self.control.iter().map(|(_, u)| u).filter(|u| u["run_id"] == json!(run_id)).collect()
+    }
+
+    fn types_of(&self, run_id: &str) -> Vec<String> {
+        self.units_of(run_id).iter().map(|u| u["type"].as_str().unwrap_or("?").to_owned()).collect()
+    }
+}
+
+async fn next_frame(sub: &mut Subscription, within: Duration) -> Result<Option<Value>, Failure> {
+    match tokio::time::timeout(within, sub.events().recv()).await {
+        Err(_) => Ok(None),
+        Ok(None) => Err(format!("the subscription ended: {:?}", sub.ended().await)),
+        Ok(Some(bytes)) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| format!("a stream frame is not JSON ({e}): {}", String::from_utf8_lossy(&bytes))),
+    }
+}
+
+fn absorb(episode: &mut Episode, frame: Value) {
+    if let Some(seq) = frame["seq"].as_u64() {
+        episode.seqs.push(seq);
+    }
+    match frame["kind"].as_str() {
+        Some("control") => episode.control.push((frame["cursor"].clone(), frame["unit"].clone())),
+        Some("display") if frame["event"]["type"] == "text_delta" => {
+            episode.display_text.push_str(frame["event"]["delta"].as_str().unwrap_or_default())
+        }
+        _ => {}
+    }
+}
+
+/// Streams frames until the `run_finished` unit of `run_id`. Display deltas travel on their own
+/// lane and may trail the control unit, so a short grace follows until `expected_text` is whole.
+async fn until_finished(sub: &mut Subscription, run_id: &str, expected_text: &str) -> Result<Episode, Failure> {
+    let mut episode = Episode::default();
+    loop {
+        let Some(frame) = next_frame(sub, STEP).await? else {
+            return Err(format!(
+                "no stream frame within {STEP:?} before run_finished of {run_id}; control so far: {:?}",
+                episode.types_of(run_id)
+            ));
+        };
+        let done = frame["kind"] == "control"
+            && frame["unit"]["type"] == "run_finished"
+            && frame["unit"]["run_id"] == json!(run_id);
+        absorb(&mut episode, frame);
+        if done {
+            break;
+        }
+    }
+    let grace = Instant::now() + Duration::from_secs(2);
+    while episode.display_text.len() < expected_text.len() {
+        let left = grace.saturating_duration_since(Instant::now());
+        match next_frame(sub, left).await? {
+            Some(frame) if !left.is_zero() => absorb(&mut episode, frame),
+            _ => break,
+        }
+    }
+    Ok(episode)
+}
+
+fn assistant_text(message: &Value) -> String {
+    message["content"]
+        .as_array()
+        .map(|parts| parts.iter().filter(|p| p["type"] == "text").filter_map(|p| p["text"].as_str()).collect())
+        .unwrap_or_default()
+}
+
+/// `needles` appear in `hay` in this relative order.
+fn in_order(hay: &[String], needles: &[&str]) -> bool {
+    let mut rest = hay.iter();
+    needles.iter().all(|n| rest.any(|h| h == n))
+}
+
+/// The checks on one finished episode, as seen by the subscription.
+fn check_episode(
+    checks: &mut Checks,
+    label: &str,
+    episode: &Episode,
+    run_id: &str,
+    prompt: &str,
+    reply: &str,
+) -> Result<(), Failure> {
+    let types = episode.types_of(run_id);
+    let units = episode.units_of(run_id);
+    let finished = units.iter().find(|u| u["type"] == "run_finished").copied().cloned().unwrap_or(Value::Null);
+    checks.ensure(&format!("{label}: run_finished says completed"), finished["reason"] == "completed", || {
+        format!("run_finished: {finished}")
+    })?;
+    let expected = ["run_started", "user_message", "step_started", "assistant_message", "run_finished"];
+    checks.ensure(
+        &format!("{label}: control units run_started, user_message, step_started, assistant_message, run_finished"),
+        in_order(&types, &expected) && types.last().map(String::as_str) == Some("run_finished"),
+        || format!("the run's control units were {types:?}"),
+    )?;
+    let user = units.iter().find(|u| u["type"] == "user_message").map(|u| u["message"].clone()).unwrap_or_default();
+    checks.ensure(&format!("{label}: user_message carries the prompt"), assistant_text(&user) == prompt, || {
+        format!("user_message: {user}")
+    })?;
+    checks.ensure(&format!("{label}: the display lane streamed {reply:?}"), episode.display_text == reply, || {
+        format!("the text deltas joined: {:?}", episode.display_text)
+    })?;
+    let answer =
+        units.iter().find(|u| u["type"] == "assistant_message").map(|u| u["message"].clone()).unwrap_or_default();
+    checks.ensure(
+        &format!("{label}: assistant_message holds the streamed text"),
+        answer["role"] == "assistant" && assistant_text(&answer) == reply,
+        || format!("assistant_message: {answer}"),
+    )
+}
+
+async fn scenario(conn_file: &std::path::Path, model: Value, checks: &mut Checks) -> Result<(), Failure> {
+    let consumer = connect(conn_file, STEP).await;
+    checks.check("the daemon accepts a consumer connection", consumer.as_ref().map(|_| ()).map_err(Clone::clone))?;
+    let consumer = consumer?;
+    let entry = ready(&consumer, Duration::from_secs(60)).await;
+    checks.check("broca is registered and ready", entry.as_ref().map(|_| ()).map_err(Clone::clone))?;
+    let entry = entry?;
+    checks.ensure("broca registered with its launch nonce", entry.nonce_verified, || format!("{entry:?}"))?;
+
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let session = format!("rig-check-{}-{nanos}", std::process::id());
+    eprintln!("subc-rig-check: session {session}, model {model}");
+    let identity = BindIdentity::new(HARNESS, session.as_str());
+    let body = json!({"method": "session.subscribe", "params": {"from": "start"}}).to_string().into_bytes();
+    let sub = consumer.subscribe(target(), identity, body, SubscribeOptions::default()).await;
+    checks.check("session.subscribe from start is accepted", sub.as_ref().map(|_| ()).map_err(|e| format!("{e:?}")))?;
+    let mut sub = sub.map_err(|e| format!("{e:?}"))?;
+    let reply = broca::mock::DEFAULT_REPLY_TEXT;
+
+    // Episode 1.
+    let prompt1 = "Say hello through the daemon.";
+    let first = ok_op(&consumer, &session, "session.send", json!({"prompt": prompt1, "model": model})).await?;
+    let run1 = first["run_id"].as_str().unwrap_or_default().to_owned();
+    checks.ensure(
+        "session.send starts a run (state active, run_id)",
+        first["state"] == "active" && !run1.is_empty(),
+        || format!("session.send answered {first}"),
+    )?;
+    let one = until_finished(&mut sub, &run1, reply).await?;
+    check_episode(checks, "episode 1", &one, &run1, prompt1, reply)?;
+    checks.ensure(
+        "stream seq runs from 1 with no gap",
+        one.seqs == (1..=one.seqs.len() as u64).collect::<Vec<_>>(),
+        || format!("seq: {:?}", one.seqs),
+    )?;
+
+    let page = ok_op(&consumer, &session, "session.read", json!({})).await?;
+    let mids: Vec<&str> =
+        page["messages"].as_array().map(|m| m.iter().filter_map(|m| m["mid"].as_str()).collect()).unwrap_or_default();
+    checks
+        .ensure("session.read shows 2 messages, m0 and m1", mids == ["m0", "m1"], || format!("session.read: {page}"))?;
+    let roles: Vec<&str> = page["messages"]
+        .as_array()
+        .map(|m| m.iter().filter_map(|m| m["message"]["role"].as_str()).collect())
+        .unwrap_or_default();
+    let texts: Vec<String> = page["messages"]
+        .as_array()
+        .map(|m| m.iter().map(|m| assistant_text(&m["message"])).collect())
+        .unwrap_or_default();
+    checks.ensure(
+        "session.read: the user prompt, then the assistant's reply",
+        roles == ["user", "assistant"] && texts == [prompt1, reply],
+        || format!("session.read: {page}"),
+    )?;
+    let status = ok_op(&consumer, &session, "run.status", json!({"run_id": run1})).await?;
+    checks.ensure("run.status says completed", status["state"] == "completed", || format!("run.status: {status}"))?;
+
+    // Episode 2, on the same subscription.
+    let prompt2 = "And once more.";
+    let second = ok_op(&consumer, &session, "session.send", json!({"prompt": prompt2, "model": model})).await?;
+    let run2 = second["run_id"]
+        .as_str()
+        .map(String::from)
+        .or_else(|| second["submission_id"].as_str().map(|s| format!("run-{s}")))
+        .unwrap_or_default();
+    checks.ensure("a second session.send starts a new run", !run2.is_empty() && run2 != run1, || {
+        format!("session.send answered {second}")
+    })?;
+    let two = until_finished(&mut sub, &run2, reply).await?;
+    check_episode(checks, "episode 2 (same subscription)", &two, &run2, prompt2, reply)?;
+    let seqs: Vec<u64> = one.seqs.iter().chain(&two.seqs).copied().collect();
+    let cursors: Vec<(u64, u64)> = one
+        .control
+        .iter()
+        .chain(&two.control)
+        .map(|(c, _)| (c["wal_seq"].as_u64().unwrap_or(0), c["sub_index"].as_u64().unwrap_or(0)))
+        .collect();
+    checks.ensure(
+        "across both episodes: seq has no gap, cursors only rise",
+        seqs == (1..=seqs.len() as u64).collect::<Vec<_>>() && cursors.windows(2).all(|w| w[0] < w[1]),
+        || format!("seq: {seqs:?}; cursors: {cursors:?}"),
+    )?;
+    let page = ok_op(&consumer, &session, "session.read", json!({})).await?;
+    let mids: Vec<&str> =
+        page["messages"].as_array().map(|m| m.iter().filter_map(|m| m["mid"].as_str()).collect()).unwrap_or_default();
+    checks.ensure("session.read shows 4 messages, m0 to m3", mids == ["m0", "m1", "m2", "m3"], || {
+        format!("session.read: {page}")
+    })?;
+    let latest = ok_op(&consumer, &session, "run.status", json!({})).await?;
+    checks.ensure(
+        "run.status without run_id names the second run, completed",
+        latest["run_id"] == json!(run2) && latest["state"] == "completed",
+        || format!("run.status: {latest}"),
+    )?;
+
+    // A strict op refuses a member it does not know.
+    let refused = op(&consumer, &session, "session.read", json!({"direction": "back"})).await?;
+    checks.ensure(
+        "session.read with an unknown member is refused invalid_params",
+        matches!(&refused, Err(body) if body.code == "invalid_params"),
+        || format!("session.read {{direction}} answered {refused:?}"),
+    )?;
+
+    let _ = sub.unsubscribe();
+    Ok(())
+}
