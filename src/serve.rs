@@ -61,7 +61,8 @@ impl Metrics {
 }
 
 /// Every operation served on a session route, including the stream.
-pub const SERVED: &[&str] = &["role.describe", "session.send", "session.read", "run.status", "session.subscribe"];
+pub const SERVED: &[&str] =
+    &["role.describe", "session.baseline", "session.send", "session.read", "run.status", "session.subscribe"];
 
 pub struct Server {
     ops: Arc<Ops>,

@@ -169,3 +169,17 @@ fn a_newer_writers_session_refuses_the_send_by_name() {
     assert_eq!(err.code, "wal_newer_writer");
     assert_eq!(rig.call("session.read", json!({})).unwrap_err().code, "wal_newer_writer");
 }
+
+#[test]
+fn the_baseline_is_not_yet_until_the_first_episode_then_ready() {
+    let rig = rig(Duration::from_secs(5));
+    assert_eq!(rig.call("session.baseline", json!({})).unwrap(), json!({"state": "not_yet"}));
+    let sent = rig.call("session.send", send("hello")).unwrap();
+    rig.wait_state(sent["run_id"].as_str().unwrap(), "completed");
+    let ready = rig.call("session.baseline", json!({})).unwrap();
+    assert_eq!(ready["state"], "ready");
+    assert_eq!(ready["baseline"]["items"], json!([]));
+    assert_eq!(ready["baseline"]["tool_names"], json!([]));
+    assert!(ready["baseline"].get("composition_digest").is_none(), "admitted without a fetch plan");
+    assert_eq!(rig.call("session.baseline", json!({"x": 1})).unwrap_err().code, "invalid_params");
+}

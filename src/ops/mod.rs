@@ -94,6 +94,7 @@ impl Ops {
             "session.send" => send::session_send(self, key, params, reply),
             "session.read" => reply(read::session_read(self, key, &params)),
             "run.status" => reply(read::run_status(self, key, &params)),
+            "session.baseline" => reply(read::session_baseline(self, key, &params)),
             other => {
                 let detail = Some(crate::detail!("method" => other));
                 reply(Err(Refusal::new("unknown_method", format!("unknown method {other:?}"), detail)))
@@ -102,9 +103,8 @@ impl Ops {
     }
 }
 
-/// The `role.describe` answer: this build's major, the ops it serves on a session route, and
-/// its (so far empty) capability groups. `session.baseline`, required by the role, is not served
-/// yet, so a strict role check refuses this build by name until it is.
+/// The `role.describe` answer: this build's major, the ops it serves on a session route (the
+/// role's required ops included), and its (so far empty) capability groups.
 pub fn describe() -> Value {
     use cortexkit_role_llm_runner::describe::{Major, RoleDescribe};
     let ops = crate::serve::SERVED.iter().map(|op| (*op).to_owned()).collect();
@@ -116,4 +116,15 @@ pub fn describe() -> Value {
     .with_session_capabilities_from(cortexkit_role_llm_runner::capabilities::source::ADMISSION)
     .with_max_bytes(read::MAX_BYTES, read::MAX_BYTES);
     serde_json::to_value(describe).expect("role.describe serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn role_describe_passes_the_role_crates_check() {
+        let describe = super::describe();
+        if let Err(problems) = cortexkit_role_llm_runner::describe::check_describe(&describe) {
+            panic!("role.describe is refused: {problems:?}\n{describe}");
+        }
+    }
 }

@@ -113,3 +113,45 @@ pub(super) fn run_status(ops: &Ops, key: &SessionKey, params: &Value) -> Result<
         (None, None) => Ok(json!({"state": state})),
     }
 }
+
+/// `session.baseline` (spec §4): sessions are admitted without a fetch plan, so `items` is empty
+/// and `composition_digest` absent; `tool_names` are the first episode's tools; both generations
+/// are 0. `not_yet` until the session has an episode.
+pub(super) fn session_baseline(ops: &Ops, key: &SessionKey, params: &Value) -> Result<Value, Refusal> {
+    use cortexkit_role_llm_runner::baseline::{Baseline, BaselineReply};
+    strict(params, &[])?;
+    let path = ops.registry.shared().wal_path(key);
+    let not_yet = || serde_json::to_value(BaselineReply::not_yet()).expect("baselines serialize");
+    if !path.exists() {
+        return Ok(not_yet());
+    }
+    let Some(config) = first_episode_config(&path).map_err(|e| e.refusal())? else { return Ok(not_yet()) };
+    let mut baseline = Baseline::default();
+    baseline.tool_names = config
+        .get("tools")
+        .and_then(Value::as_array)
+        .map(|tools| tools.iter().filter_map(|t| t.get("name").and_then(Value::as_str).map(String::from)).collect())
+        .unwrap_or_default();
+    Ok(serde_json::to_value(BaselineReply::ready(baseline)).expect("baselines serialize"))
+}
+
+/// The frozen config of the session's first `RunStarted`, reading only as far as it.
+fn first_episode_config(path: &std::path::Path) -> Result<Option<Value>, crate::lineage::LineageError> {
+    use crate::lineage::LineageError;
+    use crate::record::Record;
+    let mut found = None;
+    let outcome =
+        crate::wal::read(path, crate::record::KNOWN_FEATURES, None, &mut |f: crate::wal::ScannedFrame<'_>| {
+            if let Ok(Record::RunStarted(r)) = Record::decode(f.payload) {
+                found = Some(r.config);
+                // Stop the scan: the first episode is all this needs.
+                return Err(LineageError::Refused(String::new()));
+            }
+            Ok(())
+        });
+    match (outcome, found) {
+        (_, Some(config)) => Ok(Some(config)),
+        (Ok(_), None) => Ok(None),
+        (Err(e), None) => Err(e),
+    }
+}
