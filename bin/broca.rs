@@ -14,13 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use broca::actor::{Registry, RunDeps};
-use broca::agent::{LoopOptions, NoTools};
 use broca::catalog::Catalog;
 use broca::fanout::Hub;
 use broca::lineage::read;
 use broca::lineage::{LineageError, Shared};
 use broca::ops::Ops;
-use broca::provider::client::HttpClient;
 use broca::record::{self, Record};
 use broca::serve::{Server, SERVED};
 use broca::session_key::SessionKey;
@@ -162,14 +160,7 @@ fn serve(conn_file: &Path) -> ExitCode {
         log::warn!("broca: {e}; sends are refused until a catalog is seeded");
     }
     let hub = Hub::new();
-    let publish_hub = Arc::clone(&hub);
-    let deps = RunDeps {
-        client: Arc::new(HttpClient::default()),
-        tools: Arc::new(NoTools),
-        opts: LoopOptions::default(),
-        publish: Arc::new(move |key, out| publish_hub.publish(key, &out)),
-        idle_ttl: IDLE_TTL,
-    };
+    let deps = RunDeps::serving(&hub, IDLE_TTL);
     let ops = Arc::new(Ops {
         registry: Registry::new(shared, deps),
         catalog: Arc::new(RwLock::new(catalog)),

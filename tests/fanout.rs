@@ -7,14 +7,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use broca::actor::{Registry, RunDeps};
-use broca::agent::{LoopOptions, NoTools};
 use broca::catalog::Catalog;
 use broca::fanout::{From, Hub, SinkError, StreamSink};
 use broca::lineage::projection::Cursor;
 use broca::lineage::Shared;
 use broca::mock::{MockServer, Script};
 use broca::ops::Ops;
-use broca::provider::client::HttpClient;
 use broca::session_key::SessionKey;
 use broca::state_root::StateRoot;
 use broca::wire::Refusal;
@@ -34,14 +32,7 @@ fn rig() -> Rig {
     let shared = Arc::new(Shared::open(StateRoot::at(dir.path()).unwrap()).unwrap());
     let mock = MockServer::start("127.0.0.1:0").unwrap();
     let hub = Hub::new();
-    let publish_hub = Arc::clone(&hub);
-    let deps = RunDeps {
-        client: Arc::new(HttpClient::default()),
-        tools: Arc::new(NoTools),
-        opts: LoopOptions::default(),
-        publish: Arc::new(move |key, out| publish_hub.publish(key, &out)),
-        idle_ttl: Duration::from_secs(5),
-    };
+    let deps = RunDeps::serving(&hub, Duration::from_secs(5));
     let lkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json");
     let ops = Arc::new(Ops {
         registry: Registry::new(shared, deps),

@@ -40,6 +40,21 @@ pub struct RunDeps {
     pub idle_ttl: Duration,
 }
 
+impl RunDeps {
+    /// The module's wiring: the real HTTP client, no tool providers yet, the default loop
+    /// options, and every lineage's output published to `hub`'s subscribers.
+    pub fn serving(hub: &Arc<crate::fanout::Hub>, idle_ttl: Duration) -> RunDeps {
+        let hub = Arc::clone(hub);
+        RunDeps {
+            client: Arc::new(crate::provider::client::HttpClient::default()),
+            tools: Arc::new(crate::agent::NoTools),
+            opts: LoopOptions::default(),
+            publish: Arc::new(move |key, out| hub.publish(key, &out)),
+            idle_ttl,
+        }
+    }
+}
+
 struct Actor {
     tx: Sender<RunCommand>,
 }
