@@ -121,6 +121,8 @@ fn locate(key: &SessionKey) -> Result<(), Box<dyn std::error::Error>> {
 const DEFAULT_MODULE_ID: &str = "broca";
 /// How long an idle session's actor keeps its lease.
 const IDLE_TTL: Duration = Duration::from_secs(30);
+/// How long shutdown waits for running turns to seal (inside the daemon's own deadline).
+const SEAL_WITHIN: Duration = Duration::from_secs(2);
 
 static SIGTERM: AtomicBool = AtomicBool::new(false);
 
@@ -161,8 +163,9 @@ fn serve(conn_file: &Path) -> ExitCode {
     }
     let hub = Hub::new();
     let deps = RunDeps::serving(&hub, IDLE_TTL);
+    let registry = Registry::new(shared, deps);
     let ops = Arc::new(Ops {
-        registry: Registry::new(shared, deps),
+        registry: Arc::clone(&registry),
         catalog: Arc::new(RwLock::new(catalog)),
         base_url_override: std::env::var("BROCA_PROVIDER_BASE_URL").ok().filter(|u| !u.is_empty()),
     });
@@ -180,6 +183,12 @@ fn serve(conn_file: &Path) -> ExitCode {
     };
     watch_sigterm(outbound);
     let end = running.join();
+    // The connection is gone: seal what is still running (a graceful `interrupted`, not the
+    // crash diagnostic) before the process ends.
+    let left = registry.seal_all(SEAL_WITHIN);
+    if left > 0 {
+        log::warn!("broca: {left} run(s) still running after {SEAL_WITHIN:?}; the next open seals them");
+    }
     if end.is_clean() {
         log::info!("broca: exiting cleanly: {end}");
         ExitCode::SUCCESS

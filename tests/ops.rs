@@ -183,3 +183,25 @@ fn the_baseline_is_not_yet_until_the_first_episode_then_ready() {
     assert!(ready["baseline"].get("composition_digest").is_none(), "admitted without a fetch plan");
     assert_eq!(rig.call("session.baseline", json!({"x": 1})).unwrap_err().code, "invalid_params");
 }
+
+#[test]
+fn shutdown_seals_a_running_turn_gracefully() {
+    let rig = rig(Duration::from_secs(5));
+    let stall = json!({"responses": [{"events": [{"text": "slow"}, {"delay_ms": 20000}, {"finish": "stop"}]}]});
+    rig.mock.install("default", Script::from_json(&stall.to_string()).unwrap());
+    let sent = rig.call("session.send", send("take your time")).unwrap();
+    let run_id = sent["run_id"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rig.ops.registry.gauges().runs_in_flight.load(std::sync::atomic::Ordering::Acquire) == 0 {
+        assert!(Instant::now() < deadline, "the run never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let started = Instant::now();
+    assert_eq!(rig.ops.registry.seal_all(Duration::from_secs(10)), 0, "every run sealed");
+    assert!(started.elapsed() < Duration::from_secs(5), "sealing does not wait for the provider");
+    let status = rig.call("run.status", json!({"run_id": run_id})).unwrap();
+    assert_eq!(status["state"], "interrupted");
+    assert!(status.get("error").is_none(), "a graceful seal carries no crash diagnostic: {status}");
+    // No new turn starts while shutting down: a send is refused, retryable.
+    assert_eq!(rig.call("session.send", send("later")).unwrap_err().code, "module_reloading");
+}

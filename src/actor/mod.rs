@@ -12,7 +12,7 @@
 //!   does a run in progress; an idle actor with no pending work closes after its TTL.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -66,6 +66,8 @@ pub struct Registry {
     deps: Arc<RunDeps>,
     slots: Mutex<HashMap<SessionKey, Slot>>,
     gauges: Gauges,
+    /// Shutting down: no new turn starts, and running ones are sealed.
+    sealing: AtomicBool,
 }
 
 /// Counters and gauges for `health.check`.
@@ -94,6 +96,7 @@ impl Registry {
             deps: Arc::new(deps),
             slots: Mutex::new(HashMap::new()),
             gauges: Gauges::default(),
+            sealing: AtomicBool::new(false),
         })
     }
 
@@ -121,6 +124,32 @@ impl Registry {
         let slot = self.slot(key);
         let guard = slot.lock();
         guard.as_ref().is_some_and(|a| a.tx.send(RunCommand::Cancel(at)).is_ok())
+    }
+
+    /// Graceful shutdown: no new turn starts, every running turn is sealed `interrupted` at
+    /// once (unknown-outcome results for calls in flight), and this waits until none is running
+    /// or `within` passes. Returns the number still running at the deadline.
+    pub fn seal_all(&self, within: Duration) -> u64 {
+        self.sealing.store(true, Ordering::Release);
+        let slots: Vec<Slot> = self.slots.lock().values().cloned().collect();
+        for slot in slots {
+            if let Some(actor) = slot.lock().as_ref() {
+                let _ = actor.tx.send(RunCommand::Seal);
+            }
+        }
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let running = self.gauges.runs_in_flight.load(Ordering::Acquire);
+            if running == 0 || std::time::Instant::now() >= deadline {
+                return running;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Whether shutdown has begun (no new turn may start).
+    pub fn is_sealing(&self) -> bool {
+        self.sealing.load(Ordering::Acquire)
     }
 
     /// Whether the session has an open actor.
@@ -226,6 +255,9 @@ impl Registry {
         rx: &Receiver<RunCommand>,
         publish: &dyn Fn(Output),
     ) -> Result<bool, LineageError> {
+        if self.sealing.load(Ordering::Acquire) {
+            return Ok(false);
+        }
         match lineage.state().resolution() {
             Resolution::Resume { .. } => {}
             Resolution::Paused { .. } => return Ok(false),

@@ -63,6 +63,9 @@ pub type LineageJob = Box<dyn FnOnce(&mut crate::lineage::Lineage) -> Vec<Contro
 pub enum RunCommand {
     Cancel(CancelAt),
     Exec(LineageJob),
+    /// The process is shutting down: stop now and seal the run `interrupted` (a graceful seal,
+    /// without the crash diagnostic); calls still in flight get unknown-outcome results.
+    Seal,
 }
 
 impl std::fmt::Debug for RunCommand {
@@ -70,6 +73,7 @@ impl std::fmt::Debug for RunCommand {
         match self {
             RunCommand::Cancel(at) => write!(f, "Cancel({at:?})"),
             RunCommand::Exec(_) => write!(f, "Exec(..)"),
+            RunCommand::Seal => write!(f, "Seal"),
         }
     }
 }

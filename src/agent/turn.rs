@@ -83,6 +83,8 @@ struct Driver<'a> {
     run_id: String,
     config: RenderConfig,
     history: Vec<Message>,
+    /// A `Seal` arrived: every way out of the run ends `interrupted`.
+    sealing: bool,
 }
 
 /// Handles a command that arrived while no run is being driven: a job runs at once; a cancel
@@ -90,7 +92,7 @@ struct Driver<'a> {
 pub fn handle_command(lineage: &mut Lineage, cmd: RunCommand) -> Vec<ControlUnit> {
     match cmd {
         RunCommand::Exec(job) => job(lineage),
-        RunCommand::Cancel(_) => Vec::new(),
+        RunCommand::Cancel(_) | RunCommand::Seal => Vec::new(),
     }
 }
 
@@ -129,7 +131,18 @@ pub fn drive(
             return Ok(TurnOutcome { run_id, reason: Some(FinishReason::Error), paused: None, error: Some(error) });
         }
     };
-    let mut d = Driver { lineage, client, tools, commands: commands.clone(), opts, out, run_id, config, history };
+    let mut d = Driver {
+        lineage,
+        client,
+        tools,
+        commands: commands.clone(),
+        opts,
+        out,
+        run_id,
+        config,
+        history,
+        sealing: false,
+    };
     d.run()
 }
 
@@ -143,6 +156,7 @@ impl Driver<'_> {
     }
 
     fn finish(&mut self, reason: FinishReason, error: Option<ProviderError>) -> Result<TurnOutcome, LineageError> {
+        let (reason, error) = if self.sealing { (FinishReason::Interrupted, None) } else { (reason, error) };
         self.lineage.finish_run(&self.run_id, reason, error.clone(), vec![])?;
         self.commit()?;
         Ok(TurnOutcome { run_id: self.run_id.clone(), reason: Some(reason), paused: None, error })
@@ -172,6 +186,10 @@ impl Driver<'_> {
                 self.request_cancel(at)?;
                 Ok(Some(at))
             }
+            Ok(RunCommand::Seal) => {
+                self.sealing = true;
+                Ok(Some(CancelAt::Now))
+            }
             Ok(RunCommand::Exec(job)) => {
                 let units = job(self.lineage);
                 if !units.is_empty() {
@@ -190,7 +208,7 @@ impl Driver<'_> {
     fn run(&mut self) -> Result<TurnOutcome, LineageError> {
         loop {
             self.drain_commands()?;
-            if self.cancel_requested().is_some() {
+            if self.sealing || self.cancel_requested().is_some() {
                 return self.finish(FinishReason::Cancelled, None);
             }
             let (step, step_open) = {
@@ -484,6 +502,10 @@ impl Driver<'_> {
                     let outcome = if out.is_error { "error" } else { "ok" };
                     (out, outcome)
                 }
+                None if self.sealing => (
+                    ToolOutput::error("broca shut down while the call was in flight; its outcome is unknown"),
+                    "unknown",
+                ),
                 None => {
                     (ToolOutput::error("the call was cancelled while in flight; its outcome is unknown"), "cancelled")
                 }

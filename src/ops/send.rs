@@ -88,6 +88,10 @@ pub(super) fn session_send(ops: &Arc<Ops>, key: &SessionKey, params: Value, repl
         Ok(s) => s,
         Err(r) => return reply(Err(r)),
     };
+    if ops.registry.is_sealing() {
+        let detail = Some(crate::detail!("class" => "transient"));
+        return reply(Err(Refusal::new("module_reloading", "broca is shutting down; send again shortly", detail)));
+    }
     let overrides = RouteOverrides { base_url_override: ops.base_url_override.clone(), auth: AuthSource::None };
     let config = {
         let catalog = ops.catalog.read();
