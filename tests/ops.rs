@@ -205,3 +205,32 @@ fn shutdown_seals_a_running_turn_gracefully() {
     // No new turn starts while shutting down: a send is refused, retryable.
     assert_eq!(rig.call("session.send", send("later")).unwrap_err().code, "module_reloading");
 }
+
+#[test]
+fn pages_are_capped_by_bytes_and_an_oversize_message_is_refused_by_name() {
+    let rig = rig(Duration::from_secs(5));
+    let big = "x".repeat(1_600_000);
+    for _ in 0..2 {
+        let sent = rig.call("session.send", send(&big)).unwrap();
+        rig.wait_state(sent["run_id"].as_str().unwrap(), "completed");
+    }
+    // Four messages: 1.6 MB prompt, short answer, twice. The newest page keeps its last ones.
+    let newest = rig.call("session.read", json!({})).unwrap();
+    let ordinals: Vec<u64> =
+        newest["messages"].as_array().unwrap().iter().map(|m| m["ordinal"].as_u64().unwrap()).collect();
+    assert_eq!(ordinals, [1, 2, 3], "3 MiB holds one big prompt and the answers");
+    assert!(newest.get("next_from_ordinal").is_none());
+    let forward = rig.call("session.read", json!({"from_ordinal": 0})).unwrap();
+    assert_eq!(forward["messages"].as_array().unwrap().len(), 2);
+    assert_eq!(forward["next_from_ordinal"], 2);
+    // A message that alone crosses the transport limit is refused, naming it, not its content.
+    let huge = "y".repeat(4_300_000);
+    let sent = rig.call("session.send", send(&huge)).unwrap();
+    rig.wait_state(sent["run_id"].as_str().unwrap(), "completed");
+    let err = rig.call("session.read", json!({"from_ordinal": 4, "limit": 1})).unwrap_err();
+    assert_eq!(err.code, "reply_too_large");
+    let detail = err.detail.unwrap();
+    assert_eq!(detail.get("subject"), Some(&json!({"kind": "message", "session": "s1", "ordinal": 4})));
+    assert_eq!(detail.get("limit"), Some(&json!(4_194_304)));
+    assert!(!err.message.contains("yyyy"));
+}

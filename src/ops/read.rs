@@ -13,6 +13,8 @@ use crate::wire::Refusal;
 /// The page byte cap (spec §4: default and maximum 3 MiB of serialized reply body).
 pub const MAX_BYTES: u64 = 3 << 20;
 const DEFAULT_LIMIT: u64 = 100;
+/// Bytes reserved for the page's envelope (`result`, state, cursors) within `MAX_BYTES`.
+const PAGE_OVERHEAD: usize = 512;
 const MAX_LIMIT: u64 = 1000;
 
 fn state_name(r: &Resolution) -> &'static str {
@@ -53,16 +55,46 @@ pub(super) fn session_read(ops: &Ops, key: &SessionKey, params: &Value) -> Resul
         }
     };
     let page = read::transcript(&shared.store, key, &path, start, limit).map_err(|e| e.refusal())?;
-    let mut answer = json!({
-        "messages": page.messages.iter().map(|(o, m)| json!({"ordinal": o, "mid": format!("m{o}"), "message": m})).collect::<Vec<_>>(),
-        "lineage_state": state_name(&page.resolution),
-    });
-    let end = start.saturating_add(page.messages.len() as u64);
+    let items: Vec<Value> =
+        page.messages.iter().map(|(o, m)| json!({"ordinal": o, "mid": format!("m{o}"), "message": m})).collect();
+    // The byte cap: a forward page keeps its first messages, the newest page its last ones; one
+    // message always stays whole.
+    let sizes: Vec<usize> = items.iter().map(|i| serde_json::to_vec(i).map_or(0, |b| b.len() + 1)).collect();
+    let fits = |order: &mut dyn Iterator<Item = usize>| {
+        let mut total = 0usize;
+        order
+            .take_while(|&i| {
+                total += sizes[i];
+                total <= MAX_BYTES as usize - PAGE_OVERHEAD || total == sizes[i]
+            })
+            .count()
+    };
+    let (skip, take) = match from {
+        Some(_) => (0, fits(&mut (0..items.len()))),
+        None => {
+            let n = fits(&mut (0..items.len()).rev());
+            (items.len() - n, n)
+        }
+    };
+    let first = start + skip as u64;
+    let kept: Vec<Value> = items.into_iter().skip(skip).take(take).collect();
+    let mut answer = json!({"messages": kept, "lineage_state": state_name(&page.resolution)});
+    let end = first + take as u64;
     if end < page.prompt_len {
         answer["next_from_ordinal"] = json!(end);
     }
     if let Some(head) = page.head {
         answer["head"] = json!(head);
+    }
+    // An indivisible message whose frame would cross the transport limit is refused by name.
+    let frame = serde_json::to_vec(&json!({"result": &answer})).map_or(0, |b| b.len()) + subc_protocol::HEADER_LEN;
+    if frame > subc_protocol::MAX_DELIVERED_FRAME_LEN {
+        let subject = json!({"kind": "message", "session": key.session, "ordinal": first});
+        let detail =
+            crate::detail!("bytes" => frame, "limit" => subc_protocol::MAX_DELIVERED_FRAME_LEN, "subject" => subject);
+        let message =
+            format!("session.read: message m{first} alone makes a {frame}-byte reply, over the transport limit");
+        return Err(Refusal::new("reply_too_large", message, Some(detail)));
     }
     Ok(answer)
 }
