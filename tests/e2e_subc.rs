@@ -177,13 +177,17 @@ async fn try_op(consumer: &SubcConsumer, session: &str, method: &str, params: Va
 async fn subscribe(consumer: &SubcConsumer, session: &str, from: Value) -> subc_client_rs::Subscription {
     let identity = BindIdentity::new("e2e-harness", session);
     let body = json!({"method": "session.subscribe", "params": {"from": from}}).to_string().into_bytes();
-    consumer.subscribe(target(), identity, body, SubscribeOptions::default()).await.unwrap()
+    // The SDK drops a subscription whose caller lets this buffer fill; the observers here read
+    // between calls, so give them room (the stalled observer below is dropped that way).
+    let opts = SubscribeOptions { event_buffer: 100_000, ..SubscribeOptions::default() };
+    consumer.subscribe(target(), identity, body, opts).await.unwrap()
 }
 
 /// Stream events until the `run_finished` unit of `run_id`.
 async fn until_finished(sub: &mut subc_client_rs::Subscription, run_id: &str, seen: &mut Vec<Value>) {
     loop {
-        let event = tokio::time::timeout(STEP, sub.events().recv()).await.expect("a stream event").expect("open");
+        let event = tokio::time::timeout(STEP, sub.events().recv()).await.expect("a stream event");
+        let Some(event) = event else { panic!("the stream ended waiting for {run_id}: {:?}", sub.ended().await) };
         let v: Value = serde_json::from_slice(&event).unwrap();
         let done = v["unit"]["type"] == "run_finished" && v["unit"]["run_id"] == json!(run_id);
         seen.push(v);
@@ -243,8 +247,29 @@ async fn exercise_sessions(rig: &Rig, mock: &MockServer) {
     let mut ec = Vec::new();
     until_finished(&mut c, &run2, &mut ec).await;
     assert_eq!(control(&ec), all[5..].to_vec(), "no gap, no duplicate after a cursor");
+    // A subscriber that never reads (on its own client connection, which the daemon may close
+    // once its egress budget is spent) holds nothing up: the run completes and a reading
+    // observer still gets every delta and unit.
+    let stalled_client = SubcConsumer::connect(&rig.connection_file(), consumer_options()).await.unwrap();
+    let _stalled = subscribe(&stalled_client, "s1", json!("live")).await;
+    let mut burst: Vec<Value> = (0..300).map(|i| json!({"text": format!("w{i} ")})).collect();
+    burst.push(json!({"finish": "stop"}));
+    mock.install("default", Script::from_json(&json!({"responses": [{"events": burst}]}).to_string()).unwrap());
+    let busy = op(&consumer, "s1", "session.send", send("Say three hundred words")).await.unwrap();
+    let run_busy = busy["run_id"].as_str().unwrap().to_owned();
+    let mut eburst = Vec::new();
+    until_finished(&mut a, &run_busy, &mut eburst).await;
+    let streamed: String =
+        eburst.iter().filter(|e| e["kind"] == "display").filter_map(|e| e["event"]["delta"].as_str()).collect();
+    let gaps = eburst.iter().filter(|e| e["event"]["type"] == "display_gap").count();
+    if gaps == 0 {
+        assert_eq!(streamed, (0..300).map(|i| format!("w{i} ")).collect::<String>());
+    }
+    let answer = control(&eburst).into_iter().find(|u| u[1]["type"] == "assistant_message").expect("the answer");
+    assert!(answer[1]["message"]["content"][0]["text"].as_str().unwrap().starts_with("w0 w1 w2"));
+
     let page = op(&consumer, "s1", "session.read", json!({})).await.unwrap();
-    assert_eq!(page["messages"].as_array().unwrap().len(), 4, "{page}");
+    assert_eq!(page["messages"].as_array().unwrap().len(), 6, "{page}");
     assert_eq!(op(&consumer, "s1", "run.status", json!({"run_id": run1})).await.unwrap()["state"], "completed");
     let refused = op(&consumer, "s1", "session.read", json!({"direction": "back"})).await.unwrap_err();
     assert_eq!(refused.code, "invalid_params");

@@ -221,6 +221,15 @@ impl<S: StreamSink> Feeder<'_, S> {
         }
     }
 
+    /// One display event, preceded by a `display_gap` when deltas were dropped since the last.
+    fn display(&mut self, event: DisplayEvent, lanes: &Lanes) -> Result<(), Option<Refusal>> {
+        let dropped = lanes.dropped.swap(0, Ordering::Relaxed);
+        if dropped > 0 {
+            self.send(json!({"kind": "display", "event": {"type": "display_gap", "dropped": dropped}}))?;
+        }
+        self.send(display_frame(&event))
+    }
+
     /// Returns `Ok` when the stream was stopped cleanly, `Err(refusal)` when it ends in error.
     fn run(&mut self, wal: &std::path::Path, from: From, lanes: &Lanes) -> Result<(), Refusal> {
         match self.feed(wal, from, lanes) {
@@ -250,6 +259,11 @@ impl<S: StreamSink> Feeder<'_, S> {
             }
         }
         loop {
+            // The loop publishes a step's display deltas before the units of the barrier that
+            // ends it; draining the (bounded) display lane first keeps that order for readers.
+            while let Ok(event) = lanes.display.try_recv() {
+                self.display(event, lanes)?;
+            }
             select! {
                 recv(lanes.control) -> unit => {
                     let Ok(unit) = unit else { return Err(None) };
@@ -260,11 +274,7 @@ impl<S: StreamSink> Feeder<'_, S> {
                 }
                 recv(lanes.display) -> event => {
                     let Ok(event) = event else { return Err(None) };
-                    let dropped = lanes.dropped.swap(0, Ordering::Relaxed);
-                    if dropped > 0 {
-                        self.send(json!({"kind": "display", "event": {"type": "display_gap", "dropped": dropped}}))?;
-                    }
-                    self.send(display_frame(&event))?;
+                    self.display(event, lanes)?;
                 }
                 recv(lanes.stop) -> why => return Err(why.unwrap_or(None)),
             }
