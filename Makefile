@@ -33,6 +33,7 @@ e2e:
 bench:
 	$(CARGO) build --release --locked --bins
 	$(CARGO) run --release --locked --bin broca-bench
+	$(CARGO) run --release --locked --example fanout-bench
 
 fmt:
 	$(CARGO) fmt --all

@@ -2,15 +2,16 @@
 //! only, every response `Connection: close`. Streams have no length and end when the
 //! connection closes, so a scripted disconnect looks to the client like a truncated stream.
 
+use std::borrow::Cow;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
 use super::render::Piece;
-use super::script::WriteMode;
+use super::script::{WriteMode, NOW_US_TOKEN};
 
 /// The largest request head (request line and headers) accepted; larger is refused 431.
 pub const MAX_HEAD_BYTES: usize = 64 << 10;
@@ -242,61 +243,99 @@ pub(crate) enum Ended {
     Stopped,
 }
 
-/// Writes rendered pieces in `mode`, honouring delays.
+/// Writes rendered pieces in `mode`, honouring delays. With `stamp`, every [`NOW_US_TOKEN`]
+/// in the bytes is replaced just before they are written (see [`stamp_now`]); without it the
+/// bytes are never scanned.
 pub(crate) fn write_pieces(
     out: &mut impl Write,
     pieces: &[Piece],
     mode: &WriteMode,
+    stamp: bool,
     stopping: &AtomicBool,
 ) -> io::Result<Ended> {
     let mut pending = Vec::new();
     for piece in pieces {
         match piece {
             Piece::Bytes(bytes) if *mode == WriteMode::PerEvent => {
-                out.write_all(bytes)?;
+                out.write_all(&stamped(bytes, stamp))?;
                 out.flush()?;
             }
             Piece::Bytes(bytes) => pending.extend_from_slice(bytes),
             Piece::Delay(ms) => {
-                write_pending(out, &mut pending, mode, stopping)?;
+                write_pending(out, &mut pending, mode, stamp, stopping)?;
                 if !pause(*ms, stopping) {
                     return Ok(Ended::Stopped);
                 }
             }
             Piece::Disconnect => {
-                write_pending(out, &mut pending, mode, stopping)?;
+                write_pending(out, &mut pending, mode, stamp, stopping)?;
                 return Ok(Ended::Disconnect);
             }
         }
     }
-    write_pending(out, &mut pending, mode, stopping)?;
+    write_pending(out, &mut pending, mode, stamp, stopping)?;
     Ok(Ended::Complete)
 }
 
+/// Writes the bytes gathered since the last delay; they are stamped once, before any `split`
+/// cut, so a token is never cut in two.
 fn write_pending(
     out: &mut impl Write,
     pending: &mut Vec<u8>,
     mode: &WriteMode,
+    stamp: bool,
     stopping: &AtomicBool,
 ) -> io::Result<()> {
     if pending.is_empty() {
         return Ok(());
     }
+    let bytes = stamped(pending, stamp);
     match mode {
         WriteMode::Split { every, pause_ms } => {
-            for piece in pending.chunks(*every) {
+            for piece in bytes.chunks(*every) {
                 out.write_all(piece)?;
                 out.flush()?;
                 pause(*pause_ms, stopping);
             }
         }
         _ => {
-            out.write_all(pending)?;
+            out.write_all(&bytes)?;
             out.flush()?;
         }
     }
+    drop(bytes);
     pending.clear();
     Ok(())
+}
+
+fn stamped(bytes: &[u8], stamp: bool) -> Cow<'_, [u8]> {
+    if stamp {
+        stamp_now(bytes)
+    } else {
+        Cow::Borrowed(bytes)
+    }
+}
+
+/// `bytes` with every [`NOW_US_TOKEN`] replaced by the current Unix time in microseconds, as
+/// exactly 16 decimal digits (zero-padded), one reading of the clock for the whole call. Each
+/// token grows its piece by a fixed 6 bytes, so the stream's length does not depend on the time.
+pub(crate) fn stamp_now(bytes: &[u8]) -> Cow<'_, [u8]> {
+    let token = NOW_US_TOKEN.as_bytes();
+    let find = |from: usize| bytes[from..].windows(token.len()).position(|w| w == token).map(|i| i + from);
+    let Some(first) = find(0) else { return Cow::Borrowed(bytes) };
+    let micros = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros());
+    // 16 digits hold every instant until the year 2286.
+    let now = format!("{:016}", micros.min(9_999_999_999_999_999));
+    let mut out = Vec::with_capacity(bytes.len() + 16);
+    let (mut at, mut next) = (0, Some(first));
+    while let Some(i) = next {
+        out.extend_from_slice(&bytes[at..i]);
+        out.extend_from_slice(now.as_bytes());
+        at = i + token.len();
+        next = find(at);
+    }
+    out.extend_from_slice(&bytes[at..]);
+    Cow::Owned(out)
 }
 
 /// Sleeps `ms`, waking early (returning false) when the server stops.
@@ -345,7 +384,7 @@ mod tests {
 
     fn written(mode: WriteMode) -> (Vec<Vec<u8>>, Ended) {
         let mut w = Writes::default();
-        let ended = write_pieces(&mut w, &pieces(), &mode, &AtomicBool::new(false)).unwrap();
+        let ended = write_pieces(&mut w, &pieces(), &mode, false, &AtomicBool::new(false)).unwrap();
         (w.0, ended)
     }
 
@@ -365,8 +404,51 @@ mod tests {
     #[test]
     fn stopping_cuts_a_delay_short() {
         let mut w = Writes::default();
-        let ended = write_pieces(&mut w, &[Piece::Delay(60_000)], &WriteMode::PerEvent, &AtomicBool::new(true));
+        let ended = write_pieces(&mut w, &[Piece::Delay(60_000)], &WriteMode::PerEvent, false, &AtomicBool::new(true));
         assert_eq!(ended.unwrap(), Ended::Stopped);
+    }
+
+    fn now_us() -> u64 {
+        SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as u64
+    }
+
+    /// The 16-digit stamps in `text`, where the token was.
+    fn stamps(text: &str) -> Vec<u64> {
+        text.split("t=").skip(1).map(|rest| rest[..16].parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn the_now_token_is_stamped_when_written() {
+        let token_pieces = || {
+            vec![
+                Piece::Bytes(b"data: {\"t\":\"t={{now_us}};t={{now_us}};\"}\n\n".to_vec()),
+                Piece::Delay(2),
+                Piece::Bytes(b"data: {\"t\":\"t={{now_us}};{{now\"}\n\n".to_vec()),
+            ]
+        };
+        let original: usize = token_pieces().iter().map(|p| if let Piece::Bytes(b) = p { b.len() } else { 0 }).sum();
+        for mode in [WriteMode::PerEvent, WriteMode::Coalesce, WriteMode::Split { every: 5, pause_ms: 0 }] {
+            let before = now_us();
+            let mut w = Writes::default();
+            write_pieces(&mut w, &token_pieces(), &mode, true, &AtomicBool::new(false)).unwrap();
+            let after = now_us();
+            let text = String::from_utf8(w.0.concat()).unwrap();
+            assert!(!text.contains("{{now_us}}") && text.contains(";{{now\""), "{mode:?}: {text}");
+            // Three tokens, each 10 bytes become 16.
+            assert_eq!(text.len(), original + 3 * 6, "{mode:?}: {text}");
+            let s = stamps(&text);
+            assert_eq!(s.len(), 3, "{text}");
+            assert!(s.iter().all(|t| (before..=after).contains(t)), "{s:?} not in {before}..={after}");
+            assert_eq!(s[0], s[1], "one clock reading per write");
+            assert!(s[2] >= s[1] + 2_000, "the piece after the delay is stamped when written: {s:?}");
+            assert!(text.split("t=").skip(1).all(|rest| rest.as_bytes()[16] == b';'), "{text}");
+        }
+        // Without the flag the bytes go out as scripted.
+        let mut w = Writes::default();
+        write_pieces(&mut w, &token_pieces(), &WriteMode::PerEvent, false, &AtomicBool::new(false)).unwrap();
+        assert_eq!(w.0.concat().len(), original);
+        assert!(matches!(stamp_now(b"no token here"), Cow::Borrowed(_)));
+        assert_eq!(stamp_now(b"{{now_us}}").len(), 16);
     }
 
     #[test]

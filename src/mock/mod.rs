@@ -62,6 +62,13 @@
 //! | `{"comment": s}` | an SSE comment line `: s` |
 //! | `{"unknown_event": {"name": s, "data": json}}` | `event: s` + `data: json`, verbatim |
 //! | `{"disconnect": true}` | close the connection here (no terminal event) |
+//! | `{{now_us}}` inside any string of the above | replaced, as each piece is written, by the current Unix time in microseconds as exactly 16 decimal digits (zero-padded), e.g. `{"text": "t={{now_us}};"}`; one clock reading per write |
+//!
+//! The `{{now_us}}` token lets a reader measure delivery latency (receive time minus the
+//! embedded time). It has a fixed width, so each token adds exactly 6 bytes whatever the time;
+//! with `split_every` the bytes are stamped before they are cut. A token must sit whole in one
+//! string (one text, one tool-call fragment: `chunks` may cut it). Only a stream whose steps
+//! contain the token is scanned when written.
 //!
 //! Without `finish`, `error` or `disconnect` a stream finishes with `stop` (`tool_calls` if it
 //! had tool calls). Content may not follow `finish`/`error`; nothing follows `disconnect`.
@@ -121,7 +128,7 @@ pub use http::{MAX_BODY_BYTES, MAX_HEAD_BYTES};
 pub use lanes::{sha256_hex, RecordedRequest, MAX_RECORDED_PER_LANE};
 pub use script::{
     default_reply, HttpReply, Script, ScriptedResponse, Step, StreamError, StreamReply, ToolCall, Usage, WriteMode,
-    DEFAULT_REPLY_TEXT,
+    DEFAULT_REPLY_TEXT, NOW_US_TOKEN,
 };
 
 use crate::provider::event::Family;
@@ -347,9 +354,10 @@ fn answer(
             let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
             let ctx = RenderCtx { model, id, created };
             let pieces = render::render(family, &reply.events, &ctx);
+            let stamp = reply.uses_now_token();
             headers.extend(reply.headers);
             http::write_stream_head(stream, &headers)?;
-            if http::write_pieces(stream, &pieces, &reply.write, &shared.stopping)? == Ended::Disconnect {
+            if http::write_pieces(stream, &pieces, &reply.write, stamp, &shared.stopping)? == Ended::Disconnect {
                 let _ = stream.shutdown(Shutdown::Both);
             }
             Ok(())

@@ -65,9 +65,31 @@ pub struct StreamReply {
     pub delay_ms: u64,
 }
 
+/// The write-time timestamp token: every occurrence in a stream's bytes is replaced, as each
+/// piece is written, by the current Unix time in microseconds as exactly 16 decimal digits.
+pub const NOW_US_TOKEN: &str = "{{now_us}}";
+
 impl StreamReply {
     pub fn new(events: Vec<Step>) -> StreamReply {
         StreamReply { events, ..StreamReply::default() }
+    }
+
+    /// Whether any step's text holds [`NOW_US_TOKEN`]; only then are the written bytes scanned.
+    /// A token split between two steps or two tool-call fragments is none: each renders into
+    /// its own SSE event.
+    pub fn uses_now_token(&self) -> bool {
+        self.events.iter().any(|step| match step {
+            Step::Text(s) | Step::RedactedReasoning(s) | Step::Refusal(s) | Step::Finish(s) | Step::Comment(s) => {
+                s.contains(NOW_US_TOKEN)
+            }
+            Step::Reasoning { text, signature } => {
+                text.contains(NOW_US_TOKEN) || signature.as_deref().is_some_and(|s| s.contains(NOW_US_TOKEN))
+            }
+            Step::ToolCall(tc) => [&tc.id, &tc.name].into_iter().chain(&tc.fragments).any(|s| s.contains(NOW_US_TOKEN)),
+            Step::Error(e) => e.kind.contains(NOW_US_TOKEN) || e.message.contains(NOW_US_TOKEN),
+            Step::UnknownEvent { name, data } => name.contains(NOW_US_TOKEN) || data.to_string().contains(NOW_US_TOKEN),
+            Step::Usage(_) | Step::DelayMs(_) | Step::Disconnect => false,
+        })
     }
 }
 
@@ -614,6 +636,24 @@ mod tests {
     fn timing_and_usage_may_follow_a_finish() {
         let text = r#"{"responses":[{"events":[{"finish":"stop"},{"usage":{"output":1}},{"delay_ms":1},{"comment":"x"},{"disconnect":true}]}]}"#;
         assert!(Script::from_json(text).is_ok());
+    }
+
+    #[test]
+    fn the_now_token_is_noticed_in_any_string() {
+        let uses = |events: &str| {
+            let script = Script::from_json(&format!(r#"{{"responses":[{{"events":{events}}}]}}"#)).unwrap();
+            let ScriptedResponse::Stream(s) = &script.responses[0] else { panic!("stream") };
+            s.uses_now_token()
+        };
+        assert!(!uses(r#"[{"text":"now_us {now_us}"},{"delay_ms":5},{"finish":"stop"}]"#));
+        let ScriptedResponse::Stream(example) = &Script::from_json(EXAMPLE).unwrap().responses[2] else { panic!() };
+        assert!(!example.uses_now_token());
+        assert!(uses(r#"[{"text":"a"},{"delay_ms":5},{"text":"t={{now_us}};"}]"#));
+        assert!(uses(r#"[{"tool_call":{"id":"c","name":"n","arguments":{"at":"{{now_us}}"},"chunks":1}}]"#));
+        // Cut between two fragments (two events), it is no token.
+        assert!(!uses(r#"[{"tool_call":{"id":"c","name":"n","fragments":["{{now", "_us}}"]}}]"#));
+        assert!(uses(r#"[{"unknown_event":{"name":"x","data":{"{{now_us}}":1}}}]"#));
+        assert!(uses(r#"[{"comment":"sent {{now_us}}"}]"#));
     }
 
     #[test]
