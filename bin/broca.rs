@@ -121,8 +121,9 @@ fn locate(key: &SessionKey) -> Result<(), Box<dyn std::error::Error>> {
 const DEFAULT_MODULE_ID: &str = "broca";
 /// How long an idle session's actor keeps its lease.
 const IDLE_TTL: Duration = Duration::from_secs(30);
-/// How long shutdown waits for running turns to seal (inside the daemon's own deadline).
-const SEAL_WITHIN: Duration = Duration::from_secs(2);
+/// How long shutdown lets running turns reach their step boundary, and then their immediate
+/// seal, take (the daemon kills a module about 3 s after its own SIGTERM).
+const SEAL_WITHIN: Duration = Duration::from_secs(1);
 
 static SIGTERM: AtomicBool = AtomicBool::new(false);
 

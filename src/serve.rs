@@ -230,7 +230,14 @@ impl Handler for Server {
                 let metrics = self.metrics.snapshot(self.ops.registry.gauges());
                 let _ = self.outbound.health(corr, health_ok(metrics));
             }
-            ControlRequest::Draining { .. } => self.draining.store(true, Ordering::Release),
+            ControlRequest::Draining { .. } => {
+                // Stop admission now; running turns finish their step and seal at its boundary.
+                self.draining.store(true, Ordering::Release);
+                let registry = Arc::clone(&self.ops.registry);
+                if let Err(e) = self.workers.run(move || registry.drain()) {
+                    log::error!("cannot start an op worker to drain: {e}");
+                }
+            }
         }
     }
 

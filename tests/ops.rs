@@ -197,7 +197,8 @@ fn shutdown_seals_a_running_turn_gracefully() {
         std::thread::sleep(Duration::from_millis(10));
     }
     let started = Instant::now();
-    assert_eq!(rig.ops.registry.seal_all(Duration::from_secs(10)), 0, "every run sealed");
+    // The step cannot reach its boundary within the grace (the provider stalls): sealed at once.
+    assert_eq!(rig.ops.registry.seal_all(Duration::from_millis(300)), 0, "every run sealed");
     assert!(started.elapsed() < Duration::from_secs(5), "sealing does not wait for the provider");
     let status = rig.call("run.status", json!({"run_id": run_id})).unwrap();
     assert_eq!(status["state"], "interrupted");
@@ -233,4 +234,30 @@ fn pages_are_capped_by_bytes_and_an_oversize_message_is_refused_by_name() {
     assert_eq!(detail.get("subject"), Some(&json!({"kind": "message", "session": "s1", "ordinal": 4})));
     assert_eq!(detail.get("limit"), Some(&json!(4_194_304)));
     assert!(!err.message.contains("yyyy"));
+}
+
+#[test]
+fn draining_lets_the_step_and_its_batch_finish_then_seals_at_the_boundary() {
+    let rig = rig(Duration::from_secs(5));
+    let script = json!({"responses": [
+        {"events": [{"text": "checking"}, {"delay_ms": 300},
+                    {"tool_call": {"id": "c1", "name": "look", "arguments": {}}}, {"finish": "tool_calls"}]},
+        {"events": [{"text": "never asked"}, {"finish": "stop"}]},
+    ]});
+    rig.mock.install("default", Script::from_json(&script.to_string()).unwrap());
+    let sent = rig.call("session.send", send("look around")).unwrap();
+    let run_id = sent["run_id"].as_str().unwrap().to_string();
+    // Drain while the first step streams (its request has reached the provider).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rig.mock.requests("default").is_empty() {
+        assert!(Instant::now() < deadline, "the first step never started");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    rig.ops.registry.drain();
+    rig.wait_state(&run_id, "interrupted");
+    assert_eq!(rig.mock.requests("default").len(), 1, "no model step after the boundary");
+    let page = rig.call("session.read", json!({})).unwrap();
+    let roles: Vec<&str> =
+        page["messages"].as_array().unwrap().iter().map(|m| m["message"]["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["user", "assistant", "tool"], "the step and its batch finished and were recorded");
 }

@@ -126,17 +126,36 @@ impl Registry {
         guard.as_ref().is_some_and(|a| a.tx.send(RunCommand::Cancel(at)).is_ok())
     }
 
-    /// Graceful shutdown: no new turn starts, every running turn is sealed `interrupted` at
-    /// once (unknown-outcome results for calls in flight), and this waits until none is running
-    /// or `within` passes. Returns the number still running at the deadline.
-    pub fn seal_all(&self, within: Duration) -> u64 {
+    /// Draining (spec: graceful restart): no new turn starts, and every running turn finishes
+    /// its current step and batch, then seals `interrupted` at its next step-entry boundary.
+    pub fn drain(&self) {
         self.sealing.store(true, Ordering::Release);
+        self.tell_all(|| RunCommand::SealAtBoundary);
+    }
+
+    /// Shutdown: drains, waits up to `grace` for turns to reach their boundary, then seals the
+    /// rest `interrupted` at once (unknown-outcome results for calls in flight) and waits up to
+    /// `grace` again. Returns the number still running at the end.
+    pub fn seal_all(&self, grace: Duration) -> u64 {
+        self.drain();
+        if self.wait_idle(grace) == 0 {
+            return 0;
+        }
+        self.tell_all(|| RunCommand::Seal);
+        self.wait_idle(grace)
+    }
+
+    fn tell_all(&self, cmd: impl Fn() -> RunCommand) {
         let slots: Vec<Slot> = self.slots.lock().values().cloned().collect();
         for slot in slots {
             if let Some(actor) = slot.lock().as_ref() {
-                let _ = actor.tx.send(RunCommand::Seal);
+                let _ = actor.tx.send(cmd());
             }
         }
+    }
+
+    /// Waits until no turn is running or `within` passes; returns how many still run.
+    fn wait_idle(&self, within: Duration) -> u64 {
         let deadline = std::time::Instant::now() + within;
         loop {
             let running = self.gauges.runs_in_flight.load(Ordering::Acquire);

@@ -66,6 +66,9 @@ pub enum RunCommand {
     /// The process is shutting down: stop now and seal the run `interrupted` (a graceful seal,
     /// without the crash diagnostic); calls still in flight get unknown-outcome results.
     Seal,
+    /// The module is draining: finish the current step and its tool batch, then seal the run
+    /// `interrupted` at the next step-entry boundary (a terminal the step reaches first wins).
+    SealAtBoundary,
 }
 
 impl std::fmt::Debug for RunCommand {
@@ -74,6 +77,7 @@ impl std::fmt::Debug for RunCommand {
             RunCommand::Cancel(at) => write!(f, "Cancel({at:?})"),
             RunCommand::Exec(_) => write!(f, "Exec(..)"),
             RunCommand::Seal => write!(f, "Seal"),
+            RunCommand::SealAtBoundary => write!(f, "SealAtBoundary"),
         }
     }
 }

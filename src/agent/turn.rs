@@ -85,6 +85,8 @@ struct Driver<'a> {
     history: Vec<Message>,
     /// A `Seal` arrived: every way out of the run ends `interrupted`.
     sealing: bool,
+    /// A `SealAtBoundary` arrived: the next step-entry boundary ends the run `interrupted`.
+    seal_at_boundary: bool,
 }
 
 /// Handles a command that arrived while no run is being driven: a job runs at once; a cancel
@@ -92,7 +94,7 @@ struct Driver<'a> {
 pub fn handle_command(lineage: &mut Lineage, cmd: RunCommand) -> Vec<ControlUnit> {
     match cmd {
         RunCommand::Exec(job) => job(lineage),
-        RunCommand::Cancel(_) | RunCommand::Seal => Vec::new(),
+        RunCommand::Cancel(_) | RunCommand::Seal | RunCommand::SealAtBoundary => Vec::new(),
     }
 }
 
@@ -142,6 +144,7 @@ pub fn drive(
         config,
         history,
         sealing: false,
+        seal_at_boundary: false,
     };
     d.run()
 }
@@ -190,6 +193,10 @@ impl Driver<'_> {
                 self.sealing = true;
                 Ok(Some(CancelAt::Now))
             }
+            Ok(RunCommand::SealAtBoundary) => {
+                self.seal_at_boundary = true;
+                Ok(None)
+            }
             Ok(RunCommand::Exec(job)) => {
                 let units = job(self.lineage);
                 if !units.is_empty() {
@@ -210,6 +217,9 @@ impl Driver<'_> {
             self.drain_commands()?;
             if self.sealing || self.cancel_requested().is_some() {
                 return self.finish(FinishReason::Cancelled, None);
+            }
+            if self.seal_at_boundary {
+                return self.finish(FinishReason::Interrupted, None);
             }
             let (step, step_open) = {
                 let e = self.lineage.state().last.as_ref().expect("drive has an episode");
