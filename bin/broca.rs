@@ -173,9 +173,9 @@ fn serve(conn_file: &Path) -> ExitCode {
     let outbound = conn.outbound();
     let (stopped, _stopped_rx) = crossbeam_channel::unbounded();
     let server = Server::new(ops, hub, outbound.clone(), stopped);
-    // Every daemon-stamped caller may bind a session route; owner-only operations arrive with
-    // the driver surface.
-    let running = match conn.start(server, |_: &BindRequest| Ok(())) {
+    // Binds are decided from the daemon's stamps; owner-only operations arrive with the driver
+    // surface.
+    let running = match conn.start(server, |bind: &BindRequest| broca::serve::authorize(bind)) {
         Ok(running) => running,
         Err(e) => {
             eprintln!("broca: cannot start the subc io thread: {e}");

@@ -133,6 +133,19 @@ fn parse_from(params: &Value) -> Result<From, Refusal> {
     }
 }
 
+/// Decides a `route.bind` from what the daemon stamped, never from the opener's claims: a bind
+/// must carry the daemon's principal, and a session route must name a session. Who may *write*
+/// a session (owner rules) is decided per operation.
+pub fn authorize(bind: &BindRequest) -> Result<(), subc_protocol::ErrorBody> {
+    if bind.principal.is_none() {
+        return Err(subc_protocol::ErrorBody::new("not_authorized", "the daemon stamped no principal on this bind"));
+    }
+    if bind.identity.session.trim().is_empty() || bind.identity.harness.trim().is_empty() {
+        return Err(subc_protocol::ErrorBody::new("invalid_params", "a session route needs a harness and a session"));
+    }
+    Ok(())
+}
+
 /// The session a bind addresses.
 fn session_of(bind: &BindRequest) -> SessionKey {
     let root = bind

@@ -270,6 +270,32 @@ async fn exercise_sessions(rig: &Rig, mock: &MockServer) {
 
     let page = op(&consumer, "s1", "session.read", json!({})).await.unwrap();
     assert_eq!(page["messages"].as_array().unwrap().len(), 6, "{page}");
+    // A message too large for any reply frame is refused by name; the route keeps serving.
+    mock.install("default", Script::from_json(&json!({"responses": [slow_reply("Noted")]}).to_string()).unwrap());
+    let huge = op(&consumer, "big", "session.send", send(&"z".repeat(4_300_000))).await.unwrap();
+    // Its user_message unit cannot travel either: the stream ends with the typed error.
+    let mut big = subscribe(&consumer, "big", json!("start")).await;
+    while tokio::time::timeout(STEP, big.events().recv()).await.expect("stream").is_some() {}
+    match big.ended().await {
+        SubscriptionEnd::Error(body) => {
+            assert_eq!(body.code, "subscribe_unit_undeliverable", "{body:?}");
+            let detail = body.detail.unwrap();
+            assert_eq!((detail["reason"].as_str(), detail["limit"].as_u64()), (Some("too_large"), Some(4_194_304)));
+            assert!(detail["cursor"]["wal_seq"].as_u64().is_some(), "{detail}");
+        }
+        other => panic!("expected subscribe_unit_undeliverable, got {other:?}"),
+    }
+    let huge_run = huge["run_id"].as_str().unwrap().to_owned();
+    let until = Instant::now() + STEP;
+    while op(&consumer, "big", "run.status", json!({"run_id": huge_run})).await.unwrap()["state"] != "completed" {
+        assert!(Instant::now() < until, "the big run never completed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let refused = op(&consumer, "big", "session.read", json!({"from_ordinal": 0, "limit": 1})).await.unwrap_err();
+    assert_eq!(refused.code, "reply_too_large", "{refused:?}");
+    assert_eq!(refused.detail.as_ref().unwrap()["subject"]["ordinal"], 0);
+    let next = op(&consumer, "big", "session.read", json!({"from_ordinal": 1})).await.unwrap();
+    assert_eq!(next["messages"][0]["message"]["content"][0]["text"], "Noted.");
     assert_eq!(op(&consumer, "s1", "run.status", json!({"run_id": run1})).await.unwrap()["state"], "completed");
     let refused = op(&consumer, "s1", "session.read", json!({"direction": "back"})).await.unwrap_err();
     assert_eq!(refused.code, "invalid_params");
