@@ -23,17 +23,17 @@ use parking_lot::Mutex;
 use serde_json::{json, Value};
 
 use crate::agent::{DisplayEvent, Output};
-use crate::lineage::projection::{ControlUnit, Cursor};
-use crate::lineage::read;
+use crate::lineage::projection::{self, ControlUnit, Cursor};
+use crate::lineage::LineageError;
+use crate::record::{Record, KNOWN_FEATURES};
 use crate::session_key::SessionKey;
+use crate::wal::ScannedFrame;
 use crate::wire::Refusal;
 
 /// Control units a subscriber may lag before it is detached.
 pub const CONTROL_LANE: usize = 4096;
 /// Display events buffered per subscriber before deltas are dropped.
 pub const DISPLAY_LANE: usize = 1024;
-/// Units read from the WAL per replay page.
-const REPLAY_PAGE: usize = 256;
 
 /// Where a subscription attaches (spec §7, §16).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -239,7 +239,7 @@ impl<S: StreamSink> Feeder<'_, S> {
     }
 
     fn feed(&mut self, wal: &std::path::Path, from: From, lanes: &Lanes) -> Result<(), Option<Refusal>> {
-        let replay_failed = |e: crate::lineage::LineageError| {
+        let replay_failed = |e: LineageError| {
             Some(Refusal::new("subscribe_replay_failed", format!("subscribe replay failed: {e}"), None))
         };
         // The last cursor sent (or, for `live`, the durable head at attach).
@@ -249,14 +249,30 @@ impl<S: StreamSink> Feeder<'_, S> {
             From::Live => durable_head(wal).map_err(replay_failed)?,
         };
         if from != From::Live && wal.exists() {
-            loop {
-                let page = read::control_units(wal, last, REPLAY_PAGE).map_err(replay_failed)?;
-                let Some(end) = page.last().map(|u| u.cursor) else { break };
-                for unit in page {
-                    self.send(control_frame(&unit))?;
+            // One pass over the WAL, one record in memory at a time; frames before the cursor
+            // are skipped without decoding.
+            let after = last;
+            let mut stopped: Option<Option<Refusal>> = None;
+            let scanned = crate::wal::read::<LineageError>(wal, KNOWN_FEATURES, None, &mut |f: ScannedFrame<'_>| {
+                if after.is_some_and(|a| f.seq < a.wal_seq) {
+                    return Ok(());
                 }
-                last = Some(end);
+                let rec = Record::decode(f.payload).map_err(|e| LineageError::Decode { seq: f.seq, reason: e.0 })?;
+                for unit in projection::project(f.seq, &rec) {
+                    if after.is_none_or(|a| unit.cursor > a) {
+                        if let Err(e) = self.send(control_frame(&unit)) {
+                            stopped = Some(e);
+                            return Err(LineageError::Refused("the subscriber is gone".into()));
+                        }
+                        last = Some(unit.cursor);
+                    }
+                }
+                Ok(())
+            });
+            if let Some(why) = stopped {
+                return Err(why);
             }
+            scanned.map_err(replay_failed)?;
         }
         loop {
             // The loop publishes a step's display deltas before the units of the barrier that
@@ -282,12 +298,22 @@ impl<S: StreamSink> Feeder<'_, S> {
     }
 }
 
-/// The last durable control unit of a WAL (the `live` attach point).
-fn durable_head(wal: &std::path::Path) -> Result<Option<Cursor>, crate::lineage::LineageError> {
+/// The last durable control unit of a WAL (the `live` attach point), in one pass that builds
+/// no unit.
+fn durable_head(wal: &std::path::Path) -> Result<Option<Cursor>, LineageError> {
     if !wal.exists() {
         return Ok(None);
     }
-    Ok(read::control_units(wal, None, usize::MAX)?.last().map(|u| u.cursor))
+    let mut head = None;
+    crate::wal::read::<LineageError>(wal, KNOWN_FEATURES, None, &mut |f: ScannedFrame<'_>| {
+        let rec = Record::decode(f.payload).map_err(|e| LineageError::Decode { seq: f.seq, reason: e.0 })?;
+        let units = projection::unit_count(&rec);
+        if units > 0 {
+            head = Some(Cursor { wal_seq: f.seq, sub_index: units as u32 - 1 });
+        }
+        Ok(())
+    })?;
+    Ok(head)
 }
 
 /// A control frame: llm-runner's `kind`/`cursor` plus broca's `unit`.
