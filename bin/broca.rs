@@ -23,6 +23,7 @@ use broca::record::{self, Record};
 use broca::serve::{Server, SERVED};
 use broca::session_key::SessionKey;
 use broca::state_root::{RootEnv, StateRoot};
+use broca::subc::consumer::{Consumer, ConsumerIdentity};
 use broca::subc::{self, BindRequest, Outbound};
 use broca::wal::{self, ScannedFrame};
 use parking_lot::RwLock;
@@ -172,7 +173,8 @@ fn serve(conn_file: &Path) -> ExitCode {
     });
     let outbound = conn.outbound();
     let (stopped, _stopped_rx) = crossbeam_channel::unbounded();
-    let server = Server::new(ops, hub, outbound.clone(), stopped);
+    let server =
+        Server::new(ops, hub, outbound.clone(), stopped).with_consumer(consumer_connection(conn_file, &module_id));
     // Binds are decided from the daemon's stamps; owner-only operations arrive with the driver
     // surface.
     let running = match conn.start(server, |bind: &BindRequest| broca::serve::authorize(bind)) {
@@ -196,6 +198,21 @@ fn serve(conn_file: &Path) -> ExitCode {
     } else {
         eprintln!("broca: {end}");
         ExitCode::from(1)
+    }
+}
+
+/// broca's second connection, for routes to other modules, presenting its consumer identity.
+/// Nothing opens routes on it yet (tools, vault and catalog arrive later); it already refuses
+/// reverse requests. Serving goes on without it if it cannot be made.
+fn consumer_connection(conn_file: &Path, module_id: &str) -> Option<Consumer> {
+    let nonce = subc_os::launch_nonce::launch_nonce().ok().flatten().map(|n| n.value().to_owned());
+    let identity = nonce.map(|launch_nonce| ConsumerIdentity { module_id: module_id.to_owned(), launch_nonce });
+    match Consumer::connect(conn_file, identity) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            log::warn!("broca: no consumer connection: {e}");
+            None
+        }
     }
 }
 

@@ -22,6 +22,7 @@ use crate::lineage::projection::Cursor;
 use crate::ops::{invalid_params, Ops};
 use crate::pool::Pool;
 use crate::session_key::SessionKey;
+use crate::subc::consumer::Consumer;
 use crate::subc::{health_ok, BindRequest, ControlRequest, Handler, Outbound, Route};
 use crate::wire::Refusal;
 
@@ -42,9 +43,8 @@ impl Metrics {
         }
     }
 
-    /// Every served operation at zero or above, plus the named gauges. No consumer connection
-    /// exists yet, so no reverse request can arrive to be refused.
-    pub fn snapshot(&self, gauges: &Gauges) -> Value {
+    /// Every served operation at zero or above, plus the named gauges.
+    pub fn snapshot(&self, gauges: &Gauges, reverse_refused: u64) -> Value {
         let ops = self.ops.lock();
         let management: BTreeMap<&str, u64> = SERVED.iter().map(|o| (*o, ops.get(o).copied().unwrap_or(0))).collect();
         let load = |g: &AtomicU64| g.load(Ordering::Relaxed);
@@ -55,7 +55,7 @@ impl Metrics {
             "runs_in_flight": load(&gauges.runs_in_flight),
             "opening": load(&gauges.opening),
             "closing": load(&gauges.closing),
-            "reverse_requests_refused": 0,
+            "reverse_requests_refused": reverse_refused,
         })
     }
 }
@@ -74,6 +74,8 @@ pub struct Server {
     streams: Arc<Mutex<HashMap<(Route, u64), Subscription>>>,
     draining: Arc<AtomicBool>,
     stopped: crossbeam_channel::Sender<()>,
+    /// broca's consumer connection, when it could be made.
+    consumer: Option<Consumer>,
 }
 
 impl Server {
@@ -88,7 +90,14 @@ impl Server {
             streams: Arc::new(Mutex::new(HashMap::new())),
             draining: Arc::new(AtomicBool::new(false)),
             stopped,
+            consumer: None,
         }
+    }
+
+    /// Attaches broca's consumer connection (its reverse-request refusals are reported).
+    pub fn with_consumer(mut self, consumer: Option<Consumer>) -> Server {
+        self.consumer = consumer;
+        self
     }
 
     fn refuse(&self, route: Route, corr: u64, refusal: &Refusal) {
@@ -240,7 +249,8 @@ impl Handler for Server {
     fn on_control(&mut self, request: ControlRequest) {
         match request {
             ControlRequest::HealthCheck { corr } => {
-                let metrics = self.metrics.snapshot(self.ops.registry.gauges());
+                let refused = self.consumer.as_ref().map_or(0, |c| c.reverse_requests_refused());
+                let metrics = self.metrics.snapshot(self.ops.registry.gauges(), refused);
                 let _ = self.outbound.health(corr, health_ok(metrics));
             }
             ControlRequest::Draining { .. } => {

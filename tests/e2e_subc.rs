@@ -155,6 +155,9 @@ async fn exercise(rig: &Rig) {
     let metrics = health.metrics.expect("health metrics");
     assert_eq!(metrics["management_ops"]["role.describe"], 1, "{metrics}");
     assert_eq!(metrics["management_ops"]["session.send"], 0, "every served op is reported: {metrics}");
+    for gauge in ["session_reads", "actor_opens", "runs_in_flight", "opening", "closing", "reverse_requests_refused"] {
+        assert!(metrics[gauge].is_u64(), "{gauge} is reported: {metrics}");
+    }
 }
 
 /// A session op through the daemon: the `result`, or the module's refusal.
@@ -425,6 +428,14 @@ fn probe_worker(out: Outbound, jobs: Receiver<Job>) {
                 out.reply(route, corr, b"late".to_vec())
             }
             "hold" => Ok(()),
+            "reverse" => {
+                // A reverse request in the module's corr space, deliberately reusing the
+                // client's corr: the client must answer it and still get this call's reply.
+                let ask = br#"{"jsonrpc":"2.0","id":1,"method":"elicitation/create","params":{}}"#.to_vec();
+                out.reverse_request(route, corr, ask).unwrap();
+                std::thread::sleep(Duration::from_millis(100));
+                out.reply(route, corr, b"done".to_vec())
+            }
             "cancel" => out.error(route, corr, &ErrorBody::new("cancelled", "cancelled by the client")),
             "close" => {
                 let _ = out.reply(route, corr, b"closing".to_vec());
@@ -436,7 +447,7 @@ fn probe_worker(out: Outbound, jobs: Receiver<Job>) {
 }
 
 fn probe_manifest() -> ModuleManifest {
-    let operations = ["echo", "exact", "big", "twice", "stream", "hold", "close"]
+    let operations = ["echo", "exact", "big", "twice", "stream", "hold", "close", "reverse"]
         .iter()
         .map(|name| ManagementOperation {
             name: (*name).into(),
@@ -527,6 +538,19 @@ async fn exercise_probe(rig: &Rig, seen: &Receiver<Seen>) {
     let Seen::Cancel { route: cancelled, .. } = next_seen(seen) else { panic!("expected the cancel") };
     assert_eq!(cancelled, route);
     assert!(call("echo").await.is_ok(), "the cancelled request's credit was released");
+
+    // broca's consumer connection (no HELLO): it opens a route to the probe, gets its answer,
+    // and refuses the probe's reverse request without mistaking it for that answer.
+    let consumer_conn = broca::subc::consumer::Consumer::connect(&rig.connection_file(), None).unwrap();
+    let probe_route =
+        consumer_conn.open_route(&probe, &BindIdentity::new("probe-harness", "consumer-1"), STEP).unwrap();
+    let body = br#"{"method":"reverse","params":{}}"#;
+    assert_eq!(consumer_conn.call(probe_route, body, STEP).unwrap(), b"done");
+    assert_eq!(consumer_conn.reverse_requests_refused(), 1);
+    assert!(matches!(next_seen(seen), Seen::Bound { ref session, .. } if session == "consumer-1"));
+    consumer_conn.close_route(probe_route);
+    let closed = next_seen(seen);
+    assert!(matches!(closed, Seen::Closed(_)), "the route closed: {closed:?}");
 
     // A refused bind reaches the opener with the authorizer's code.
     let refused = consumer

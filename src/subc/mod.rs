@@ -6,12 +6,14 @@
 //! - [`module`]: registration ([`connect`]) and the [`Handler`] / [`Authorizer`] seams;
 //! - `io`: the io thread (one `mio::Poll` loop owning the socket);
 //! - [`outbound`]: the cloneable [`Outbound`] handle other threads reply through;
-//! - [`routes`]: the `(channel, epoch)` table and open requests.
+//! - [`routes`]: the `(channel, epoch)` table and open requests;
+//! - [`consumer`]: the second connection broca opens routes to other modules on.
 //!
 //! This layer knows frames, routes and requests, never what an operation means. The wire facts
 //! it relies on are in `reference/subc-wire.md`.
 
 pub mod connection_file;
+pub mod consumer;
 pub mod frame;
 pub mod handshake;
 mod io;

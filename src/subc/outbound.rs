@@ -152,6 +152,12 @@ impl Outbound {
         self.non_terminal(route, corr, FrameType::Push, body)
     }
 
+    /// Sends a reverse Request toward the route's client, in the module's own corr space (it
+    /// takes no credit; the client answers on the same corr).
+    pub fn reverse_request(&self, route: Route, corr: u64, body: Vec<u8>) -> Result<(), SendError> {
+        self.non_terminal(route, corr, FrameType::Request, body)
+    }
+
     /// Answers the daemon's `health.check` request `corr`.
     pub fn health(&self, corr: u64, report: HealthReport) -> Result<(), SendError> {
         let HealthReport { status, detail, metrics } = report;
