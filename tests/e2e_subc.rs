@@ -51,7 +51,7 @@ impl Rig {
                     "program": env!("CARGO_BIN_EXE_broca"),
                     "args": [],
                     "env": {
-                        "CK_LOG": "info",
+                        "CK_LOG": "info,broca.requests=debug",
                         "BROCA_STATE_ROOT": root.join("state"),
                         "BROCA_PROVIDER_BASE_URL": provider_base_url
                     },
@@ -232,13 +232,30 @@ async fn exercise_sessions(rig: &Rig, mock: &MockServer) {
     let (mut ea, mut eb) = (Vec::new(), Vec::new());
     until_finished(&mut a, &run1, &mut ea).await;
     until_finished(&mut b, &run1, &mut eb).await;
+    // A third observer disconnects in the middle of the second run and resumes from its cursor.
+    let mut m = subscribe(&consumer, "s1", json!("start")).await;
     let second = op(&consumer, "s1", "session.send", send("Population?")).await.unwrap();
     let run2 = second["run_id"]
         .as_str()
         .map(String::from)
         .unwrap_or_else(|| format!("run-{}", second["submission_id"].as_str().unwrap()));
+    let mut em = Vec::new();
+    loop {
+        let event = tokio::time::timeout(STEP, m.events().recv()).await.expect("stream").expect("open");
+        let v: Value = serde_json::from_slice(&event).unwrap();
+        let mid_run = v["unit"]["type"] == "step_started" && v["unit"]["run_id"] == json!(run2);
+        em.push(v);
+        if mid_run {
+            break;
+        }
+    }
+    m.unsubscribe().unwrap();
+    let last_cursor = control(&em).last().unwrap()[0].clone();
+    let mut m2 = subscribe(&consumer, "s1", last_cursor).await;
+    until_finished(&mut m2, &run2, &mut em).await;
     until_finished(&mut a, &run2, &mut ea).await;
     until_finished(&mut b, &run2, &mut eb).await;
+    assert_eq!(control(&em), control(&ea), "a mid-run resume has no gap and no duplicate");
     assert_eq!(control(&ea), control(&eb), "both observers see the same control stream");
     assert!(ea.iter().any(|e| e["kind"] == "display" && e["event"]["delta"] == "Paris"), "the display lane is live");
     let seqs: Vec<u64> = ea.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
@@ -641,5 +658,8 @@ fn broca_serves_under_the_real_daemon_and_exits_zero_on_its_goodbye() {
     assert_eq!(rest, [Seen::Draining, Seen::Shutdown]);
     let log = rig.broca_log();
     assert!(log.contains("exiting cleanly: subc said goodbye"), "broca's log:\n{log}");
+    // CK_LOG "info,broca.requests=debug": one record per served op, never its parameters.
+    assert!(log.contains("op=session.send session=s1 actor_opened="), "broca's log:\n{log}");
+    assert!(!log.contains("Capital of France"), "request parameters are never logged");
     rt.shutdown_timeout(Duration::from_secs(5));
 }
