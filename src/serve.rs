@@ -113,9 +113,16 @@ impl Server {
         let sink = SubcSink { outbound: self.outbound.clone(), route, corr };
         let streams = Arc::clone(&self.streams);
         // Attaching may read the WAL (the live head): a worker does it, not the io thread.
+        let registry = Arc::clone(&self.ops.registry);
         let job = move || {
             let sub = hub.attach(&key, wal, from, sink);
             streams.lock().insert((route, corr), sub);
+            // A subscription (re)opens the session's actor, which then holds the lease while
+            // observers remain. A lease held by another process leaves the stream read-only.
+            let exists = registry.shared().wal_path(&key).exists();
+            if let Err(e) = exists.then(|| registry.submit(&key, Box::new(|_| Vec::new()))).unwrap_or(Ok(())) {
+                log::info!("subscribe on {}: the session stays closed here ({e})", key.addr());
+            }
         };
         if let Err(e) = self.workers.run(job) {
             log::error!("cannot start an op worker: {e}");

@@ -28,11 +28,15 @@ struct Rig {
 }
 
 fn rig() -> Rig {
+    rig_with_ttl(Duration::from_secs(5))
+}
+
+fn rig_with_ttl(idle_ttl: Duration) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let shared = Arc::new(Shared::open(StateRoot::at(dir.path()).unwrap()).unwrap());
     let mock = MockServer::start("127.0.0.1:0").unwrap();
     let hub = Hub::new();
-    let deps = RunDeps::serving(&hub, Duration::from_secs(5));
+    let deps = RunDeps::serving(&hub, idle_ttl);
     let lkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json");
     let ops = Arc::new(Ops {
         registry: Registry::new(shared, deps),
@@ -163,4 +167,22 @@ fn live_attaches_after_the_head_and_a_stalled_reader_slows_nothing() {
     assert!(units.iter().all(|(_, u)| u["run_id"] != json!(run1)), "live replays no history");
     assert!(units.iter().any(|(_, u)| u["type"] == "run_started" && u["run_id"] == json!(run2)));
     assert_eq!(rig.hub.subscribers(&key()), 3);
+}
+
+#[test]
+fn an_observed_session_keeps_its_actor_and_lease() {
+    let rig = rig_with_ttl(Duration::from_millis(100));
+    script(&rig, &["first"]);
+    let rx = rig.attach(From::Start);
+    let run1 = rig.send("one")["run_id"].as_str().unwrap().to_string();
+    until_finished(&rx, &run1, &mut Vec::new());
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(rig.ops.registry.is_open(&key()), "observed: the actor keeps the lease past its idle TTL");
+    assert!(rig.ops.registry.shared().open_lineage(&key()).is_err(), "no second writer meanwhile");
+    rig.hub.cancel_all(&key());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rig.ops.registry.is_open(&key()) {
+        assert!(Instant::now() < deadline, "unobserved, the actor closes after its TTL");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -36,6 +36,7 @@ fn rig(idle_ttl: Duration) -> Rig {
         opts: LoopOptions::default(),
         publish: Arc::new(|_, _| {}),
         idle_ttl,
+        observed: Arc::new(|_| false),
     };
     let lkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json");
     let ops = Arc::new(Ops {

@@ -38,19 +38,23 @@ pub struct RunDeps {
     pub publish: Publish,
     /// How long an idle actor with nothing pending keeps its lease.
     pub idle_ttl: Duration,
+    /// Whether a session has observers: an actor keeps its lease while it does (§12), so no
+    /// other process can write the session behind their backs.
+    pub observed: Arc<dyn Fn(&SessionKey) -> bool + Send + Sync>,
 }
 
 impl RunDeps {
     /// The module's wiring: the real HTTP client, no tool providers yet, the default loop
     /// options, and every lineage's output published to `hub`'s subscribers.
     pub fn serving(hub: &Arc<crate::fanout::Hub>, idle_ttl: Duration) -> RunDeps {
-        let hub = Arc::clone(hub);
+        let (publish_hub, observed_hub) = (Arc::clone(hub), Arc::clone(hub));
         RunDeps {
             client: Arc::new(crate::provider::client::HttpClient::default()),
             tools: Arc::new(crate::agent::NoTools),
             opts: LoopOptions::default(),
-            publish: Arc::new(move |key, out| hub.publish(key, &out)),
+            publish: Arc::new(move |key, out| publish_hub.publish(key, &out)),
             idle_ttl,
+            observed: Arc::new(move |key| observed_hub.subscribers(key) > 0),
         }
     }
 }
@@ -248,7 +252,7 @@ impl Registry {
                 }
                 Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {
                     let mut guard = slot.lock();
-                    if rx.is_empty() && lineage.state().queue.is_empty() {
+                    if rx.is_empty() && lineage.state().queue.is_empty() && !(self.deps.observed)(&key) {
                         self.gauges.closing.fetch_add(1, Ordering::Relaxed);
                         *guard = None;
                         drop(lineage);

@@ -147,6 +147,15 @@ impl Hub {
         }
     }
 
+    /// Ends every subscription of a session (its streams end cleanly).
+    pub fn cancel_all(&self, key: &SessionKey) {
+        if let Some(topic) = self.topics.lock().remove(key) {
+            for m in topic.members {
+                let _ = m.stop.send(None);
+            }
+        }
+    }
+
     /// Number of subscribers of a session.
     pub fn subscribers(&self, key: &SessionKey) -> usize {
         self.topics.lock().get(key).map_or(0, |t| t.members.len())
