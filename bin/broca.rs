@@ -186,6 +186,14 @@ fn serve(conn_file: &Path) -> ExitCode {
         }
     };
     watch_sigterm(outbound);
+    // Boot recovery off the startup path: queued sends drain, orphans are sealed.
+    let recovering = Arc::clone(&registry);
+    let _ = std::thread::Builder::new().name("broca-recover".into()).spawn(move || {
+        let opened = recovering.recover();
+        if opened > 0 {
+            log::info!("broca: reopened {opened} session(s) with queued or unfinished work");
+        }
+    });
     let end = running.join();
     // The connection is gone: seal what is still running (a graceful `interrupted`, not the
     // crash diagnostic) before the process ends.

@@ -262,3 +262,26 @@ fn draining_lets_the_step_and_its_batch_finish_then_seals_at_the_boundary() {
         page["messages"].as_array().unwrap().iter().map(|m| m["message"]["role"].as_str().unwrap()).collect();
     assert_eq!(roles, ["user", "assistant", "tool"], "the step and its batch finished and were recorded");
 }
+
+#[test]
+fn boot_recovery_drains_queued_work_left_by_a_previous_process() {
+    let rig = rig(Duration::from_secs(5));
+    let shared = rig.ops.registry.shared();
+    // A previous process queued a send (with its admitted config) and died before running it.
+    let lkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json");
+    let catalog = Catalog::load_lkg(&lkg).unwrap();
+    let req = broca::catalog::route::ModelRequest { model: "mock/echo-chat".into(), ..Default::default() };
+    let overrides = broca::catalog::route::RouteOverrides {
+        base_url_override: Some(rig.mock.base_url(None)),
+        auth: broca::provider::config::AuthSource::None,
+    };
+    let config = broca::catalog::route::resolve(Ok(&catalog), lkg, &req, &overrides).unwrap();
+    let mut l = shared.open_lineage(&key()).unwrap();
+    let request =
+        broca::record::RequestIdentity { config: serde_json::to_value(&config).unwrap(), ..Default::default() };
+    l.enqueue("sub-left", broca::message::Message::user_text("left behind"), request).unwrap();
+    drop(l);
+    shared.settle();
+    assert_eq!(rig.ops.registry.recover(), 1);
+    rig.wait_state("run-sub-left", "completed");
+}

@@ -170,6 +170,20 @@ impl Registry {
         }
     }
 
+    /// Boot recovery: opens every session the store shows with queued work or an open run, so
+    /// the FIFO drains and orphans are sealed without waiting for a request. Returns how many
+    /// were opened.
+    pub fn recover(self: &Arc<Self>) -> usize {
+        let keys = match self.shared.store.sessions_with_work() {
+            Ok(k) => k,
+            Err(e) => {
+                log::warn!("boot recovery could not read run-index.db: {e}");
+                return 0;
+            }
+        };
+        keys.iter().filter(|key| self.submit(key, Box::new(|_| Vec::new())).is_ok()).count()
+    }
+
     /// Whether shutdown has begun (no new turn may start).
     pub fn is_sealing(&self) -> bool {
         self.sealing.load(Ordering::Acquire)

@@ -157,6 +157,10 @@ pub struct Lineage {
     writer: Arc<StoreWriter>,
     /// A store flush failed: stop flushing (the old checkpoint stays valid) until reopen.
     store_broken: Arc<AtomicBool>,
+    /// The watermark of the last checkpoint sent to the store.
+    checkpoint_seq: u64,
+    /// A committed record changed the durable queue since the last flush.
+    queue_changed: bool,
     report: OpenReport,
     _lease: Lease,
 }
@@ -218,6 +222,8 @@ impl Lineage {
             batch,
             writer: Arc::clone(&shared.writer),
             store_broken: Arc::new(AtomicBool::new(false)),
+            checkpoint_seq: 0,
+            queue_changed: false,
             report,
             _lease: lease,
         };
@@ -371,6 +377,7 @@ impl Lineage {
         };
         let batch = &mut self.batch;
         self.replay.apply(seq, rec, &mut |e| batch.effects.push(e))?;
+        self.queue_changed |= matches!(rec, Record::Queued { .. } | Record::Retracted { .. } | Record::Steered { .. });
         let units = projection::project(seq, rec);
         self.replay.note_units(seq, units.len());
         self.unsynced.extend(units);
@@ -385,8 +392,11 @@ impl Lineage {
         if let Some(last) = units.last() {
             self.head = Some(last.cursor);
         }
+        // Run lifecycle changes and queue changes reach the store at once (boot recovery finds
+        // queued work there); everything else in batches.
         let terminal = self.batch.effects.iter().any(|e| matches!(e, replay::Effect::RunState { .. }));
-        self.flush_store(terminal || self.batch.len() >= FLUSH_EFFECTS);
+        let queue_changed = std::mem::take(&mut self.queue_changed);
+        self.flush_store(terminal || queue_changed || self.batch.len() >= FLUSH_EFFECTS);
         Ok(units)
     }
 
@@ -403,6 +413,7 @@ impl Lineage {
             return;
         }
         let mut batch = std::mem::take(&mut self.batch);
+        self.checkpoint_seq = self.wal.synced_seq();
         batch.checkpoint = Some(Checkpoint {
             incarnation: self.wal.header().incarnation_string(),
             watermark_seq: self.wal.synced_seq(),
@@ -442,9 +453,10 @@ impl Lineage {
 }
 
 impl Drop for Lineage {
+    /// A closing lineage leaves the store's checkpoint at its durable head.
     fn drop(&mut self) {
         if self.wal.appended_seq() == self.wal.synced_seq() {
-            self.flush_store(!self.batch.is_empty());
+            self.flush_store(self.checkpoint_seq < self.wal.synced_seq());
         }
     }
 }

@@ -224,6 +224,27 @@ impl Store {
         Ok(Some(Checkpoint { incarnation, watermark_seq: seq as u64, next_offset: offset as u64, replay }))
     }
 
+    /// Sessions whose last checkpoint shows work a process must pick up: a queued send, or a
+    /// run still open (a crash left it). Boot recovery opens them so queued work is never left
+    /// idle and orphans are sealed; the WAL then decides.
+    pub fn sessions_with_work(&self) -> Result<Vec<SessionKey>, StoreError> {
+        let conn = self.conn.lock();
+        let mut stmt = conn.prepare("SELECT project_root, harness, session, replay FROM lineages")?;
+        let rows = stmt.query_map([], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (root, harness, session, replay) = row?;
+            let Ok(replay) = serde_json::from_str::<Replay>(&replay) else { continue };
+            let open = matches!(replay.resolution(), crate::lineage::replay::Resolution::Resume { .. });
+            if open || !replay.queue.is_empty() {
+                out.push(SessionKey::new(&root, &harness, &session));
+            }
+        }
+        Ok(out)
+    }
+
     /// Drops everything derived from a lineage (its WAL was replaced: a new incarnation).
     pub fn forget_lineage(&self, lineage: &str) -> Result<(), StoreError> {
         let mut conn = self.conn.lock();
