@@ -195,6 +195,9 @@ pub enum Record {
         module_id: Option<String>,
         /// The material the call key derives from (the call's identity, for at-most-once).
         call_key: String,
+        /// The exact argument JSON text the call is sent with (absent in older records).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        arguments: Option<String>,
     },
     ToolResult {
         run_id: String,

@@ -51,6 +51,7 @@ pub fn intent(run_id: &str, step: u64, id: &str, name: &str) -> Record {
         tool_name: name.into(),
         module_id: None,
         call_key: format!("{run_id}:{id}"),
+        arguments: None,
     }
 }
 

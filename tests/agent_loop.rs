@@ -6,9 +6,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use broca::agent::{self, LoopOptions, NoTools, Output, RetryPolicy, RunCommand, ToolCall, ToolDispatcher, ToolOutput};
+use broca::agent::{
+    self, DisplayEvent, LoopOptions, NoTools, Output, RetryPolicy, RunCommand, ToolCall, ToolDispatcher, ToolOutput,
+};
 use broca::catalog::route::{self, ModelRequest, RouteOverrides};
 use broca::catalog::Catalog;
+use broca::fanout::{From, Hub};
+use broca::lineage::projection::ControlUnit;
 use broca::lineage::{read, Lineage, Shared};
 use broca::message::{Message, Part, Role};
 use broca::mock::{MockServer, Script};
@@ -18,6 +22,7 @@ use broca::record::{CancelAt, FinishReason, PauseReason, Record};
 use broca::session_key::SessionKey;
 use broca::state_root::StateRoot;
 use broca::wal::{self, ScannedFrame, WalError};
+use cortexkit_role_llm_runner::live::LiveEvent;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use serde_json::{json, Value};
 
@@ -370,5 +375,156 @@ fn a_second_episode_sends_the_prefix() {
     let second = r.bodies()[1].to_string();
     for needle in ["first question", "first answer", "second question"] {
         assert!(second.contains(needle), "the second request lacks {needle:?}");
+    }
+}
+
+/// A sink that forwards a subscription's frames to the test.
+struct Frames(Sender<Value>);
+
+impl broca::fanout::StreamSink for Frames {
+    fn frame(&mut self, event: &Value) -> Result<(), broca::fanout::SinkError> {
+        self.0.send(event.clone()).map_err(|_| broca::fanout::SinkError::Closed)
+    }
+    fn end(&mut self, _error: Option<broca::wire::Refusal>) {}
+}
+
+/// The frame's typed event, which must decode strictly as the llm-runner/v1 role's.
+fn strict_event(frame: &Value) -> Option<LiveEvent> {
+    let event = frame.get("event")?;
+    Some(LiveEvent::decode_strict(event).unwrap_or_else(|e| panic!("{frame}: {e}")))
+}
+
+#[test]
+fn frames_carry_the_llm_runner_live_events_and_every_path_projects_the_same_units() {
+    let r = rig("echo-chat");
+    r.script(json!({"responses": [tool_steps(&[("c1", "slow"), ("c2", "fast")]), text_step("All done.")]}));
+    let mut l = r.shared.open_lineage(&key()).unwrap();
+    let recorder = Arc::new(Recorder {
+        wal: l.wal_path().to_path_buf(),
+        calls: Mutex::new(vec![]),
+        durable_at_call: AtomicUsize::new(0),
+    });
+    let (_tx, rx) = idle();
+    let (outcome, seen) = turn(&mut l, &r.config("mock/echo-chat", None), "read two files", recorder, &rx, &opts());
+    assert_eq!(outcome.reason, Some(FinishReason::Completed));
+
+    // The writer path: units as the loop published them, frames as the fan-out builds them.
+    let written: Vec<ControlUnit> = seen
+        .iter()
+        .filter_map(|o| match o {
+            Output::Control(units) => Some(units.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    let displays: Vec<DisplayEvent> = seen
+        .iter()
+        .filter_map(|o| match o {
+            Output::Display(d) => Some(d.clone()),
+            _ => None,
+        })
+        .collect();
+    // The read path replays from the start and projects the very same units.
+    assert_eq!(read::control_units(l.wal_path(), None, usize::MAX).unwrap(), written, "read::control_units");
+    let tail = read::control_units(l.wal_path(), Some(written[3].cursor), usize::MAX).unwrap();
+    assert_eq!(tail, written[4..], "read::control_units after a cursor");
+
+    // The fan-out replay (from the start and from a cursor) sends the same control frames.
+    let hub = Hub::new();
+    let subscribe = |from: From| {
+        let (tx, frames) = unbounded();
+        hub.attach(&key(), l.wal_path().to_path_buf(), from, Frames(tx));
+        let mut out = Vec::new();
+        loop {
+            let f = frames.recv_timeout(Duration::from_secs(10)).expect("a replayed frame");
+            let done = f["unit"]["type"] == "run_finished";
+            out.push(f);
+            if done {
+                return out;
+            }
+        }
+    };
+    let strip_seq = |f: &Value| {
+        let mut f = f.clone();
+        f.as_object_mut().unwrap().remove("seq");
+        f
+    };
+    let expected: Vec<Value> = written.iter().map(broca::fanout::control_frame).collect();
+    let replayed: Vec<Value> = subscribe(From::Start).iter().map(strip_seq).collect();
+    assert_eq!(replayed, expected, "fan-out replay from start");
+    let replayed: Vec<Value> = subscribe(From::After(written[3].cursor)).iter().map(strip_seq).collect();
+    assert_eq!(replayed, expected[4..], "fan-out replay from a cursor");
+
+    // Every frame's event decodes strictly; units with a role equivalent carry the right one.
+    let page = l.transcript(0, 100).unwrap();
+    let mut assistant_of_step = std::collections::HashMap::new();
+    let mut finished_mids = Vec::new();
+    for (unit, frame) in written.iter().zip(&expected) {
+        let ty = unit.unit["type"].as_str().unwrap();
+        let event = strict_event(frame);
+        match (ty, &event) {
+            ("run_started", Some(LiveEvent::RunStarted(e))) => assert_eq!(json!(e.run_id), unit.unit["run_id"]),
+            ("user_message" | "steered" | "assistant_message", Some(LiveEvent::MessageFinished(e))) => {
+                assert_eq!(json!(e.mid), unit.unit["mid"]);
+                let ordinal: usize = e.mid.strip_prefix('m').unwrap().parse().unwrap();
+                let (at, message) = &page.messages[ordinal];
+                assert_eq!(*at as usize, ordinal, "session.read ordinal");
+                assert_eq!(serde_json::to_value(message).unwrap(), unit.unit["message"], "{ty} {}", e.mid);
+                if ty == "assistant_message" {
+                    assistant_of_step.insert(unit.unit["step"].as_u64().unwrap(), e.mid.clone());
+                }
+                finished_mids.push(e.mid.clone());
+            }
+            ("tool_started", Some(LiveEvent::ToolStarted(e))) => {
+                assert_eq!(Some(&e.mid), assistant_of_step.get(&1), "tool_started names the asking message");
+                assert_eq!(json!(e.tool_call_id), unit.unit["tool_call_id"]);
+                let arguments: Value = serde_json::from_str(&e.arguments).unwrap();
+                assert_eq!(arguments, json!({"path": format!("{}.txt", e.tool_call_id)}));
+            }
+            ("tool_result", Some(LiveEvent::ToolFinished(e))) => {
+                assert_eq!(Some(&e.mid), assistant_of_step.get(&1), "tool_finished names the asking message");
+                assert_eq!(json!(e.tool_call_id), unit.unit["result"]["tool_call_id"]);
+                assert_eq!(e.outcome, "ok");
+                let output = serde_json::to_string(&unit.unit["result"]["output"]).unwrap();
+                assert_eq!(e.output_bytes, output.len() as u64);
+            }
+            ("run_finished", Some(LiveEvent::RunFinished(e))) => {
+                assert_eq!((json!(e.run_id), e.reason.as_str()), (unit.unit["run_id"].clone(), "completed"))
+            }
+            ("step_started" | "model_attempt_finished", None) => {}
+            other => panic!("unexpected unit/event pair {other:?}"),
+        }
+    }
+    assert_eq!(finished_mids, ["m0", "m1", "m3"], "user, tool-asking answer, final answer");
+
+    // Display frames: the role's deltas, named by the stored message and part they build.
+    assert!(displays.iter().any(|d| matches!(d, DisplayEvent::ToolInputDelta { .. })));
+    for d in &displays {
+        let frame = broca::fanout::display_frame(d);
+        let event = strict_event(&frame);
+        let (step, mid, part) = match (d, &event) {
+            (DisplayEvent::TextDelta { step, mid, part, .. }, Some(LiveEvent::TextDelta(e))) => {
+                assert_eq!((e.mid.as_ref(), e.part.clone()), (Some(mid), Some(part.to_string())));
+                (step, mid, part)
+            }
+            (
+                DisplayEvent::ToolInputDelta { step, mid, part, tool_call_id, .. },
+                Some(LiveEvent::ToolInputDelta(e)),
+            ) => {
+                assert_eq!(&e.tool_call_id, tool_call_id);
+                assert_eq!((e.mid.as_ref(), e.part.clone()), (Some(mid), Some(part.to_string())));
+                let ordinal: usize = mid.strip_prefix('m').unwrap().parse().unwrap();
+                match &page.messages[ordinal].1.content[*part] {
+                    Part::ToolCall { tool_call_id: id, .. } => assert_eq!(id, tool_call_id, "part {part}"),
+                    other => panic!("tool_input_delta part {part} is {other:?}"),
+                }
+                (step, mid, part)
+            }
+            (DisplayEvent::Status { .. }, None) => continue,
+            other => panic!("unexpected display/event pair {other:?}"),
+        };
+        assert_eq!(Some(mid), assistant_of_step.get(step), "a delta names its step's message");
+        let ordinal: usize = mid.strip_prefix('m').unwrap().parse().unwrap();
+        assert!(*part < page.messages[ordinal].1.content.len(), "{mid} part {part}");
     }
 }

@@ -154,6 +154,7 @@ fn intent(run_id: &str, step: u64, call: &str) -> Record {
         tool_name: "echo".into(),
         module_id: None,
         call_key: format!("key-{call}"),
+        arguments: Some(format!("{{\"path\":\"{call}.txt\"}}")),
     }
 }
 
@@ -992,16 +993,13 @@ impl Model {
             assert_eq!(seq, self.replay.last_seq + 1, "seq gap");
             let rec = Record::decode(&payload).unwrap_or_else(|e| panic!("seq {seq} does not decode: {}", e.0));
             let messages = &mut out.messages;
-            self.replay
-                .apply(seq, &rec, &mut |e| {
-                    if let Effect::Message { ordinal, message, .. } = e {
-                        messages.push((ordinal, message));
-                    }
-                })
-                .unwrap_or_else(|e| panic!("durable wal does not replay: {e}"));
-            let units = projection::project(seq, &rec);
+            let units = projection::apply(&mut self.replay, seq, &rec, &mut |e| {
+                if let Effect::Message { ordinal, message, .. } = e {
+                    messages.push((ordinal, message));
+                }
+            })
+            .unwrap_or_else(|e| panic!("durable wal does not replay: {e}"));
             assert_eq!(units.len(), projection::unit_count(&rec), "unit_count disagrees with project at seq {seq}");
-            self.replay.note_units(seq, units.len());
             self.walker.feed(seq, &rec, &units);
             if epoch < self.last_epoch {
                 self.epoch_regressions.push((seq, self.last_epoch, epoch));

@@ -300,10 +300,7 @@ impl Printer {
         let mut stdout = std::io::stdout().lock();
         if self.json {
             let lines: Vec<serde_json::Value> = match o {
-                Output::Control(units) => units
-                    .into_iter()
-                    .map(|u| serde_json::json!({"kind": "control", "cursor": u.cursor, "unit": u.unit}))
-                    .collect(),
+                Output::Control(units) => units.iter().map(broca::fanout::control_frame).collect(),
                 Output::Display(d) => vec![broca::fanout::display_frame(&d)],
             };
             for l in lines {

@@ -76,6 +76,30 @@ impl Assembler {
         }
     }
 
+    /// Where a delta event lands in the message being assembled, before it is pushed: the
+    /// index of its content part and, for a tool call's arguments, the call's id (from its
+    /// `ToolCallStart`). Tool calls follow the content parts, by stream index, so a call's part
+    /// is counted from the parts and calls known so far. `None` for other events.
+    pub fn locate(&self, event: &StreamEvent) -> Option<(usize, Option<String>)> {
+        let len = self.parts.len();
+        match event {
+            StreamEvent::TextDelta { .. } => match self.parts.last() {
+                Some(Part::Text { .. }) => Some((len - 1, None)),
+                _ => Some((len, None)),
+            },
+            StreamEvent::ReasoningDelta { .. } => match self.parts.last() {
+                Some(Part::Reasoning { signature: None, .. }) => Some((len - 1, None)),
+                _ => Some((len, None)),
+            },
+            StreamEvent::ToolCallArgsDelta { index, .. } => {
+                let call = self.calls.iter().rev().find(|c| c.index == *index)?;
+                let before = self.calls.iter().filter(|c| c.index < *index).count();
+                Some((len + before, Some(call.id.clone())))
+            }
+            _ => None,
+        }
+    }
+
     /// The assistant message: content parts in order, then tool calls by stream index.
     pub fn into_message(mut self, origin: serde_json::Value) -> Message {
         self.calls.sort_by_key(|c| c.index);

@@ -24,20 +24,30 @@ pub use turn::{admit, drive, TurnOutcome};
 use crate::lineage::projection::ControlUnit;
 use crate::record::CancelAt;
 
-/// Live, lossy, never-durable events for display.
+/// Live, lossy, never-durable events for display. A delta names the message it belongs to
+/// (`mid`: the ordinal its assistant message gets, as `m<ordinal>`) and the index of the
+/// content part it extends in that message.
 #[derive(Clone, Debug, PartialEq)]
 pub enum DisplayEvent {
     TextDelta {
         step: u64,
+        mid: String,
+        part: usize,
         text: String,
     },
     ReasoningDelta {
         step: u64,
+        mid: String,
+        part: usize,
         text: String,
     },
     ToolInputDelta {
         step: u64,
+        mid: String,
+        part: usize,
+        /// The provider stream's index of the call.
         index: usize,
+        tool_call_id: String,
         delta: String,
     },
     /// A human-readable status line (retrying, waiting for tools, …).

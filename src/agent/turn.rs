@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use super::attempt::Assembler;
 use super::tools::dispatch_batch;
 use super::{DisplayEvent, LoopOptions, Output, RunCommand, ToolCall, ToolDispatcher, ToolOutput};
-use crate::lineage::projection::ControlUnit;
+use crate::lineage::projection::{self, ControlUnit};
 use crate::lineage::replay::{EpisodeStatus, Resolution};
 use crate::lineage::{Lineage, LineageError};
 use crate::message::{Message, Part, Role, StepUsage};
@@ -410,7 +410,7 @@ impl Driver<'_> {
                                     let telemetry = Telemetry::default();
                                     return Ok(AttemptEnd::Failed { error, delivered: asm.delivered, retry_after: None, telemetry });
                                 }
-                                self.display(step, &event);
+                                self.display(step, &asm, &event);
                                 asm.push(event);
                             }
                         }
@@ -455,13 +455,24 @@ impl Driver<'_> {
         }
     }
 
-    fn display(&mut self, step: u64, event: &StreamEvent) {
+    /// A delta of the step in flight, named by the message it builds: the assistant message
+    /// gets ordinal `history.len()`.
+    fn display(&mut self, step: u64, asm: &Assembler, event: &StreamEvent) {
+        let Some((part, tool_call_id)) = asm.locate(event) else { return };
+        let mid = projection::mid(self.history.len() as u64);
         let shown = match event {
-            StreamEvent::TextDelta { text } => DisplayEvent::TextDelta { step, text: text.clone() },
-            StreamEvent::ReasoningDelta { text } => DisplayEvent::ReasoningDelta { step, text: text.clone() },
-            StreamEvent::ToolCallArgsDelta { index, delta } => {
-                DisplayEvent::ToolInputDelta { step, index: *index, delta: delta.clone() }
+            StreamEvent::TextDelta { text } => DisplayEvent::TextDelta { step, mid, part, text: text.clone() },
+            StreamEvent::ReasoningDelta { text } => {
+                DisplayEvent::ReasoningDelta { step, mid, part, text: text.clone() }
             }
+            StreamEvent::ToolCallArgsDelta { index, delta } => DisplayEvent::ToolInputDelta {
+                step,
+                mid,
+                part,
+                index: *index,
+                tool_call_id: tool_call_id.unwrap_or_default(),
+                delta: delta.clone(),
+            },
             _ => return,
         };
         (self.out)(Output::Display(shown));
@@ -473,6 +484,7 @@ impl Driver<'_> {
         let mut batch = Vec::with_capacity(calls.len());
         for (id, name, arguments) in calls {
             let call_key = format!("{lineage_id}:{}", self.lineage.next_seq());
+            let text = serde_json::to_string(&arguments).unwrap_or_else(|_| "{}".into());
             self.lineage.append(&Record::ToolDispatchIntent {
                 run_id: self.run_id.clone(),
                 step,
@@ -480,6 +492,7 @@ impl Driver<'_> {
                 tool_name: name.clone(),
                 module_id: None,
                 call_key: call_key.clone(),
+                arguments: Some(text),
             })?;
             batch.push(ToolCall { run_id: self.run_id.clone(), tool_call_id: id, name, arguments, call_key });
         }

@@ -18,12 +18,14 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use cortexkit_role_llm_runner::live::{DisplayGap, LiveEvent, TextDelta, ToolInputDelta};
 use crossbeam_channel::{bounded, select, Receiver, Sender, TrySendError};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
 use crate::agent::{DisplayEvent, Output};
 use crate::lineage::projection::{self, ControlUnit, Cursor};
+use crate::lineage::replay::Replay;
 use crate::lineage::LineageError;
 use crate::record::{Record, KNOWN_FEATURES};
 use crate::session_key::SessionKey;
@@ -234,7 +236,8 @@ impl<S: StreamSink> Feeder<'_, S> {
     fn display(&mut self, event: DisplayEvent, lanes: &Lanes) -> Result<(), Option<Refusal>> {
         let dropped = lanes.dropped.swap(0, Ordering::Relaxed);
         if dropped > 0 {
-            self.send(json!({"kind": "display", "event": {"type": "display_gap", "dropped": dropped}}))?;
+            let gap = LiveEvent::DisplayGap(DisplayGap::new(dropped));
+            self.send(json!({"kind": "display", "event": gap}))?;
         }
         self.send(display_frame(&event))
     }
@@ -258,16 +261,14 @@ impl<S: StreamSink> Feeder<'_, S> {
             From::Live => durable_head(wal).map_err(replay_failed)?,
         };
         if from != From::Live && wal.exists() {
-            // One pass over the WAL, one record in memory at a time; frames before the cursor
-            // are skipped without decoding.
+            // One pass over the WAL, one record in memory at a time; the replay runs from the
+            // start (units name message ordinals), frames before the cursor send nothing.
             let after = last;
             let mut stopped: Option<Option<Refusal>> = None;
+            let mut replay = Replay::default();
             let scanned = crate::wal::read::<LineageError>(wal, KNOWN_FEATURES, None, &mut |f: ScannedFrame<'_>| {
-                if after.is_some_and(|a| f.seq < a.wal_seq) {
-                    return Ok(());
-                }
                 let rec = Record::decode(f.payload).map_err(|e| LineageError::Decode { seq: f.seq, reason: e.0 })?;
-                for unit in projection::project(f.seq, &rec) {
+                for unit in projection::apply(&mut replay, f.seq, &rec, &mut drop)? {
                     if after.is_none_or(|a| unit.cursor > a) {
                         if let Err(e) = self.send(control_frame(&unit)) {
                             stopped = Some(e);
@@ -325,20 +326,30 @@ fn durable_head(wal: &std::path::Path) -> Result<Option<Cursor>, LineageError> {
     Ok(head)
 }
 
-/// A control frame: llm-runner's `kind`/`cursor` plus broca's `unit`.
+/// A control frame: llm-runner's `kind`/`cursor`, broca's `unit`, and the role's typed
+/// `event` when the unit has one.
 pub fn control_frame(unit: &ControlUnit) -> Value {
-    json!({"kind": "control", "cursor": unit.cursor, "unit": unit.unit})
+    let mut frame = json!({"kind": "control", "cursor": unit.cursor, "unit": unit.unit});
+    if let Some(event) = &unit.event {
+        frame["event"] = json!(event);
+    }
+    frame
 }
 
-/// A display frame (live only).
+/// A display frame (live only): the role's typed delta as `event`. A status line has no role
+/// equivalent, so it travels as broca's own `status` member, without an `event`.
 pub fn display_frame(d: &DisplayEvent) -> Value {
     let event = match d {
-        DisplayEvent::TextDelta { step, text } => json!({"type": "text_delta", "step": step, "delta": text}),
-        DisplayEvent::ReasoningDelta { step, text } => json!({"type": "reasoning_delta", "step": step, "delta": text}),
-        DisplayEvent::ToolInputDelta { step, index, delta } => {
-            json!({"type": "tool_input_delta", "step": step, "index": index, "delta": delta})
+        DisplayEvent::TextDelta { mid, part, text, .. } => {
+            LiveEvent::TextDelta(TextDelta::new("", text, mid, part.to_string()))
         }
-        DisplayEvent::Status { text } => json!({"type": "status", "text": text}),
+        DisplayEvent::ReasoningDelta { mid, part, text, .. } => {
+            LiveEvent::ReasoningDelta(TextDelta::new("", text, mid, part.to_string()))
+        }
+        DisplayEvent::ToolInputDelta { mid, part, tool_call_id, delta, .. } => {
+            LiveEvent::ToolInputDelta(ToolInputDelta::new(tool_call_id, delta, mid, part.to_string()))
+        }
+        DisplayEvent::Status { text } => return json!({"kind": "display", "status": {"text": text}}),
     };
     json!({"kind": "display", "event": event})
 }

@@ -376,10 +376,8 @@ impl Lineage {
             RecordOutcome::Refused(e) => return Err(e.into()),
         };
         let batch = &mut self.batch;
-        self.replay.apply(seq, rec, &mut |e| batch.effects.push(e))?;
+        let units = projection::apply(&mut self.replay, seq, rec, &mut |e| batch.effects.push(e))?;
         self.queue_changed |= matches!(rec, Record::Queued { .. } | Record::Retracted { .. } | Record::Steered { .. });
-        let units = projection::project(seq, rec);
-        self.replay.note_units(seq, units.len());
         self.unsynced.extend(units);
         Ok(seq)
     }

@@ -1,13 +1,21 @@
 //! The control projection (spec §7): each record yields zero or more ordered control units,
 //! addressed by the durable cursor `(wal_seq, sub_index)`.
 //!
-//! The projection is a pure function of one record, so projecting a WAL twice, in one process
-//! or across a reopen, yields identical units at identical cursors. Display deltas are never
-//! projected; a finished turn shows assembled messages.
+//! The projection is a pure function of one record and the [`Context`] the replay gives it at
+//! that record (the message ordinals it touches), so projecting a WAL twice, in one process or
+//! across a reopen, yields identical units at identical cursors. Every path applies the replay
+//! to know the context ([`apply`]). Display deltas are never projected; a finished turn shows
+//! assembled messages.
+//!
+//! A unit with an llm-runner/v1 equivalent also carries that role's typed live event
+//! (`session.subscribe` `event`): `run_started`, `message_finished`, `tool_started`,
+//! `tool_finished`, `run_finished`, `run_paused`.
 
+use cortexkit_role_llm_runner::live::{LiveEvent, MessageEvent, RunEnded, RunStarted, ToolFinished, ToolStarted};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use super::replay::{Effect, Replay, ReplayError};
 use crate::record::{Record, ORPHAN_PROVIDER_CODE};
 
 /// A durable control-stream position. Ordered by `(wal_seq, sub_index)`.
@@ -22,20 +30,60 @@ pub struct Cursor {
 pub struct ControlUnit {
     pub cursor: Cursor,
     pub unit: Value,
+    /// The llm-runner/v1 live event of this unit, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<LiveEvent>,
+}
+
+/// What the replay knows at a record that its units name: message ordinals.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Context {
+    /// The ordinal of the last message the record added to the conversation (a `RunStarted`'s
+    /// input, a `Steered` message, a `ModelStepFinished` answer).
+    pub message: Option<u64>,
+    /// The ordinal of the assistant message whose tool calls the current batch runs.
+    pub assistant: Option<u64>,
+}
+
+/// The message id (`mid`) of the message at `ordinal`, as the role spells it.
+pub fn mid(ordinal: u64) -> String {
+    format!("m{ordinal}")
+}
+
+/// Applies `record` at `seq` to `replay` (reporting effects to `sink`), notes its units and
+/// returns them, projected with the context the replay gives. The one way the writer and every
+/// reader turn a record into units, so they agree.
+pub fn apply(
+    replay: &mut Replay,
+    seq: u64,
+    record: &Record,
+    sink: &mut dyn FnMut(Effect),
+) -> Result<Vec<ControlUnit>, ReplayError> {
+    let mut message = None;
+    replay.apply(seq, record, &mut |e| {
+        if let Effect::Message { ordinal, .. } = &e {
+            message = Some(*ordinal);
+        }
+        sink(e)
+    })?;
+    let context = Context { message, assistant: replay.batch_assistant() };
+    let units = project(seq, record, &context);
+    replay.note_units(seq, units.len());
+    Ok(units)
 }
 
 /// Projects the record at `seq` into its units.
-pub fn project(seq: u64, record: &Record) -> Vec<ControlUnit> {
-    let bodies = unit_bodies(record);
+pub fn project(seq: u64, record: &Record, context: &Context) -> Vec<ControlUnit> {
+    let bodies = unit_bodies(record, context);
     bodies
         .into_iter()
         .enumerate()
-        .map(|(i, unit)| ControlUnit { cursor: Cursor { wal_seq: seq, sub_index: i as u32 }, unit })
+        .map(|(i, (unit, event))| ControlUnit { cursor: Cursor { wal_seq: seq, sub_index: i as u32 }, unit, event })
         .collect()
 }
 
 /// How many units `project` yields for `record`, without building them (replay uses it to
-/// keep the head cursor). Must agree with `unit_bodies` (tested).
+/// keep the head cursor). Must agree with `unit_bodies` (tested); never depends on the context.
 pub fn unit_count(record: &Record) -> usize {
     match record {
         Record::RunStarted(r) => 2 + usize::from(r.submission_id.is_some()),
@@ -47,21 +95,41 @@ pub fn unit_count(record: &Record) -> usize {
     }
 }
 
-fn unit_bodies(record: &Record) -> Vec<Value> {
+/// A message unit: its body gains `mid`, its event is `message_finished`.
+fn message_unit(mut unit: Value, ordinal: Option<u64>) -> (Value, Option<LiveEvent>) {
+    match ordinal {
+        Some(o) => {
+            unit["mid"] = json!(mid(o));
+            (unit, Some(LiveEvent::MessageFinished(MessageEvent::new(mid(o)))))
+        }
+        None => (unit, None),
+    }
+}
+
+/// The `reason` member of a run unit, as the unit spells it.
+fn reason_of(unit: &Value) -> String {
+    unit["reason"].as_str().unwrap_or_default().to_string()
+}
+
+fn unit_bodies(record: &Record, context: &Context) -> Vec<(Value, Option<LiveEvent>)> {
+    let assistant_mid = context.assistant.map(mid);
     match record {
         Record::RunStarted(r) => {
             let mut started = json!({"type": "run_started", "run_id": r.run_id});
             let mut units = Vec::with_capacity(3);
             if let Some(sub) = &r.submission_id {
                 started["submission_id"] = json!(sub);
-                units.push(json!({"type": "submission_started", "submission_id": sub, "run_id": r.run_id}));
+                units.push((json!({"type": "submission_started", "submission_id": sub, "run_id": r.run_id}), None));
             }
-            units.insert(0, started);
-            units.push(json!({"type": "user_message", "run_id": r.run_id, "message": r.input}));
+            units.insert(0, (started, Some(LiveEvent::RunStarted(RunStarted::new(&r.run_id)))));
+            units.push(message_unit(
+                json!({"type": "user_message", "run_id": r.run_id, "message": r.input}),
+                context.message,
+            ));
             units
         }
         Record::StepStarted { run_id, step, .. } => {
-            vec![json!({"type": "step_started", "run_id": run_id, "step": step})]
+            vec![(json!({"type": "step_started", "run_id": run_id, "step": step}), None)]
         }
         Record::ModelAttemptFinished(a) => {
             let mut unit = json!({"type": "model_attempt_finished", "run_id": a.run_id, "step": a.step, "attempt": a.attempt, "outcome": a.outcome});
@@ -71,34 +139,53 @@ fn unit_bodies(record: &Record) -> Vec<Value> {
             for (k, v) in &a.telemetry {
                 unit[k] = v.clone();
             }
-            vec![unit]
+            vec![(unit, None)]
         }
-        Record::ModelStepFinished { run_id, step, finish_reason, usage, message, .. } => vec![json!({
-            "type": "assistant_message", "run_id": run_id, "step": step, "finish_reason": finish_reason,
-            "usage": usage, "message": message,
-        })],
-        Record::ToolDispatchIntent { run_id, tool_call_id, tool_name, module_id, .. } => {
+        Record::ModelStepFinished { run_id, step, finish_reason, usage, message, .. } => vec![message_unit(
+            json!({
+                "type": "assistant_message", "run_id": run_id, "step": step, "finish_reason": finish_reason,
+                "usage": usage, "message": message,
+            }),
+            context.message,
+        )],
+        Record::ToolDispatchIntent { run_id, tool_call_id, tool_name, module_id, arguments, .. } => {
             let mut unit =
                 json!({"type": "tool_started", "run_id": run_id, "tool_call_id": tool_call_id, "name": tool_name});
             if let Some(m) = module_id {
                 unit["module"] = json!(m);
             }
-            vec![unit]
+            let event = assistant_mid.map(|m| {
+                unit["mid"] = json!(m);
+                let mut started = ToolStarted::new(m, tool_call_id, tool_name, &Value::Null, None, None);
+                started.arguments = arguments.clone().unwrap_or_else(|| "{}".into());
+                LiveEvent::ToolStarted(started)
+            });
+            vec![(unit, event)]
         }
-        Record::ToolResult { tool_call_id, output, is_error, .. } => vec![json!({
-            "type": "tool_result", "result": {"tool_call_id": tool_call_id, "output": output, "is_error": is_error},
-        })],
+        Record::ToolResult { tool_call_id, output, is_error, outcome, .. } => {
+            let mut unit = json!({
+                "type": "tool_result", "result": {"tool_call_id": tool_call_id, "output": output, "is_error": is_error},
+            });
+            let event = assistant_mid.map(|m| {
+                unit["mid"] = json!(m);
+                let outcome = outcome.clone().unwrap_or_else(|| (if *is_error { "error" } else { "ok" }).into());
+                let bytes = serde_json::to_string(output).map_or(0, |t| t.len() as u64);
+                LiveEvent::ToolFinished(ToolFinished::new(m, tool_call_id, outcome, bytes, None))
+            });
+            vec![(unit, event)]
+        }
         Record::RunCancelRequested { run_id, at } => {
-            vec![json!({"type": "run_cancel_requested", "run_id": run_id, "at": at})]
+            vec![(json!({"type": "run_cancel_requested", "run_id": run_id, "at": at}), None)]
         }
         Record::RunPaused { run_id, reason, error } => {
             let mut unit = json!({"type": "run_paused", "run_id": run_id, "reason": reason});
             if let Some(e) = error {
                 unit["error"] = json!(e);
             }
-            vec![unit]
+            let event = LiveEvent::RunPaused(RunEnded::new(run_id, reason_of(&unit)));
+            vec![(unit, Some(event))]
         }
-        Record::RunResumed { run_id } => vec![json!({"type": "run_resumed", "run_id": run_id})],
+        Record::RunResumed { run_id } => vec![(json!({"type": "run_resumed", "run_id": run_id}), None)],
         Record::RunFinished {
             run_id,
             reason,
@@ -111,7 +198,7 @@ fn unit_bodies(record: &Record) -> Vec<Value> {
         } => {
             let mut units = Vec::with_capacity(2);
             if let Some(e) = error.as_ref().filter(|e| e.provider_code.as_deref() == Some(ORPHAN_PROVIDER_CODE)) {
-                units.push(json!({"type": "error", "run_id": run_id, "error": e}));
+                units.push((json!({"type": "error", "run_id": run_id, "error": e}), None));
             }
             let mut unit = json!({"type": "run_finished", "run_id": run_id, "reason": reason, "usage": usage, "retries_used": retries_used});
             if let Some(f) = final_step_finish_reason {
@@ -123,18 +210,20 @@ fn unit_bodies(record: &Record) -> Vec<Value> {
             if let Some(e) = error {
                 unit["error"] = json!(e);
             }
-            units.push(unit);
+            let event = LiveEvent::RunFinished(RunEnded::new(run_id, reason_of(&unit)));
+            units.push((unit, Some(event)));
             units
         }
         Record::Queued { submission_id, .. } => {
-            vec![json!({"type": "submission_queued", "submission_id": submission_id})]
+            vec![(json!({"type": "submission_queued", "submission_id": submission_id}), None)]
         }
         Record::Retracted { submission_id } => {
-            vec![json!({"type": "submission_retracted", "submission_id": submission_id})]
+            vec![(json!({"type": "submission_retracted", "submission_id": submission_id}), None)]
         }
-        Record::Steered { run_id, submission_id, message } => vec![json!({
-            "type": "steered", "run_id": run_id, "submission_id": submission_id, "message": message,
-        })],
+        Record::Steered { run_id, submission_id, message } => vec![message_unit(
+            json!({"type": "steered", "run_id": run_id, "submission_id": submission_id, "message": message}),
+            context.message,
+        )],
         Record::CacheWarmed { .. } | Record::Unknown(_) => Vec::new(),
     }
 }

@@ -70,14 +70,18 @@ pub fn transcript(
 }
 
 /// Durable control units strictly after `after` (all units when `None`), at most `limit`.
+///
+/// The replay runs from the start (one record in memory at a time) so each unit names the
+/// message ordinals the writer gave it.
 pub fn control_units(wal_path: &Path, after: Option<Cursor>, limit: usize) -> Result<Vec<ControlUnit>, LineageError> {
     let mut out = Vec::new();
+    let mut replay = Replay::default();
     let mut visit = |f: ScannedFrame<'_>| -> Result<(), LineageError> {
-        if out.len() >= limit || after.is_some_and(|a| f.seq < a.wal_seq) {
+        if out.len() >= limit {
             return Ok(());
         }
         let rec = decode(f.seq, f.payload)?;
-        for unit in projection::project(f.seq, &rec) {
+        for unit in projection::apply(&mut replay, f.seq, &rec, &mut drop)? {
             if after.is_none_or(|a| unit.cursor > a) && out.len() < limit {
                 out.push(unit);
             }

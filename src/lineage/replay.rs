@@ -71,6 +71,9 @@ pub struct Episode {
     pub cancel: Option<CancelAt>,
     /// Messages this episode has contributed so far.
     pub messages: u64,
+    /// The ordinal of this episode's last assistant message (whose tool calls a batch runs).
+    #[serde(default)]
+    pub last_assistant: Option<u64>,
 }
 
 /// How the last episode stands: what opening the lineage must do with it.
@@ -158,6 +161,14 @@ impl Replay {
         if units > 0 {
             self.last_unit = Some(Cursor { wal_seq: seq, sub_index: units as u32 - 1 });
         }
+    }
+
+    /// The ordinal of the assistant message whose tool calls the open batch runs: the last
+    /// episode's last assistant message (for a checkpoint written before that was kept, the
+    /// conversation's last message, which it is while a batch is open).
+    pub fn batch_assistant(&self) -> Option<u64> {
+        let e = self.last.as_ref()?;
+        e.last_assistant.or_else(|| if e.batch.is_empty() { None } else { self.prompt_len.checked_sub(1) })
     }
 
     pub fn pending(&self, submission_id: &str) -> Option<&Pending> {
@@ -282,6 +293,7 @@ impl Replay {
                     batch: Vec::new(),
                     cancel: None,
                     messages: 0,
+                    last_assistant: None,
                 });
                 let state = RunState::Active { started_at_ms: r.started_at_ms, config: r.config.clone() };
                 sink(Effect::RunState { run_id: r.run_id.clone(), submission_id: r.submission_id.clone(), state, seq });
@@ -299,10 +311,12 @@ impl Replay {
                 }
             }
             Record::ModelStepFinished { finish_reason, usage, message, provider, model, variant, .. } => {
+                let ordinal = self.prompt_len;
                 let e = self.episode_mut();
                 e.step_open = false;
                 e.final_step_finish_reason = Some(finish_reason.clone());
                 e.usage.add_step(provider, model, variant.as_deref(), usage);
+                e.last_assistant = Some(ordinal);
                 self.push_message(seq, message.clone(), sink);
             }
             Record::ToolDispatchIntent { tool_call_id, tool_name, .. } => {
