@@ -129,6 +129,12 @@ struct Recorder {
     durable_at_call: AtomicUsize,
 }
 
+impl Recorder {
+    fn new(wal: &std::path::Path) -> Arc<Recorder> {
+        Arc::new(Recorder { wal: wal.to_path_buf(), calls: Mutex::new(vec![]), durable_at_call: AtomicUsize::new(0) })
+    }
+}
+
 impl ToolDispatcher for Recorder {
     fn call(&self, call: &ToolCall) -> ToolOutput {
         let durable = read::control_units(&self.wal, None, usize::MAX)
@@ -152,11 +158,7 @@ fn a_tool_batch_is_intended_durably_dispatched_once_and_answered_in_planned_orde
         let r = rig(model.split('/').nth(1).unwrap());
         r.script(json!({"responses": [tool_steps(&[("c1", "slow"), ("c2", "fast")]), text_step("All done.")]}));
         let mut l = r.shared.open_lineage(&key()).unwrap();
-        let recorder = Arc::new(Recorder {
-            wal: l.wal_path().to_path_buf(),
-            calls: Mutex::new(vec![]),
-            durable_at_call: AtomicUsize::new(0),
-        });
+        let recorder = Recorder::new(l.wal_path());
         let fsyncs_before = l.fsyncs();
         let (_tx, rx) = idle();
         let (outcome, _) = turn(&mut l, &r.config(model, None), "read two files", recorder.clone(), &rx, &opts());
@@ -399,11 +401,7 @@ fn frames_carry_the_llm_runner_live_events_and_every_path_projects_the_same_unit
     let r = rig("echo-chat");
     r.script(json!({"responses": [tool_steps(&[("c1", "slow"), ("c2", "fast")]), text_step("All done.")]}));
     let mut l = r.shared.open_lineage(&key()).unwrap();
-    let recorder = Arc::new(Recorder {
-        wal: l.wal_path().to_path_buf(),
-        calls: Mutex::new(vec![]),
-        durable_at_call: AtomicUsize::new(0),
-    });
+    let recorder = Recorder::new(l.wal_path());
     let (_tx, rx) = idle();
     let (outcome, seen) = turn(&mut l, &r.config("mock/echo-chat", None), "read two files", recorder, &rx, &opts());
     assert_eq!(outcome.reason, Some(FinishReason::Completed));
