@@ -152,7 +152,7 @@ fn write_lineage(path: &Path, records: u64) {
     let mut written = 0u64;
     let mut put = |wal: &mut Wal, rec: Record| {
         written += 1;
-        accept(wal.append(rec.features(), &rec.encode(), written.is_multiple_of(1000)));
+        accept(wal.append(&rec.features(), &rec.encode(), written.is_multiple_of(1000)));
         written >= records
     };
     'episodes: for ep in 0.. {
@@ -182,6 +182,7 @@ fn write_lineage(path: &Path, records: u64) {
             final_step_finish_reason: Some("stop".into()),
             indeterminate_tool_calls: vec![],
             at_ms: 1,
+            detail: None,
         };
         if put(&mut wal, fin) {
             break;

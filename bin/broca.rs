@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use broca::actor::{Registry, RunDeps};
 use broca::catalog::Catalog;
+use broca::config::BrocaConfig;
 use broca::fanout::Hub;
 use broca::lineage::read;
 use broca::lineage::{LineageError, Shared};
@@ -153,6 +154,14 @@ fn serve(conn_file: &Path) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    // A refused broca.jsonc refuses boot (exit 2) before anything is opened or written.
+    let config = match BrocaConfig::load(&root) {
+        Ok(c) => Arc::new(c),
+        Err(e) => {
+            eprintln!("broca: refusing to start: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let shared = match Shared::open(root) {
         Ok(s) => Arc::new(s),
         Err(e) => {
@@ -165,13 +174,12 @@ fn serve(conn_file: &Path) -> ExitCode {
         log::warn!("broca: {e}; sends are refused until a catalog is seeded");
     }
     let hub = Hub::new();
-    let deps = RunDeps::serving(&hub, IDLE_TTL);
+    let catalog = Arc::new(RwLock::new(catalog));
+    let base_url_override = std::env::var("BROCA_PROVIDER_BASE_URL").ok().filter(|u| !u.is_empty());
+    let mut deps = RunDeps::serving(&hub, IDLE_TTL);
+    deps.readmit = Some(readmit(Arc::clone(&catalog), shared.root.catalog_path(), base_url_override.clone()));
     let registry = Registry::new(shared, deps);
-    let ops = Arc::new(Ops {
-        registry: Arc::clone(&registry),
-        catalog: Arc::new(RwLock::new(catalog)),
-        base_url_override: std::env::var("BROCA_PROVIDER_BASE_URL").ok().filter(|u| !u.is_empty()),
-    });
+    let ops = Arc::new(Ops { registry: Arc::clone(&registry), catalog, base_url_override, config });
     let outbound = conn.outbound();
     let (stopped, _stopped_rx) = crossbeam_channel::unbounded();
     let server =
@@ -278,4 +286,24 @@ fn manifest(module_id: &str) -> ModuleManifest {
         }))
         .operation_delivery(delivery)
         .build()
+}
+
+/// The admission check a restart-paused run passes again at boot: its recorded model (and
+/// variant) must still resolve against the catalog broca holds now.
+fn readmit(
+    catalog: Arc<RwLock<Result<Catalog, broca::catalog::CatalogError>>>,
+    lkg: std::path::PathBuf,
+    base_url_override: Option<String>,
+) -> broca::actor::Readmit {
+    use broca::catalog::route::{self, ModelRequest, RouteOverrides};
+    Arc::new(move |config| {
+        let request = ModelRequest {
+            model: format!("{}/{}", config.provider, config.model),
+            variant: config.variant.clone(),
+            ..ModelRequest::default()
+        };
+        let overrides = RouteOverrides { base_url_override: base_url_override.clone(), auth: config.auth.clone() };
+        let catalog = catalog.read();
+        route::resolve(catalog.as_ref(), lkg.clone(), &request, &overrides).map(drop).map_err(|e| e.refusal().message)
+    })
 }

@@ -3,6 +3,7 @@
 pub mod actor;
 pub mod agent;
 pub mod catalog;
+pub mod config;
 pub mod fanout;
 pub mod lineage;
 pub mod message;

@@ -103,6 +103,15 @@ impl StepUsage {
             && self.reasoning_tokens.is_none()
     }
 
+    /// Input this step consumed against a session's input-token cap (spec §4): fresh input,
+    /// cache read and cache write at face value; `None` when the step reported no input (the
+    /// cap then fails closed).
+    pub fn consumed_input(&self) -> Option<u64> {
+        let fresh = self.input_tokens?;
+        let extra = self.cached_input_tokens.unwrap_or(0).saturating_add(self.cache_write_tokens.unwrap_or(0));
+        Some(fresh.saturating_add(extra))
+    }
+
     /// Adds `other` into `self`; a total stays absent until some step reports it.
     pub fn add(&mut self, other: &StepUsage) {
         fn add(a: &mut Option<u64>, b: Option<u64>) {

@@ -15,8 +15,16 @@ use crate::message::{Message, RunUsage, StepUsage};
 /// The feature a `RunCancelRequested` frame requires.
 pub const FEATURE_RUN_CANCEL_AT: &str = "run-cancel-at/v1";
 
+/// The feature a `RunStarted` carrying a session class requires.
+pub const FEATURE_SESSION_CLASS: &str = "session-class/v1";
+/// The feature a `RunStarted` carrying an input-token cap requires.
+pub const FEATURE_INPUT_TOKEN_CAP: &str = "input-token-cap/v1";
+/// The feature a `RunPaused{restart}` frame requires.
+pub const FEATURE_RESTART_PAUSE: &str = "restart-pause/v1";
+
 /// Every must-understand feature this build reads.
-pub const KNOWN_FEATURES: &[&str] = &[FEATURE_RUN_CANCEL_AT];
+pub const KNOWN_FEATURES: &[&str] =
+    &[FEATURE_RUN_CANCEL_AT, FEATURE_SESSION_CLASS, FEATURE_INPUT_TOKEN_CAP, FEATURE_RESTART_PAUSE];
 
 /// Where an episode's history comes from.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,6 +73,15 @@ pub enum PauseReason {
     AuthRequired,
     Restart,
     ToolHeld,
+}
+
+/// A pause reason's wire name (`auth_required`, `restart`, `tool_held`).
+pub fn pause_name(reason: PauseReason) -> &'static str {
+    match reason {
+        PauseReason::AuthRequired => "auth_required",
+        PauseReason::Restart => "restart",
+        PauseReason::ToolHeld => "tool_held",
+    }
 }
 
 /// Error classes of the role.
@@ -126,6 +143,25 @@ pub struct RequestIdentity {
     /// was admitted (a build or catalog change meanwhile cannot alter it). Null when absent.
     #[serde(default, skip_serializing_if = "Value::is_null")]
     pub config: Value,
+    /// `queue` (absent), `steer` or `interrupt`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<String>,
+    /// For a steer: the running run it joins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_run: Option<String>,
+    /// The send's identity, one SHA-256 per identity field (`title` and `send_id` excluded), so
+    /// a keyed re-send with other content is refused naming the field that differs.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub identity: std::collections::BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+}
+
+impl RequestIdentity {
+    /// The delivery mode, `queue` when absent.
+    pub fn delivery(&self) -> &str {
+        self.delivery.as_deref().unwrap_or("queue")
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -144,6 +180,9 @@ pub struct RunStarted {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
     pub started_at_ms: u64,
+    /// The credential and account decision frozen at admission (spec §4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_selection: Option<Value>,
 }
 
 /// Telemetry of one model attempt (spec §14); every measurement is optional.
@@ -238,6 +277,9 @@ pub enum Record {
         indeterminate_tool_calls: Vec<String>,
         #[serde(default)]
         at_ms: u64,
+        /// The terminal's typed detail (`budget_exhausted`: `{limit, spent, cause}`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        detail: Option<Value>,
     },
     Queued {
         submission_id: String,
@@ -252,6 +294,8 @@ pub enum Record {
         run_id: String,
         submission_id: String,
         message: Message,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        title: Option<String>,
     },
     /// Informational; replay skips it.
     CacheWarmed {
@@ -269,10 +313,27 @@ pub struct DecodeError(pub String);
 
 impl Record {
     /// The must-understand features a frame holding this record requires.
-    pub fn features(&self) -> &'static [&'static str] {
+    pub fn features(&self) -> Vec<&'static str> {
         match self {
-            Record::RunCancelRequested { .. } => &[FEATURE_RUN_CANCEL_AT],
-            _ => &[],
+            Record::RunCancelRequested { .. } => vec![FEATURE_RUN_CANCEL_AT],
+            Record::RunPaused { reason: PauseReason::Restart, .. } => vec![FEATURE_RESTART_PAUSE],
+            Record::RunStarted(_) | Record::Queued { .. } => {
+                let config = match self {
+                    Record::RunStarted(r) => &r.config,
+                    Record::Queued { request, .. } => &request.config,
+                    _ => unreachable!("matched above"),
+                };
+                let has = |k: &str| config.get(k).is_some_and(|v| !v.is_null());
+                let mut f = Vec::new();
+                if has("session_class") {
+                    f.push(FEATURE_SESSION_CLASS);
+                }
+                if has("max_input_tokens") {
+                    f.push(FEATURE_INPUT_TOKEN_CAP);
+                }
+                f
+            }
+            _ => Vec::new(),
         }
     }
 
@@ -373,6 +434,7 @@ mod tests {
             final_step_finish_reason: None,
             indeterminate_tool_calls: vec![],
             at_ms: 5,
+            detail: None,
         };
         assert_eq!(Record::decode(&r.encode()).unwrap(), r);
     }

@@ -61,8 +61,19 @@ impl Metrics {
 }
 
 /// Every operation served on a session route, including the stream.
-pub const SERVED: &[&str] =
-    &["role.describe", "session.baseline", "session.send", "session.read", "run.status", "session.subscribe"];
+pub const SERVED: &[&str] = &[
+    "role.describe",
+    "session.baseline",
+    "session.send",
+    "session.retract",
+    "session.read",
+    "run.status",
+    "run.result",
+    "run.cancel",
+    "send.status",
+    "session.send_status",
+    "session.subscribe",
+];
 
 pub struct Server {
     ops: Arc<Ops>,

@@ -68,6 +68,36 @@ impl std::fmt::Display for StateRootError {
 
 impl std::error::Error for StateRootError {}
 
+/// Which live-WAL tree a session's WAL lives in (spec: session class and backup placement).
+///
+/// A session's placement is decided once, when its WAL is created at its first send; nothing
+/// moves a WAL between trees afterwards. Addressing and leases stay keyed by the session triple
+/// whatever the tree, so one session has at most one live WAL across the three.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Placement {
+    /// `wal/`: unclassed sessions and classes not listed in `backup_classes`.
+    #[default]
+    Standard,
+    /// `wal-durable/`: sessions whose class is listed in `backup_classes` (backed up).
+    Durable,
+    /// `wal-ephemeral/`: sessions sent with retention; never backed up or folded.
+    Ephemeral,
+}
+
+impl Placement {
+    /// Every placement, in the order [`StateRoot::wal_path`] looks for an existing WAL.
+    pub const LOOKUP_ORDER: [Placement; 3] = [Placement::Standard, Placement::Durable, Placement::Ephemeral];
+
+    /// The tree's directory name under the state root.
+    pub fn dir_name(self) -> &'static str {
+        match self {
+            Placement::Standard => "wal",
+            Placement::Durable => "wal-durable",
+            Placement::Ephemeral => "wal-ephemeral",
+        }
+    }
+}
+
 /// A resolved, created state root.
 #[derive(Clone, Debug)]
 pub struct StateRoot {
@@ -114,8 +144,40 @@ impl StateRoot {
         &self.root
     }
 
+    /// The session's live WAL: the existing file among `wal/`, `wal-durable/` and
+    /// `wal-ephemeral/` (looked up in that order), else the standard path in `wal/` (where a
+    /// caller that does not choose a placement would create it).
     pub fn wal_path(&self, key: &SessionKey) -> PathBuf {
-        self.root.join("wal").join(format!("{}.wal", key.addr()))
+        let placement = self.placement_of(key).unwrap_or_default();
+        self.placed_file(key, placement)
+    }
+
+    /// The tree holding the session's existing live WAL, if any (first in
+    /// [`Placement::LOOKUP_ORDER`]).
+    pub fn placement_of(&self, key: &SessionKey) -> Option<Placement> {
+        Placement::LOOKUP_ORDER.into_iter().find(|&p| self.placed_file(key, p).exists())
+    }
+
+    /// The path a NEW session's WAL is created at in `placement`'s tree. The tree's directory
+    /// is created (0700) if it went missing since boot; if that fails, the failure surfaces
+    /// when the WAL is created there, naming the path.
+    pub fn wal_path_placed(&self, key: &SessionKey, placement: Placement) -> PathBuf {
+        let dir = self.root.join(placement.dir_name());
+        if !dir.is_dir() {
+            if let Err(e) = crate::wal::ensure_private_dir(&dir) {
+                log::warn!("cannot create the wal directory {}: {e}", dir.display());
+            }
+        }
+        self.placed_file(key, placement)
+    }
+
+    fn placed_file(&self, key: &SessionKey, placement: Placement) -> PathBuf {
+        self.root.join(placement.dir_name()).join(format!("{}.wal", key.addr()))
+    }
+
+    /// `broca.jsonc`, the operator's configuration (read by [`crate::config::BrocaConfig::load`]).
+    pub fn config_path(&self) -> PathBuf {
+        self.root.join(crate::config::FILE_NAME)
     }
 
     pub fn lease_path(&self, key: &SessionKey) -> PathBuf {
@@ -162,6 +224,60 @@ mod tests {
         assert!(matches!(StateRoot::resolve(&env(None, Some(""), None)), Err(StateRootError::Unavailable)));
         let mode = std::fs::metadata(t.path().join("a/wal")).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o700);
+    }
+
+    fn key() -> SessionKey {
+        SessionKey::new("/work/proj", "state-root-test", "s1")
+    }
+
+    #[test]
+    fn every_placement_tree_is_created_private() {
+        let t = tempfile::tempdir().unwrap();
+        let root = StateRoot::at(t.path()).unwrap();
+        for p in Placement::LOOKUP_ORDER {
+            assert!(SUBDIRS.contains(&p.dir_name()), "{p:?}");
+            let mode = std::fs::metadata(t.path().join(p.dir_name())).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o700, "{p:?}");
+        }
+        assert_eq!(root.config_path(), t.path().join("broca.jsonc"));
+    }
+
+    #[test]
+    fn placed_paths_are_in_their_trees() {
+        let t = tempfile::tempdir().unwrap();
+        let root = StateRoot::at(t.path()).unwrap();
+        let file = format!("{}.wal", key().addr());
+        assert_eq!(root.wal_path_placed(&key(), Placement::Standard), t.path().join("wal").join(&file));
+        assert_eq!(root.wal_path_placed(&key(), Placement::Durable), t.path().join("wal-durable").join(&file));
+        assert_eq!(root.wal_path_placed(&key(), Placement::Ephemeral), t.path().join("wal-ephemeral").join(&file));
+        // A tree removed after boot is recreated 0700 when a new session is placed in it.
+        std::fs::remove_dir(t.path().join("wal-durable")).unwrap();
+        let path = root.wal_path_placed(&key(), Placement::Durable);
+        let mode = std::fs::metadata(path.parent().unwrap()).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+    }
+
+    #[test]
+    fn wal_path_finds_the_existing_wal_in_lookup_order() {
+        let t = tempfile::tempdir().unwrap();
+        let root = StateRoot::at(t.path()).unwrap();
+        let placed = |p| root.wal_path_placed(&key(), p);
+        // Nothing exists yet: the standard path.
+        assert_eq!(root.placement_of(&key()), None);
+        assert_eq!(root.wal_path(&key()), placed(Placement::Standard));
+        std::fs::write(placed(Placement::Ephemeral), b"").unwrap();
+        assert_eq!(root.placement_of(&key()), Some(Placement::Ephemeral));
+        assert_eq!(root.wal_path(&key()), placed(Placement::Ephemeral));
+        std::fs::write(placed(Placement::Durable), b"").unwrap();
+        assert_eq!(root.wal_path(&key()), placed(Placement::Durable));
+        std::fs::write(placed(Placement::Standard), b"").unwrap();
+        assert_eq!(root.wal_path(&key()), placed(Placement::Standard));
+        // Another session's WAL is not this one's, and a temp file is not a WAL.
+        let other = SessionKey::new("/work/proj", "state-root-test", "s2");
+        assert_eq!(root.wal_path(&other), root.wal_path_placed(&other, Placement::Standard));
+        let tmp = root.wal_path_placed(&other, Placement::Durable).with_extension("wal.tmp");
+        std::fs::write(tmp, b"").unwrap();
+        assert_eq!(root.placement_of(&other), None);
     }
 
     #[test]

@@ -71,7 +71,7 @@ fn opts() -> LoopOptions {
             base_backoff: Duration::from_millis(10),
             max_backoff: Duration::from_millis(50),
         },
-        bearer: None,
+        ..LoopOptions::default()
     }
 }
 

@@ -118,6 +118,7 @@ fn run_started(run_id: &str, sub: Option<&str>) -> Record {
         input: Message::user_text(format!("hello from {run_id}")),
         title: None,
         started_at_ms: 1_000,
+        auth_selection: None,
     }))
 }
 
@@ -438,6 +439,7 @@ fn request(tag: &str) -> RequestIdentity {
         harness: None,
         received_at_ms: 7,
         config: json!({"model": "m1"}),
+        ..Default::default()
     }
 }
 

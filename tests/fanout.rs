@@ -42,12 +42,13 @@ fn rig_with_ttl(idle_ttl: Duration) -> Rig {
         registry: Registry::new(shared, deps),
         catalog: Arc::new(RwLock::new(Catalog::load_lkg(&lkg))),
         base_url_override: Some(mock.base_url(None)),
+        config: Arc::default(),
     });
     Rig { _dir: dir, mock, ops, hub }
 }
 
 fn key() -> SessionKey {
-    SessionKey::new("/work/proj", "fanout-test", "s1")
+    SessionKey::new("/tmp", "fanout-test", "s1")
 }
 
 /// A sink that forwards frames to the test.

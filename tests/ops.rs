@@ -37,18 +37,20 @@ fn rig(idle_ttl: Duration) -> Rig {
         publish: Arc::new(|_, _| {}),
         idle_ttl,
         observed: Arc::new(|_| false),
+        readmit: None,
     };
     let lkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json");
     let ops = Arc::new(Ops {
         registry: Registry::new(shared, deps),
         catalog: Arc::new(RwLock::new(Catalog::load_lkg(&lkg))),
         base_url_override: Some(mock.base_url(None)),
+        config: Arc::default(),
     });
     Rig { _dir: dir, mock, ops }
 }
 
 fn key() -> SessionKey {
-    SessionKey::new("/work/proj", "ops-test", "s1")
+    SessionKey::new("/tmp", "ops-test", "s1")
 }
 
 impl Rig {

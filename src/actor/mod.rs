@@ -24,8 +24,9 @@ use crate::lineage::replay::Resolution;
 use crate::lineage::{Lineage, LineageError, Shared};
 use crate::provider::client::ModelClient;
 use crate::provider::config::RenderConfig;
-use crate::record::{CancelAt, ErrorClass, FinishReason, ProviderError};
+use crate::record::{CancelAt, ErrorClass, FinishReason, PauseReason, ProviderError};
 use crate::session_key::SessionKey;
+use crate::state_root::Placement;
 
 /// Where an actor's output goes: the session's subscribers (or nowhere).
 pub type Publish = Arc<dyn Fn(&SessionKey, Output) + Send + Sync>;
@@ -41,7 +42,13 @@ pub struct RunDeps {
     /// Whether a session has observers: an actor keeps its lease while it does (§12), so no
     /// other process can write the session behind their backs.
     pub observed: Arc<dyn Fn(&SessionKey) -> bool + Send + Sync>,
+    /// Admission checks a restart-paused run passes again before it resumes (the recorded
+    /// model must still resolve); `None` admits every resume.
+    pub readmit: Option<Readmit>,
 }
+
+/// Re-admits a frozen config; `Err` carries the refusal's message.
+pub type Readmit = Arc<dyn Fn(&RenderConfig) -> Result<(), String> + Send + Sync>;
 
 impl RunDeps {
     /// The module's wiring: the real HTTP client, no tool providers yet, the default loop
@@ -55,6 +62,7 @@ impl RunDeps {
             publish: Arc::new(move |key, out| publish_hub.publish(key, &out)),
             idle_ttl,
             observed: Arc::new(move |key| observed_hub.subscribers(key) > 0),
+            readmit: None,
         }
     }
 }
@@ -112,6 +120,11 @@ impl Registry {
         &self.shared
     }
 
+    /// The live step board of this registry's runs.
+    pub fn steps(&self) -> &crate::agent::live::StepBoard {
+        &self.deps.opts.steps
+    }
+
     fn slot(&self, key: &SessionKey) -> Slot {
         Arc::clone(self.slots.lock().entry(key.clone()).or_default())
     }
@@ -119,7 +132,19 @@ impl Registry {
     /// Runs `job` on the session's actor, opening it first if needed. Blocks only while
     /// opening (lease and replay); call it from a worker, never from the io thread.
     pub fn submit(self: &Arc<Self>, key: &SessionKey, job: LineageJob) -> Result<(), LineageError> {
-        self.send(key, RunCommand::Exec(job))
+        self.send(key, Placement::Standard, RunCommand::Exec(job))
+    }
+
+    /// [`Registry::submit`], except that a session not yet open is opened with `placement`: a
+    /// NEW session's WAL is created in that tree (an existing WAL stays where it is, and an
+    /// actor already open is used as is).
+    pub fn submit_placed(
+        self: &Arc<Self>,
+        key: &SessionKey,
+        placement: Placement,
+        job: LineageJob,
+    ) -> Result<(), LineageError> {
+        self.send(key, placement, RunCommand::Exec(job))
     }
 
     /// Asks the session's running turn to cancel. Returns false when no actor is open (so no
@@ -194,7 +219,9 @@ impl Registry {
         self.slot(key).lock().is_some()
     }
 
-    fn send(self: &Arc<Self>, key: &SessionKey, cmd: RunCommand) -> Result<(), LineageError> {
+    /// Hands `cmd` to the session's actor, opening one (with `placement` for a new WAL) if none
+    /// is open or the open one died.
+    fn send(self: &Arc<Self>, key: &SessionKey, placement: Placement, cmd: RunCommand) -> Result<(), LineageError> {
         let slot = self.slot(key);
         let mut guard = slot.lock();
         if let Some(actor) = guard.as_ref() {
@@ -203,22 +230,23 @@ impl Registry {
                 // The actor died (a panic or a poisoned WAL); open a fresh one.
                 Err(e) => {
                     *guard = None;
-                    return self.open_locked(key, &slot, &mut guard, e.into_inner());
+                    return self.open_locked(key, placement, &slot, &mut guard, e.into_inner());
                 }
             }
         }
-        self.open_locked(key, &slot, &mut guard, cmd)
+        self.open_locked(key, placement, &slot, &mut guard, cmd)
     }
 
     fn open_locked(
         self: &Arc<Self>,
         key: &SessionKey,
+        placement: Placement,
         slot: &Slot,
         guard: &mut Option<Actor>,
         first: RunCommand,
     ) -> Result<(), LineageError> {
         self.gauges.opening.fetch_add(1, Ordering::Relaxed);
-        let opened = self.shared.open_lineage(key);
+        let opened = self.shared.open_lineage_placed(key, placement);
         self.gauges.opening.fetch_sub(1, Ordering::Relaxed);
         let lineage = opened?;
         self.gauges.actor_opens.fetch_add(1, Ordering::Relaxed);
@@ -297,9 +325,28 @@ impl Registry {
         }
         match lineage.state().resolution() {
             Resolution::Resume { .. } => {}
+            Resolution::Paused { run_id, reason: PauseReason::Restart } => {
+                // Resumed through the normal admission checks; a refusal seals it.
+                let raw = lineage.state().last.as_ref().map(|e| e.config.clone()).unwrap_or_default();
+                let refused = match serde_json::from_value::<RenderConfig>(raw) {
+                    Ok(config) => self.deps.readmit.as_ref().and_then(|check| check(&config).err()),
+                    Err(e) => Some(format!("the frozen config does not decode: {e}")),
+                };
+                if let Some(why) = refused {
+                    let error = ProviderError {
+                        class: ErrorClass::Permanent,
+                        provider_code: Some("resume_refused".into()),
+                        message: format!("the restart-paused run could not be resumed: {why}"),
+                        http_status: None,
+                    };
+                    lineage.finish_run(&run_id, FinishReason::Interrupted, Some(error), vec![])?;
+                    publish(Output::Control(lineage.commit()?));
+                    return Ok(true);
+                }
+            }
             Resolution::Paused { .. } => return Ok(false),
             Resolution::Empty | Resolution::Idle { .. } => {
-                let Some(next) = lineage.state().queue.front().cloned() else { return Ok(false) };
+                let Some(next) = lineage.state().next_to_start().cloned() else { return Ok(false) };
                 let run_id = format!("run-{}", next.submission_id);
                 let config: RenderConfig = match serde_json::from_value(next.request.config.clone()) {
                     Ok(c) => c,
@@ -326,7 +373,8 @@ impl Registry {
                         return Ok(true);
                     }
                 };
-                let units = agent::admit(lineage, &run_id, Some(&next.submission_id), &config, next.message, None)?;
+                let title = next.request.title.clone();
+                let units = agent::admit(lineage, &run_id, Some(&next.submission_id), &config, next.message, title)?;
                 publish(Output::Control(units));
             }
         }
@@ -354,5 +402,6 @@ fn unreadable() -> RenderConfig {
         max_steps: None,
         tools: vec![],
         auth: Default::default(),
+        policy: Default::default(),
     }
 }

@@ -10,6 +10,7 @@
 //! the barrier that makes it durable.
 
 mod attempt;
+pub mod live;
 mod tools;
 mod turn;
 
@@ -116,11 +117,18 @@ pub struct LoopOptions {
     pub retry: RetryPolicy,
     /// The bearer secret for `AuthSource::Bearer` routes (memory only).
     pub bearer: Option<String>,
+    /// Where the loop shows its step in flight (`run.status`'s `step`).
+    pub steps: std::sync::Arc<live::StepBoard>,
 }
 
 impl Default for LoopOptions {
     fn default() -> Self {
-        LoopOptions { idle_timeout: Duration::from_secs(120), retry: RetryPolicy::default(), bearer: None }
+        LoopOptions {
+            idle_timeout: Duration::from_secs(120),
+            retry: RetryPolicy::default(),
+            bearer: None,
+            steps: Default::default(),
+        }
     }
 }
 

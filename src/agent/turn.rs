@@ -54,8 +54,24 @@ pub fn admit(
         input,
         title,
         started_at_ms: now_ms(),
+        auth_selection: auth_selection(config),
     }));
     Ok(lineage.append_commit(&rec)?.1)
+}
+
+/// What admission froze about the credential and the account decision: the vault credential
+/// id (absent on credential-free routes) and the conversation key with its source.
+fn auth_selection(config: &RenderConfig) -> Option<serde_json::Value> {
+    use crate::provider::config::AuthSource;
+    let mut sel = serde_json::Map::new();
+    if let AuthSource::Vault { credential_id } = &config.auth {
+        sel.insert("credential_id".into(), json!(credential_id));
+    }
+    if let Some(key) = &config.policy.conversation_key {
+        let source = config.policy.conversation_key_source.as_deref().unwrap_or("caller");
+        sel.insert("account_decision".into(), json!({"conversation_key": key, "conversation_key_source": source}));
+    }
+    (!sel.is_empty()).then_some(serde_json::Value::Object(sel))
 }
 
 /// How one step's model call ended.
@@ -159,10 +175,99 @@ impl Driver<'_> {
     }
 
     fn finish(&mut self, reason: FinishReason, error: Option<ProviderError>) -> Result<TurnOutcome, LineageError> {
+        self.finish_with(reason, error, None)
+    }
+
+    fn finish_with(
+        &mut self,
+        reason: FinishReason,
+        error: Option<ProviderError>,
+        detail: Option<serde_json::Value>,
+    ) -> Result<TurnOutcome, LineageError> {
         let (reason, error) = if self.sealing { (FinishReason::Interrupted, None) } else { (reason, error) };
-        self.lineage.finish_run(&self.run_id, reason, error.clone(), vec![])?;
+        // An acknowledged steer is in the transcript even when the run ends before a step
+        // could show it to the model (the next turn sees it as history).
+        self.deliver_steers()?;
+        self.lineage.finish_run_with(&self.run_id, reason, error.clone(), vec![], detail)?;
         self.commit()?;
         Ok(TurnOutcome { run_id: self.run_id.clone(), reason: Some(reason), paused: None, error })
+    }
+
+    /// A non-terminal pause: the same run continues later from this boundary.
+    fn pause(&mut self, reason: PauseReason, error: Option<ProviderError>) -> Result<TurnOutcome, LineageError> {
+        self.lineage.append(&Record::RunPaused { run_id: self.run_id.clone(), reason, error: error.clone() })?;
+        self.commit()?;
+        Ok(TurnOutcome { run_id: self.run_id.clone(), reason: None, paused: Some(reason), error })
+    }
+
+    /// Delivers the steers waiting for this run, in FIFO order, at a boundary (never inside a
+    /// step or between a call and its result). Not yet durable: the boundary's barrier covers it.
+    fn deliver_steers(&mut self) -> Result<(), LineageError> {
+        let e = self.lineage.state().last.as_ref();
+        if e.is_none_or(|e| e.step_open || e.batch.iter().any(|c| c.result.is_none())) {
+            return Ok(());
+        }
+        let steers: Vec<_> = self.lineage.state().pending_steers(&self.run_id).cloned().collect();
+        for p in steers {
+            self.lineage.append(&Record::Steered {
+                run_id: self.run_id.clone(),
+                submission_id: p.submission_id,
+                message: p.message.clone(),
+                title: p.request.title,
+            })?;
+            self.history.push(p.message);
+        }
+        Ok(())
+    }
+
+    /// The session's input-token cap is reached (or its spend became unknown): the detail
+    /// `{limit, spent, cause}` the run ends with.
+    fn cap_reached(&self) -> Option<serde_json::Value> {
+        let state = self.lineage.state();
+        let limit = state.input_cap?;
+        let cause = if state.input_unreported {
+            "usage_unreported"
+        } else if state.input_spent >= limit {
+            "limit_reached"
+        } else {
+            return None;
+        };
+        Some(json!({"limit": limit, "spent": state.input_spent, "cause": cause}))
+    }
+
+    fn finish_budget(&mut self, detail: serde_json::Value) -> Result<TurnOutcome, LineageError> {
+        self.finish_with(FinishReason::BudgetExhausted, None, Some(detail))
+    }
+
+    /// The calls of a step that crossed the cap: each gets its intent and a never-executed
+    /// error result, so the transcript keeps provider-valid call/result pairs.
+    fn refuse_batch(&mut self, step: u64, calls: &[(String, String, serde_json::Value)]) -> Result<(), LineageError> {
+        let lineage_id = self.lineage.key().addr();
+        let mut parts = Vec::with_capacity(calls.len());
+        for (id, name, arguments) in calls {
+            let call_key = format!("{lineage_id}:{}", self.lineage.next_seq());
+            self.lineage.append(&Record::ToolDispatchIntent {
+                run_id: self.run_id.clone(),
+                step,
+                tool_call_id: id.clone(),
+                tool_name: name.clone(),
+                module_id: None,
+                call_key,
+                arguments: Some(serde_json::to_string(arguments).unwrap_or_else(|_| "{}".into())),
+            })?;
+            let output = json!({"kind": "error", "reason": "budget_exhausted", "message": "not executed: the session's input-token cap was reached"});
+            self.lineage.append(&Record::ToolResult {
+                run_id: self.run_id.clone(),
+                step,
+                tool_call_id: id.clone(),
+                output: output.clone(),
+                is_error: true,
+                outcome: Some("not_executed".into()),
+            })?;
+            parts.push(Part::ToolResult { tool_call_id: id.clone(), output, is_error: true });
+        }
+        self.history.push(Message { role: Role::Tool, content: parts, origin: None });
+        Ok(())
     }
 
     /// Records a cancel request durably (the "ack" is only true after this).
@@ -198,11 +303,14 @@ impl Driver<'_> {
                 Ok(None)
             }
             Ok(RunCommand::Exec(job)) => {
+                let before = self.cancel_requested();
                 let units = job(self.lineage);
                 if !units.is_empty() {
                     (self.out)(Output::Control(units));
                 }
-                Ok(None)
+                // A job may have recorded a cancel (run.cancel, an interrupting send): act on it.
+                let after = self.cancel_requested();
+                Ok(if after != before { after } else { None })
             }
             // Nobody can send commands any more: stop selecting on a channel that is always ready.
             Err(RecvError) => {
@@ -219,6 +327,9 @@ impl Driver<'_> {
                 return self.finish(FinishReason::Cancelled, None);
             }
             if self.seal_at_boundary {
+                if self.config.policy.on_restart.as_deref() == Some("resume") {
+                    return self.pause(PauseReason::Restart, None);
+                }
                 return self.finish(FinishReason::Interrupted, None);
             }
             let (step, step_open) = {
@@ -229,8 +340,13 @@ impl Driver<'_> {
             let step = if step_open {
                 step
             } else {
+                // Step entry: steers join here, after the previous batch's results.
+                self.deliver_steers()?;
                 if self.config.max_steps.is_some_and(|max| step >= max) {
                     return self.finish(FinishReason::MaxSteps, None);
+                }
+                if let Some(detail) = self.cap_reached() {
+                    return self.finish_budget(detail);
                 }
                 // The previous batch's results share this barrier: durable before the model
                 // sees them, and the step is announced before it streams.
@@ -243,21 +359,7 @@ impl Driver<'_> {
                 step + 1
             };
             match self.model_step(step)? {
-                StepEnd::Paused(error) => {
-                    let rec = Record::RunPaused {
-                        run_id: self.run_id.clone(),
-                        reason: PauseReason::AuthRequired,
-                        error: Some(error.clone()),
-                    };
-                    self.lineage.append(&rec)?;
-                    self.commit()?;
-                    return Ok(TurnOutcome {
-                        run_id: self.run_id.clone(),
-                        reason: None,
-                        paused: Some(PauseReason::AuthRequired),
-                        error: Some(error),
-                    });
-                }
+                StepEnd::Paused(error) => return self.pause(PauseReason::AuthRequired, Some(error)),
                 StepEnd::Ended(reason, error) => return self.finish(reason, error),
                 StepEnd::Answered { message, finish, usage } => {
                     let calls = tool_calls(&message);
@@ -272,7 +374,16 @@ impl Driver<'_> {
                         variant: self.config.variant.clone(),
                     })?;
                     self.history.push(message);
+                    if let Some(detail) = self.cap_reached() {
+                        // A crossing step dispatches none of its calls.
+                        self.refuse_batch(step, &calls)?;
+                        return self.finish_budget(detail);
+                    }
                     if calls.is_empty() {
+                        // A final answer while a steer waits gets one more step to render it.
+                        if self.lineage.state().pending_steers(&self.run_id).next().is_some() {
+                            continue;
+                        }
                         return self.finish(FinishReason::Completed, None);
                     }
                     self.tool_batch(step, calls)?;
@@ -281,11 +392,20 @@ impl Driver<'_> {
         }
     }
 
-    /// One model step: attempts with retries until an answer, a pause or an end.
+    /// One model step, shown on the step board while it is in flight.
     fn model_step(&mut self, step: u64) -> Result<StepEnd, LineageError> {
+        self.opts.steps.begin(&self.run_id, step, now_ms());
+        let end = self.model_step_attempts(step);
+        self.opts.steps.end(&self.run_id);
+        end
+    }
+
+    /// Attempts with retries until an answer, a pause or an end.
+    fn model_step_attempts(&mut self, step: u64) -> Result<StepEnd, LineageError> {
         let body = crate::provider::render_request(&self.config, &self.history);
         let sha = crate::session_key::hex(&Sha256::digest(&body));
         for attempt in 0.. {
+            self.opts.steps.attempt(&self.run_id, attempt, now_ms());
             let (outcome, end, error, telemetry, retry_after) = match self.attempt(step, &body)? {
                 AttemptEnd::Done(asm, telemetry) => {
                     self.record_attempt(step, attempt, "ok", &sha, None, &telemetry)?;
@@ -409,6 +529,9 @@ impl Driver<'_> {
                                     stop(&cancel);
                                     let telemetry = Telemetry::default();
                                     return Ok(AttemptEnd::Failed { error, delivered: asm.delivered, retry_after: None, telemetry });
+                                }
+                                if matches!(event, StreamEvent::TextDelta { .. } | StreamEvent::ReasoningDelta { .. } | StreamEvent::ToolCallArgsDelta { .. }) {
+                                    self.opts.steps.content(&self.run_id, now_ms());
                                 }
                                 self.display(step, &asm, &event);
                                 asm.push(event);

@@ -220,6 +220,7 @@ pub fn resolve(
         } else {
             overrides.auth.clone()
         },
+        policy: Default::default(),
     })
 }
 

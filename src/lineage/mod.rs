@@ -7,6 +7,7 @@
 //! and nothing is written. Control units become visible (are returned by [`Lineage::commit`])
 //! only after the fsync that makes them durable.
 
+pub mod ledger;
 pub mod projection;
 pub mod read;
 pub mod replay;
@@ -20,7 +21,7 @@ use serde_json::json;
 use crate::message::Message;
 use crate::record::{self, CancelAt, FinishReason, ProviderError, Record, RequestIdentity};
 use crate::session_key::SessionKey;
-use crate::state_root::StateRoot;
+use crate::state_root::{Placement, StateRoot};
 use crate::store::writer::StoreWriter;
 use crate::store::{Checkpoint, Store, StoreBatch, StoreError};
 use crate::wal::{self, FeatureFloor, Lease, LeaseError, RecordOutcome, ScannedFrame, Wal, WalError, WalOpen};
@@ -166,14 +167,18 @@ pub struct Lineage {
 }
 
 impl Lineage {
-    /// Opens (creating if new) the session's lineage for writing.
-    pub fn open(shared: &Shared, key: &SessionKey) -> Result<Lineage, LineageError> {
+    /// Opens (creating if new) the session's lineage for writing. An existing WAL is opened in
+    /// whichever live tree holds it (configuration never moves a session); `placement` only
+    /// decides the tree a NEW session's WAL is created in. The lease, taken first, makes the
+    /// exists-then-create decision race-free against other writers of the session.
+    pub fn open(shared: &Shared, key: &SessionKey, placement: Placement) -> Result<Lineage, LineageError> {
         let (root, store, floor) = (&shared.root, Arc::clone(&shared.store), Some(Arc::clone(&shared.floor)));
         let mut lease = Lease::acquire(&root.lease_path(key))?;
         // A previous holder in this process may still have rows queued: let them land first.
         shared.writer.settle();
-        let path = root.wal_path(key);
+        let mut path = root.wal_path(key);
         if !path.exists() {
+            path = root.wal_path_placed(key, placement);
             wal::create(&path, key.lineage_id())?;
         }
         let header = wal::read_header_of(&path, record::KNOWN_FEATURES)?;
@@ -311,6 +316,18 @@ impl Lineage {
         error: Option<ProviderError>,
         indeterminate_tool_calls: Vec<String>,
     ) -> Result<u64, LineageError> {
+        self.finish_run_with(run_id, reason, error, indeterminate_tool_calls, None)
+    }
+
+    /// [`Lineage::finish_run`] with the terminal's `detail` (e.g. `budget_exhausted`'s).
+    pub fn finish_run_with(
+        &mut self,
+        run_id: &str,
+        reason: FinishReason,
+        error: Option<ProviderError>,
+        indeterminate_tool_calls: Vec<String>,
+        detail: Option<serde_json::Value>,
+    ) -> Result<u64, LineageError> {
         let e = self.replay.last.as_ref().ok_or_else(|| LineageError::Refused("no run to finish".into()))?;
         let rec = Record::RunFinished {
             run_id: run_id.to_string(),
@@ -321,6 +338,7 @@ impl Lineage {
             final_step_finish_reason: e.final_step_finish_reason.clone(),
             indeterminate_tool_calls,
             at_ms: now_ms(),
+            detail,
         };
         self.append(&rec)
     }
@@ -371,7 +389,7 @@ impl Lineage {
     pub fn append(&mut self, rec: &Record) -> Result<u64, LineageError> {
         self.replay.check(rec).map_err(LineageError::Refused)?;
         let payload = rec.encode();
-        let seq = match self.wal.append(rec.features(), &payload, false) {
+        let seq = match self.wal.append(&rec.features(), &payload, false) {
             RecordOutcome::Accepted(seq) => seq,
             RecordOutcome::Refused(e) => return Err(e.into()),
         };
@@ -476,8 +494,15 @@ impl Shared {
         Ok(Shared { root, store, floor, writer: Arc::new(writer) })
     }
 
+    /// Opens the session's lineage; a new session's WAL is created in `wal/`.
     pub fn open_lineage(&self, key: &SessionKey) -> Result<Lineage, LineageError> {
-        Lineage::open(self, key)
+        Lineage::open(self, key, Placement::Standard)
+    }
+
+    /// Opens the session's lineage; a new session's WAL is created in `placement`'s tree (an
+    /// existing one is opened where it is).
+    pub fn open_lineage_placed(&self, key: &SessionKey, placement: Placement) -> Result<Lineage, LineageError> {
+        Lineage::open(self, key, placement)
     }
 
     /// Returns once every derived row queued so far is in `run-index.db`.

@@ -220,7 +220,7 @@ fn unit_bodies(record: &Record, context: &Context) -> Vec<(Value, Option<LiveEve
         Record::Retracted { submission_id } => {
             vec![(json!({"type": "submission_retracted", "submission_id": submission_id}), None)]
         }
-        Record::Steered { run_id, submission_id, message } => vec![message_unit(
+        Record::Steered { run_id, submission_id, message, .. } => vec![message_unit(
             json!({"type": "steered", "run_id": run_id, "submission_id": submission_id, "message": message}),
             context.message,
         )],

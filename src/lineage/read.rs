@@ -27,6 +27,11 @@ pub struct TranscriptPage {
     pub head: Option<Cursor>,
     /// Where the last episode stands.
     pub resolution: Resolution,
+    /// The replay state at the durable end (the last episode, the pending queue, counters).
+    pub state: Replay,
+    /// Run-state and send-ledger effects of the records after the store's watermark, in
+    /// order: the store rows ⊕ these are the durable truth (see `ledger`).
+    pub tail: Vec<Effect>,
 }
 
 /// Messages `[from, from + limit)` of the session stored at `wal_path`.
@@ -48,14 +53,16 @@ pub fn transcript(
         }
         None => (Vec::new(), Replay::default(), None),
     };
+    let mut tail = Vec::new();
     let mut visit = |f: ScannedFrame<'_>| -> Result<(), LineageError> {
         let rec = decode(f.seq, f.payload)?;
-        replay.apply(f.seq, &rec, &mut |e| {
-            if let Effect::Message { ordinal, message, .. } = e {
+        replay.apply(f.seq, &rec, &mut |e| match e {
+            Effect::Message { ordinal, message, .. } => {
                 if ordinal >= from && ordinal < end {
                     messages.push((ordinal, message));
                 }
             }
+            other => tail.push(other),
         })?;
         replay.note_units(f.seq, projection::unit_count(&rec));
         Ok(())
@@ -66,7 +73,43 @@ pub fn transcript(
         prompt_len: replay.prompt_len,
         head: replay.last_unit,
         resolution: replay.resolution(),
+        state: replay,
+        tail,
     })
+}
+
+/// The newest durable message of `run_id` with `role`: the WAL tail's, else the store's.
+pub fn last_message_of_run(
+    store: &Store,
+    key: &SessionKey,
+    wal_path: &Path,
+    run_id: &str,
+    role: crate::message::Role,
+) -> Result<Option<(u64, Message)>, LineageError> {
+    let header = wal::read_header_of(wal_path, record::KNOWN_FEATURES)?;
+    let checkpoint = store.checkpoint(&key.addr())?.filter(|cp| cp.incarnation == header.incarnation_string());
+    let (mut replay, resume) = match &checkpoint {
+        Some(cp) => (cp.replay.clone(), Some((cp.next_offset, cp.watermark_seq + 1))),
+        None => (Replay::default(), None),
+    };
+    let mut found = None;
+    let mut visit = |f: ScannedFrame<'_>| -> Result<(), LineageError> {
+        let rec = decode(f.seq, f.payload)?;
+        replay.apply(f.seq, &rec, &mut |e| {
+            if let Effect::Message { ordinal, run_id: r, message, .. } = e {
+                if r == run_id && message.role == role {
+                    found = Some((ordinal, message));
+                }
+            }
+        })?;
+        Ok(())
+    };
+    wal::read(wal_path, record::KNOWN_FEATURES, resume, &mut visit)?;
+    match found {
+        Some(m) => Ok(Some(m)),
+        None if checkpoint.is_some() => Ok(store.last_message_of_run(&key.addr(), run_id, role)?),
+        None => Ok(None),
+    }
 }
 
 /// Durable control units strictly after `after` (all units when `None`), at most `limit`.

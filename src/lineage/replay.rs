@@ -37,8 +37,16 @@ pub struct Pending {
 #[serde(rename_all = "snake_case", tag = "state")]
 pub enum EpisodeStatus {
     Open,
-    Paused { reason: PauseReason, error: Option<ProviderError> },
-    Finished { reason: FinishReason, error: Option<ProviderError> },
+    Paused {
+        reason: PauseReason,
+        error: Option<ProviderError>,
+    },
+    Finished {
+        reason: FinishReason,
+        error: Option<ProviderError>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        detail: Option<Value>,
+    },
 }
 
 /// One call of the current step's tool batch, in planned order.
@@ -74,6 +82,8 @@ pub struct Episode {
     /// The ordinal of this episode's last assistant message (whose tool calls a batch runs).
     #[serde(default)]
     pub last_assistant: Option<u64>,
+    #[serde(default)]
+    pub title: Option<String>,
 }
 
 /// How the last episode stands: what opening the lineage must do with it.
@@ -96,14 +106,32 @@ pub enum Effect {
     Message { ordinal: u64, run_id: String, seq: u64, message: Message },
     /// A run's lifecycle state changed.
     RunState { run_id: String, submission_id: Option<String>, state: RunState, seq: u64 },
+    /// A send's fate changed (the send ledger: keyed re-sends, `send.status`, provisional ids).
+    Send { submission_id: String, fate: SendFate, seq: u64 },
+}
+
+/// What became of a durably queued send.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SendFate {
+    /// Queued with its request identity; not yet consumed.
+    Queued(Box<RequestIdentity>),
+    /// Consumed by the `RunStarted` of its own run.
+    Started {
+        run_id: String,
+    },
+    /// Delivered into a running run as a steer.
+    Delivered {
+        run_id: String,
+    },
+    Retracted,
 }
 
 /// A run's lifecycle state as the run index keeps it.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RunState {
-    Active { started_at_ms: u64, config: Value },
+    Active { started_at_ms: u64, config: Value, title: Option<String>, auth_selection: Option<Value> },
     Paused { reason: PauseReason, error: Option<ProviderError> },
-    Finished { reason: FinishReason, error: Option<ProviderError>, usage: RunUsage, at_ms: u64 },
+    Finished { reason: FinishReason, error: Option<ProviderError>, usage: RunUsage, at_ms: u64, detail: Option<Value> },
 }
 
 /// A record that may not follow the state: the WAL is not one this engine wrote.
@@ -138,6 +166,16 @@ pub struct Replay {
     /// `last_unit`), so a new tenure never stamps a lower one even if the lease file was lost.
     #[serde(default)]
     pub last_epoch: u64,
+    /// The session's input-token cap (spec §4): the lowest cap any episode froze.
+    #[serde(default)]
+    pub input_cap: Option<u64>,
+    /// Consumed input across every episode: fresh input + cache read + cache write of each
+    /// completed step, saturating. Counted only while every step reported its input.
+    #[serde(default)]
+    pub input_spent: u64,
+    /// A completed step reported no input usage: spend is unknown from then on (fail closed).
+    #[serde(default)]
+    pub input_unreported: bool,
 }
 
 impl Replay {
@@ -173,6 +211,24 @@ impl Replay {
 
     pub fn pending(&self, submission_id: &str) -> Option<&Pending> {
         self.queue.iter().find(|p| p.submission_id == submission_id)
+    }
+
+    /// The pending send that starts the next episode: an interrupt first, else the oldest send
+    /// (a steer whose run is no longer open is a plain send by then).
+    pub fn next_to_start(&self) -> Option<&Pending> {
+        self.queue.iter().find(|p| p.request.delivery() == "interrupt").or_else(|| self.queue.front())
+    }
+
+    /// Pending steers joining the open run `run_id`, in FIFO order.
+    pub fn pending_steers<'a>(&'a self, run_id: &'a str) -> impl Iterator<Item = &'a Pending> + 'a {
+        self.queue
+            .iter()
+            .filter(move |p| p.request.delivery() == "steer" && p.request.target_run.as_deref() == Some(run_id))
+    }
+
+    /// Whether a pending interrupt waits to start.
+    pub fn interrupt_pending(&self) -> bool {
+        self.queue.iter().any(|p| p.request.delivery() == "interrupt")
     }
 
     /// The episode a record names must be the last one, in an allowed status.
@@ -263,7 +319,16 @@ impl Replay {
                 Some(_) => Err(format!("submission {submission_id} is already queued")),
                 None => Ok(()),
             },
-            Record::Steered { run_id, .. } => Self::batch_resolved(self.episode_for(run_id, false)?),
+            Record::Steered { run_id, submission_id, .. } => {
+                if self.pending(submission_id).is_none() {
+                    return Err(format!("steer {submission_id} is not pending"));
+                }
+                let e = self.episode_for(run_id, false)?;
+                if e.step_open {
+                    return Err(format!("steer {submission_id} would land inside step {}", e.step));
+                }
+                Self::batch_resolved(e)
+            }
             Record::Retracted { .. } | Record::CacheWarmed { .. } | Record::Unknown(_) => Ok(()),
         }
     }
@@ -276,6 +341,8 @@ impl Replay {
             Record::RunStarted(r) => {
                 if let Some(id) = &r.submission_id {
                     self.queue.retain(|p| &p.submission_id != id);
+                    let fate = SendFate::Started { run_id: r.run_id.clone() };
+                    sink(Effect::Send { submission_id: id.clone(), fate, seq });
                 }
                 self.episodes += 1;
                 self.last = Some(Episode {
@@ -294,8 +361,17 @@ impl Replay {
                     cancel: None,
                     messages: 0,
                     last_assistant: None,
+                    title: r.title.clone(),
                 });
-                let state = RunState::Active { started_at_ms: r.started_at_ms, config: r.config.clone() };
+                if let Some(cap) = r.config.get("max_input_tokens").and_then(Value::as_u64) {
+                    self.input_cap = Some(self.input_cap.map_or(cap, |c| c.min(cap)));
+                }
+                let state = RunState::Active {
+                    started_at_ms: r.started_at_ms,
+                    config: r.config.clone(),
+                    title: r.title.clone(),
+                    auth_selection: r.auth_selection.clone(),
+                };
                 sink(Effect::RunState { run_id: r.run_id.clone(), submission_id: r.submission_id.clone(), state, seq });
                 self.push_message(seq, r.input.clone(), sink);
             }
@@ -317,6 +393,11 @@ impl Replay {
                 e.final_step_finish_reason = Some(finish_reason.clone());
                 e.usage.add_step(provider, model, variant.as_deref(), usage);
                 e.last_assistant = Some(ordinal);
+                match usage.consumed_input() {
+                    Some(n) if !self.input_unreported => self.input_spent = self.input_spent.saturating_add(n),
+                    Some(_) => {}
+                    None => self.input_unreported = true,
+                }
                 self.push_message(seq, message.clone(), sink);
             }
             Record::ToolDispatchIntent { tool_call_id, tool_name, .. } => {
@@ -347,29 +428,54 @@ impl Replay {
             Record::RunResumed { run_id } => {
                 let e = self.episode_mut();
                 e.status = EpisodeStatus::Open;
-                let state = RunState::Active { started_at_ms: e.started_at_ms, config: e.config.clone() };
+                let state = RunState::Active {
+                    started_at_ms: e.started_at_ms,
+                    config: e.config.clone(),
+                    title: e.title.clone(),
+                    auth_selection: None,
+                };
                 let submission_id = e.submission_id.clone();
                 sink(Effect::RunState { run_id: run_id.clone(), submission_id, state, seq });
             }
-            Record::RunFinished { run_id, reason, error, usage, at_ms, .. } => {
+            Record::RunFinished { run_id, reason, error, usage, at_ms, detail, .. } => {
                 self.close_batch(seq, sink);
                 let e = self.episode_mut();
-                e.status = EpisodeStatus::Finished { reason: *reason, error: error.clone() };
+                e.status = EpisodeStatus::Finished { reason: *reason, error: error.clone(), detail: detail.clone() };
                 e.step_open = false;
-                let state =
-                    RunState::Finished { reason: *reason, error: error.clone(), usage: usage.clone(), at_ms: *at_ms };
+                let state = RunState::Finished {
+                    reason: *reason,
+                    error: error.clone(),
+                    usage: usage.clone(),
+                    at_ms: *at_ms,
+                    detail: detail.clone(),
+                };
                 let submission_id = e.submission_id.clone();
                 sink(Effect::RunState { run_id: run_id.clone(), submission_id, state, seq });
             }
-            Record::Queued { submission_id, message, request } => self.queue.push_back(Pending {
-                submission_id: submission_id.clone(),
-                message: message.clone(),
-                request: request.clone(),
-                queued_seq: seq,
-            }),
-            Record::Retracted { submission_id } => self.queue.retain(|p| &p.submission_id != submission_id),
-            Record::Steered { submission_id, message, .. } => {
+            Record::Queued { submission_id, message, request } => {
+                // A lower cap accepted while a run is active applies at its next boundary.
+                if let Some(cap) = request.config.get("max_input_tokens").and_then(Value::as_u64) {
+                    self.input_cap = Some(self.input_cap.map_or(cap, |c| c.min(cap)));
+                }
+                self.queue.push_back(Pending {
+                    submission_id: submission_id.clone(),
+                    message: message.clone(),
+                    request: request.clone(),
+                    queued_seq: seq,
+                });
+                let fate = SendFate::Queued(Box::new(request.clone()));
+                sink(Effect::Send { submission_id: submission_id.clone(), fate, seq });
+            }
+            Record::Retracted { submission_id } => {
+                if self.pending(submission_id).is_some() {
+                    self.queue.retain(|p| &p.submission_id != submission_id);
+                    sink(Effect::Send { submission_id: submission_id.clone(), fate: SendFate::Retracted, seq });
+                }
+            }
+            Record::Steered { run_id, submission_id, message, .. } => {
                 self.queue.retain(|p| &p.submission_id != submission_id);
+                let fate = SendFate::Delivered { run_id: run_id.clone() };
+                sink(Effect::Send { submission_id: submission_id.clone(), fate, seq });
                 self.close_batch(seq, sink);
                 self.push_message(seq, message.clone(), sink);
             }

@@ -6,8 +6,10 @@
 //! per key); `session.read` and `run.status` are strict and refuse unknown members by name.
 //! Every refusal is decided before anything is written.
 
+mod driver;
 mod read;
 mod send;
+mod status;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -55,6 +57,8 @@ pub struct Ops {
     pub catalog: Arc<RwLock<Result<Catalog, CatalogError>>>,
     /// `BROCA_PROVIDER_BASE_URL`: mock providers, credential-free.
     pub base_url_override: Option<String>,
+    /// `broca.jsonc`, read once at boot: backup classes and context-management defaults.
+    pub config: Arc<crate::config::BrocaConfig>,
 }
 
 pub fn invalid_params(field: &str, why: &str) -> Refusal {
@@ -90,10 +94,14 @@ impl Ops {
     /// store) happens here: call it from a worker thread.
     pub fn handle(self: &Arc<Self>, key: &SessionKey, method: &str, params: Value, reply: Reply) {
         match method {
-            "role.describe" => reply(strict(&params, &[]).map(|()| describe())),
+            "role.describe" => reply(strict(&params, &[]).map(|()| describe(&self.config))),
             "session.send" => send::session_send(self, key, params, reply),
+            "session.retract" => driver::session_retract(self, key, params, reply),
+            "run.cancel" => driver::run_cancel(self, key, params, reply),
             "session.read" => reply(read::session_read(self, key, &params)),
-            "run.status" => reply(read::run_status(self, key, &params)),
+            "run.status" => reply(status::run_status(self, key, &params)),
+            "run.result" => reply(status::run_result(self, key, &params)),
+            "send.status" | "session.send_status" => reply(status::send_status(self, key, &params)),
             "session.baseline" => reply(read::session_baseline(self, key, &params)),
             other => {
                 let detail = Some(crate::detail!("method" => other));
@@ -103,26 +111,46 @@ impl Ops {
     }
 }
 
-/// The `role.describe` answer: this build's major, the ops it serves on a session route (the
-/// role's required ops included), and its (so far empty) capability groups.
-pub fn describe() -> Value {
+/// The `role.describe` answer: this build's major, the ops it serves on a session route, and
+/// exactly the capability groups whose answers broca gives in the role's shapes (spec §4).
+/// `retract` is not declared: broca answers `session.retract` with the project spec's object,
+/// which a contract consumer would misread (reference §14, row 13).
+pub fn describe(config: &crate::config::BrocaConfig) -> Value {
+    use cortexkit_role_llm_runner::capabilities as cap;
     use cortexkit_role_llm_runner::describe::{Major, RoleDescribe};
     let ops = crate::serve::SERVED.iter().map(|op| (*op).to_owned()).collect();
+    let groups = [
+        cap::RUN_STATUS,
+        cap::RUN_CANCEL,
+        cap::RUN_USAGE,
+        cap::QUEUE,
+        cap::STEER,
+        cap::INTERRUPT,
+        cap::MAX_STEPS,
+        cap::NO_TOOLS,
+        cap::INPUT_TOKEN_CAP,
+        cap::SEND_STATUS,
+        "send_tool_reply_bound",
+        "session_class",
+    ];
     let describe = RoleDescribe::new(
         vec![Major::new(cortexkit_role_llm_runner::PROVIDES, ops, "alpha")],
         env!("CARGO_PKG_VERSION"),
     )
-    .with_capabilities(Vec::new())
+    .with_capabilities(groups.iter().map(|g| (*g).to_owned()).collect())
+    .with_run_cancel(vec!["now".into(), "step_boundary".into()])
     .with_session_capabilities_from(cortexkit_role_llm_runner::capabilities::source::ADMISSION)
     .with_max_bytes(read::MAX_BYTES, read::MAX_BYTES);
-    serde_json::to_value(describe).expect("role.describe serializes")
+    let mut out = serde_json::to_value(describe).expect("role.describe serializes");
+    out["session_class"] = serde_json::json!({"backup_classes": config.backup_classes});
+    out
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
     fn role_describe_passes_the_role_crates_check() {
-        let describe = super::describe();
+        let describe = super::describe(&crate::config::BrocaConfig::default());
         if let Err(problems) = cortexkit_role_llm_runner::describe::check_describe(&describe) {
             panic!("role.describe is refused: {problems:?}\n{describe}");
         }

@@ -99,53 +99,6 @@ pub(super) fn session_read(ops: &Ops, key: &SessionKey, params: &Value) -> Resul
     Ok(answer)
 }
 
-pub(super) fn run_status(ops: &Ops, key: &SessionKey, params: &Value) -> Result<Value, Refusal> {
-    strict(params, &["run_id"])?;
-    let shared = ops.registry.shared();
-    let run_id = match params.get("run_id") {
-        None => None,
-        Some(Value::String(id)) => Some(id.clone()),
-        Some(_) => return Err(invalid_params("run_id", "a string is required")),
-    };
-    // A terminal index row answers at once; a nonterminal one never overrides the WAL.
-    if let Some(id) = &run_id {
-        shared.settle();
-        let row = shared.store.run(id).map_err(|e| Refusal::new("open_failed", format!("open failed: {e}"), None))?;
-        if let Some(row) = row.filter(|r| r.terminal && r.lineage == key.addr()) {
-            let mut answer = json!({"run_id": id, "state": row.reason.clone().unwrap_or_else(|| "terminal".into())});
-            if let Some(error) = row.error.as_deref().and_then(|e| serde_json::from_str::<Value>(e).ok()) {
-                answer["error"] = error;
-            }
-            return Ok(answer);
-        }
-    }
-    let path = shared.wal_path(key);
-    if !path.exists() {
-        return Ok(json!({"state": if run_id.is_some() { "unknown" } else { "idle" }}));
-    }
-    let mut page = read::transcript(&shared.store, key, &path, u64::MAX, 0).map_err(|e| e.refusal())?;
-    if matches!(page.resolution, Resolution::Resume { .. }) && !ops.registry.is_open(key) {
-        // An open run with no actor here was left by a previous process: opening the session
-        // seals it (interrupted, with its diagnostic) before this answers. Another process
-        // holding the lease keeps it active.
-        if ops.registry.submit(key, Box::new(|_| Vec::new())).is_ok() {
-            page = read::transcript(&shared.store, key, &path, u64::MAX, 0).map_err(|e| e.refusal())?;
-        }
-    }
-    let (last, state) = match &page.resolution {
-        Resolution::Empty => (None, "idle".to_string()),
-        Resolution::Idle { run_id, reason } => (Some(run_id.clone()), reason.as_str().to_string()),
-        Resolution::Paused { run_id, .. } => (Some(run_id.clone()), "paused".into()),
-        Resolution::Resume { run_id } => (Some(run_id.clone()), "active".into()),
-    };
-    match (run_id, last) {
-        (Some(asked), Some(last)) if asked != last => Ok(json!({"run_id": asked, "state": "unknown"})),
-        (Some(asked), None) => Ok(json!({"run_id": asked, "state": "unknown"})),
-        (_, Some(last)) => Ok(json!({"run_id": last, "state": state})),
-        (None, None) => Ok(json!({"state": state})),
-    }
-}
-
 /// `session.baseline` (spec §4): sessions are admitted without a fetch plan, so `items` is empty
 /// and `composition_digest` absent; `tool_names` are the first episode's tools; both generations
 /// are 0. `not_yet` until the session has an episode.

@@ -57,4 +57,36 @@ pub struct RenderConfig {
     pub tools: Vec<ToolSpec>,
     #[serde(default)]
     pub auth: AuthSource,
+    /// The session's admission policy, frozen with the render config so a queued send and a
+    /// resume carry it (spec §4); none of it is rendered into a provider request.
+    #[serde(default, flatten)]
+    pub policy: RunPolicy,
+}
+
+/// What a send decided beyond the request bytes. Every member absent when not set, so configs
+/// frozen before these existed read the same.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunPolicy {
+    /// `"none"` (the only mode served) or a recorded older value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_management: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_class: Option<String>,
+    /// `resume` or `interrupt` (absent means interrupt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_restart: Option<String>,
+    /// The session-wide input-token cap in force when the episode was admitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_input_tokens: Option<u64>,
+    /// The resolved cache policy `{role?, ttl?}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation_key: Option<String>,
+    /// `caller`, `session` or `inherited`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation_key_source: Option<String>,
+    /// Retention seconds (the session lives in `wal-ephemeral/`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<u64>,
 }

@@ -229,6 +229,7 @@ fn config(family: Family, provider: &str, wire_model: &str) -> RenderConfig {
         max_steps: None,
         tools: vec![],
         auth: AuthSource::None,
+        policy: Default::default(),
     }
 }
 

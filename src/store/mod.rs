@@ -6,8 +6,10 @@
 //!   (watermark seq, offset of the next frame, serialized replay state) that lets an open
 //!   replay only the WAL tail;
 //! - `transcript`: materialized messages up to the lineage's watermark;
-//! - `runs`: `run_id → {session, lineage, submission_id, state, wal_path, …}`; a terminal
-//!   row is never overwritten by a nonterminal one;
+//! - `runs`: `run_id → {session, lineage, submission_id, state, wal_path, title, usage, …}`; a
+//!   terminal row is never overwritten by a nonterminal one;
+//! - `sends`: the send ledger: each durably queued send's request identity and fate (pending,
+//!   started, delivered into a run, retracted), keyed by submission id and looked up by send id;
 //! - `export_facts` / `export_meta`: the metering lane (spec §17b), insert-once, readable by
 //!   other processes with `mode=ro` while broca writes (WAL journal mode).
 //!
@@ -21,9 +23,12 @@ use std::path::{Path, PathBuf};
 use parking_lot::Mutex;
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::lineage::replay::{Effect, Replay, RunState};
+use crate::lineage::replay::{Effect, Replay, RunState, SendFate};
 use crate::message::Message;
 use crate::session_key::SessionKey;
+
+/// Bumped when derived tables change shape.
+const SCHEMA_VERSION: i64 = 2;
 
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS lineages (
@@ -60,9 +65,23 @@ CREATE TABLE IF NOT EXISTS runs (
     title TEXT,
     started_seq INTEGER,
     updated_seq INTEGER NOT NULL,
+    usage TEXT,
+    auth_selection TEXT,
+    detail TEXT,
     PRIMARY KEY (lineage, run_id)
 );
 CREATE INDEX IF NOT EXISTS runs_by_id ON runs (run_id);
+CREATE TABLE IF NOT EXISTS sends (
+    lineage TEXT NOT NULL,
+    submission_id TEXT NOT NULL,
+    send_id TEXT,
+    request TEXT NOT NULL,
+    fate TEXT NOT NULL,
+    run_id TEXT,
+    queued_seq INTEGER NOT NULL,
+    PRIMARY KEY (lineage, submission_id)
+);
+CREATE INDEX IF NOT EXISTS sends_by_send_id ON sends (lineage, send_id);
 CREATE TABLE IF NOT EXISTS export_facts (
     export_seq INTEGER PRIMARY KEY AUTOINCREMENT,
     fact_id TEXT NOT NULL UNIQUE,
@@ -165,6 +184,29 @@ pub struct RunRow {
     pub error: Option<String>,
     pub terminal: bool,
     pub wal_path: String,
+    pub title: Option<String>,
+    /// The terminal usage (JSON), once the run finished.
+    pub usage: Option<String>,
+    pub auth_selection: Option<String>,
+    /// The terminal's typed detail (JSON), when it has one.
+    pub detail: Option<String>,
+}
+
+/// How a ledger row is looked up.
+#[derive(Clone, Copy, Debug)]
+pub enum SendLookup<'a> {
+    Submission(&'a str),
+    SendId(&'a str),
+}
+
+/// A send's row in the ledger.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SendRow {
+    pub submission_id: String,
+    pub request: crate::record::RequestIdentity,
+    /// `pending`, `started`, `delivered` or `retracted`.
+    pub fate: String,
+    pub run_id: Option<String>,
 }
 
 pub struct Store {
@@ -193,7 +235,14 @@ impl Store {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        // A database derived by an older layout is derived again: its lineages replay from
+        // their WAL on next open (the metering lane is kept; it is insert-once).
+        let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        if version < SCHEMA_VERSION {
+            conn.execute_batch("DROP TABLE IF EXISTS runs; DROP TABLE IF EXISTS transcript; DROP TABLE IF EXISTS sends; DROP TABLE IF EXISTS lineages;")?;
+        }
         conn.execute_batch(SCHEMA)?;
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
         conn.execute(
             "INSERT OR IGNORE INTO export_meta (key, value) VALUES ('source_instance_id', ?1)",
             [uuid::Uuid::new_v4().to_string()],
@@ -237,7 +286,12 @@ impl Store {
         for row in rows {
             let (root, harness, session, replay) = row?;
             let Ok(replay) = serde_json::from_str::<Replay>(&replay) else { continue };
-            let open = matches!(replay.resolution(), crate::lineage::replay::Resolution::Resume { .. });
+            use crate::lineage::replay::Resolution;
+            use crate::record::PauseReason;
+            let open = matches!(
+                replay.resolution(),
+                Resolution::Resume { .. } | Resolution::Paused { reason: PauseReason::Restart, .. }
+            );
             if open || !replay.queue.is_empty() {
                 out.push(SessionKey::new(&root, &harness, &session));
             }
@@ -251,6 +305,7 @@ impl Store {
         let tx = conn.transaction()?;
         tx.execute("DELETE FROM transcript WHERE lineage = ?1", [lineage])?;
         tx.execute("DELETE FROM runs WHERE lineage = ?1", [lineage])?;
+        tx.execute("DELETE FROM sends WHERE lineage = ?1", [lineage])?;
         tx.execute("DELETE FROM lineages WHERE lineage = ?1", [lineage])?;
         tx.commit()?;
         Ok(())
@@ -270,12 +325,21 @@ impl Store {
                 "INSERT OR REPLACE INTO transcript (lineage, ordinal, run_id, wal_seq, message) VALUES (?1, ?2, ?3, ?4, ?5)",
             )?;
             let mut put_run = tx.prepare_cached(
-                "INSERT INTO runs (run_id, lineage, session, harness, project_root, submission_id, state, reason, error, terminal, wal_path, started_seq, updated_seq)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12)
+                "INSERT INTO runs (run_id, lineage, session, harness, project_root, submission_id, state, reason, error, terminal, wal_path, started_seq, updated_seq, title, usage, auth_selection, detail)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13, ?14, ?15, ?16)
                  ON CONFLICT (lineage, run_id) DO UPDATE SET state = excluded.state, reason = excluded.reason,
-                     error = excluded.error, terminal = excluded.terminal, updated_seq = excluded.updated_seq
+                     error = excluded.error, terminal = excluded.terminal, updated_seq = excluded.updated_seq,
+                     title = COALESCE(runs.title, excluded.title), usage = COALESCE(excluded.usage, runs.usage),
+                     auth_selection = COALESCE(runs.auth_selection, excluded.auth_selection),
+                     detail = excluded.detail
                  WHERE runs.terminal = 0 AND excluded.updated_seq >= runs.updated_seq",
             )?;
+            let mut put_send = tx.prepare_cached(
+                "INSERT INTO sends (lineage, submission_id, send_id, request, fate, queued_seq) VALUES (?1, ?2, ?3, ?4, 'pending', ?5)
+                 ON CONFLICT (lineage, submission_id) DO NOTHING",
+            )?;
+            let mut set_fate =
+                tx.prepare_cached("UPDATE sends SET fate = ?3, run_id = ?4 WHERE lineage = ?1 AND submission_id = ?2")?;
             for effect in &batch.effects {
                 match effect {
                     Effect::Message { ordinal, run_id, seq, message } => {
@@ -292,6 +356,18 @@ impl Store {
                                 ("terminal", Some(reason.as_str().to_string()), error.as_ref().map(json_string), true)
                             }
                         };
+                        let (title, auth_selection) = match state {
+                            RunState::Active { title, auth_selection, .. } => {
+                                (title.clone(), auth_selection.as_ref().map(json_string))
+                            }
+                            _ => (None, None),
+                        };
+                        let (usage, detail) = match state {
+                            RunState::Finished { usage, detail, .. } => {
+                                (Some(json_string(usage)), detail.as_ref().map(json_string))
+                            }
+                            _ => (None, None),
+                        };
                         put_run.execute(params![
                             run_id,
                             lineage,
@@ -304,12 +380,31 @@ impl Store {
                             error,
                             terminal,
                             wal,
-                            *seq as i64
+                            *seq as i64,
+                            title,
+                            usage,
+                            auth_selection,
+                            detail
                         ])?;
                         if let RunState::Finished { reason, usage, at_ms, .. } = state {
                             insert_facts(&tx, key, &lineage, run_id, reason.as_str(), usage, *at_ms)?;
                         }
                     }
+                    Effect::Send { submission_id, fate, seq } => match fate {
+                        SendFate::Queued(request) => {
+                            let json = json_string(request);
+                            put_send.execute(params![lineage, submission_id, request.send_id, json, *seq as i64])?;
+                        }
+                        SendFate::Started { run_id } => {
+                            set_fate.execute(params![lineage, submission_id, "started", run_id])?;
+                        }
+                        SendFate::Delivered { run_id } => {
+                            set_fate.execute(params![lineage, submission_id, "delivered", run_id])?;
+                        }
+                        SendFate::Retracted => {
+                            set_fate.execute(params![lineage, submission_id, "retracted", None::<String>])?;
+                        }
+                    },
                 }
             }
         }
@@ -360,12 +455,35 @@ impl Store {
         Ok(out)
     }
 
+    /// The newest materialized message of `run_id` with `role`.
+    pub fn last_message_of_run(
+        &self,
+        lineage: &str,
+        run_id: &str,
+        role: crate::message::Role,
+    ) -> Result<Option<(u64, Message)>, StoreError> {
+        let conn = self.conn.lock();
+        let mut stmt = conn.prepare_cached(
+            "SELECT ordinal, message FROM transcript WHERE lineage = ?1 AND run_id = ?2 ORDER BY ordinal DESC",
+        )?;
+        let mut rows = stmt.query(params![lineage, run_id])?;
+        while let Some(row) = rows.next()? {
+            let (ordinal, json): (i64, String) = (row.get(0)?, row.get(1)?);
+            let message: Message =
+                serde_json::from_str(&json).map_err(|e| StoreError::Damaged(format!("message {ordinal}: {e}")))?;
+            if message.role == role {
+                return Ok(Some((ordinal as u64, message)));
+            }
+        }
+        Ok(None)
+    }
+
     /// The index row of `run_id` (most recently updated if several lineages used the id).
     pub fn run(&self, run_id: &str) -> Result<Option<RunRow>, StoreError> {
         let conn = self.conn.lock();
         let row = conn
             .query_row(
-                "SELECT run_id, lineage, session, submission_id, state, reason, error, terminal, wal_path FROM runs
+                "SELECT run_id, lineage, session, submission_id, state, reason, error, terminal, wal_path, title, usage, auth_selection, detail FROM runs
                  WHERE run_id = ?1 ORDER BY updated_seq DESC LIMIT 1",
                 [run_id],
                 |r| {
@@ -379,11 +497,44 @@ impl Store {
                         error: r.get(6)?,
                         terminal: r.get(7)?,
                         wal_path: r.get(8)?,
+                        title: r.get(9)?,
+                        usage: r.get(10)?,
+                        auth_selection: r.get(11)?,
+                        detail: r.get(12)?,
                     })
                 },
             )
             .optional()?;
         Ok(row)
+    }
+
+    /// The ledger row of a send, by its submission id or (the newest) by its send id.
+    pub fn send(&self, lineage: &str, by: SendLookup<'_>) -> Result<Option<SendRow>, StoreError> {
+        let (sql, key) = match by {
+            SendLookup::Submission(id) => {
+                ("SELECT submission_id, request, fate, run_id FROM sends WHERE lineage = ?1 AND submission_id = ?2", id)
+            }
+            SendLookup::SendId(id) => (
+                "SELECT submission_id, request, fate, run_id FROM sends WHERE lineage = ?1 AND send_id = ?2
+                 ORDER BY queued_seq DESC LIMIT 1",
+                id,
+            ),
+        };
+        let conn = self.conn.lock();
+        let row = conn
+            .query_row(sql, params![lineage, key], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, Option<String>>(3)?,
+                ))
+            })
+            .optional()?;
+        let Some((submission_id, request, fate, run_id)) = row else { return Ok(None) };
+        let request =
+            serde_json::from_str(&request).map_err(|e| StoreError::Damaged(format!("send {submission_id}: {e}")))?;
+        Ok(Some(SendRow { submission_id, request, fate, run_id }))
     }
 }
 

@@ -13,6 +13,7 @@ fn finished(run_id: &str) -> Record {
         final_step_finish_reason: Some("stop".into()),
         indeterminate_tool_calls: vec![],
         at_ms: 1,
+        detail: None,
     }
 }
 
@@ -126,6 +127,7 @@ fn the_durable_queue_is_queued_minus_retracted_minus_consumed_in_fifo_order() {
                 run_id: "run-sub-a".into(),
                 submission_id: "sub-c".into(),
                 message: Message::user_text("steer"),
+                title: None,
             },
         ],
     );

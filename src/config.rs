@@ -1,0 +1,480 @@
+//! `broca.jsonc`: the operator's configuration, read once at boot from the state root.
+//!
+//! The file is JSON with comments (`//` and `/* */` outside strings) and trailing commas. An
+//! absent file means the defaults: `backup_classes` is `["head"]` and there are no
+//! context-management defaults (a first send then binds `"none"`). Unknown top-level members
+//! are tolerated; the members broca reads are strict, and a malformed one refuses boot with a
+//! [`ConfigError`] naming the file and the member.
+//!
+//! Invariants of a loaded [`BrocaConfig`]:
+//! - every `backup_classes` label matches the session-class grammar `[a-z0-9_-]{1,32}` and
+//!   appears once;
+//! - every context-management value (the default and each project's) is a mode broca serves as
+//!   a default, which today is only `"none"` (`"compaction"` and `{"transform": …}` refuse boot);
+//! - `context_management.projects` keys are stored without trailing `/` (the root `/` stays),
+//!   so a lookup ignores a trailing `/` on both sides.
+//!
+//! Changing the file later never changes a session that already bound its values: callers
+//! read it only to decide a session's first send.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::state_root::{Placement, StateRoot};
+
+/// The file name inside the state root.
+pub const FILE_NAME: &str = "broca.jsonc";
+
+/// The session classes backed up when `broca.jsonc` does not say.
+const DEFAULT_BACKUP_CLASSES: &[&str] = &["head"];
+
+/// The only context-management mode servable as a default.
+const SERVABLE_DEFAULT: &str = "none";
+
+/// The configuration broca boots with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BrocaConfig {
+    /// Session classes whose live WALs go to `wal-durable/` (captured by backup).
+    pub backup_classes: Vec<String>,
+    pub context_management: ContextDefaults,
+}
+
+/// `context_management`: the values a first send that omits the field binds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ContextDefaults {
+    /// `context_management.default`.
+    pub default: Option<String>,
+    /// `context_management.projects`, keyed by project root without trailing `/`.
+    pub projects: BTreeMap<String, String>,
+}
+
+impl Default for BrocaConfig {
+    fn default() -> Self {
+        BrocaConfig {
+            backup_classes: DEFAULT_BACKUP_CLASSES.iter().map(|s| s.to_string()).collect(),
+            context_management: ContextDefaults::default(),
+        }
+    }
+}
+
+/// Why `broca.jsonc` refuses boot.
+#[derive(Debug)]
+pub enum ConfigError {
+    /// The file exists but cannot be read.
+    Io { path: PathBuf, source: std::io::Error },
+    /// The text is not JSONC (or not UTF-8, or not an object at the top level).
+    Syntax { path: PathBuf, reason: String },
+    /// A member broca reads holds a value it refuses.
+    Member { path: PathBuf, member: String, reason: String },
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigError::Io { path, source } => write!(f, "{}: cannot read: {source}", path.display()),
+            ConfigError::Syntax { path, reason } => write!(f, "{}: not valid JSONC: {reason}", path.display()),
+            ConfigError::Member { path, member, reason } => write!(f, "{}: {member}: {reason}", path.display()),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Whether `s` matches the session-class grammar `[a-z0-9_-]{1,32}`.
+pub fn valid_session_class(s: &str) -> bool {
+    (1..=32).contains(&s.len()) && s.bytes().all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-'))
+}
+
+/// A project root as `projects` keys and lookups compare it: trailing `/` removed, except
+/// that the root `/` stays `/`.
+fn normalize_project(root: &str) -> &str {
+    match root.trim_end_matches('/') {
+        "" if root.starts_with('/') => "/",
+        trimmed => trimmed,
+    }
+}
+
+impl BrocaConfig {
+    /// Reads `<state root>/broca.jsonc`; an absent file gives [`BrocaConfig::default`].
+    pub fn load(root: &StateRoot) -> Result<BrocaConfig, ConfigError> {
+        let path = root.config_path();
+        match std::fs::read(&path) {
+            Ok(bytes) => match String::from_utf8(bytes) {
+                Ok(text) => BrocaConfig::parse(&path, &text),
+                Err(_) => Err(ConfigError::Syntax { path, reason: "not UTF-8".into() }),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BrocaConfig::default()),
+            Err(source) => Err(ConfigError::Io { path, source }),
+        }
+    }
+
+    /// Parses the text of `broca.jsonc`; `path` only names the file in errors.
+    pub fn parse(path: &Path, text: &str) -> Result<BrocaConfig, ConfigError> {
+        let syntax = |reason: String| ConfigError::Syntax { path: path.to_path_buf(), reason };
+        let json = jsonc_to_json(text).map_err(|r| syntax(r.into()))?;
+        let value: Value = serde_json::from_str(&json).map_err(|e| syntax(e.to_string()))?;
+        let Value::Object(top) = value else {
+            return Err(syntax("the top level must be an object".into()));
+        };
+        let mut config = BrocaConfig::default();
+        if let Some(v) = top.get("backup_classes") {
+            config.backup_classes = parse_backup_classes(v).map_err(|(m, r)| member_error(path, m, r))?;
+        }
+        if let Some(v) = top.get("context_management") {
+            config.context_management = parse_context(v).map_err(|(m, r)| member_error(path, m, r))?;
+        }
+        Ok(config)
+    }
+
+    /// The context-management value a first send without one binds in `project_root`, if the
+    /// file names one: the project's entry (a trailing `/` ignored on both sides), else the
+    /// default. `None` means the built-in `"none"`.
+    pub fn context_default_for(&self, project_root: &str) -> Option<&str> {
+        let cm = &self.context_management;
+        cm.projects.get(normalize_project(project_root)).or(cm.default.as_ref()).map(String::as_str)
+    }
+
+    /// Whether sessions of `class` are backed up (their live WALs go to `wal-durable/`).
+    pub fn is_backed_up(&self, class: &str) -> bool {
+        self.backup_classes.iter().any(|c| c == class)
+    }
+
+    /// Where a NEW session's live WAL goes: a send with retention is always ephemeral (deletion
+    /// takes precedence over backup); a listed class is durable; anything else is standard.
+    pub fn placement_for(&self, class: Option<&str>, retention: bool) -> Placement {
+        match class {
+            _ if retention => Placement::Ephemeral,
+            Some(c) if self.is_backed_up(c) => Placement::Durable,
+            _ => Placement::Standard,
+        }
+    }
+}
+
+/// A refused member: its dotted name and why.
+type MemberRefusal = (String, String);
+
+fn member_error(path: &Path, member: String, reason: String) -> ConfigError {
+    ConfigError::Member { path: path.to_path_buf(), member, reason }
+}
+
+/// `backup_classes`: an array of distinct session-class labels (duplicates collapse).
+fn parse_backup_classes(v: &Value) -> Result<Vec<String>, MemberRefusal> {
+    let Value::Array(items) = v else {
+        return Err(("backup_classes".into(), "must be an array of session-class labels".into()));
+    };
+    let mut classes: Vec<String> = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        match item.as_str() {
+            Some(s) if valid_session_class(s) => {
+                if !classes.iter().any(|c| c == s) {
+                    classes.push(s.to_string());
+                }
+            }
+            _ => return Err((format!("backup_classes[{i}]"), "must be a label matching [a-z0-9_-]{1,32}".into())),
+        }
+    }
+    Ok(classes)
+}
+
+/// `context_management`: an object with optional `default` and `projects`; other members are
+/// refused so a misspelt one cannot silently drop a default.
+fn parse_context(v: &Value) -> Result<ContextDefaults, MemberRefusal> {
+    let Value::Object(section) = v else {
+        return Err(("context_management".into(), "must be an object".into()));
+    };
+    if let Some(k) = section.keys().find(|k| !matches!(k.as_str(), "default" | "projects")) {
+        return Err((format!("context_management.{k}"), "unknown member (expected default or projects)".into()));
+    }
+    let mut out = ContextDefaults::default();
+    if let Some(d) = section.get("default") {
+        let member = "context_management.default".to_string();
+        out.default = Some(servable_mode(d).map_err(|r| (member, r))?);
+    }
+    if let Some(p) = section.get("projects") {
+        out.projects = parse_projects(p)?;
+    }
+    Ok(out)
+}
+
+/// `context_management.projects`: project root → servable mode, keys normalized.
+fn parse_projects(v: &Value) -> Result<BTreeMap<String, String>, MemberRefusal> {
+    let Value::Object(projects) = v else {
+        return Err(("context_management.projects".into(), "must be an object keyed by project root".into()));
+    };
+    let mut out = BTreeMap::new();
+    for (root, value) in projects {
+        let member = format!("context_management.projects[{}]", Value::String(root.clone()));
+        if root.is_empty() {
+            return Err((member, "the project root must not be empty".into()));
+        }
+        let mode = servable_mode(value).map_err(|r| (member, r))?;
+        out.insert(normalize_project(root).to_string(), mode);
+    }
+    Ok(out)
+}
+
+/// A context-management value usable as a default, or why not.
+fn servable_mode(v: &Value) -> Result<String, String> {
+    match v {
+        Value::String(s) if s == SERVABLE_DEFAULT => Ok(s.clone()),
+        Value::String(s) if s == "compaction" => {
+            Err("\"compaction\" is not available yet and cannot be a default".into())
+        }
+        Value::Object(o) if o.contains_key("transform") => {
+            Err("a {\"transform\": ...} value is not served by broca and cannot be a default".into())
+        }
+        other => Err(format!("{other} is not a context-management mode (expected \"none\")")),
+    }
+}
+
+/// Turns JSONC into JSON: comments outside strings become whitespace (newlines kept, so
+/// serde_json's line numbers still point into the file) and trailing commas are dropped.
+fn jsonc_to_json(text: &str) -> Result<String, &'static str> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    Ok(drop_trailing_commas(&strip_comments(text)?))
+}
+
+/// Replaces `//` and `/* */` comments outside strings with whitespace.
+fn strip_comments(text: &str) -> Result<String, &'static str> {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    let mut in_string = false;
+    while let Some(c) = chars.next() {
+        if in_string {
+            out.push(c);
+            match c {
+                '\\' => out.extend(chars.next()),
+                '"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match (c, chars.peek()) {
+            ('"', _) => {
+                in_string = true;
+                out.push(c);
+            }
+            ('/', Some('/')) => {
+                for c in chars.by_ref() {
+                    if c == '\n' {
+                        out.push('\n');
+                        break;
+                    }
+                }
+            }
+            ('/', Some('*')) => {
+                chars.next();
+                let mut closed = false;
+                while let Some(c) = chars.next() {
+                    if c == '*' && chars.peek() == Some(&'/') {
+                        chars.next();
+                        closed = true;
+                        break;
+                    }
+                    out.push(if c == '\n' { '\n' } else { ' ' });
+                }
+                if !closed {
+                    return Err("unterminated /* comment");
+                }
+                out.push(' ');
+            }
+            _ => out.push(c),
+        }
+    }
+    Ok(out)
+}
+
+/// Drops each `,` (outside strings) that only whitespace separates from a `}` or `]`.
+fn drop_trailing_commas(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut in_string = false;
+    let mut escaped = false;
+    for (i, c) in text.char_indices() {
+        if in_string {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_string = false,
+                _ => {}
+            }
+        } else if c == '"' {
+            in_string = true;
+        } else if c == ',' {
+            let next = text[i + 1..].trim_start().chars().next();
+            if matches!(next, Some('}' | ']')) {
+                out.push(' ');
+                continue;
+            }
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<BrocaConfig, ConfigError> {
+        BrocaConfig::parse(Path::new("/state/broca.jsonc"), text)
+    }
+
+    /// The refused member's name, and the message (which must name the file and the member).
+    fn refused_member(text: &str) -> String {
+        let err = parse(text).expect_err(text);
+        let msg = err.to_string();
+        match err {
+            ConfigError::Member { member, .. } => {
+                assert!(msg.contains("/state/broca.jsonc") && msg.contains(&member), "{msg}");
+                member
+            }
+            other => panic!("expected a member refusal for {text}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_when_empty_or_absent() {
+        let d = BrocaConfig::default();
+        assert_eq!(d.backup_classes, vec!["head".to_string()]);
+        assert_eq!(d.context_management, ContextDefaults::default());
+        assert_eq!(parse("{}").unwrap(), d);
+        let t = tempfile::tempdir().unwrap();
+        let root = StateRoot::at(t.path()).unwrap();
+        assert_eq!(BrocaConfig::load(&root).unwrap(), d);
+        assert!(d.is_backed_up("head") && !d.is_backed_up("sub"));
+        assert_eq!(d.context_default_for("/work/proj"), None);
+    }
+
+    #[test]
+    fn load_reads_the_state_root_file() {
+        let t = tempfile::tempdir().unwrap();
+        let root = StateRoot::at(t.path()).unwrap();
+        std::fs::write(root.config_path(), "// ops\n{\"backup_classes\": [\"main\",],}").unwrap();
+        assert_eq!(BrocaConfig::load(&root).unwrap().backup_classes, vec!["main".to_string()]);
+        std::fs::write(root.config_path(), b"{\"x\": \"\xff\"}").unwrap();
+        assert!(matches!(BrocaConfig::load(&root), Err(ConfigError::Syntax { .. })));
+    }
+
+    #[test]
+    fn comments_and_trailing_commas() {
+        let text = r#"
+            // line comment with "quotes" and /* an opener
+            {
+                /* block
+                   comment */ "backup_classes": ["head", "ops-1",], // trailing
+                "context_management": {
+                    "default": "none", /* inline */
+                    "projects": {"/work//*not a comment*/x": "none", "/a//b": "none",},
+                },
+                "note": "a // b /* c */ d, ]",
+            }
+        "#;
+        let c = parse(text).unwrap();
+        assert_eq!(c.backup_classes, vec!["head".to_string(), "ops-1".to_string()]);
+        assert_eq!(c.context_management.default.as_deref(), Some("none"));
+        let keys: Vec<&str> = c.context_management.projects.keys().map(String::as_str).collect();
+        assert_eq!(keys, vec!["/a//b", "/work//*not a comment*/x"]);
+    }
+
+    #[test]
+    fn string_escapes_do_not_end_strings() {
+        let c = parse(r#"{"note": "a \" // still string, }", "backup_classes": ["x"]}"#).unwrap();
+        assert_eq!(c.backup_classes, vec!["x".to_string()]);
+    }
+
+    #[test]
+    fn syntax_errors_name_the_file() {
+        for bad in ["{", "/* open", "[1]", "{\"a\": 1 /* x */ \"b\": 2}", ""] {
+            match parse(bad) {
+                Err(e @ ConfigError::Syntax { .. }) => assert!(e.to_string().contains("/state/broca.jsonc"), "{e}"),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_top_level_members_are_tolerated() {
+        let c = parse(r#"{"future": {"anything": [1, 2]}, "backup_classes": []}"#).unwrap();
+        assert!(c.backup_classes.is_empty());
+    }
+
+    #[test]
+    fn backup_classes_refusals() {
+        assert_eq!(refused_member(r#"{"backup_classes": "head"}"#), "backup_classes");
+        assert_eq!(refused_member(r#"{"backup_classes": null}"#), "backup_classes");
+        assert_eq!(refused_member(r#"{"backup_classes": ["ok", "Head"]}"#), "backup_classes[1]");
+        assert_eq!(refused_member(r#"{"backup_classes": [""]}"#), "backup_classes[0]");
+        assert_eq!(refused_member(r#"{"backup_classes": ["a b"]}"#), "backup_classes[0]");
+        assert_eq!(refused_member(r#"{"backup_classes": [7]}"#), "backup_classes[0]");
+        let long = "x".repeat(33);
+        assert_eq!(refused_member(&format!(r#"{{"backup_classes": ["{long}"]}}"#)), "backup_classes[0]");
+        let c = parse(r#"{"backup_classes": ["a", "a", "b"]}"#).unwrap();
+        assert_eq!(c.backup_classes, vec!["a".to_string(), "b".to_string()]);
+    }
+
+    #[test]
+    fn context_management_refusals() {
+        let cm = |inner: &str| refused_member(&format!(r#"{{"context_management": {inner}}}"#));
+        assert_eq!(cm(r#""none""#), "context_management");
+        assert_eq!(cm("null"), "context_management");
+        assert_eq!(cm(r#"{"defualt": "none"}"#), "context_management.defualt");
+        assert_eq!(cm(r#"{"default": "compaction"}"#), "context_management.default");
+        assert_eq!(cm(r#"{"default": {"transform": "ctx-mod"}}"#), "context_management.default");
+        assert_eq!(cm(r#"{"default": "None"}"#), "context_management.default");
+        assert_eq!(cm(r#"{"default": null}"#), "context_management.default");
+        assert_eq!(cm(r#"{"projects": []}"#), "context_management.projects");
+        assert_eq!(cm(r#"{"projects": {"/p": "compaction"}}"#), r#"context_management.projects["/p"]"#);
+        assert_eq!(cm(r#"{"projects": {"/p": {"transform": "m"}}}"#), r#"context_management.projects["/p"]"#);
+        assert_eq!(cm(r#"{"projects": {"/p": 1}}"#), r#"context_management.projects["/p"]"#);
+        assert_eq!(cm(r#"{"projects": {"": "none"}}"#), r#"context_management.projects[""]"#);
+        let msg = parse(r#"{"context_management": {"default": "compaction"}}"#).unwrap_err().to_string();
+        assert!(msg.contains("compaction"), "{msg}");
+        let msg = parse(r#"{"context_management": {"default": {"transform": "m"}}}"#).unwrap_err().to_string();
+        assert!(msg.contains("transform"), "{msg}");
+    }
+
+    #[test]
+    fn project_lookup_ignores_trailing_slash() {
+        let text = r#"{"context_management": {"projects": {"/work/a/": "none", "/work/b": "none", "/": "none"}}}"#;
+        let c = parse(text).unwrap();
+        assert_eq!(c.context_default_for("/work/a"), Some("none"));
+        assert_eq!(c.context_default_for("/work/a/"), Some("none"));
+        assert_eq!(c.context_default_for("/work/b/"), Some("none"));
+        assert_eq!(c.context_default_for("/work/c"), None);
+        assert_eq!(c.context_default_for("/"), Some("none"));
+        assert_eq!(c.context_default_for("//"), Some("none"));
+    }
+
+    #[test]
+    fn project_entry_wins_over_default() {
+        let mut c = parse(r#"{"context_management": {"default": "none"}}"#).unwrap();
+        assert_eq!(c.context_default_for("/anywhere"), Some("none"));
+        // Only "none" is servable today, so prove precedence with hand-built values.
+        c.context_management.default = Some("dflt".into());
+        c.context_management.projects.insert("/p".into(), "proj".into());
+        assert_eq!(c.context_default_for("/p/"), Some("proj"));
+        assert_eq!(c.context_default_for("/q"), Some("dflt"));
+    }
+
+    #[test]
+    fn session_class_grammar() {
+        for ok in ["head", "a", "sub-agent_2", &"z".repeat(32)] {
+            assert!(valid_session_class(ok), "{ok}");
+        }
+        for bad in ["", "Head", "a b", "a.b", "é", &"z".repeat(33), " head"] {
+            assert!(!valid_session_class(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn placement_rules() {
+        let c = BrocaConfig::default();
+        assert_eq!(c.placement_for(Some("head"), false), Placement::Durable);
+        assert_eq!(c.placement_for(Some("head"), true), Placement::Ephemeral);
+        assert_eq!(c.placement_for(None, true), Placement::Ephemeral);
+        assert_eq!(c.placement_for(Some("other"), false), Placement::Standard);
+        assert_eq!(c.placement_for(None, false), Placement::Standard);
+    }
+}

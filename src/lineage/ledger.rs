@@ -1,0 +1,162 @@
+//! Durable facts about sends and runs as one read sees them: the store's rows (derived up to its
+//! watermark) ⊕ the run-state and send effects of the WAL tail after it. Because both halves
+//! come from the same snapshot ([`TranscriptPage`]), the answer is the same on a live session
+//! and a closed one, before and after a restart, and a read never opens the session.
+
+use serde_json::Value;
+
+use super::read::TranscriptPage;
+use super::replay::{Effect, EpisodeStatus, RunState, SendFate};
+use crate::message::RunUsage;
+use crate::record::{FinishReason, PauseReason, ProviderError};
+use crate::store::{SendLookup, SendRow, Store, StoreError};
+
+/// A send's row with the tail applied.
+pub fn send(
+    store: &Store,
+    lineage: &str,
+    page: &TranscriptPage,
+    by: SendLookup<'_>,
+) -> Result<Option<SendRow>, StoreError> {
+    // The newest queueing in the tail wins over the store (a send id names its newest send).
+    let queued_in_tail = page.tail.iter().rev().find_map(|e| match e {
+        Effect::Send { submission_id, fate: SendFate::Queued(request), .. } => {
+            let hit = match by {
+                SendLookup::Submission(id) => submission_id == id,
+                SendLookup::SendId(id) => request.send_id.as_deref() == Some(id),
+            };
+            hit.then(|| SendRow {
+                submission_id: submission_id.clone(),
+                request: (**request).clone(),
+                fate: "pending".into(),
+                run_id: None,
+            })
+        }
+        _ => None,
+    });
+    let Some(mut row) = queued_in_tail.map_or_else(|| store.send(lineage, by), |r| Ok(Some(r)))? else {
+        return Ok(None);
+    };
+    for e in &page.tail {
+        let Effect::Send { submission_id, fate, .. } = e else { continue };
+        if *submission_id != row.submission_id {
+            continue;
+        }
+        match fate {
+            SendFate::Queued(_) => {}
+            SendFate::Started { run_id } => (row.fate, row.run_id) = ("started".into(), Some(run_id.clone())),
+            SendFate::Delivered { run_id } => (row.fate, row.run_id) = ("delivered".into(), Some(run_id.clone())),
+            SendFate::Retracted => (row.fate, row.run_id) = ("retracted".into(), None),
+        }
+    }
+    Ok(Some(row))
+}
+
+/// Where a run stands.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RunPhase {
+    Active,
+    Paused { reason: PauseReason },
+    Finished { reason: FinishReason },
+}
+
+/// What durable state says about one run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunFacts {
+    pub run_id: String,
+    pub submission_id: Option<String>,
+    pub phase: RunPhase,
+    pub error: Option<ProviderError>,
+    pub usage: RunUsage,
+    pub title: Option<String>,
+    pub auth_selection: Option<Value>,
+    /// The terminal's typed detail (`budget_exhausted`).
+    pub detail: Option<Value>,
+    /// The run is the session's last episode.
+    pub is_last: bool,
+}
+
+/// The facts of `run_id` in this session: the last episode from the replay state, an older
+/// run from its index row with the tail's changes applied. `None` when the session has no
+/// such run.
+pub fn run(store: &Store, lineage: &str, page: &TranscriptPage, run_id: &str) -> Result<Option<RunFacts>, StoreError> {
+    let row = store.run(run_id)?.filter(|r| r.lineage == lineage);
+    let stored_auth = row.as_ref().and_then(|r| r.auth_selection.as_deref()).and_then(|a| serde_json::from_str(a).ok());
+    let tail_active = page.tail.iter().find_map(|e| match e {
+        Effect::RunState { run_id: id, state: RunState::Active { title, auth_selection, .. }, .. } if id == run_id => {
+            Some((title.clone(), auth_selection.clone()))
+        }
+        _ => None,
+    });
+    if let Some(e) = page.state.last.as_ref().filter(|e| e.run_id == run_id) {
+        let (phase, error, detail) = match &e.status {
+            EpisodeStatus::Open => (RunPhase::Active, None, None),
+            EpisodeStatus::Paused { reason, error } => (RunPhase::Paused { reason: *reason }, error.clone(), None),
+            EpisodeStatus::Finished { reason, error, detail } => {
+                (RunPhase::Finished { reason: *reason }, error.clone(), detail.clone())
+            }
+        };
+        let auth_selection = tail_active.and_then(|(_, a)| a).or(stored_auth);
+        return Ok(Some(RunFacts {
+            run_id: run_id.into(),
+            submission_id: e.submission_id.clone(),
+            phase,
+            error,
+            usage: e.usage.clone(),
+            title: e.title.clone(),
+            auth_selection,
+            detail,
+            is_last: true,
+        }));
+    }
+    // An older run: it finished before the last episode started; its start is in the store or
+    // in the tail.
+    let mut facts = match (&row, &tail_active) {
+        (Some(row), _) => RunFacts {
+            run_id: run_id.into(),
+            submission_id: row.submission_id.clone(),
+            phase: RunPhase::Active,
+            error: row.error.as_deref().and_then(|e| serde_json::from_str(e).ok()),
+            usage: row.usage.as_deref().and_then(|u| serde_json::from_str(u).ok()).unwrap_or_default(),
+            title: row.title.clone(),
+            auth_selection: stored_auth,
+            detail: row.detail.as_deref().and_then(|d| serde_json::from_str(d).ok()),
+            is_last: false,
+        },
+        (None, Some((title, auth_selection))) => RunFacts {
+            run_id: run_id.into(),
+            submission_id: None,
+            phase: RunPhase::Active,
+            error: None,
+            usage: RunUsage::default(),
+            title: title.clone(),
+            auth_selection: auth_selection.clone(),
+            detail: None,
+            is_last: false,
+        },
+        (None, None) => return Ok(None),
+    };
+    if let Some(row) = row.as_ref().filter(|r| r.terminal) {
+        if let Some(reason) = row.reason.as_deref().and_then(|r| serde_json::from_value(Value::String(r.into())).ok()) {
+            facts.phase = RunPhase::Finished { reason };
+        }
+    }
+    for e in &page.tail {
+        if let Effect::RunState { run_id: id, submission_id: Some(sub), .. } = e {
+            if id == run_id {
+                facts.submission_id = Some(sub.clone());
+            }
+        }
+    }
+    for e in &page.tail {
+        if let Effect::RunState { run_id: id, state: RunState::Finished { reason, error, usage, detail, .. }, .. } = e {
+            if id == run_id {
+                facts.phase = RunPhase::Finished { reason: *reason };
+                facts.error = error.clone();
+                facts.usage = usage.clone();
+                facts.detail = detail.clone();
+            }
+        }
+    }
+    Ok(Some(facts))
+}

@@ -1,0 +1,466 @@
+//! `session.send` parameters (spec §4): every member's rule and its typed refusal, decided
+//! before anything is written. The op stays lenient about members it does not read (each is
+//! logged once per key); a member it does read is strict.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::ops::{invalid_params, note_unread};
+use crate::provider::config::ToolSpec;
+use crate::session_key::SessionKey;
+use crate::wire::Refusal;
+
+/// Top-level members this build reads.
+const READ: &[&str] = &[
+    "session",
+    "prompt",
+    "system",
+    "send_id",
+    "session_class",
+    "retention",
+    "cache",
+    "model",
+    "tool_providers",
+    "stop_when",
+    "generation",
+    "budget",
+    "seed_from",
+    "context_management",
+    "delivery",
+    "conversation_key",
+    "title",
+    "on_restart",
+    "tools",
+];
+
+/// Members that make up a send's identity, in the order a `send_id_reuse` names the first
+/// that differs. `title` and `send_id` are not part of it.
+const IDENTITY: &[&str] = &[
+    "prompt",
+    "delivery",
+    "model",
+    "model.variant",
+    "system",
+    "conversation_key",
+    "session_class",
+    "retention",
+    "cache",
+    "stop_when",
+    "generation",
+    "budget",
+    "context_management",
+    "on_restart",
+    "seed_from",
+    "tools",
+    "tool_providers",
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    Queue,
+    Steer,
+    Interrupt,
+}
+
+impl Delivery {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Delivery::Queue => "queue",
+            Delivery::Steer => "steer",
+            Delivery::Interrupt => "interrupt",
+        }
+    }
+}
+
+/// The model a send names.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelChoice {
+    /// `provider/model`.
+    pub id: String,
+    pub variant: Option<String>,
+}
+
+/// A parsed, validated `session.send`.
+#[derive(Clone, Debug)]
+pub struct SendParams {
+    pub prompt: String,
+    pub system: Option<String>,
+    pub send_id: Option<String>,
+    pub title: Option<String>,
+    pub delivery: Delivery,
+    pub model: Option<ModelChoice>,
+    pub session_class: Option<String>,
+    pub retention: Option<u64>,
+    /// `{role?, ttl?}` as sent (validated).
+    pub cache: Option<Value>,
+    pub max_steps: Option<u64>,
+    pub max_output_tokens: Option<u64>,
+    pub max_input_tokens: Option<u64>,
+    /// `"none"`, `"compaction"` or `{"transform": id}` as sent (validated shape).
+    pub context_management: Option<Value>,
+    pub on_restart: Option<String>,
+    pub conversation_key: Option<String>,
+    /// Legacy direct tools; `None` when omitted (inherit).
+    pub tools: Option<Vec<ToolSpec>>,
+    /// Field → SHA-256 of its canonical JSON, for keyed re-sends.
+    pub identity: BTreeMap<String, String>,
+}
+
+fn text(v: &Value) -> Option<String> {
+    v.as_str().map(String::from)
+}
+
+fn positive(params: &Value, pointer: &str, field: &str) -> Result<Option<u64>, Refusal> {
+    match params.pointer(pointer) {
+        None => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(n) if n > 0 => Ok(Some(n)),
+            _ => Err(invalid_params(field, "a positive integer is required")),
+        },
+    }
+}
+
+/// An object whose members are all in `known`; the first other member is refused by its path.
+fn closed(v: &Value, field: &str, known: &[&str]) -> Result<(), Refusal> {
+    let map = v.as_object().ok_or_else(|| invalid_params(field, "an object is required"))?;
+    match map.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(k) => Err(invalid_params(&format!("{field}.{k}"), "unknown member")),
+        None => Ok(()),
+    }
+}
+
+pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
+    let obj = params.as_object().ok_or_else(|| invalid_params("params", "must be an object"))?;
+    for k in obj.keys().filter(|k| !READ.contains(&k.as_str())) {
+        note_unread(k, &key.harness);
+    }
+    if let Some(s) = obj.get("session") {
+        if s.as_str() != Some(key.session.as_str()) {
+            return Err(invalid_params("session", "does not match the route's bound session"));
+        }
+    }
+    let prompt = match obj.get("prompt") {
+        Some(Value::String(p)) if !p.trim().is_empty() => p.clone(),
+        _ => return Err(invalid_params("prompt", "a non-empty string is required")),
+    };
+    let send_id = match obj.get("send_id") {
+        None => None,
+        Some(Value::String(s)) if !s.is_empty() && s.len() <= 256 => Some(s.clone()),
+        Some(_) => return Err(invalid_params("send_id", "a string of 1-256 bytes is required")),
+    };
+    let delivery = match obj.get("delivery").map(Value::as_str) {
+        None | Some(Some("queue")) => Delivery::Queue,
+        Some(Some("steer")) => Delivery::Steer,
+        Some(Some("interrupt")) => Delivery::Interrupt,
+        Some(_) => return Err(invalid_params("delivery", "\"queue\", \"steer\" or \"interrupt\"")),
+    };
+    let model = match obj.get("model") {
+        None => None,
+        Some(m) => Some(model(m, &key.harness)?),
+    };
+    let title = match obj.get("title") {
+        None => None,
+        Some(Value::String(t)) if valid_title(t) => Some(t.clone()),
+        Some(_) => return Err(invalid_params("title", "1-200 characters, not blank, no control characters")),
+    };
+    let session_class = match obj.get("session_class") {
+        None => None,
+        Some(Value::String(c)) if crate::config::valid_session_class(c) => Some(c.clone()),
+        Some(_) => return Err(invalid_params("session_class", "a label matching [a-z0-9_-]{1,32} is required")),
+    };
+    let retention = positive(params, "/retention", "retention")?;
+    let cache = match obj.get("cache") {
+        None => None,
+        Some(c) => Some(cache(c)?),
+    };
+    if let Some(sw) = obj.get("stop_when") {
+        if !sw.is_object() && !sw.is_array() {
+            return Err(invalid_params("stop_when", "an object or a list of stop conditions is required"));
+        }
+    }
+    let max_steps = positive(params, "/stop_when/max_steps", "stop_when.max_steps")?;
+    if let Some(g) = obj.get("generation") {
+        if !g.is_object() {
+            return Err(invalid_params("generation", "an object is required"));
+        }
+    }
+    let max_output_tokens = positive(params, "/generation/max_output_tokens", "generation.max_output_tokens")?;
+    let max_input_tokens = match obj.get("budget") {
+        None => None,
+        Some(b) => budget(b)?,
+    };
+    let context_management = match obj.get("context_management") {
+        None => None,
+        Some(v) => Some(context_management(v)?),
+    };
+    let on_restart = match obj.get("on_restart").map(Value::as_str) {
+        None => None,
+        Some(Some(p @ ("resume" | "interrupt"))) => Some(p.to_string()),
+        Some(_) => return Err(invalid_params("on_restart", "\"resume\" or \"interrupt\"")),
+    };
+    let conversation_key = match obj.get("conversation_key") {
+        None => None,
+        Some(Value::String(k)) if valid_conversation_key(k) => Some(k.clone()),
+        Some(_) => return Err(invalid_params("conversation_key", "1-256 printable ASCII characters without spaces")),
+    };
+    if let Some(seed) = obj.get("seed_from") {
+        if !(seed.is_null() || seed == "fresh" || seed.get("fresh").is_some()) {
+            let detail = Some(crate::detail!("field" => "seed_from", "class" => "permanent"));
+            return Err(Refusal::new(
+                "seed_unsupported",
+                "session.send: seed_from other than Fresh is not supported by this build (cross-lineage seeding is future work)",
+                detail,
+            ));
+        }
+    }
+    let tools = match obj.get("tools") {
+        None | Some(Value::Null) => None,
+        Some(t) => Some(tools(t)?),
+    };
+    let system = obj.get("system").and_then(text).filter(|s| !s.trim().is_empty());
+    let identity = identity(obj, delivery);
+    Ok(SendParams {
+        prompt,
+        system,
+        send_id,
+        title,
+        delivery,
+        model,
+        session_class,
+        retention,
+        cache,
+        max_steps,
+        max_output_tokens,
+        max_input_tokens,
+        context_management,
+        on_restart,
+        conversation_key,
+        tools,
+        identity,
+    })
+}
+
+fn model(m: &Value, harness: &str) -> Result<ModelChoice, Refusal> {
+    let map =
+        m.as_object().ok_or_else(|| invalid_params("model", "an object {provider, model, variant?} is required"))?;
+    for k in map.keys().filter(|k| !["provider", "model", "variant"].contains(&k.as_str())) {
+        note_unread(&format!("model.{k}"), harness);
+    }
+    let (Some(provider), Some(name)) = (map.get("provider").and_then(text), map.get("model").and_then(text)) else {
+        return Err(invalid_params("model", "needs provider and model"));
+    };
+    let variant = match map.get("variant") {
+        None => None,
+        Some(Value::String(v)) if !v.is_empty() => Some(v.clone()),
+        Some(_) => return Err(invalid_params("model.variant", "a non-empty string is required")),
+    };
+    Ok(ModelChoice { id: format!("{provider}/{name}"), variant })
+}
+
+fn cache(c: &Value) -> Result<Value, Refusal> {
+    closed(c, "cache", &["role", "ttl"])?;
+    if let Some(role) = c.get("role") {
+        if !matches!(role.as_str(), Some("primary" | "ephemeral")) {
+            return Err(invalid_params("cache.role", "\"primary\" or \"ephemeral\""));
+        }
+    }
+    if let Some(ttl) = c.get("ttl") {
+        if !matches!(ttl.as_str(), Some("5m" | "1h" | "24h")) {
+            return Err(invalid_params("cache.ttl", "\"5m\", \"1h\" or \"24h\""));
+        }
+    }
+    Ok(c.clone())
+}
+
+/// `budget` is closed; a cap-only budget needs no reminder fields.
+fn budget(b: &Value) -> Result<Option<u64>, Refusal> {
+    closed(b, "budget", &["max_input_tokens", "nudges"])?;
+    if let Some(nudges) = b.get("nudges") {
+        let list = nudges.as_array().ok_or_else(|| invalid_params("budget.nudges", "a list is required"))?;
+        for (i, n) in list.iter().enumerate() {
+            closed(n, &format!("budget.nudges[{i}]"), &["at_tool_calls", "text"])?;
+        }
+    }
+    match b.get("max_input_tokens") {
+        None => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(n) if n > 0 => Ok(Some(n)),
+            _ => Err(invalid_params("budget.max_input_tokens", "an integer of at least 1 is required")),
+        },
+    }
+}
+
+fn context_management(v: &Value) -> Result<Value, Refusal> {
+    let ok = match v {
+        Value::String(s) => s == "none" || s == "compaction",
+        Value::Object(map) => map.len() == 1 && map.get("transform").is_some_and(Value::is_string),
+        _ => false,
+    };
+    if ok {
+        Ok(v.clone())
+    } else {
+        Err(invalid_params("context_management", "\"none\", \"compaction\" or {\"transform\": <module id>}"))
+    }
+}
+
+/// Legacy direct tools: `{name, description?, input_schema, reply?}`; `reply` is strict.
+fn tools(t: &Value) -> Result<Vec<ToolSpec>, Refusal> {
+    let list = t.as_array().ok_or_else(|| invalid_params("tools", "a list is required"))?;
+    let mut out = Vec::with_capacity(list.len());
+    for (i, tool) in list.iter().enumerate() {
+        let field = format!("tools[{i}]");
+        let name = tool.get("name").and_then(text).filter(|n| !n.is_empty());
+        let Some(name) = name else { return Err(invalid_params(&format!("{field}.name"), "a name is required")) };
+        if let Some(reply) = tool.get("reply") {
+            let map =
+                reply.as_object().ok_or_else(|| invalid_params(&format!("{field}.reply"), "an object is required"))?;
+            if let Some(k) = map.keys().find(|k| k.as_str() != "max_ms") {
+                return Err(invalid_params(&format!("{field}.reply.{k}"), "unknown member"));
+            }
+            match map.get("max_ms").and_then(Value::as_u64) {
+                Some(n) if (1..=86_400_000).contains(&n) => {}
+                _ => return Err(invalid_params(&format!("{field}.reply.max_ms"), "an integer from 1 to 86400000")),
+            }
+        }
+        out.push(ToolSpec {
+            name,
+            description: tool.get("description").and_then(text).unwrap_or_default(),
+            input_schema: tool.get("input_schema").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"})),
+        });
+    }
+    Ok(out)
+}
+
+pub fn valid_title(t: &str) -> bool {
+    let n = t.chars().count();
+    (1..=200).contains(&n) && !t.trim().is_empty() && !t.chars().any(char::is_control)
+}
+
+fn valid_conversation_key(k: &str) -> bool {
+    (1..=256).contains(&k.len()) && k.bytes().all(|b| (0x21..=0x7e).contains(&b))
+}
+
+/// One digest per identity member present (delivery always: absent means `queue`).
+fn identity(obj: &Map<String, Value>, delivery: Delivery) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut put = |field: &str, v: &Value| {
+        let digest = Sha256::digest(canonical(v).as_bytes());
+        out.insert(field.to_string(), crate::session_key::hex(&digest));
+    };
+    for field in IDENTITY {
+        match *field {
+            "delivery" => put(field, &Value::String(delivery.as_str().into())),
+            "model" => {
+                if let Some(m) = obj.get("model") {
+                    put(field, &serde_json::json!([m.get("provider"), m.get("model")]));
+                }
+            }
+            "model.variant" => {
+                if let Some(v) = obj.get("model").and_then(|m| m.get("variant")) {
+                    put(field, v);
+                }
+            }
+            other => {
+                if let Some(v) = obj.get(other) {
+                    put(field, v);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The first identity member whose digest differs between a recorded send and a re-send.
+pub fn differing_field(recorded: &BTreeMap<String, String>, now: &BTreeMap<String, String>) -> Option<&'static str> {
+    IDENTITY.iter().copied().find(|f| recorded.get(*f) != now.get(*f))
+}
+
+/// JSON with object members sorted, so member order never changes identity.
+fn canonical(v: &Value) -> String {
+    fn sort(v: &Value) -> Value {
+        match v {
+            Value::Object(map) => {
+                let mut keys: Vec<&String> = map.keys().collect();
+                keys.sort();
+                Value::Object(keys.into_iter().map(|k| (k.clone(), sort(&map[k]))).collect())
+            }
+            Value::Array(items) => Value::Array(items.iter().map(sort).collect()),
+            other => other.clone(),
+        }
+    }
+    sort(v).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn key() -> SessionKey {
+        SessionKey::new("/p", "h", "s")
+    }
+
+    fn refused(params: Value) -> String {
+        let r = parse(&params, &key()).unwrap_err();
+        assert_eq!(r.code, "invalid_params", "{params}");
+        r.detail.as_ref().and_then(|d| d.get("field")).and_then(Value::as_str).unwrap().to_string()
+    }
+
+    #[test]
+    fn each_strict_member_is_refused_by_name() {
+        let base = |extra: Value| {
+            let mut p = json!({"prompt": "hi", "model": {"provider": "mock", "model": "m"}});
+            p.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            p
+        };
+        let cases = [
+            (json!({"title": ""}), "title"),
+            (json!({"title": "a\nb"}), "title"),
+            (json!({"title": null}), "title"),
+            (json!({"delivery": "urgent"}), "delivery"),
+            (json!({"session_class": "Head"}), "session_class"),
+            (json!({"session_class": null}), "session_class"),
+            (json!({"cache": {"ttl": "2h"}}), "cache.ttl"),
+            (json!({"cache": {"tier": "x"}}), "cache.tier"),
+            (json!({"stop_when": {"max_steps": 0}}), "stop_when.max_steps"),
+            (json!({"generation": {"max_output_tokens": "9"}}), "generation.max_output_tokens"),
+            (json!({"budget": {"max_input_tokens": 0}}), "budget.max_input_tokens"),
+            (json!({"budget": {"max_input_tokens": 5, "extra": 1}}), "budget.extra"),
+            (json!({"budget": {"nudges": [{"at_tool_calls": 3, "color": "red"}]}}), "budget.nudges[0].color"),
+            (json!({"context_management": "auto"}), "context_management"),
+            (json!({"on_restart": "later"}), "on_restart"),
+            (json!({"conversation_key": "has space"}), "conversation_key"),
+            (json!({"conversation_key": 7}), "conversation_key"),
+            (json!({"tools": [{"name": "t", "reply": {"max_ms": 0}}]}), "tools[0].reply.max_ms"),
+            (json!({"tools": [{"name": "t", "reply": {"max_ms": 5, "grace_ms": 1}}]}), "tools[0].reply.grace_ms"),
+            (json!({"model": {"provider": "mock", "model": "m", "variant": ""}}), "model.variant"),
+        ];
+        for (extra, field) in cases {
+            assert_eq!(refused(base(extra.clone())), field, "{extra}");
+        }
+        assert_eq!(refused(json!({"prompt": " "})), "prompt");
+    }
+
+    #[test]
+    fn identity_ignores_title_member_order_and_names_the_first_difference() {
+        let a =
+            parse(&json!({"prompt": "p", "title": "one", "cache": {"role": "primary", "ttl": "1h"}}), &key()).unwrap();
+        let b =
+            parse(&json!({"cache": {"ttl": "1h", "role": "primary"}, "title": "two", "prompt": "p"}), &key()).unwrap();
+        assert_eq!(differing_field(&a.identity, &b.identity), None);
+        let c = parse(&json!({"prompt": "p", "delivery": "queue", "cache": {"role": "primary", "ttl": "1h"}}), &key())
+            .unwrap();
+        assert_eq!(differing_field(&a.identity, &c.identity), None, "absent delivery means queue");
+        let d = parse(&json!({"prompt": "p", "delivery": "steer"}), &key()).unwrap();
+        assert_eq!(differing_field(&a.identity, &d.identity), Some("delivery"));
+        let m1 = parse(&json!({"prompt": "p", "model": {"provider": "a", "model": "b", "variant": "high"}}), &key())
+            .unwrap();
+        let m2 =
+            parse(&json!({"prompt": "p", "model": {"provider": "a", "model": "b", "variant": "low"}}), &key()).unwrap();
+        assert_eq!(differing_field(&m1.identity, &m2.identity), Some("model.variant"));
+        let k = parse(&json!({"prompt": "p", "model": {"provider": "a", "model": "b", "variant": "high"}, "conversation_key": "k1"}), &key()).unwrap();
+        assert_eq!(differing_field(&m1.identity, &k.identity), Some("conversation_key"));
+    }
+}

@@ -1,0 +1,214 @@
+//! `run.status`, `run.result` and `send.status` (spec §4, §14): strict reads answered from
+//! durable state (store rows ⊕ the WAL tail, see `lineage::ledger`) plus the live step board.
+//! None of them opens the session's actor, except `run.status` finding an orphan a previous
+//! process left open, which it seals first (so the answer is terminal, not a stale "active").
+
+use serde_json::{json, Value};
+
+use super::send::{fate_reply, store_refusal};
+use super::{invalid_params, strict, Ops};
+use crate::lineage::ledger::{self, RunFacts, RunPhase};
+use crate::lineage::read::{self, TranscriptPage};
+use crate::lineage::replay::Resolution;
+use crate::message::{Part, Role};
+use crate::record::{pause_name, PauseReason, ProviderError};
+use crate::session_key::SessionKey;
+use crate::store::SendLookup;
+use crate::wire::Refusal;
+
+/// The session's durable snapshot, `None` when it has no WAL.
+fn snapshot(ops: &Ops, key: &SessionKey) -> Result<Option<TranscriptPage>, Refusal> {
+    let shared = ops.registry.shared();
+    let path = shared.wal_path(key);
+    if !path.exists() {
+        return Ok(None);
+    }
+    read::transcript(&shared.store, key, &path, u64::MAX, 0).map(Some).map_err(|e| e.refusal())
+}
+
+fn session_member(params: &Value, key: &SessionKey) -> Result<(), Refusal> {
+    match params.get("session") {
+        None => Ok(()),
+        Some(Value::String(s)) if *s == key.session => Ok(()),
+        Some(_) => Err(invalid_params("session", "does not match the route's bound session")),
+    }
+}
+
+fn string_member(params: &Value, field: &str) -> Result<Option<String>, Refusal> {
+    match params.get(field) {
+        None => Ok(None),
+        Some(Value::String(s)) if !s.is_empty() => Ok(Some(s.clone())),
+        Some(_) => Err(invalid_params(field, "a non-empty string is required")),
+    }
+}
+
+/// A run error as the role spells it (`provider_code` always present).
+pub(super) fn wire_error(e: &ProviderError) -> Value {
+    let class = serde_json::to_value(e.class).unwrap_or(Value::Null);
+    let code = e.provider_code.clone().map_or(class.clone(), Value::String);
+    let mut out = json!({"class": class, "message": e.message, "provider_code": code});
+    if let Some(status) = e.http_status {
+        out["status"] = json!(status);
+    }
+    out
+}
+
+/// A known run's status body.
+fn run_body(ops: &Ops, facts: &RunFacts) -> Value {
+    let mut out = json!({"run_id": facts.run_id});
+    match &facts.phase {
+        RunPhase::Active => out["state"] = json!("active"),
+        RunPhase::Paused { reason } => {
+            out["state"] = json!("paused");
+            out["reason"] = json!(pause_name(*reason));
+            if *reason == PauseReason::Restart {
+                out["pause_reason"] = json!("restart");
+            }
+        }
+        RunPhase::Finished { reason } => out["state"] = json!(reason.as_str()),
+    }
+    if let Some(e) = &facts.error {
+        out["error"] = wire_error(e);
+    }
+    if let Some(d) = &facts.detail {
+        out["detail"] = d.clone();
+    }
+    out["usage"] = serde_json::to_value(&facts.usage).expect("usage serializes");
+    if let Some(t) = &facts.title {
+        out["title"] = json!(t);
+    }
+    if let Some(id) = facts.auth_selection.as_ref().and_then(|a| a.get("credential_id")) {
+        out["auth_selection"] = id.clone();
+    }
+    if matches!(facts.phase, RunPhase::Finished { .. }) {
+        // Every acknowledged steer is delivered before its run's terminal.
+        out["undelivered_steers"] = json!([]);
+    }
+    if facts.phase == RunPhase::Active {
+        if let Some(step) = ops.registry.steps().get(&facts.run_id) {
+            out["step"] = serde_json::to_value(step).expect("steps serialize");
+        }
+    }
+    out
+}
+
+pub(super) fn run_status(ops: &Ops, key: &SessionKey, params: &Value) -> Result<Value, Refusal> {
+    strict(params, &["run_id", "session"])?;
+    session_member(params, key)?;
+    let run_id = string_member(params, "run_id")?;
+    let Some(mut page) = snapshot(ops, key)? else {
+        return Ok(match run_id {
+            Some(id) => json!({"run_id": id, "state": "unknown"}),
+            None => json!({"state": "idle"}),
+        });
+    };
+    if matches!(page.resolution, Resolution::Resume { .. }) && !ops.registry.is_open(key) {
+        // An open run with no actor here was left by a previous process: opening the session
+        // seals it (interrupted, with its diagnostic) before this answers. Another process
+        // holding the lease keeps it active.
+        if ops.registry.submit(key, Box::new(|_| Vec::new())).is_ok() {
+            page = snapshot(ops, key)?.unwrap_or(page);
+        }
+    }
+    let store = &ops.registry.shared().store;
+    let addr = key.addr();
+    let Some(run_id) = run_id else {
+        // Session-level: the last episode.
+        let last = match &page.resolution {
+            Resolution::Empty => return Ok(json!({"state": "idle"})),
+            Resolution::Idle { run_id, .. } | Resolution::Paused { run_id, .. } | Resolution::Resume { run_id } => {
+                run_id.clone()
+            }
+        };
+        let facts = ledger::run(store, &addr, &page, &last).map_err(store_refusal)?;
+        return Ok(facts.map_or_else(|| json!({"state": "idle"}), |f| run_body(ops, &f)));
+    };
+    if let Some(facts) = ledger::run(store, &addr, &page, &run_id).map_err(store_refusal)? {
+        return Ok(run_body(ops, &facts));
+    }
+    // A queued send's provisional run id (`run-` + its submission id): its fate, from the WAL.
+    if let Some(submission) = run_id.strip_prefix("run-").filter(|s| s.starts_with("sub-")) {
+        if let Some(row) =
+            ledger::send(store, &addr, &page, SendLookup::Submission(submission)).map_err(store_refusal)?
+        {
+            return Ok(match (row.fate.as_str(), &row.run_id) {
+                ("delivered", Some(x)) | ("started", Some(x)) => {
+                    let facts = ledger::run(store, &addr, &page, x).map_err(store_refusal)?;
+                    let mut body =
+                        facts.map_or_else(|| json!({"run_id": x, "state": "unknown"}), |f| run_body(ops, &f));
+                    if row.fate == "delivered" {
+                        body["delivered"] = json!({"as": "step", "ref": x});
+                    }
+                    body
+                }
+                ("retracted", _) => json!({"state": "retracted"}),
+                _ => json!({"state": "pending"}),
+            });
+        }
+    }
+    Ok(json!({"run_id": run_id, "state": "unknown"}))
+}
+
+/// `run.result {run_id}`: state, usage, reason, error and the final assistant message's text.
+pub(super) fn run_result(ops: &Ops, key: &SessionKey, params: &Value) -> Result<Value, Refusal> {
+    strict(params, &["run_id"])?;
+    let Some(run_id) = string_member(params, "run_id")? else { return Err(invalid_params("run_id", "required")) };
+    let unknown = || json!({"run_id": run_id, "state": "unknown"});
+    let Some(page) = snapshot(ops, key)? else { return Ok(unknown()) };
+    let shared = ops.registry.shared();
+    let Some(facts) = ledger::run(&shared.store, &key.addr(), &page, &run_id).map_err(store_refusal)? else {
+        return Ok(unknown());
+    };
+    let status = run_body(ops, &facts);
+    let mut out = json!({"run_id": run_id, "state": status["state"], "usage": status["usage"]});
+    for member in ["reason", "pause_reason", "error", "detail", "title", "auth_selection"] {
+        if let Some(v) = status.get(member) {
+            out[member] = v.clone();
+        }
+    }
+    if let RunPhase::Finished { reason } = facts.phase {
+        out["reason"] = json!(reason.as_str());
+        let path = shared.wal_path(key);
+        let final_message =
+            read::last_message_of_run(&shared.store, key, &path, &run_id, Role::Assistant).map_err(|e| e.refusal())?;
+        if let Some((ordinal, message)) = final_message {
+            let text: String = message
+                .content
+                .iter()
+                .filter_map(|p| match p {
+                    Part::Text { text } => Some(text.as_str()),
+                    _ => None,
+                })
+                .collect();
+            out["final_message"] = json!({"ordinal": ordinal, "mid": format!("m{ordinal}"), "text": text});
+            let frame = serde_json::to_vec(&json!({"result": &out})).map_or(0, |b| b.len()) + subc_protocol::HEADER_LEN;
+            if frame > subc_protocol::MAX_DELIVERED_FRAME_LEN {
+                let subject = json!({"kind": "message", "session": key.session, "ordinal": ordinal});
+                let limit = subc_protocol::MAX_DELIVERED_FRAME_LEN;
+                let detail = crate::detail!("bytes" => frame, "limit" => limit, "subject" => subject);
+                let message = format!(
+                    "run.result: the final message m{ordinal} makes a {frame}-byte reply, over the transport limit"
+                );
+                return Err(Refusal::new("reply_too_large", message, Some(detail)));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `send.status {send_id}` (alias `session.send_status`): what an identical re-send would be
+/// answered, computed from durable state, writing nothing.
+pub(super) fn send_status(ops: &Ops, key: &SessionKey, params: &Value) -> Result<Value, Refusal> {
+    strict(params, &["send_id"])?;
+    let Some(send_id) = string_member(params, "send_id")? else { return Err(invalid_params("send_id", "required")) };
+    let unknown = || {
+        let message = format!("no send with send_id {send_id:?} is recorded for this session");
+        Refusal::new("unknown_send", message, Some(crate::detail!("class" => "permanent")))
+    };
+    let Some(page) = snapshot(ops, key)? else { return Err(unknown()) };
+    let store = &ops.registry.shared().store;
+    let addr = key.addr();
+    let row = ledger::send(store, &addr, &page, SendLookup::SendId(&send_id)).map_err(store_refusal)?;
+    let Some(row) = row else { return Err(unknown()) };
+    fate_reply(store, &addr, &page, &row)
+}
