@@ -2,84 +2,15 @@
 //! busy sends queue durably and drain in FIFO order, reads page from store ⊕ WAL, refusals are
 //! typed and write nothing, idle actors release their lease.
 
+mod inproc;
+
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use broca::actor::{Registry, RunDeps};
-use broca::agent::{LoopOptions, NoTools};
 use broca::catalog::Catalog;
-use broca::lineage::Shared;
-use broca::mock::{MockServer, Script};
-use broca::ops::Ops;
-use broca::provider::client::HttpClient;
-use broca::session_key::SessionKey;
-use broca::state_root::StateRoot;
-use broca::wire::Refusal;
-use crossbeam_channel::bounded;
-use parking_lot::RwLock;
-use serde_json::{json, Value};
-
-struct Rig {
-    _dir: tempfile::TempDir,
-    mock: MockServer,
-    ops: Arc<Ops>,
-}
-
-fn rig(idle_ttl: Duration) -> Rig {
-    let dir = tempfile::tempdir().unwrap();
-    let shared = Arc::new(Shared::open(StateRoot::at(dir.path()).unwrap()).unwrap());
-    let mock = MockServer::start("127.0.0.1:0").unwrap();
-    let deps = RunDeps {
-        client: Arc::new(HttpClient::default()),
-        tools: Arc::new(NoTools),
-        opts: LoopOptions::default(),
-        publish: Arc::new(|_, _| {}),
-        idle_ttl,
-        observed: Arc::new(|_| false),
-        readmit: None,
-    };
-    let lkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json");
-    let ops = Arc::new(Ops {
-        registry: Registry::new(shared, deps),
-        catalog: Arc::new(RwLock::new(Catalog::load_lkg(&lkg))),
-        base_url_override: Some(mock.base_url(None)),
-        config: Arc::default(),
-    });
-    Rig { _dir: dir, mock, ops }
-}
-
-fn key() -> SessionKey {
-    SessionKey::new("/tmp", "ops-test", "s1")
-}
-
-impl Rig {
-    fn call(&self, method: &str, params: Value) -> Result<Value, Refusal> {
-        let (tx, rx) = bounded(1);
-        self.ops.handle(&key(), method, params, Box::new(move |r| tx.send(r).unwrap()));
-        rx.recv_timeout(Duration::from_secs(10)).expect("an answer")
-    }
-
-    fn wait_state(&self, run_id: &str, want: &str) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let status = self.call("run.status", json!({"run_id": run_id})).unwrap();
-            if status["state"] == want {
-                return;
-            }
-            assert!(Instant::now() < deadline, "{run_id} never reached {want}: {status}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-fn send(prompt: &str) -> Value {
-    json!({"prompt": prompt, "model": {"provider": "mock", "model": "echo-chat"}, "send_id": prompt})
-}
-
-fn reply_script(text: &str, delay_ms: u64) -> Value {
-    json!({"events": [{"delay_ms": delay_ms}, {"text": text}, {"usage": {"input": 5, "output": 2}}, {"finish": "stop"}]})
-}
+use broca::mock::Script;
+use inproc::{key, reply_script, rig, send};
+use serde_json::json;
 
 #[test]
 fn an_idle_send_runs_and_a_busy_send_queues_then_drains_in_order() {
@@ -214,8 +145,10 @@ fn shutdown_seals_a_running_turn_gracefully() {
 fn pages_are_capped_by_bytes_and_an_oversize_message_is_refused_by_name() {
     let rig = rig(Duration::from_secs(5));
     let big = "x".repeat(1_600_000);
-    for _ in 0..2 {
-        let sent = rig.call("session.send", send(&big)).unwrap();
+    for i in 0..2 {
+        let mut params = send(&big);
+        params["send_id"] = json!(format!("big-{i}"));
+        let sent = rig.call("session.send", params).unwrap();
         rig.wait_state(sent["run_id"].as_str().unwrap(), "completed");
     }
     // Four messages: 1.6 MB prompt, short answer, twice. The newest page keeps its last ones.

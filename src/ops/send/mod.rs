@@ -46,6 +46,11 @@ pub(super) fn session_send(ops: &Arc<Ops>, key: &SessionKey, params: Value, repl
     if let Err(r) = project_root_present(key) {
         return reply(Err(r));
     }
+    // "none" is the only mode this build serves: any other value is refused by name before the
+    // session is even opened (whatever it bound, the send cannot run).
+    if let Some(mode) = send.context_management.as_ref().filter(|m| **m != "none") {
+        return reply(Err(context_unavailable(mode)));
+    }
     let shared = ops.registry.shared();
     let exists = shared.wal_path(key).exists();
     // A named model resolves before the session is even opened; an omitted one needs the
@@ -245,13 +250,8 @@ fn policy(
         (None, None) => json!(ops.config.context_default_for(&lineage.key().project_root).unwrap_or("none")),
     };
     if context_management != "none" {
-        let name = match &context_management {
-            Value::Object(m) => m.get("transform").and_then(Value::as_str).unwrap_or("").to_string(),
-            other => other.as_str().unwrap_or("").to_string(),
-        };
-        let message = format!("context management {name:?} is not available in this build");
-        let detail = crate::detail!("mode" => context_management, "class" => "permanent");
-        return Err(Refusal::new("context_management_unavailable", message, Some(detail)));
+        // Bound (by an older build) to a mode this build does not serve: never run it as "none".
+        return Err(context_unavailable(&context_management));
     }
     let max_input_tokens = match (send.max_input_tokens, state.input_cap) {
         (Some(new), Some(cap)) if new > cap => {
@@ -275,6 +275,16 @@ fn policy(
         conversation_key_source: Some(source.into()),
         retention: send.retention.or(prior.retention),
     })
+}
+
+fn context_unavailable(mode: &Value) -> Refusal {
+    let name = match mode {
+        Value::Object(m) => m.get("transform").and_then(Value::as_str).unwrap_or("").to_string(),
+        other => other.as_str().unwrap_or("").to_string(),
+    };
+    let message = format!("context management {name:?} is not available in this build");
+    let detail = crate::detail!("mode" => mode, "class" => "permanent");
+    Refusal::new("context_management_unavailable", message, Some(detail))
 }
 
 /// Records a cancel of the session's running (or paused) run. A paused run is at a boundary

@@ -1,0 +1,587 @@
+//! The driver surface in-process (spec §4, §10.1, §11, §13, §14, §17, restart policy, session
+//! class): keyed re-sends and their refusals, queue/steer/interrupt, retract, cancel, run.status
+//! and its provisional ids, run.result, send.status, the input-token cap, pauses, placement.
+//! The same rules run through the real daemon in `e2e_driver`.
+
+mod inproc;
+
+use std::time::{Duration, Instant};
+
+use broca::lineage::read;
+use broca::record::{PauseReason, Record};
+use inproc::{key, reply_script, rig, Rig};
+use serde_json::{json, Value};
+
+const MODEL: &str = "echo-chat";
+
+fn keyed(prompt: &str, send_id: &str) -> Value {
+    json!({"prompt": prompt, "model": {"provider": "mock", "model": MODEL}, "send_id": send_id})
+}
+
+fn slow(text: &str, delay_ms: u64) -> Value {
+    json!({"events": [{"text": text}, {"delay_ms": delay_ms}, {"usage": {"input": 5, "output": 2}}, {"finish": "stop"}]})
+}
+
+impl Rig {
+    fn wait_requests(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.mock.requests("default").len() < n {
+            assert!(Instant::now() < deadline, "the provider never got request {n}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn texts(&self) -> Vec<String> {
+        let page = self.call("session.read", json!({})).unwrap();
+        page["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                let content = m["message"]["content"].as_array().cloned().unwrap_or_default();
+                let text = content.iter().filter_map(|p| p["text"].as_str()).collect::<Vec<_>>().join("");
+                format!("{}:{}", m["message"]["role"].as_str().unwrap(), text)
+            })
+            .collect()
+    }
+
+    fn records(&self) -> Vec<Record> {
+        let path = self.ops.registry.shared().wal_path(&key());
+        let mut out = Vec::new();
+        broca::wal::read(&path, broca::record::KNOWN_FEATURES, None, &mut |f: broca::wal::ScannedFrame<'_>| {
+            out.push(Record::decode(f.payload).unwrap());
+            Ok::<(), broca::lineage::LineageError>(())
+        })
+        .unwrap();
+        out
+    }
+
+    fn wal_len(&self) -> u64 {
+        std::fs::metadata(self.ops.registry.shared().wal_path(&key())).map_or(0, |m| m.len())
+    }
+
+    fn field_of(&self, method: &str, params: Value) -> (String, Option<Value>) {
+        let e = self.call(method, params).unwrap_err();
+        (e.code, e.detail.and_then(|d| d.get("field").cloned()))
+    }
+}
+
+#[test]
+fn a_keyed_resend_replays_its_answer_and_differing_content_is_refused_by_field() {
+    let rig = rig(Duration::from_secs(5));
+    rig.script(json!({"responses": [slow("one", 300)]}));
+    let first = rig.call("session.send", keyed("hello", "k-1")).unwrap();
+    assert_eq!(first["state"], "active");
+    let again = rig.call("session.send", keyed("hello", "k-1")).unwrap();
+    assert_eq!(again, first, "a byte-identical retry while active answers the same");
+    let mut titled = keyed("hello", "k-1");
+    titled["title"] = json!("an edited title");
+    assert_eq!(rig.call("session.send", titled).unwrap(), first, "title is not identity");
+    let run_id = first["run_id"].as_str().unwrap();
+    rig.wait_state(run_id, "completed");
+    let done = rig.call("session.send", keyed("hello", "k-1")).unwrap();
+    assert_eq!(done, json!({"state": "finished", "run_id": run_id, "reason": "completed"}));
+    assert_eq!(rig.mock.requests("default").len(), 1, "no second run");
+    let wal = rig.wal_len();
+    let cases = [
+        (keyed("other words", "k-1"), "prompt"),
+        (
+            json!({"prompt": "hello", "model": {"provider": "mock", "model": MODEL}, "send_id": "k-1", "delivery": "steer"}),
+            "delivery",
+        ),
+        (
+            json!({"prompt": "hello", "model": {"provider": "mock", "model": "echo-messages"}, "send_id": "k-1"}),
+            "model",
+        ),
+        (
+            json!({"prompt": "hello", "model": {"provider": "mock", "model": MODEL}, "send_id": "k-1", "conversation_key": "ck"}),
+            "conversation_key",
+        ),
+    ];
+    for (params, field) in cases {
+        let e = rig.call("session.send", params).unwrap_err();
+        assert_eq!((e.code.as_str(), e.detail.unwrap().get("field").cloned()), ("send_id_reuse", Some(json!(field))));
+    }
+    assert_eq!(rig.wal_len(), wal, "refusals write nothing");
+    // Without a send_id every send is new.
+    let a = rig.call("session.send", json!({"prompt": "x", "model": {"provider": "mock", "model": MODEL}})).unwrap();
+    rig.wait_state(a["run_id"].as_str().unwrap(), "completed");
+    let b = rig.call("session.send", json!({"prompt": "x", "model": {"provider": "mock", "model": MODEL}})).unwrap();
+    assert_ne!(a["run_id"], b["run_id"]);
+}
+
+#[test]
+fn a_steer_joins_the_running_turn_at_its_next_boundary_and_gets_one_more_step() {
+    let rig = rig(Duration::from_secs(5));
+    rig.script(json!({"responses": [slow("first answer", 400), reply_script("saw the steer", 0)]}));
+    let run = rig.call("session.send", keyed("start", "s-1")).unwrap();
+    let run_id = run["run_id"].as_str().unwrap().to_string();
+    rig.wait_requests(1);
+    let mut steer = keyed("also check the tests", "s-2");
+    steer["delivery"] = json!("steer");
+    let joined = rig.call("session.send", steer.clone()).unwrap();
+    assert_eq!(joined, json!({"state": "active", "run_id": run_id}), "names the running run");
+    rig.wait_state(&run_id, "completed");
+    assert_eq!(
+        rig.texts(),
+        ["user:start", "assistant:first answer", "user:also check the tests", "assistant:saw the steer"]
+    );
+    let second = &rig.mock.requests("default")[1];
+    assert!(String::from_utf8_lossy(&second.body).contains("also check the tests"), "the model saw the steer");
+    // Its re-send and its provisional run id both answer the run that carried it.
+    let resend = rig.call("session.send", steer).unwrap();
+    assert_eq!(resend["delivered"], json!({"as": "step", "ref": run_id}));
+    assert_eq!(resend["state"], "finished");
+    let sub = rig
+        .records()
+        .iter()
+        .find_map(|r| match r {
+            Record::Steered { submission_id, .. } => Some(submission_id.clone()),
+            _ => None,
+        })
+        .unwrap();
+    let provisional = rig.call("run.status", json!({"run_id": format!("run-{sub}")})).unwrap();
+    assert_eq!(provisional["delivered"], json!({"as": "step", "ref": run_id}));
+    assert_eq!(provisional["state"], "completed");
+    assert_eq!(rig.call("run.cancel", json!({"run_id": format!("run-{sub}")})).unwrap(), "not_active");
+    // With nothing running, a steer is a plain send.
+    let plain = rig
+        .call(
+            "session.send",
+            json!({"prompt": "idle now", "delivery": "steer", "model": {"provider": "mock", "model": MODEL}}),
+        )
+        .unwrap();
+    assert_eq!(plain["state"], "active");
+    assert_ne!(plain["run_id"], json!(run_id));
+}
+
+#[test]
+fn a_steer_is_never_placed_between_a_tool_call_and_its_result() {
+    let rig = rig(Duration::from_secs(5));
+    rig.script(json!({"responses": [
+        {"events": [{"text": "looking"}, {"delay_ms": 300}, {"tool_call": {"id": "c1", "name": "look", "arguments": {}}}, {"finish": "tool_calls"}]},
+        reply_script("done", 0),
+    ]}));
+    let run = rig.call("session.send", keyed("go", "t-1")).unwrap();
+    rig.wait_requests(1);
+    let mut steer = keyed("steer text", "t-2");
+    steer["delivery"] = json!("steer");
+    rig.call("session.send", steer).unwrap();
+    rig.wait_state(run["run_id"].as_str().unwrap(), "completed");
+    let roles: Vec<String> = rig.texts().iter().map(|t| t.split(':').next().unwrap().to_string()).collect();
+    assert_eq!(roles, ["user", "assistant", "tool", "user", "assistant"], "the steer follows the tool result");
+}
+
+#[test]
+fn an_interrupt_is_queued_first_cancels_the_run_and_starts_ahead_of_plain_sends() {
+    let rig = rig(Duration::from_secs(5));
+    rig.script(json!({"responses": [slow("never finished", 20_000), reply_script("interrupt handled", 0), reply_script("queued handled", 0)]}));
+    let a = rig.call("session.send", keyed("long task", "i-1")).unwrap();
+    rig.wait_requests(1);
+    let queued = rig.call("session.send", keyed("plain next", "i-2")).unwrap();
+    assert_eq!(queued["state"], "pending");
+    let mut interrupt = keyed("stop, do this", "i-3");
+    interrupt["delivery"] = json!("interrupt");
+    let i = rig.call("session.send", interrupt).unwrap();
+    assert_eq!(i["state"], "pending");
+    rig.wait_state(a["run_id"].as_str().unwrap(), "cancelled");
+    let plain_run = format!("run-{}", queued["submission_id"].as_str().unwrap());
+    rig.wait_state(&plain_run, "completed");
+    assert_eq!(
+        rig.texts(),
+        [
+            "user:long task",
+            "user:stop, do this",
+            "assistant:interrupt handled",
+            "user:plain next",
+            "assistant:queued handled"
+        ]
+    );
+}
+
+#[test]
+fn retract_is_decided_atomically_against_consumption() {
+    let rig = rig(Duration::from_secs(5));
+    rig.script(json!({"responses": [slow("busy", 600)]}));
+    let a = rig.call("session.send", keyed("first", "r-1")).unwrap();
+    let b = rig.call("session.send", keyed("second", "r-2")).unwrap();
+    let sub_b = b["submission_id"].as_str().unwrap().to_string();
+    assert_eq!(rig.call("session.retract", json!({"submission_id": sub_b})).unwrap(), json!({"retracted": true}));
+    assert_eq!(
+        rig.call("session.retract", json!({"submission_id": sub_b})).unwrap(),
+        json!({"retracted": false, "reason": "not_pending"})
+    );
+    assert_eq!(
+        rig.call("session.retract", json!({"session": "s1", "submission_id": a["submission_id"]})).unwrap(),
+        json!({"retracted": false, "reason": "already_started"})
+    );
+    assert_eq!(
+        rig.field_of("session.retract", json!({"submission": "x"})),
+        ("invalid_params".into(), Some(json!("submission")))
+    );
+    rig.wait_state(a["run_id"].as_str().unwrap(), "completed");
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(rig.mock.requests("default").len(), 1, "the retracted send never ran");
+    assert_eq!(
+        rig.call("run.status", json!({"run_id": format!("run-{sub_b}")})).unwrap(),
+        json!({"state": "retracted"})
+    );
+    assert_eq!(
+        rig.call("session.send", keyed("second", "r-2")).unwrap(),
+        json!({"state": "retracted", "submission_id": sub_b})
+    );
+}
+
+#[test]
+fn cancel_answers_ack_or_not_active_and_a_boundary_request_is_durable_and_idempotent() {
+    let rig = rig(Duration::from_secs(5));
+    assert_eq!(rig.call("run.cancel", json!({"run_id": "run-x"})).unwrap(), "not_active", "no session yet");
+    assert!(!rig.ops.registry.shared().wal_path(&key()).exists(), "and nothing was created");
+    rig.script(json!({"responses": [
+        {"events": [{"text": "slow"}, {"delay_ms": 800}, {"tool_call": {"id": "c1", "name": "look", "arguments": {}}}, {"finish": "tool_calls"}]},
+        slow("slow too", 20_000),
+    ]}));
+    let a = rig.call("session.send", keyed("one", "c-1")).unwrap();
+    let run_a = a["run_id"].as_str().unwrap().to_string();
+    let queued = rig.call("session.send", keyed("two", "c-2")).unwrap();
+    assert_eq!(
+        rig.field_of("run.cancel", json!({"run_id": run_a, "at": "later"})),
+        ("invalid_params".into(), Some(json!("at")))
+    );
+    assert_eq!(
+        rig.field_of("run.cancel", json!({"run_id": run_a, "at": 3})),
+        ("invalid_params".into(), Some(json!("at")))
+    );
+    // Once the first step is in flight (a boundary cancel before it would end the run at once).
+    rig.wait_requests(1);
+    for _ in 0..3 {
+        assert_eq!(rig.call("run.cancel", json!({"run_id": run_a, "at": "step_boundary"})).unwrap(), "ack");
+    }
+    let requests = rig.records().iter().filter(|r| matches!(r, Record::RunCancelRequested { .. })).count();
+    assert_eq!(requests, 1, "a duplicate boundary request writes nothing");
+    rig.wait_state(&run_a, "cancelled");
+    let steps =
+        rig.records().iter().filter(|r| matches!(r, Record::StepStarted { run_id, .. } if *run_id == run_a)).count();
+    assert_eq!(steps, 1, "the in-flight step and its batch finished; no further step");
+    assert_eq!(rig.texts()[..2], ["user:one".to_string(), "assistant:slow".to_string()]);
+    let run_b = format!("run-{}", queued["submission_id"].as_str().unwrap());
+    rig.wait_requests(2);
+    assert_eq!(rig.call("run.cancel", json!({"run_id": run_a})).unwrap(), "not_active", "already ended");
+    assert_eq!(rig.call("run.cancel", json!({"run_id": run_b, "at": "now"})).unwrap(), "ack");
+    rig.wait_state(&run_b, "cancelled");
+}
+
+#[test]
+fn status_result_and_send_status_answer_from_durable_state() {
+    let rig = rig(Duration::from_secs(5));
+    assert_eq!(rig.call("send.status", json!({"send_id": "nope"})).unwrap_err().code, "unknown_send");
+    rig.script(json!({"responses": [
+        slow("looking", 500),
+        {"events": [{"reasoning": "thinking"}, {"text": "All pass.\n"}, {"text": "The fix is in parse.rs."}, {"usage": {"input": 7, "output": 3}}, {"finish": "stop"}]},
+    ]}));
+    let mut first = keyed("one", "st-1");
+    first["title"] = json!("first task");
+    let a = rig.call("session.send", first).unwrap();
+    let run_a = a["run_id"].as_str().unwrap().to_string();
+    let b = rig.call("session.send", keyed("two", "st-2")).unwrap();
+    let run_b = format!("run-{}", b["submission_id"].as_str().unwrap());
+    assert_eq!(rig.call("run.status", json!({"run_id": run_b})).unwrap(), json!({"state": "pending"}));
+    assert_eq!(rig.call("send.status", json!({"send_id": "st-2"})).unwrap(), b, "what a re-send answers");
+    assert_eq!(rig.call("session.send_status", json!({"send_id": "st-2"})).unwrap(), b);
+    rig.wait_requests(1);
+    std::thread::sleep(Duration::from_millis(150));
+    let live = rig.call("run.status", json!({"run_id": run_a})).unwrap();
+    assert_eq!((live["state"].as_str(), live["title"].as_str()), (Some("active"), Some("first task")));
+    let step = &live["step"];
+    assert_eq!(step["step_id"], format!("{run_a}:1"));
+    assert_eq!(step["attempt"], 0);
+    assert!(step["last_content_at_ms"].as_u64().unwrap() >= step["started_at_ms"].as_u64().unwrap());
+    assert_eq!(live["usage"], json!({"steps": 0, "unreported_steps": 0, "by_model": []}));
+    rig.wait_state(&run_b, "completed");
+    let wal = rig.wal_len();
+    let result = rig.call("run.result", json!({"run_id": run_b})).unwrap();
+    assert_eq!(
+        result["final_message"],
+        json!({"ordinal": 3, "mid": "m3", "text": "All pass.\nThe fix is in parse.rs."})
+    );
+    assert_eq!(result["state"], "completed");
+    assert_eq!(result["usage"]["input_tokens"], 7);
+    assert_eq!(result["usage"]["by_model"][0]["model"], MODEL);
+    let status = rig.call("run.status", json!({"run_id": run_b})).unwrap();
+    assert_eq!(status["undelivered_steers"], json!([]));
+    assert!(status.get("step").is_none());
+    let resend = rig.call("session.send", keyed("two", "st-2")).unwrap();
+    assert_eq!(rig.call("send.status", json!({"send_id": "st-2"})).unwrap(), resend);
+    assert_eq!(rig.wal_len(), wal, "status reads write nothing");
+    assert_eq!(
+        rig.field_of("send.status", json!({"send_id": "st-2", "prompt": "x"})),
+        ("invalid_params".into(), Some(json!("prompt")))
+    );
+    assert_eq!(rig.field_of("run.result", json!({})), ("invalid_params".into(), Some(json!("run_id"))));
+    for removed in ["cap.install", "spend.delta", "usage.export"] {
+        assert_eq!(rig.call(removed, json!({})).unwrap_err().code, "unknown_method");
+    }
+    assert_eq!(rig.wal_len(), wal);
+}
+
+#[test]
+fn the_input_token_cap_is_durable_lower_only_and_ends_runs_budget_exhausted() {
+    let rig = rig(Duration::from_secs(5));
+    rig.script(json!({"responses": [
+        reply_script("first", 0),
+        {"events": [{"tool_call": {"id": "c1", "name": "look", "arguments": {}}}, {"usage": {"input": 5, "output": 1}}, {"finish": "tool_calls"}]},
+    ]}));
+    let mut capped = keyed("one", "b-1");
+    capped["budget"] = json!({"max_input_tokens": 8});
+    let a = rig.call("session.send", capped).unwrap();
+    rig.wait_state(a["run_id"].as_str().unwrap(), "completed");
+    let mut raise = keyed("two", "b-2");
+    raise["budget"] = json!({"max_input_tokens": 9});
+    assert_eq!(rig.field_of("session.send", raise), ("invalid_params".into(), Some(json!("budget.max_input_tokens"))));
+    let b = rig.call("session.send", keyed("two", "b-3")).unwrap();
+    let run_b = b["run_id"].as_str().unwrap().to_string();
+    rig.wait_state(&run_b, "budget_exhausted");
+    let status = rig.call("run.status", json!({"run_id": run_b})).unwrap();
+    assert_eq!(status["detail"], json!({"limit": 8, "spent": 10, "cause": "limit_reached"}));
+    let roles: Vec<String> = rig.texts().iter().map(|t| t.split(':').next().unwrap().to_string()).collect();
+    assert_eq!(
+        roles,
+        ["user", "assistant", "user", "assistant", "tool"],
+        "the crossing step's call got a never-executed result"
+    );
+    let c = rig.call("session.send", keyed("three", "b-4")).unwrap();
+    rig.wait_state(c["run_id"].as_str().unwrap(), "budget_exhausted");
+    assert_eq!(rig.mock.requests("default").len(), 2, "no step starts at or above the cap");
+    assert!(rig
+        .records()
+        .iter()
+        .any(|r| matches!(r, Record::RunStarted(s) if s.config.get("max_input_tokens").is_some())));
+}
+
+#[test]
+fn an_auth_paused_run_refuses_other_sends_and_resumes_on_its_own_send_id() {
+    let rig = rig(Duration::from_secs(5));
+    rig.script(json!({"responses": [{"status": 401}, reply_script("welcome back", 0)]}));
+    let a = rig.call("session.send", keyed("needs auth", "p-1")).unwrap();
+    let run_a = a["run_id"].as_str().unwrap().to_string();
+    rig.wait_state(&run_a, "paused");
+    let status = rig.call("run.status", json!({"run_id": run_a})).unwrap();
+    assert_eq!(status["reason"], "auth_required");
+    assert!(status.get("pause_reason").is_none(), "auth pauses keep their format");
+    let e = rig.call("session.send", keyed("something else", "p-2")).unwrap_err();
+    assert_eq!(e.code, "run_paused");
+    let body: Value = serde_json::from_str(&e.to_json()).unwrap();
+    assert_eq!(
+        body["detail"].to_string(),
+        format!(r#"{{"kind":"run_paused","run_id":"{run_a}","reason":"auth_required"}}"#)
+    );
+    assert_eq!(rig.call("send.status", json!({"send_id": "p-1"})).unwrap()["state"], "paused");
+    let resumed = rig.call("session.send", keyed("needs auth", "p-1")).unwrap();
+    assert_eq!((resumed["state"].as_str(), resumed["run_id"].as_str()), (Some("active"), Some(run_a.as_str())));
+    rig.wait_state(&run_a, "completed");
+    assert_eq!(rig.texts(), ["user:needs auth", "assistant:welcome back"]);
+}
+
+#[test]
+fn an_interrupt_ends_a_paused_run_without_another_model_step() {
+    let rig = rig(Duration::from_secs(5));
+    rig.script(json!({"responses": [{"status": 401}, reply_script("the new message", 0)]}));
+    let a = rig.call("session.send", keyed("needs auth", "q-1")).unwrap();
+    let run_a = a["run_id"].as_str().unwrap().to_string();
+    rig.wait_state(&run_a, "paused");
+    let mut interrupt = keyed("forget that", "q-2");
+    interrupt["delivery"] = json!("interrupt");
+    assert_eq!(rig.call("session.send", interrupt).unwrap()["state"], "pending");
+    rig.wait_state(&run_a, "cancelled");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rig.texts().len() < 3 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(rig.texts(), ["user:needs auth", "user:forget that", "assistant:the new message"]);
+    assert_eq!(rig.mock.requests("default").len(), 2);
+}
+
+#[test]
+fn session_class_and_context_management_freeze_on_the_first_send() {
+    let rig = rig(Duration::from_secs(5));
+    let mut bad = keyed("x", "f-0");
+    bad["context_management"] = json!("compaction");
+    assert_eq!(rig.call("session.send", bad).unwrap_err().code, "context_management_unavailable");
+    assert!(!rig.ops.registry.shared().wal_path(&key()).exists(), "refused before anything was written");
+    let mut first = keyed("one", "f-1");
+    first["session_class"] = json!("head");
+    let a = rig.call("session.send", first).unwrap();
+    rig.wait_state(a["run_id"].as_str().unwrap(), "completed");
+    let path = rig.ops.registry.shared().wal_path(&key());
+    let durable = rig.dir.path().join("wal-durable");
+    assert!(path.starts_with(&durable), "a listed class lives in {durable:?}: {path:?}");
+    let mut other = keyed("two", "f-2");
+    other["session_class"] = json!("worker");
+    assert_eq!(rig.field_of("session.send", other), ("invalid_params".into(), Some(json!("session_class"))));
+    let mut changed = keyed("two", "f-3");
+    changed["context_management"] = json!({"transform": "some-module"});
+    let e = rig.call("session.send", changed).unwrap_err();
+    assert_eq!(e.code, "context_management_unavailable", "refused by name, never run as none");
+    let mut same = keyed("two", "f-5");
+    same["context_management"] = json!("none");
+    let same = rig.call("session.send", same).unwrap();
+    rig.wait_state(same["run_id"].as_str().unwrap(), "completed");
+    let b = rig.call("session.send", keyed("two", "f-4")).unwrap();
+    rig.wait_state(b["run_id"].as_str().unwrap(), "completed");
+    let started: Vec<Value> = rig
+        .records()
+        .iter()
+        .filter_map(|r| match r {
+            Record::RunStarted(s) => Some(s.config.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(started.iter().all(|c| c["session_class"] == "head" && c["context_management"] == "none"), "{started:?}");
+}
+
+#[test]
+fn a_vanished_project_root_refuses_writes_and_serves_reads() {
+    let rig = rig(Duration::from_secs(5));
+    let root = rig.dir.path().join("project");
+    std::fs::create_dir(&root).unwrap();
+    let key = broca::session_key::SessionKey::new(root.to_str().unwrap(), "driver-test", "gone");
+    let call = |method: &str, params: Value| {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        rig.ops.handle(&key, method, params, Box::new(move |r| tx.send(r).unwrap()));
+        rx.recv_timeout(Duration::from_secs(10)).unwrap()
+    };
+    let a = call("session.send", keyed("hello", "v-1")).unwrap();
+    let run_a = a["run_id"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while call("run.status", json!({"run_id": run_a})).unwrap()["state"] != "completed" {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::fs::remove_dir(&root).unwrap();
+    let e = call("session.send", keyed("more", "v-2")).unwrap_err();
+    assert_eq!(e.code, "invalid_project_root");
+    assert_eq!(e.detail.unwrap().get("path"), Some(&json!(root.to_str().unwrap())));
+    assert_eq!(call("session.read", json!({})).unwrap()["messages"].as_array().unwrap().len(), 2);
+    assert_eq!(call("run.status", json!({"run_id": run_a})).unwrap()["state"], "completed");
+    assert_eq!(call("run.cancel", json!({"run_id": run_a})).unwrap(), "not_active");
+    assert_eq!(call("session.retract", json!({"submission_id": "sub-x"})).unwrap()["retracted"], false);
+    std::fs::create_dir(&root).unwrap();
+    assert_eq!(call("session.send", keyed("more", "v-2")).unwrap()["state"], "active", "recreating revives it");
+}
+
+#[test]
+fn draining_pauses_a_resume_enabled_run_and_boot_resumes_the_same_run() {
+    let rig = rig(Duration::from_millis(200));
+    rig.script(json!({"responses": [
+        {"events": [{"text": "working"}, {"delay_ms": 300}, {"tool_call": {"id": "c1", "name": "look", "arguments": {}}}, {"finish": "tool_calls"}]},
+    ]}));
+    let mut resumable = keyed("long job", "rs-1");
+    resumable["on_restart"] = json!("resume");
+    let a = rig.call("session.send", resumable).unwrap();
+    let run_a = a["run_id"].as_str().unwrap().to_string();
+    rig.wait_requests(1);
+    rig.ops.registry.drain();
+    rig.wait_state(&run_a, "paused");
+    let status = rig.call("run.status", json!({"run_id": run_a})).unwrap();
+    assert_eq!((status["reason"].as_str(), status["pause_reason"].as_str()), (Some("restart"), Some("restart")));
+    assert_eq!(rig.call("send.status", json!({"send_id": "rs-1"})).unwrap()["pause_reason"], "restart");
+    let paused =
+        rig.records().into_iter().find(|r| matches!(r, Record::RunPaused { reason: PauseReason::Restart, .. }));
+    assert!(paused.is_some());
+    // The frame that holds it requires restart-pause/v1: a reader without it refuses by name.
+    let path = rig.ops.registry.shared().wal_path(&key());
+    let older = ["run-cancel-at/v1", "session-class/v1", "input-token-cap/v1"];
+    let refused = broca::wal::read(&path, &older, None, &mut |_: broca::wal::ScannedFrame<'_>| {
+        Ok::<(), broca::lineage::LineageError>(())
+    });
+    let refusal = refused.unwrap_err().refusal();
+    assert_eq!(refusal.code, "wal_newer_writer");
+    assert_eq!(refusal.detail.unwrap().get("missing"), Some(&json!(["restart-pause/v1"])));
+    let results = rig.records().iter().filter(|r| matches!(r, Record::ToolResult { .. })).count();
+    assert_eq!(results, 1, "the step and its batch finished before the pause");
+    // A restarted process: the first lets go of the lease (paused actors are idle), the next
+    // one's boot recovery resumes the same run through admission.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rig.ops.registry.is_open(&key()) {
+        assert!(Instant::now() < deadline, "the paused actor never closed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    rig.script(json!({"responses": [reply_script("resumed and done", 0)]}));
+    let next = inproc::ops_over(rig.dir.path(), rig.mock.base_url(None), Duration::from_secs(5));
+    assert_eq!(next.registry.recover(), 1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        next.handle(&key(), "run.status", json!({"run_id": run_a}), Box::new(move |r| tx.send(r).unwrap()));
+        if rx.recv().unwrap().unwrap()["state"] == "completed" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the resumed run never completed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let page = read::transcript(&next.registry.shared().store, &key(), &path, 0, 10).unwrap();
+    let roles: Vec<_> = page.messages.iter().map(|(_, m)| m.role).collect();
+    use broca::message::Role::*;
+    assert_eq!(roles, [User, Assistant, Tool, Assistant], "the same run continued from its boundary");
+}
+
+#[test]
+fn interleaved_drivers_lose_and_duplicate_nothing() {
+    let rig = rig(Duration::from_secs(5));
+    let responses: Vec<Value> = (0..40).map(|i| slow(&format!("answer {i}"), 20)).collect();
+    rig.script(json!({"responses": responses}));
+    let rig = std::sync::Arc::new(rig);
+    let mut handles = Vec::new();
+    for t in 0..4 {
+        let rig = std::sync::Arc::clone(&rig);
+        handles.push(std::thread::spawn(move || {
+            let mut retracted = Vec::new();
+            for i in 0..6 {
+                let id = format!("d{t}-{i}");
+                let mut p = keyed(&format!("msg {id}"), &id);
+                p["delivery"] = json!(["queue", "steer", "queue"][i % 3]);
+                let answer = rig.call("session.send", p.clone()).unwrap();
+                assert_eq!(rig.call("session.send", p).unwrap()["state"].is_string(), true);
+                if i == 4 {
+                    if let Some(sub) = answer["submission_id"].as_str().filter(|_| answer["state"] == "pending") {
+                        if rig.call("session.retract", json!({"submission_id": sub})).unwrap()["retracted"] == true {
+                            retracted.push(format!("msg {id}"));
+                        }
+                    }
+                }
+            }
+            retracted
+        }));
+    }
+    let retracted: Vec<String> = handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = rig.call("run.status", json!({})).unwrap();
+        let page = rig.call("session.read", json!({"limit": 1000})).unwrap();
+        let idle =
+            status["state"] != "active" && rig.ops.registry.shared().store.sessions_with_work().unwrap().is_empty();
+        if idle && page["lineage_state"] == "idle" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the session never went idle: {status}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let users: Vec<String> =
+        rig.texts().into_iter().filter_map(|t| t.strip_prefix("user:").map(String::from)).collect();
+    for t in 0..4 {
+        for i in 0..6 {
+            let m = format!("msg d{t}-{i}");
+            let n = users.iter().filter(|u| **u == m).count();
+            let want = usize::from(!retracted.contains(&m));
+            assert_eq!(n, want, "{m} appears {n} times in {users:?}");
+        }
+        // FIFO per driver: its queued messages start in the order it sent them (a steer joins
+        // the running turn, ahead of the queue, by design).
+        let queued = |u: &&String| [0, 2, 3, 5].iter().any(|i| **u == format!("msg d{t}-{i}"));
+        let mine: Vec<&String> = users.iter().filter(queued).collect();
+        let mut sorted = mine.clone();
+        sorted.sort();
+        assert_eq!(mine, sorted, "driver {t}'s sends kept their order");
+    }
+}

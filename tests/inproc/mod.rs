@@ -1,0 +1,94 @@
+//! The in-process rig: the session ops on a real actor registry, a temp state root and
+//! broca-mock as the provider (shared by the ops and driver tests).
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use broca::actor::{Registry, RunDeps};
+use broca::agent::{LoopOptions, NoTools};
+use broca::catalog::Catalog;
+use broca::lineage::Shared;
+use broca::mock::{MockServer, Script};
+use broca::ops::Ops;
+use broca::provider::client::HttpClient;
+use broca::session_key::SessionKey;
+use broca::state_root::StateRoot;
+use broca::wire::Refusal;
+use crossbeam_channel::bounded;
+use parking_lot::RwLock;
+use serde_json::{json, Value};
+
+pub struct Rig {
+    pub dir: tempfile::TempDir,
+    pub mock: MockServer,
+    pub ops: Arc<Ops>,
+}
+
+pub fn rig(idle_ttl: Duration) -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0").unwrap();
+    let ops = ops_over(dir.path(), mock.base_url(None), idle_ttl);
+    Rig { dir, mock, ops }
+}
+
+/// Ops over the state root at `root` (a second one over the same root stands for a restarted
+/// process once the first has let go of its leases).
+pub fn ops_over(root: &Path, provider_base_url: String, idle_ttl: Duration) -> Arc<Ops> {
+    let shared = Arc::new(Shared::open(StateRoot::at(root).unwrap()).unwrap());
+    let deps = RunDeps {
+        client: Arc::new(HttpClient::default()),
+        tools: Arc::new(NoTools),
+        opts: LoopOptions::default(),
+        publish: Arc::new(|_, _| {}),
+        idle_ttl,
+        observed: Arc::new(|_| false),
+        readmit: None,
+    };
+    let lkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json");
+    Arc::new(Ops {
+        registry: Registry::new(shared, deps),
+        catalog: Arc::new(RwLock::new(Catalog::load_lkg(&lkg))),
+        base_url_override: Some(provider_base_url),
+        config: Arc::default(),
+    })
+}
+
+pub fn key() -> SessionKey {
+    SessionKey::new("/tmp", "ops-test", "s1")
+}
+
+impl Rig {
+    pub fn call(&self, method: &str, params: Value) -> Result<Value, Refusal> {
+        let (tx, rx) = bounded(1);
+        self.ops.handle(&key(), method, params, Box::new(move |r| tx.send(r).unwrap()));
+        rx.recv_timeout(Duration::from_secs(10)).expect("an answer")
+    }
+
+    pub fn wait_state(&self, run_id: &str, want: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let status = self.call("run.status", json!({"run_id": run_id})).unwrap();
+            if status["state"] == want {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{run_id} never reached {want}: {status}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+pub fn send(prompt: &str) -> Value {
+    json!({"prompt": prompt, "model": {"provider": "mock", "model": "echo-chat"}, "send_id": prompt})
+}
+
+pub fn reply_script(text: &str, delay_ms: u64) -> Value {
+    json!({"events": [{"delay_ms": delay_ms}, {"text": text}, {"usage": {"input": 5, "output": 2}}, {"finish": "stop"}]})
+}
+
+impl Rig {
+    pub fn script(&self, script: Value) {
+        self.mock.install("default", Script::from_json(&script.to_string()).unwrap());
+    }
+}
