@@ -4,12 +4,14 @@
 //! The same rules run through the real daemon in `e2e_driver`.
 
 mod inproc;
+mod pin;
 
 use std::time::{Duration, Instant};
 
 use broca::lineage::read;
 use broca::record::{PauseReason, Record};
 use inproc::{key, reply_script, rig, Rig};
+use pin::assert_golden;
 use serde_json::{json, Value};
 
 const MODEL: &str = "echo-chat";
@@ -98,6 +100,8 @@ fn a_keyed_resend_replays_its_answer_and_differing_content_is_refused_by_field()
             "conversation_key",
         ),
     ];
+    let e = rig.call("session.send", keyed("other words", "k-1")).unwrap_err();
+    assert_golden("send_id_reuse.json", &e.to_json(), None);
     for (params, field) in cases {
         let e = rig.call("session.send", params).unwrap_err();
         assert_eq!((e.code.as_str(), e.detail.unwrap().get("field").cloned()), ("send_id_reuse", Some(json!(field))));
@@ -112,7 +116,7 @@ fn a_keyed_resend_replays_its_answer_and_differing_content_is_refused_by_field()
 
 #[test]
 fn a_steer_joins_the_running_turn_at_its_next_boundary_and_gets_one_more_step() {
-    let rig = rig(Duration::from_secs(5));
+    let rig = rig(Duration::from_millis(300));
     rig.script(json!({"responses": [slow("first answer", 400), reply_script("saw the steer", 0)]}));
     let run = rig.call("session.send", keyed("start", "s-1")).unwrap();
     let run_id = run["run_id"].as_str().unwrap().to_string();
@@ -143,6 +147,18 @@ fn a_steer_joins_the_running_turn_at_its_next_boundary_and_gets_one_more_step() 
     let provisional = rig.call("run.status", json!({"run_id": format!("run-{sub}")})).unwrap();
     assert_eq!(provisional["delivered"], json!({"as": "step", "ref": run_id}));
     assert_eq!(provisional["state"], "completed");
+    // The same answer after a restart: a second process over the same state root.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rig.ops.registry.is_open(&key()) {
+        assert!(Instant::now() < deadline, "the actor never closed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let next = inproc::ops_over(rig.dir.path(), rig.mock.base_url(None), Duration::from_secs(5));
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    next.handle(&key(), "run.status", json!({"run_id": format!("run-{sub}")}), Box::new(move |r| tx.send(r).unwrap()));
+    let after = rx.recv().unwrap().unwrap();
+    assert_eq!(after, provisional, "identical before and after a restart");
+    assert_golden("run_status.provisional_delivered_steer.json", &after.to_string(), None);
     assert_eq!(rig.call("run.cancel", json!({"run_id": format!("run-{sub}")})).unwrap(), "not_active");
     // With nothing running, a steer is a plain send.
     let plain = rig
@@ -274,7 +290,8 @@ fn cancel_answers_ack_or_not_active_and_a_boundary_request_is_durable_and_idempo
 #[test]
 fn status_result_and_send_status_answer_from_durable_state() {
     let rig = rig(Duration::from_secs(5));
-    assert_eq!(rig.call("send.status", json!({"send_id": "nope"})).unwrap_err().code, "unknown_send");
+    let unknown = rig.call("send.status", json!({"send_id": "nope"})).unwrap_err();
+    assert_golden("unknown_send.json", &unknown.to_json(), None);
     rig.script(json!({"responses": [
         slow("looking", 500),
         {"events": [{"reasoning": "thinking"}, {"text": "All pass.\n"}, {"text": "The fix is in parse.rs."}, {"usage": {"input": 7, "output": 3}}, {"finish": "stop"}]},
@@ -285,7 +302,8 @@ fn status_result_and_send_status_answer_from_durable_state() {
     let run_a = a["run_id"].as_str().unwrap().to_string();
     let b = rig.call("session.send", keyed("two", "st-2")).unwrap();
     let run_b = format!("run-{}", b["submission_id"].as_str().unwrap());
-    assert_eq!(rig.call("run.status", json!({"run_id": run_b})).unwrap(), json!({"state": "pending"}));
+    let pending = rig.call("run.status", json!({"run_id": run_b})).unwrap();
+    assert_golden("run_status.provisional_pending.json", &pending.to_string(), None);
     assert_eq!(rig.call("send.status", json!({"send_id": "st-2"})).unwrap(), b, "what a re-send answers");
     assert_eq!(rig.call("session.send_status", json!({"send_id": "st-2"})).unwrap(), b);
     rig.wait_requests(1);
@@ -297,6 +315,7 @@ fn status_result_and_send_status_answer_from_durable_state() {
     assert_eq!(step["attempt"], 0);
     assert!(step["last_content_at_ms"].as_u64().unwrap() >= step["started_at_ms"].as_u64().unwrap());
     assert_eq!(live["usage"], json!({"steps": 0, "unreported_steps": 0, "by_model": []}));
+    assert_golden("run_status.active_with_step.json", &live.to_string(), None);
     rig.wait_state(&run_b, "completed");
     let wal = rig.wal_len();
     let result = rig.call("run.result", json!({"run_id": run_b})).unwrap();
@@ -309,6 +328,8 @@ fn status_result_and_send_status_answer_from_durable_state() {
     assert_eq!(result["usage"]["by_model"][0]["model"], MODEL);
     let status = rig.call("run.status", json!({"run_id": run_b})).unwrap();
     assert_eq!(status["undelivered_steers"], json!([]));
+    assert_golden("run_status.provisional_started.json", &status.to_string(), None);
+    assert_golden("run_result.completed.json", &result.to_string(), None);
     assert!(status.get("step").is_none());
     let resend = rig.call("session.send", keyed("two", "st-2")).unwrap();
     assert_eq!(rig.call("send.status", json!({"send_id": "st-2"})).unwrap(), resend);
@@ -370,11 +391,7 @@ fn an_auth_paused_run_refuses_other_sends_and_resumes_on_its_own_send_id() {
     assert!(status.get("pause_reason").is_none(), "auth pauses keep their format");
     let e = rig.call("session.send", keyed("something else", "p-2")).unwrap_err();
     assert_eq!(e.code, "run_paused");
-    let body: Value = serde_json::from_str(&e.to_json()).unwrap();
-    assert_eq!(
-        body["detail"].to_string(),
-        format!(r#"{{"kind":"run_paused","run_id":"{run_a}","reason":"auth_required"}}"#)
-    );
+    assert_golden("run_paused.json", &e.to_json(), None);
     assert_eq!(rig.call("send.status", json!({"send_id": "p-1"})).unwrap()["state"], "paused");
     let resumed = rig.call("session.send", keyed("needs auth", "p-1")).unwrap();
     assert_eq!((resumed["state"].as_str(), resumed["run_id"].as_str()), (Some("active"), Some(run_a.as_str())));
@@ -407,7 +424,8 @@ fn session_class_and_context_management_freeze_on_the_first_send() {
     let rig = rig(Duration::from_secs(5));
     let mut bad = keyed("x", "f-0");
     bad["context_management"] = json!("compaction");
-    assert_eq!(rig.call("session.send", bad).unwrap_err().code, "context_management_unavailable");
+    let e = rig.call("session.send", bad).unwrap_err();
+    assert_golden("context_management_unavailable.json", &e.to_json(), None);
     assert!(!rig.ops.registry.shared().wal_path(&key()).exists(), "refused before anything was written");
     let mut first = keyed("one", "f-1");
     first["session_class"] = json!("head");
@@ -460,7 +478,7 @@ fn a_vanished_project_root_refuses_writes_and_serves_reads() {
     }
     std::fs::remove_dir(&root).unwrap();
     let e = call("session.send", keyed("more", "v-2")).unwrap_err();
-    assert_eq!(e.code, "invalid_project_root");
+    assert_golden("invalid_project_root.json", &e.to_json(), Some(rig.dir.path().to_str().unwrap()));
     assert_eq!(e.detail.unwrap().get("path"), Some(&json!(root.to_str().unwrap())));
     assert_eq!(call("session.read", json!({})).unwrap()["messages"].as_array().unwrap().len(), 2);
     assert_eq!(call("run.status", json!({"run_id": run_a})).unwrap()["state"], "completed");
@@ -584,4 +602,19 @@ fn interleaved_drivers_lose_and_duplicate_nothing() {
         sorted.sort();
         assert_eq!(mine, sorted, "driver {t}'s sends kept their order");
     }
+}
+
+#[test]
+fn admission_failures_answer_open_failed_with_their_class() {
+    let rig = rig(Duration::from_secs(5));
+    // An explicit 24h cache on a route that is not OpenAI's own: permanent.
+    let mut cached = keyed("x", "o-1");
+    cached["cache"] = json!({"role": "primary", "ttl": "24h"});
+    let e = rig.call("session.send", cached).unwrap_err();
+    assert_golden("open_failed_permanent.json", &e.to_json(), None);
+    // No catalog in memory: transient (seed it, or let broca reach fusiform).
+    *rig.ops.catalog.write() = broca::catalog::Catalog::load_lkg(&rig.dir.path().join("absent.json"));
+    let e = rig.call("session.send", keyed("x", "o-2")).unwrap_err();
+    assert_golden("open_failed_transient.json", &e.to_json(), Some(rig.dir.path().to_str().unwrap()));
+    assert!(!rig.ops.registry.shared().wal_path(&key()).exists(), "admission refusals write nothing");
 }
