@@ -34,6 +34,7 @@ bench:
 	$(CARGO) build --release --locked --bins
 	$(CARGO) run --release --locked --bin broca-bench
 	$(CARGO) run --release --locked --example fanout-bench
+	$(CARGO) run --release --locked --example send-bench
 
 fmt:
 	$(CARGO) fmt --all

@@ -1,139 +1,41 @@
 //! broca as a real subc module: the subc daemon (the `subc-daemon` library, booted in this
 //! process) supervises the broca binary, and the official consumer SDK (`subc-client-rs`) calls it.
+//! The rig is [`support::Harness`].
 //!
 //! One test, because stopping the in-process daemon means sending SIGTERM to this process (the
 //! daemon's tokio signal handler catches it and runs the shutdown sequence of `subc-wire.md` §16).
 //! Every wait is bounded.
 
-use std::fs;
-use std::os::unix::fs::DirBuilderExt;
-use std::path::{Path, PathBuf};
+mod support;
+
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use broca::mock::{MockServer, Script};
 use broca::subc::{self, BindRequest, ConnectionEnd, ControlRequest, Handler, Outbound, Route};
 use cortexkit_role_llm_runner::describe::RoleDescribe;
 use crossbeam_channel::{Receiver, Sender};
 use serde_json::{json, Value};
-use subc_client_rs::{CallError, CallOptions, ConsumerOptions, SubcConsumer, SubscribeOptions, SubscriptionEnd};
-use subc_daemon::bootstrap::{run_with_config, BootstrapConfig};
+use subc_client_rs::{CallError, SubcConsumer, SubscribeOptions, SubscriptionEnd};
 use subc_protocol::manifest::{
     Concurrency, ManagementOperation, ManagementOperationKind, ModuleManifest, ProviderRole,
 };
 use subc_protocol::{BindIdentity, ErrorBody, Flags, Principal, RouteTarget};
+use support::{call_options, control, send_params, Harness, MODULE_ID, STEP};
 
-const MODULE_ID: &str = "broca";
 /// A module served in this process by `broca::subc`, to drive the io layer through the daemon.
 const PROBE_ID: &str = "subc-io-probe";
-const STEP: Duration = Duration::from_secs(15);
-
-/// A private fixture tree: `config/cortexkit/subc.jsonc`, `runtime/`, `run/` (logs, journal).
-struct Rig {
-    _dir: tempfile::TempDir,
-    root: PathBuf,
-}
-
-impl Rig {
-    /// A rig whose broca answers models from `provider_base_url` (broca-mock) and has the
-    /// testdata catalog seeded in its state root.
-    fn new(provider_base_url: &str) -> Rig {
-        let dir = tempfile::Builder::new().prefix("bsm").tempdir_in("/tmp").unwrap();
-        let root = dir.path().to_path_buf();
-        for sub in ["config", "config/cortexkit", "runtime", "run", "run/logs", "state", "state/catalog"] {
-            fs::DirBuilder::new().mode(0o700).create(root.join(sub)).unwrap();
-        }
-        let lkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json");
-        fs::copy(lkg, root.join("state/catalog/fusiform-lkg.json")).unwrap();
-        let config = serde_json::json!({
-            "version": 1,
-            "modules": {
-                MODULE_ID: {
-                    "program": env!("CARGO_BIN_EXE_broca"),
-                    "args": [],
-                    "env": {
-                        "CK_LOG": "info,broca.requests=debug",
-                        "BROCA_STATE_ROOT": root.join("state"),
-                        "BROCA_PROVIDER_BASE_URL": provider_base_url
-                    },
-                    "enabled": true,
-                    "reserved": true
-                }
-            }
-        });
-        fs::write(root.join("config/cortexkit/subc.jsonc"), config.to_string()).unwrap();
-        Rig { _dir: dir, root }
-    }
-
-    fn connection_file(&self) -> PathBuf {
-        self.root.join("runtime/subc-connection.json")
-    }
-
-    fn journal(&self) -> PathBuf {
-        self.root.join("run/terminals.jsonl")
-    }
-
-    fn broca_log(&self) -> String {
-        fs::read_to_string(self.root.join("run/logs/broca.stderr.log")).unwrap_or_default()
-    }
-
-    fn daemon_config(&self) -> BootstrapConfig {
-        BootstrapConfig::new(self.connection_file(), 0)
-            .with_daemon_config_path(self.root.join("config/cortexkit/subc.jsonc"))
-            .unwrap()
-            .with_capture_logs_dir(self.root.join("run/logs"))
-            .with_terminal_journal_path(self.journal())
-    }
-}
-
-fn wait_for_file(path: &Path, within: Duration) {
-    let until = Instant::now() + within;
-    while !path.exists() {
-        assert!(Instant::now() < until, "{} did not appear within {within:?}", path.display());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn consumer_options() -> ConsumerOptions {
-    ConsumerOptions {
-        handshake_timeout: Duration::from_secs(2),
-        call_timeout: Duration::from_secs(10),
-        ..Default::default()
-    }
-}
-
-fn call_options() -> CallOptions {
-    CallOptions { timeout: Duration::from_secs(10), ..Default::default() }
-}
-
-fn target() -> RouteTarget {
-    RouteTarget::ManagementSurface { module_id: MODULE_ID.into() }
-}
-
-async fn wait_until_registered(consumer: &SubcConsumer) -> subc_client_rs::CatalogEntry {
-    let until = Instant::now() + STEP;
-    loop {
-        if let Ok(list) = consumer.catalog_list().await {
-            if let Some(entry) = list.modules.into_iter().find(|m| m.module_id == MODULE_ID && m.ready) {
-                return entry;
-            }
-        }
-        assert!(Instant::now() < until, "broca did not register within {STEP:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 /// Everything asked of the running module, through the consumer SDK.
-async fn exercise(rig: &Rig) {
-    let consumer = SubcConsumer::connect(&rig.connection_file(), consumer_options()).await.unwrap();
-    let entry = wait_until_registered(&consumer).await;
+fn exercise(h: &Harness) {
+    let entry = h.wait_registered();
     assert!(entry.nonce_verified, "the launch nonce was read and sent: {entry:?}");
     assert!(entry.control_ops.iter().any(|op| op == "health.check"), "{:?}", entry.control_ops);
     let provides = entry.capabilities.as_ref().map(|c| c.provides.clone()).unwrap_or_default();
     assert_eq!(provides, vec!["llm-runner/v1".to_owned()]);
 
-    let identity = BindIdentity::new("test-harness", "session-1");
+    let session = h.session("test-harness", "session-1", None);
     let describe = br#"{"method":"role.describe","params":{}}"#.to_vec();
-    let reply = consumer.call(target(), identity.clone(), describe, call_options()).await.unwrap();
+    let reply = session.call_raw(describe).unwrap();
     let raw: serde_json::Value = serde_json::from_slice(&reply).unwrap();
     assert_eq!(raw.as_object().unwrap().keys().collect::<Vec<_>>(), vec!["result"], "{raw}");
     let answer: RoleDescribe = cortexkit_role_llm_runner::wire::read_reply(&reply).unwrap();
@@ -141,16 +43,11 @@ async fn exercise(rig: &Rig) {
     assert!(major.serves("role.describe"), "{answer:?}");
     assert_eq!(answer.implementation_version, env!("CARGO_PKG_VERSION"));
 
-    let unknown = br#"{"method":"nope","params":{}}"#.to_vec();
-    match consumer.call(target(), identity, unknown, call_options()).await {
-        Err(CallError::Module(body)) => {
-            assert_eq!(body.code, "unknown_method", "{body:?}");
-            assert_eq!(body.detail.unwrap()["method"], "nope");
-        }
-        other => panic!("expected unknown_method, got {other:?}"),
-    }
+    let (code, body) = session.refused("nope", json!({}));
+    assert_eq!(code, "unknown_method", "{body}");
+    assert_eq!(body["detail"]["method"], "nope");
 
-    let health = consumer.supervisor_health_probe(MODULE_ID).await.unwrap();
+    let health = h.block_on(h.client().consumer().supervisor_health_probe(MODULE_ID)).unwrap();
     assert_eq!(health.status, subc_protocol::session::HealthStatus::Ok);
     let metrics = health.metrics.expect("health metrics");
     assert_eq!(metrics["management_ops"]["role.describe"], 1, "{metrics}");
@@ -160,101 +57,38 @@ async fn exercise(rig: &Rig) {
     }
 }
 
-/// A session op through the daemon: the `result`, or the module's refusal.
-async fn op(consumer: &SubcConsumer, session: &str, method: &str, params: Value) -> Result<Value, ErrorBody> {
-    match try_op(consumer, session, method, params).await {
-        Ok(v) => Ok(v),
-        Err(CallError::Module(body)) => Err(body),
-        Err(other) => panic!("{method}: {other:?}"),
-    }
-}
-
-async fn try_op(consumer: &SubcConsumer, session: &str, method: &str, params: Value) -> Result<Value, CallError> {
-    let identity = BindIdentity::new("e2e-harness", session);
-    let body = json!({"method": method, "params": params}).to_string().into_bytes();
-    let reply = consumer.call(target(), identity, body, call_options()).await?;
-    let v: Value = serde_json::from_slice(&reply).unwrap();
-    Ok(v["result"].clone())
-}
-
-async fn subscribe(consumer: &SubcConsumer, session: &str, from: Value) -> subc_client_rs::Subscription {
-    let identity = BindIdentity::new("e2e-harness", session);
-    let body = json!({"method": "session.subscribe", "params": {"from": from}}).to_string().into_bytes();
-    // The SDK drops a subscription whose caller lets this buffer fill; the observers here read
-    // between calls, so give them room (the stalled observer below is dropped that way).
-    let opts = SubscribeOptions { event_buffer: 100_000, ..SubscribeOptions::default() };
-    consumer.subscribe(target(), identity, body, opts).await.unwrap()
-}
-
-/// Stream events until the `run_finished` unit of `run_id`.
-async fn until_finished(sub: &mut subc_client_rs::Subscription, run_id: &str, seen: &mut Vec<Value>) {
-    loop {
-        let event = tokio::time::timeout(STEP, sub.events().recv()).await.expect("a stream event");
-        let Some(event) = event else { panic!("the stream ended waiting for {run_id}: {:?}", sub.ended().await) };
-        let v: Value = serde_json::from_slice(&event).unwrap();
-        let done = v["unit"]["type"] == "run_finished" && v["unit"]["run_id"] == json!(run_id);
-        seen.push(v);
-        if done {
-            return;
-        }
-    }
-}
-
-fn control(events: &[Value]) -> Vec<Value> {
-    events.iter().filter(|e| e["kind"] == "control").map(|e| json!([e["cursor"], e["unit"]])).collect()
-}
-
 fn slow_reply(text: &str) -> Value {
     json!({"events": [{"delay_ms": 40}, {"text": text}, {"delay_ms": 40}, {"text": "."}, {"usage": {"input": 9, "output": 3}}, {"finish": "stop"}]})
 }
 
-/// The pid of the broca process the daemon supervises (the one running the built binary).
-fn broca_pid() -> Option<i32> {
-    let exe = fs::canonicalize(env!("CARGO_BIN_EXE_broca")).ok()?;
-    fs::read_dir("/proc").ok()?.filter_map(Result::ok).find_map(|e| {
-        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-        (fs::read_link(e.path().join("exe")).ok()? == exe).then_some(pid)
-    })
-}
-
 /// Sessions end to end: two observers and a driver, resumption from a cursor, reads and status,
 /// and a SIGKILL of broca mid-run that the daemon answers with a respawn.
-async fn exercise_sessions(rig: &Rig, mock: &MockServer) {
-    let consumer = SubcConsumer::connect(&rig.connection_file(), consumer_options()).await.unwrap();
-    let script = json!({"responses": [slow_reply("Paris"), slow_reply("Two million")]});
-    mock.install("default", Script::from_json(&script.to_string()).unwrap());
-    let mut a = subscribe(&consumer, "s1", json!("start")).await;
-    let mut b = subscribe(&consumer, "s1", json!("start")).await;
-    let send = |prompt: &str| json!({"prompt": prompt, "model": {"provider": "mock", "model": "echo-chat"}});
-    let first = op(&consumer, "s1", "session.send", send("Capital of France?")).await.unwrap();
+fn exercise_sessions(h: &Harness) {
+    let s1 = h.session("e2e-harness", "s1", None);
+    h.install(json!({"responses": [slow_reply("Paris"), slow_reply("Two million")]}));
+    let mut a = s1.subscribe(json!("start"));
+    let mut b = s1.subscribe(json!("start"));
+    let first = s1.call("session.send", send_params("Capital of France?")).unwrap();
     assert_eq!(first["state"], "active", "{first}");
     let run1 = first["run_id"].as_str().unwrap().to_owned();
     let (mut ea, mut eb) = (Vec::new(), Vec::new());
-    until_finished(&mut a, &run1, &mut ea).await;
-    until_finished(&mut b, &run1, &mut eb).await;
+    a.until_finished(&run1, &mut ea);
+    b.until_finished(&run1, &mut eb);
     // A third observer disconnects in the middle of the second run and resumes from its cursor.
-    let mut m = subscribe(&consumer, "s1", json!("start")).await;
-    let second = op(&consumer, "s1", "session.send", send("Population?")).await.unwrap();
+    let mut m = s1.subscribe(json!("start"));
+    let second = s1.call("session.send", send_params("Population?")).unwrap();
     let run2 = second["run_id"]
         .as_str()
         .map(String::from)
         .unwrap_or_else(|| format!("run-{}", second["submission_id"].as_str().unwrap()));
     let mut em = Vec::new();
-    loop {
-        let event = tokio::time::timeout(STEP, m.events().recv()).await.expect("stream").expect("open");
-        let v: Value = serde_json::from_slice(&event).unwrap();
-        let mid_run = v["unit"]["type"] == "step_started" && v["unit"]["run_id"] == json!(run2);
-        em.push(v);
-        if mid_run {
-            break;
-        }
-    }
-    m.unsubscribe().unwrap();
+    m.until(&mut em, |v| v["unit"]["type"] == "step_started" && v["unit"]["run_id"] == json!(run2));
+    m.unsubscribe();
     let last_cursor = control(&em).last().unwrap()[0].clone();
-    let mut m2 = subscribe(&consumer, "s1", last_cursor).await;
-    until_finished(&mut m2, &run2, &mut em).await;
-    until_finished(&mut a, &run2, &mut ea).await;
-    until_finished(&mut b, &run2, &mut eb).await;
+    let mut m2 = s1.subscribe(last_cursor);
+    m2.until_finished(&run2, &mut em);
+    a.until_finished(&run2, &mut ea);
+    b.until_finished(&run2, &mut eb);
     assert_eq!(control(&em), control(&ea), "a mid-run resume has no gap and no duplicate");
     assert_eq!(control(&ea), control(&eb), "both observers see the same control stream");
     assert!(ea.iter().any(|e| e["kind"] == "display" && e["event"]["delta"] == "Paris"), "the display lane is live");
@@ -263,22 +97,22 @@ async fn exercise_sessions(rig: &Rig, mock: &MockServer) {
     // An observer that reconnects from a cursor gets exactly the rest.
     let all = control(&ea);
     let cursor = all[4][0].clone();
-    let mut c = subscribe(&consumer, "s1", cursor).await;
+    let mut c = s1.subscribe(cursor);
     let mut ec = Vec::new();
-    until_finished(&mut c, &run2, &mut ec).await;
+    c.until_finished(&run2, &mut ec);
     assert_eq!(control(&ec), all[5..].to_vec(), "no gap, no duplicate after a cursor");
     // A subscriber that never reads (on its own client connection, which the daemon may close
     // once its egress budget is spent) holds nothing up: the run completes and a reading
     // observer still gets every delta and unit.
-    let stalled_client = SubcConsumer::connect(&rig.connection_file(), consumer_options()).await.unwrap();
-    let _stalled = subscribe(&stalled_client, "s1", json!("live")).await;
+    let stalled_client = h.connect();
+    let _stalled = stalled_client.session("e2e-harness", "s1").subscribe(json!("live"));
     let mut burst: Vec<Value> = (0..300).map(|i| json!({"text": format!("w{i} ")})).collect();
     burst.push(json!({"finish": "stop"}));
-    mock.install("default", Script::from_json(&json!({"responses": [{"events": burst}]}).to_string()).unwrap());
-    let busy = op(&consumer, "s1", "session.send", send("Say three hundred words")).await.unwrap();
+    h.install(json!({"responses": [{"events": burst}]}));
+    let busy = s1.call("session.send", send_params("Say three hundred words")).unwrap();
     let run_busy = busy["run_id"].as_str().unwrap().to_owned();
     let mut eburst = Vec::new();
-    until_finished(&mut a, &run_busy, &mut eburst).await;
+    a.until_finished(&run_busy, &mut eburst);
     let streamed: String =
         eburst.iter().filter(|e| e["kind"] == "display").filter_map(|e| e["event"]["delta"].as_str()).collect();
     let gaps = eburst.iter().filter(|e| e["event"]["type"] == "display_gap").count();
@@ -288,15 +122,16 @@ async fn exercise_sessions(rig: &Rig, mock: &MockServer) {
     let answer = control(&eburst).into_iter().find(|u| u[1]["type"] == "assistant_message").expect("the answer");
     assert!(answer[1]["message"]["content"][0]["text"].as_str().unwrap().starts_with("w0 w1 w2"));
 
-    let page = op(&consumer, "s1", "session.read", json!({})).await.unwrap();
+    let page = s1.call("session.read", json!({})).unwrap();
     assert_eq!(page["messages"].as_array().unwrap().len(), 6, "{page}");
     // A message too large for any reply frame is refused by name; the route keeps serving.
-    mock.install("default", Script::from_json(&json!({"responses": [slow_reply("Noted")]}).to_string()).unwrap());
-    let huge = op(&consumer, "big", "session.send", send(&"z".repeat(4_300_000))).await.unwrap();
+    h.install(json!({"responses": [slow_reply("Noted")]}));
+    let big = h.session("e2e-harness", "big", None);
+    let huge = big.call("session.send", send_params(&"z".repeat(4_300_000))).unwrap();
     // Its user_message unit cannot travel either: the stream ends with the typed error.
-    let mut big = subscribe(&consumer, "big", json!("start")).await;
-    while tokio::time::timeout(STEP, big.events().recv()).await.expect("stream").is_some() {}
-    match big.ended().await {
+    let mut big_sub = big.subscribe(json!("start"));
+    while big_sub.next().is_some() {}
+    match big_sub.ended() {
         SubscriptionEnd::Error(body) => {
             assert_eq!(body.code, "subscribe_unit_undeliverable", "{body:?}");
             let detail = body.detail.unwrap();
@@ -306,60 +141,44 @@ async fn exercise_sessions(rig: &Rig, mock: &MockServer) {
         other => panic!("expected subscribe_unit_undeliverable, got {other:?}"),
     }
     let huge_run = huge["run_id"].as_str().unwrap().to_owned();
-    let until = Instant::now() + STEP;
-    while op(&consumer, "big", "run.status", json!({"run_id": huge_run})).await.unwrap()["state"] != "completed" {
-        assert!(Instant::now() < until, "the big run never completed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let refused = op(&consumer, "big", "session.read", json!({"from_ordinal": 0, "limit": 1})).await.unwrap_err();
-    assert_eq!(refused.code, "reply_too_large", "{refused:?}");
-    assert_eq!(refused.detail.as_ref().unwrap()["subject"]["ordinal"], 0);
-    let next = op(&consumer, "big", "session.read", json!({"from_ordinal": 1})).await.unwrap();
+    big.wait_run(&huge_run, "completed");
+    let (code, refused) = big.call("session.read", json!({"from_ordinal": 0, "limit": 1})).unwrap_err();
+    assert_eq!(code, "reply_too_large", "{refused}");
+    assert_eq!(refused["detail"]["subject"]["ordinal"], 0);
+    let next = big.call("session.read", json!({"from_ordinal": 1})).unwrap();
     assert_eq!(next["messages"][0]["message"]["content"][0]["text"], "Noted.");
-    assert_eq!(op(&consumer, "s1", "run.status", json!({"run_id": run1})).await.unwrap()["state"], "completed");
-    let refused = op(&consumer, "s1", "session.read", json!({"direction": "back"})).await.unwrap_err();
-    assert_eq!(refused.code, "invalid_params");
+    assert_eq!(s1.call("run.status", json!({"run_id": run1})).unwrap()["state"], "completed");
+    let (code, _) = s1.call("session.read", json!({"direction": "back"})).unwrap_err();
+    assert_eq!(code, "invalid_params");
 
     // SIGKILL broca mid-run: the daemon respawns it, the run reads interrupted with its
     // diagnostic, and the session takes a new send.
     let stall = json!({"responses": [{"events": [{"text": "thinking"}, {"delay_ms": 20000}, {"finish": "stop"}]}]});
-    mock.install("default", Script::from_json(&stall.to_string()).unwrap());
-    let third = op(&consumer, "s1", "session.send", send("Take your time")).await.unwrap();
+    h.install(stall);
+    let third = s1.call("session.send", send_params("Take your time")).unwrap();
     let run3 = third["run_id"].as_str().unwrap().to_owned();
-    loop {
-        let event = tokio::time::timeout(STEP, a.events().recv()).await.expect("stream").expect("open");
-        let v: Value = serde_json::from_slice(&event).unwrap();
-        if v["kind"] == "display" {
-            break;
-        }
-    }
-    let pid = broca_pid().expect("broca's pid");
-    // SAFETY: killing the module process the daemon started for this test.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
-    let until = Instant::now() + STEP;
-    while broca_pid().is_none_or(|p| p == pid) {
-        assert!(Instant::now() < until, "broca was not respawned");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    wait_until_registered(&consumer).await;
+    a.until(&mut Vec::new(), |v| v["kind"] == "display");
+    let pid = h.kill_broca();
+    h.wait_respawn(pid);
     // Calls racing the restart may meet the dead incarnation's closed route; retry them.
+    let until = Instant::now() + STEP;
     let status = loop {
-        match try_op(&consumer, "s1", "run.status", json!({"run_id": run3})).await {
+        match s1.try_call("run.status", json!({"run_id": run3})) {
             Ok(s) => break s,
-            Err(e) if Instant::now() < until + STEP => {
+            Err(e) if Instant::now() < until => {
                 log::debug!("run.status while broca restarts: {e:?}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                std::thread::sleep(Duration::from_millis(50));
             }
             Err(e) => panic!("run.status after the restart: {e:?}"),
         }
     };
     assert_eq!(status["state"], "interrupted", "{status}");
-    mock.install("default", Script::from_json(&json!({"responses": [slow_reply("Back")]}).to_string()).unwrap());
-    let fourth = op(&consumer, "s1", "session.send", send("Still there?")).await.unwrap();
+    h.install(json!({"responses": [slow_reply("Back")]}));
+    let fourth = s1.call("session.send", send_params("Still there?")).unwrap();
     let run4 = fourth["run_id"].as_str().unwrap().to_owned();
-    let mut d = subscribe(&consumer, "s1", json!("start")).await;
+    let mut d = s1.subscribe(json!("start"));
     let mut ed = Vec::new();
-    until_finished(&mut d, &run4, &mut ed).await;
+    d.until_finished(&run4, &mut ed);
     let units = control(&ed);
     let diag =
         units.iter().find(|u| u[1]["type"] == "error" && u[1]["run_id"] == json!(run3)).expect("the crash diagnostic");
@@ -507,8 +326,7 @@ fn next_seen(seen: &Receiver<Seen>) -> Seen {
 
 /// The io layer through the real daemon: binds, replies, limits, one terminal, streams, cancel,
 /// refusal and module-side route close.
-async fn exercise_probe(rig: &Rig, seen: &Receiver<Seen>) {
-    let consumer = SubcConsumer::connect(&rig.connection_file(), consumer_options()).await.unwrap();
+async fn exercise_probe(consumer: &SubcConsumer, conn_file: &Path, seen: &Receiver<Seen>) {
     let probe = RouteTarget::ManagementSurface { module_id: PROBE_ID.into() };
     let identity = BindIdentity::new("probe-harness", "probe-1");
     let call = |method: &str| {
@@ -558,7 +376,7 @@ async fn exercise_probe(rig: &Rig, seen: &Receiver<Seen>) {
 
     // broca's consumer connection (no HELLO): it opens a route to the probe, gets its answer,
     // and refuses the probe's reverse request without mistaking it for that answer.
-    let consumer_conn = broca::subc::consumer::Consumer::connect(&rig.connection_file(), None).unwrap();
+    let consumer_conn = broca::subc::consumer::Consumer::connect(conn_file, None).unwrap();
     let probe_route =
         consumer_conn.open_route(&probe, &BindIdentity::new("probe-harness", "consumer-1"), STEP).unwrap();
     let body = br#"{"method":"reverse","params":{}}"#;
@@ -603,49 +421,27 @@ fn refuses_to_start_without_a_connection_file() {
 
 #[test]
 fn broca_serves_under_the_real_daemon_and_exits_zero_on_its_goodbye() {
-    // Test clients must open routes as plain direct callers (subc-wire.md §20.4). Nothing else
-    // runs in this process yet, so changing the environment is safe here.
-    for var in ["SUBC_MODULE_ID", "SUBC_LAUNCH_NONCE", "SUBC_LAUNCH_NONCE_FD"] {
-        std::env::remove_var(var);
-    }
     refuses_to_start_without_a_connection_file();
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
-        .with_test_writer()
-        .try_init();
-    let mock = MockServer::start("127.0.0.1:0").unwrap();
-    let rig = Rig::new(&mock.base_url(None));
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let daemon = rt.spawn(run_with_config(rig.daemon_config()));
-    wait_for_file(&rig.connection_file(), STEP);
-
-    let exercised = rt.block_on(async { tokio::time::timeout(Duration::from_secs(60), exercise(&rig)).await });
-    assert!(exercised.is_ok(), "the scenario timed out; broca's log:\n{}", rig.broca_log());
-    let sessions =
-        rt.block_on(async { tokio::time::timeout(Duration::from_secs(90), exercise_sessions(&rig, &mock)).await });
-    assert!(sessions.is_ok(), "the session scenario timed out; broca's log:\n{}", rig.broca_log());
-    let (probe, seen) = start_probe(&rig.connection_file());
-    let probed =
-        rt.block_on(async { tokio::time::timeout(Duration::from_secs(60), exercise_probe(&rig, &seen)).await });
+    let h = Harness::start();
+    exercise(&h);
+    exercise_sessions(&h);
+    let (probe, seen) = start_probe(&h.connection_file());
+    let client = h.connect();
+    let probed = h.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), exercise_probe(client.consumer(), &h.connection_file(), &seen))
+            .await
+    });
     assert!(probed.is_ok(), "the probe scenario timed out");
 
     // SIGTERM-equivalent stop: the daemon drains, sends GOODBYE, closes, and waits for broca.
-    // SAFETY: kill(2) on our own pid; the daemon's handler for SIGTERM is installed by now.
-    assert_eq!(unsafe { libc::kill(libc::getpid(), libc::SIGTERM) }, 0);
-    let stopped = rt.block_on(async { tokio::time::timeout(Duration::from_secs(40), daemon).await });
-    let result = stopped.expect("the daemon stopped within 40 s").expect("the daemon task did not panic");
-    assert!(result.is_ok(), "daemon: {result:?}");
+    h.stop();
 
     // The daemon journals every module exit: the SIGKILL above, then the last one, which must be
     // a clean exit 0.
-    let journal = fs::read_to_string(rig.journal()).unwrap_or_default();
-    let exit = journal
-        .lines()
-        .rev()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .find(|e| e["module_id"] == MODULE_ID && e.get("exit_code").is_some())
-        .unwrap_or_else(|| panic!("no exit of broca in the journal:\n{journal}\nbroca's log:\n{}", rig.broca_log()));
-    assert_eq!(exit["exit_code"], 0, "{exit}\nbroca's log:\n{}", rig.broca_log());
+    let exit = h.last_exit().unwrap_or_else(|| {
+        panic!("no exit of broca in the journal:\n{:?}\nbroca's log:\n{}", h.journal(), h.broca_log())
+    });
+    assert_eq!(exit["exit_code"], 0, "{exit}\nbroca's log:\n{}", h.broca_log());
     assert_eq!(exit["disposition"], "daemon_shutdown", "{exit}");
 
     // The in-process probe saw the drain notice, then the daemon's GOODBYE.
@@ -656,10 +452,9 @@ fn broca_serves_under_the_real_daemon_and_exits_zero_on_its_goodbye() {
     // (The client's route GOODBYE for the last route may land before the drain or not at all.)
     let rest: Vec<Seen> = seen.try_iter().filter(|s| !matches!(s, Seen::Closed(_))).collect();
     assert_eq!(rest, [Seen::Draining, Seen::Shutdown]);
-    let log = rig.broca_log();
+    let log = h.broca_log();
     assert!(log.contains("exiting cleanly: subc said goodbye"), "broca's log:\n{log}");
     // CK_LOG "info,broca.requests=debug": one record per served op, never its parameters.
     assert!(log.contains("op=session.send session=s1 actor_opened="), "broca's log:\n{log}");
     assert!(!log.contains("Capital of France"), "request parameters are never logged");
-    rt.shutdown_timeout(Duration::from_secs(5));
 }

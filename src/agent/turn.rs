@@ -374,8 +374,9 @@ impl Driver<'_> {
                         variant: self.config.variant.clone(),
                     })?;
                     self.history.push(message);
-                    if let Some(detail) = self.cap_reached() {
-                        // A crossing step dispatches none of its calls.
+                    if let Some(detail) = self.cap_reached().filter(|_| !calls.is_empty()) {
+                        // A crossing step dispatches none of its calls (a final answer that
+                        // crossed simply completes: no further step is needed).
                         self.refuse_batch(step, &calls)?;
                         return self.finish_budget(detail);
                     }

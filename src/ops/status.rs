@@ -153,11 +153,15 @@ pub(super) fn run_status(ops: &Ops, key: &SessionKey, params: &Value) -> Result<
 pub(super) fn run_result(ops: &Ops, key: &SessionKey, params: &Value) -> Result<Value, Refusal> {
     strict(params, &["run_id"])?;
     let Some(run_id) = string_member(params, "run_id")? else { return Err(invalid_params("run_id", "required")) };
-    let unknown = || json!({"run_id": run_id, "state": "unknown"});
-    let Some(page) = snapshot(ops, key)? else { return Ok(unknown()) };
+    // The role's answer for a run this session does not know (its vector `run-result.json`).
+    let unknown = || {
+        let detail = Some(crate::detail!("class" => "permanent"));
+        Refusal::new("unknown_run", format!("no run {run_id} in this session"), detail)
+    };
+    let Some(page) = snapshot(ops, key)? else { return Err(unknown()) };
     let shared = ops.registry.shared();
     let Some(facts) = ledger::run(&shared.store, &key.addr(), &page, &run_id).map_err(store_refusal)? else {
-        return Ok(unknown());
+        return Err(unknown());
     };
     let status = run_body(ops, &facts);
     let mut out = json!({"run_id": run_id, "state": status["state"], "usage": status["usage"]});

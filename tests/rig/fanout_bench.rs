@@ -2,13 +2,14 @@
 //! Prints only `BENCH <name> <value> <unit>` lines on stdout (progress and diagnostics go to
 //! stderr); targets are in the README, nothing here asserts them.
 //!
-//! The daemon (the `subc-daemon` library) is booted in this process, on its own tokio runtime,
-//! in a private temp rig directory (as `tests/e2e_subc.rs` does). It supervises the release
-//! broca binary: `BROCA_BENCH_BROCA`, or else `../broca` next to this example's own directory
-//! (`target/release/examples/fanout-bench` → `target/release/broca`). broca's state root is
-//! seeded with `testdata/catalog/fusiform-lkg.json` and its provider base URL points at a
-//! `broca::mock::MockServer` in this process. Consumers use the official SDK
-//! (`subc-client-rs`) on a second runtime.
+//! The rig is the tests' harness (`tests/support`, as `tests/e2e_subc.rs` uses it): the daemon
+//! (the `subc-daemon` library) booted in this process, on its own tokio runtime, in a private
+//! temp rig directory. It supervises the release broca binary: `BROCA_BENCH_BROCA`, or else
+//! `../broca` next to this example's own directory (`target/release/examples/fanout-bench` →
+//! `target/release/broca`). broca's state root is seeded with
+//! `testdata/catalog/fusiform-lkg.json` and its provider base URL points at the harness's
+//! `broca::mock::MockServer`. Consumers use the official SDK (`subc-client-rs`) on a second
+//! runtime.
 //!
 //! Every measured run is one `session.send` on `mock/echo-chat` of a fresh session whose
 //! scripted reply streams [`DELTAS`] text deltas `t={{now_us}};`, [`DELTA_GAP_MS`] ms apart; the
@@ -27,10 +28,11 @@
 //!
 //! Every wait is bounded. At the end the daemon is stopped by SIGTERM to this process (its
 //! signal handler runs the shutdown sequence); the exit status is 0 when every figure was
-//! measured, 1 otherwise.
+//! measured, 1 otherwise (a harness failure panics: 101).
 
-use std::fs;
-use std::os::unix::fs::DirBuilderExt;
+#[path = "../support/mod.rs"]
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::mpsc;
@@ -39,11 +41,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use broca::mock::{MockServer, Script};
 use serde_json::{json, Value};
 use subc_client_rs::{CallError, CallOptions, ConsumerOptions, SubcConsumer, SubscribeOptions, Subscription};
-use subc_daemon::bootstrap::{run_with_config, BootstrapConfig};
-use subc_protocol::{BindIdentity, RouteTarget};
+use subc_protocol::BindIdentity;
+use support::{target, Harness, Options};
 use tokio::task::JoinSet;
 
-const MODULE_ID: &str = "broca";
 const HARNESS: &str = "fanout-bench";
 /// Text deltas in a measured run.
 const DELTAS: usize = 200;
@@ -63,183 +64,34 @@ const GRACE: Duration = Duration::from_secs(2);
 type Failure = String;
 
 fn main() -> ExitCode {
-    // Open routes as a plain `direct` caller, never as a supervised module (subc-wire §20.4).
-    // Nothing else runs in this process yet.
-    for var in ["SUBC_MODULE_ID", "SUBC_LAUNCH_NONCE", "SUBC_LAUNCH_NONCE_FD"] {
-        std::env::remove_var(var);
-    }
     if std::env::args().nth(1).is_some_and(|a| a == "--help" || a == "-h") {
         eprintln!("usage: fanout-bench   (environment: BROCA_BENCH_BROCA = the broca binary; RUST_LOG)");
         return ExitCode::SUCCESS;
     }
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
-        .with_ansi(false)
-        .with_writer(std::io::stderr)
-        .try_init();
-    let broca = match broca_binary() {
+    let broca = match support::bench_broca_binary() {
         Ok(path) => path,
         Err(why) => {
             eprintln!("fanout-bench: {why}");
             return ExitCode::from(1);
         }
     };
-    let mock = match MockServer::start("127.0.0.1:0") {
-        Ok(mock) => mock,
-        Err(e) => {
-            eprintln!("fanout-bench: cannot start the mock provider: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    let rig = match Rig::new(&broca, &mock.base_url(None)) {
-        Ok(rig) => rig,
-        Err(e) => {
-            eprintln!("fanout-bench: cannot lay out the rig directory: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    let config = match rig.daemon_config() {
-        Ok(config) => config,
-        Err(why) => {
-            eprintln!("fanout-bench: {why}");
-            return ExitCode::from(1);
-        }
-    };
-    let runtime = |name: &str| {
-        tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name(name).enable_all().build()
-    };
-    let (daemon_rt, rt) = match (runtime("subc-daemon"), runtime("fanout-bench")) {
-        (Ok(d), Ok(c)) => (d, c),
-        (Err(e), _) | (_, Err(e)) => {
-            eprintln!("fanout-bench: cannot start a tokio runtime: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    eprintln!("fanout-bench: broca {}, rig {}", broca.display(), rig.root.display());
-    let daemon = daemon_rt.spawn(run_with_config(config));
-    let outcome = rt.block_on(async {
-        tokio::time::timeout(LIMIT, bench(&rig, &mock))
+    let opts = Options { broca, ck_log: "info".into(), test_writer: false, prefix: "bfb".into(), ..Default::default() };
+    let h = Harness::start_with(opts);
+    eprintln!("fanout-bench: rig {}", h.rig_root().display());
+    let outcome = h.block_on(async {
+        tokio::time::timeout(LIMIT, bench(h.connection_file(), &h.mock))
             .await
             .unwrap_or_else(|_| Err(format!("the benchmark did not finish within {LIMIT:?}")))
     });
-    rt.shutdown_timeout(Duration::from_secs(2));
     if let Err(why) = &outcome {
         eprintln!("fanout-bench: {why}");
-        eprintln!("fanout-bench: broca's log (tail):\n{}", rig.broca_log_tail(30));
+        eprintln!("fanout-bench: broca's log (tail):\n{}", h.broca_log_tail(30));
     }
-    let stopped = stop_daemon(&daemon_rt, daemon);
-    daemon_rt.shutdown_timeout(Duration::from_secs(5));
-    if let Err(why) = &stopped {
-        eprintln!("fanout-bench: {why}");
-    }
-    match (outcome, stopped) {
-        (Ok(()), Ok(())) => ExitCode::SUCCESS,
-        _ => ExitCode::from(1),
-    }
-}
-
-/// `BROCA_BENCH_BROCA`, or `broca` in the parent of this example's directory.
-fn broca_binary() -> Result<PathBuf, Failure> {
-    let path = match std::env::var_os("BROCA_BENCH_BROCA").filter(|v| !v.is_empty()) {
-        Some(path) => PathBuf::from(path),
-        None => {
-            let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
-            let dir =
-                exe.parent().and_then(Path::parent).ok_or_else(|| format!("{} has no grandparent", exe.display()))?;
-            dir.join("broca")
-        }
-    };
-    if path.is_file() {
-        fs::canonicalize(&path).map_err(|e| format!("{}: {e}", path.display()))
-    } else {
-        Err(format!(
-            "the broca binary {} does not exist (run `cargo build --release --bins` or set BROCA_BENCH_BROCA)",
-            path.display()
-        ))
-    }
-}
-
-/// A private fixture tree: `config/cortexkit/subc.jsonc`, `runtime/`, `run/` (logs, journal),
-/// `state/` (broca's state root).
-struct Rig {
-    _dir: tempfile::TempDir,
-    root: PathBuf,
-}
-
-impl Rig {
-    fn new(broca: &Path, provider_base_url: &str) -> std::io::Result<Rig> {
-        let dir = tempfile::Builder::new().prefix("bfb").tempdir_in("/tmp")?;
-        let root = dir.path().to_path_buf();
-        for sub in ["config", "config/cortexkit", "runtime", "run", "run/logs", "state", "state/catalog"] {
-            fs::DirBuilder::new().mode(0o700).create(root.join(sub))?;
-        }
-        let lkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json");
-        fs::copy(lkg, root.join("state/catalog/fusiform-lkg.json"))?;
-        let config = json!({
-            "version": 1,
-            "modules": {
-                MODULE_ID: {
-                    "program": broca,
-                    "args": [],
-                    "env": {
-                        "CK_LOG": "info",
-                        "BROCA_STATE_ROOT": root.join("state"),
-                        "BROCA_PROVIDER_BASE_URL": provider_base_url
-                    },
-                    "enabled": true,
-                    "reserved": true
-                }
-            }
-        });
-        fs::write(root.join("config/cortexkit/subc.jsonc"), config.to_string())?;
-        Ok(Rig { _dir: dir, root })
-    }
-
-    fn connection_file(&self) -> PathBuf {
-        self.root.join("runtime/subc-connection.json")
-    }
-
-    fn daemon_config(&self) -> Result<BootstrapConfig, Failure> {
-        let path = self.root.join("config/cortexkit/subc.jsonc");
-        Ok(BootstrapConfig::new(self.connection_file(), 0)
-            .with_daemon_config_path(&path)
-            .map_err(|e| format!("cannot load {}: {e}", path.display()))?
-            .with_capture_logs_dir(self.root.join("run/logs"))
-            .with_terminal_journal_path(self.root.join("run/terminals.jsonl")))
-    }
-
-    fn broca_log_tail(&self, lines: usize) -> String {
-        let log = fs::read_to_string(self.root.join("run/logs/broca.stderr.log")).unwrap_or_default();
-        let all: Vec<&str> = log.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
-    }
-}
-
-/// SIGTERM to this process, which the daemon's handler turns into its shutdown sequence.
-fn stop_daemon(
-    daemon_rt: &tokio::runtime::Runtime,
-    daemon: tokio::task::JoinHandle<Result<(), subc_daemon::bootstrap::BootstrapError>>,
-) -> Result<(), Failure> {
-    if daemon.is_finished() {
-        // Its signal handler may be gone: do not signal a process that would die of it.
-        return match daemon_rt.block_on(daemon) {
-            Ok(Ok(())) => Err("the daemon had stopped before the end".into()),
-            Ok(Err(e)) => Err(format!("the daemon failed: {e}")),
-            Err(e) => Err(format!("the daemon task panicked: {e}")),
-        };
-    }
-    // SAFETY: kill(2) on our own pid; the daemon's SIGTERM handler is installed by now.
-    if unsafe { libc::kill(libc::getpid(), libc::SIGTERM) } != 0 {
-        return Err(format!("cannot signal this process: {}", std::io::Error::last_os_error()));
-    }
-    match daemon_rt.block_on(async { tokio::time::timeout(Duration::from_secs(40), daemon).await }) {
-        Ok(Ok(Ok(()))) => {
-            eprintln!("fanout-bench: the daemon stopped cleanly");
-            Ok(())
-        }
-        Ok(Ok(Err(e))) => Err(format!("the daemon stopped with an error: {e}")),
-        Ok(Err(e)) => Err(format!("the daemon task panicked: {e}")),
-        Err(_) => Err("the daemon did not stop within 40 s of SIGTERM".into()),
+    h.stop();
+    eprintln!("fanout-bench: the daemon stopped cleanly");
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(_) => ExitCode::from(1),
     }
 }
 
@@ -249,10 +101,6 @@ fn report(name: &str, value: f64, unit: &str) {
 
 fn unix_us() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
-}
-
-fn target() -> RouteTarget {
-    RouteTarget::ManagementSurface { module_id: MODULE_ID.into() }
 }
 
 fn identity(session: &str) -> BindIdentity {
@@ -295,36 +143,6 @@ async fn send(consumer: &SubcConsumer, session: &str, prompt: &str) -> Result<St
         .map(String::from)
         .or_else(|| result["submission_id"].as_str().map(|s| format!("run-{s}")))
         .ok_or_else(|| format!("session.send answered {v}"))
-}
-
-async fn wait_until_ready(rig: &Rig) -> Result<SubcConsumer, Failure> {
-    let until = Instant::now() + Duration::from_secs(60);
-    let conn_file = rig.connection_file();
-    let mut last = "the connection file does not exist".to_owned();
-    let mut consumer = None;
-    loop {
-        if consumer.is_none() && conn_file.exists() {
-            match connect(&conn_file).await {
-                Ok(c) => consumer = Some(c),
-                Err(e) => last = e,
-            }
-        }
-        if let Some(c) = &consumer {
-            match c.catalog_list().await {
-                Ok(list) => match list.modules.iter().find(|m| m.module_id == MODULE_ID) {
-                    Some(entry) if entry.ready => break,
-                    Some(_) => last = "broca is listed but not ready".into(),
-                    None => last = "broca is not in the catalog".into(),
-                },
-                Err(e) => last = format!("catalog.list: {e:?}"),
-            }
-        }
-        if Instant::now() >= until {
-            return Err(format!("broca was not registered and ready within 60 s: {last}"));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    consumer.ok_or_else(|| "no consumer".to_owned())
 }
 
 /// The measured reply: [`DELTAS`] stamped text deltas, paced.
@@ -525,9 +343,8 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
-async fn bench(rig: &Rig, mock: &MockServer) -> Result<(), Failure> {
-    let driver = wait_until_ready(rig).await?;
-    let conn_file = rig.connection_file();
+async fn bench(conn_file: PathBuf, mock: &MockServer) -> Result<(), Failure> {
+    let driver = connect(&conn_file).await?;
     let max = FANOUTS.iter().copied().max().unwrap_or(1);
     let mut readers = Vec::with_capacity(max);
     for _ in 0..max {

@@ -296,10 +296,9 @@ pub(super) fn cancel_run(
     paused: bool,
 ) -> Result<Vec<crate::lineage::projection::ControlUnit>, LineageError> {
     let current = lineage.state().last.as_ref().and_then(|e| e.cancel);
-    let needed = match (current, at) {
-        (Some(CancelAt::Now), _) | (Some(CancelAt::StepBoundary), CancelAt::StepBoundary) => false,
-        _ => true,
-    };
+    // A duplicate boundary request is idempotent; a later `now` escalates one.
+    let needed =
+        !matches!((current, at), (Some(CancelAt::Now), _) | (Some(CancelAt::StepBoundary), CancelAt::StepBoundary));
     if needed {
         lineage.append(&Record::RunCancelRequested { run_id: run_id.into(), at })?;
     }
