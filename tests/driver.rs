@@ -478,7 +478,7 @@ fn a_vanished_project_root_refuses_writes_and_serves_reads() {
     }
     std::fs::remove_dir(&root).unwrap();
     let e = call("session.send", keyed("more", "v-2")).unwrap_err();
-    assert_golden("invalid_project_root.json", &e.to_json(), Some(rig.dir.path().to_str().unwrap()));
+    assert_golden("invalid_project_root.json", &e.to_json(), Some(root.to_str().unwrap()));
     assert_eq!(e.detail.unwrap().get("path"), Some(&json!(root.to_str().unwrap())));
     assert_eq!(call("session.read", json!({})).unwrap()["messages"].as_array().unwrap().len(), 2);
     assert_eq!(call("run.status", json!({"run_id": run_a})).unwrap()["state"], "completed");
