@@ -81,7 +81,7 @@ pub struct Server {
     outbound: Outbound,
     workers: Arc<Pool>,
     metrics: Arc<Metrics>,
-    routes: HashMap<Route, SessionKey>,
+    routes: HashMap<Route, crate::ops::Route>,
     streams: Arc<Mutex<HashMap<(Route, u64), Subscription>>>,
     draining: Arc<AtomicBool>,
     stopped: crossbeam_channel::Sender<()>,
@@ -189,13 +189,15 @@ fn session_of(bind: &BindRequest) -> SessionKey {
 
 impl Handler for Server {
     fn on_route_bound(&mut self, bind: BindRequest) {
-        self.routes.insert(bind.route, session_of(&bind));
+        let scoped = bind.scope.is_some();
+        self.routes.insert(bind.route, crate::ops::Route { key: session_of(&bind), scoped });
     }
 
     fn on_request(&mut self, route: Route, corr: u64, flags: Flags, body: Vec<u8>) {
-        let Some(key) = self.routes.get(&route).cloned() else {
+        let Some(bound) = self.routes.get(&route).cloned() else {
             return self.refuse(route, corr, &Refusal::new("unknown_channel", "the route is not bound", None));
         };
+        let key = bound.key.clone();
         let envelope: Value = match serde_json::from_slice(&body) {
             Ok(v) => v,
             Err(e) => return self.refuse(route, corr, &invalid_params("body", &format!("not JSON: {e}"))),
@@ -223,11 +225,11 @@ impl Handler for Server {
         let job = move || {
             let out = outbound.clone();
             let started = std::time::Instant::now();
-            let session = key.session.clone();
+            let session = bound.key.session.clone();
             crate::actor::take_opened_here();
             let log_method = method.clone();
-            ops.handle(
-                &key,
+            ops.handle_on(
+                &bound,
                 &method,
                 params,
                 Box::new(move |result| {

@@ -619,3 +619,96 @@ fn admission_failures_answer_open_failed_with_their_class() {
     assert_golden("open_failed_transient.json", &e.to_json(), Some(rig.dir.path().to_str().unwrap()));
     assert!(!rig.ops.registry.shared().wal_path(&key()).exists(), "admission refusals write nothing");
 }
+
+#[test]
+fn a_restart_paused_run_refused_at_boot_is_sealed_interrupted_with_the_reason() {
+    let rig = rig(Duration::from_millis(200));
+    rig.script(json!({"responses": [
+        {"events": [{"text": "working"}, {"delay_ms": 200}, {"tool_call": {"id": "c1", "name": "look", "arguments": {}}}, {"finish": "tool_calls"}]},
+    ]}));
+    let mut resumable = keyed("long job", "rr-1");
+    resumable["on_restart"] = json!("resume");
+    let run_a = rig.call("session.send", resumable).unwrap()["run_id"].as_str().unwrap().to_string();
+    rig.wait_requests(1);
+    rig.ops.registry.drain();
+    rig.wait_state(&run_a, "paused");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rig.ops.registry.is_open(&key()) {
+        assert!(Instant::now() < deadline, "the paused actor never closed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let refuse: broca::actor::Readmit = std::sync::Arc::new(|_| Err("model 'mock/echo-chat' is retired".into()));
+    let next = inproc::ops_with(rig.dir.path(), rig.mock.base_url(None), Duration::from_secs(5), Some(refuse));
+    assert_eq!(next.registry.recover(), 1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        next.handle(&key(), "run.status", json!({"run_id": run_a}), Box::new(move |r| tx.send(r).unwrap()));
+        let status = rx.recv().unwrap().unwrap();
+        if status["state"] == "interrupted" {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "never sealed: {status}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status["error"]["provider_code"], "resume_refused");
+    assert!(status["error"]["message"].as_str().unwrap().contains("retired"), "{status}");
+    assert_eq!(rig.mock.requests("default").len(), 1, "no model step after the refused resume");
+}
+
+#[test]
+fn a_plain_send_must_name_its_model_and_a_steer_inherits_it() {
+    let rig = rig(Duration::from_secs(5));
+    rig.script(json!({"responses": [slow("first", 400), reply_script("second", 0)]}));
+    let bare = json!({"prompt": "no model"});
+    assert_eq!(rig.field_of("session.send", bare.clone()), ("invalid_params".into(), Some(json!("model"))));
+    let a = rig.call("session.send", keyed("one", "m-1")).unwrap();
+    rig.wait_requests(1);
+    assert_eq!(
+        rig.field_of("session.send", json!({"prompt": "queued, no model", "send_id": "m-2"})),
+        ("invalid_params".into(), Some(json!("model")))
+    );
+    let steer = rig.call("session.send", json!({"prompt": "steer, no model", "delivery": "steer"})).unwrap();
+    assert_eq!(steer["run_id"], a["run_id"]);
+    rig.wait_state(a["run_id"].as_str().unwrap(), "completed");
+}
+
+#[test]
+fn a_session_another_writer_holds_is_session_busy_naming_its_run() {
+    let rig = rig(Duration::from_millis(100));
+    let a = rig.call("session.send", keyed("one", "sb-1")).unwrap();
+    let run_a = a["run_id"].as_str().unwrap().to_string();
+    rig.wait_state(&run_a, "completed");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rig.ops.registry.is_open(&key()) {
+        assert!(Instant::now() < deadline, "the actor never closed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Another writer (here: a direct open, as broca-run would) holds the lease.
+    let held = rig.ops.registry.shared().open_lineage(&key()).unwrap();
+    let e = rig.call("session.send", keyed("two", "sb-2")).unwrap_err();
+    assert_eq!(e.code, "session_busy");
+    let detail = e.detail.unwrap();
+    assert_eq!((detail.get("run_id"), detail.get("state")), (Some(&json!(run_a)), Some(&json!("idle"))));
+    drop(held);
+    assert_eq!(rig.call("session.send", keyed("two", "sb-2")).unwrap()["state"], "active");
+}
+
+#[test]
+fn a_scoped_session_refuses_legacy_tools_before_writing() {
+    let rig = rig(Duration::from_secs(5));
+    let route = broca::ops::Route { key: key(), scoped: true };
+    let call = |params: Value| {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        rig.ops.handle_on(&route, "session.send", params, Box::new(move |r| tx.send(r).unwrap()));
+        rx.recv_timeout(Duration::from_secs(10)).unwrap()
+    };
+    let mut tooled = keyed("x", "sc-1");
+    tooled["tools"] = json!([{"name": "read", "input_schema": {"type": "object"}}]);
+    let e = call(tooled).unwrap_err();
+    assert_golden("scoped_tools_require_plan.json", &e.to_json(), None);
+    assert!(!rig.ops.registry.shared().wal_path(&key()).exists());
+    let mut empty = keyed("x", "sc-2");
+    empty["tools"] = json!([]);
+    assert_eq!(call(empty).unwrap()["state"], "active", "empty tools stay admitted");
+}

@@ -162,7 +162,9 @@ fn pages_are_capped_by_bytes_and_an_oversize_message_is_refused_by_name() {
     assert_eq!(forward["next_from_ordinal"], 2);
     // A message that alone crosses the transport limit is refused, naming it, not its content.
     let huge = "y".repeat(4_300_000);
-    let sent = rig.call("session.send", send(&huge)).unwrap();
+    let mut params = send(&huge);
+    params["send_id"] = json!("huge");
+    let sent = rig.call("session.send", params).unwrap();
     rig.wait_state(sent["run_id"].as_str().unwrap(), "completed");
     let err = rig.call("session.read", json!({"from_ordinal": 4, "limit": 1})).unwrap_err();
     assert_eq!(err.code, "reply_too_large");

@@ -206,7 +206,15 @@ impl Registry {
                 return 0;
             }
         };
-        keys.iter().filter(|key| self.submit(key, Box::new(|_| Vec::new())).is_ok()).count()
+        let opened = |key: &&SessionKey| match self.submit(key, Box::new(|_| Vec::new())) {
+            Ok(()) => true,
+            Err(e) => {
+                // A newer writer's WAL (or any unopenable one) is left untouched; others go on.
+                log::warn!("boot recovery left session {:?} ({}) alone: {e}", key.session, key.addr());
+                false
+            }
+        };
+        keys.iter().filter(opened).count()
     }
 
     /// Whether shutdown has begun (no new turn may start).

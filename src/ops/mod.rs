@@ -23,6 +23,14 @@ use crate::catalog::{Catalog, CatalogError};
 use crate::session_key::SessionKey;
 use crate::wire::Refusal;
 
+/// What an op knows of the route it came on: the bound session, and whether the daemon
+/// stamped a work scope on the bind (scoped sessions take tools only from a fetch plan).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Route {
+    pub key: SessionKey,
+    pub scoped: bool,
+}
+
 /// One answer, delivered once.
 pub type Reply = Box<dyn FnOnce(Result<Value, Refusal>) + Send>;
 
@@ -93,9 +101,15 @@ impl Ops {
     /// Serves `method` for the session `key`. Blocking work (opening a lineage, reading the
     /// store) happens here: call it from a worker thread.
     pub fn handle(self: &Arc<Self>, key: &SessionKey, method: &str, params: Value, reply: Reply) {
+        self.handle_on(&Route { key: key.clone(), scoped: false }, method, params, reply)
+    }
+
+    /// [`Ops::handle`] for a route whose bind carried the daemon's stamped work scope.
+    pub fn handle_on(self: &Arc<Self>, route: &Route, method: &str, params: Value, reply: Reply) {
+        let key = &route.key;
         match method {
             "role.describe" => reply(strict(&params, &[]).map(|()| describe(&self.config))),
-            "session.send" => send::session_send(self, key, params, reply),
+            "session.send" => send::session_send(self, route, params, reply),
             "session.retract" => driver::session_retract(self, key, params, reply),
             "run.cancel" => driver::run_cancel(self, key, params, reply),
             "session.read" => reply(read::session_read(self, key, &params)),

@@ -36,6 +36,16 @@ pub fn rig(idle_ttl: Duration) -> Rig {
 /// Ops over the state root at `root` (a second one over the same root stands for a restarted
 /// process once the first has let go of its leases).
 pub fn ops_over(root: &Path, provider_base_url: String, idle_ttl: Duration) -> Arc<Ops> {
+    ops_with(root, provider_base_url, idle_ttl, None)
+}
+
+/// [`ops_over`] with a boot readmission check.
+pub fn ops_with(
+    root: &Path,
+    provider_base_url: String,
+    idle_ttl: Duration,
+    readmit: Option<broca::actor::Readmit>,
+) -> Arc<Ops> {
     let shared = Arc::new(Shared::open(StateRoot::at(root).unwrap()).unwrap());
     let deps = RunDeps {
         client: Arc::new(HttpClient::default()),
@@ -44,7 +54,7 @@ pub fn ops_over(root: &Path, provider_base_url: String, idle_ttl: Duration) -> A
         publish: Arc::new(|_, _| {}),
         idle_ttl,
         observed: Arc::new(|_| false),
-        readmit: None,
+        readmit,
     };
     let lkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json");
     Arc::new(Ops {

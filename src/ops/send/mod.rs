@@ -34,11 +34,19 @@ use crate::session_key::SessionKey;
 use crate::store::{SendLookup, SendRow, Store};
 use crate::wire::Refusal;
 
-pub(super) fn session_send(ops: &Arc<Ops>, key: &SessionKey, params: Value, reply: Reply) {
+pub(super) fn session_send(ops: &Arc<Ops>, route: &super::Route, params: Value, reply: Reply) {
+    let key = &route.key;
     let send = match parse::parse(&params, key) {
         Ok(s) => s,
         Err(r) => return reply(Err(r)),
     };
+    // Tool providers need a per-call preset on scoped routes, which only a fetch plan gives:
+    // legacy direct tools cannot run there (broca has no fetch plans yet).
+    if route.scoped && send.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+        let message = "session.send: tools on a scoped session must come from a fetch plan; legacy tools are refused";
+        let detail = Some(crate::detail!("class" => "permanent"));
+        return reply(Err(Refusal::new("scoped_tools_require_plan", message, detail)));
+    }
     if ops.registry.is_sealing() {
         let detail = Some(crate::detail!("class" => "transient"));
         return reply(Err(Refusal::new("module_reloading", "broca is shutting down; send again shortly", detail)));
@@ -63,6 +71,13 @@ pub(super) fn session_send(ops: &Arc<Ops>, key: &SessionKey, params: Value, repl
         None if !exists => {
             return reply(Err(invalid_params("model", "required: the session has no episode to inherit it from")))
         }
+        // Only a steer or an interrupt takes the session's frozen model; a plain send names one.
+        None if send.delivery == Delivery::Queue && send.send_id.is_none() => {
+            return reply(Err(invalid_params(
+                "model",
+                "required: only a steer or an interrupt inherits the session's model",
+            )))
+        }
         None => None,
     };
     let placement = ops.config.placement_for(send.session_class.as_deref(), send.retention.is_some());
@@ -76,8 +91,27 @@ pub(super) fn session_send(ops: &Arc<Ops>, key: &SessionKey, params: Value, repl
         units
     });
     if let Err(e) = ops.registry.submit_placed(key, placement, job) {
-        reply.answer(Err(e.refusal()));
+        reply.answer(Err(open_refusal(ops, key, e)));
     }
+}
+
+/// An open failure as a send answers it: another process holding the session's lease is
+/// `session_busy` naming the run it is driving and its state (spec §14), distinct from
+/// `lease_stale`.
+fn open_refusal(ops: &Ops, key: &SessionKey, e: LineageError) -> Refusal {
+    use crate::lineage::read;
+    use crate::wal::LeaseError;
+    let LineageError::Lease(LeaseError::Busy { .. }) = &e else { return e.refusal() };
+    let shared = ops.registry.shared();
+    let snapshot = read::transcript(&shared.store, key, &shared.wal_path(key), u64::MAX, 0);
+    let (run_id, state) = match snapshot.map(|p| p.resolution) {
+        Ok(Resolution::Resume { run_id }) => (Some(run_id), "active"),
+        Ok(Resolution::Paused { run_id, .. }) => (Some(run_id), "paused"),
+        Ok(Resolution::Idle { run_id, .. }) => (Some(run_id), "idle"),
+        _ => (None, "leased"),
+    };
+    let message = format!("session busy: another broca process holds this session ({e})");
+    Refusal::new("session_busy", message, Some(crate::detail!("run_id" => run_id, "state" => state)))
 }
 
 /// §10.1: writes refuse a session whose project root is gone (reads still work).
@@ -146,6 +180,9 @@ fn admit(
             }
             return resend(&store, lineage, &page, &row, units);
         }
+    }
+    if send.model.is_none() && send.delivery == Delivery::Queue {
+        return Err(invalid_params("model", "required: only a steer or an interrupt inherits the session's model"));
     }
     let state = lineage.state();
     let frozen: Option<RenderConfig> = state.last.as_ref().and_then(|e| serde_json::from_value(e.config.clone()).ok());
