@@ -109,6 +109,16 @@ pub struct ProviderError {
 pub const ORPHAN_PROVIDER_CODE: &str = "previous_process_ended_unsealed";
 
 impl ProviderError {
+    /// A permanent error broca itself decided (no provider status).
+    pub fn permanent(code: &str, message: impl Into<String>) -> ProviderError {
+        ProviderError {
+            class: ErrorClass::Permanent,
+            provider_code: Some(code.into()),
+            message: message.into(),
+            http_status: None,
+        }
+    }
+
     /// The diagnostic an orphaned run is sealed with.
     pub fn previous_process_ended() -> ProviderError {
         ProviderError {

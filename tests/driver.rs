@@ -488,19 +488,25 @@ fn a_vanished_project_root_refuses_writes_and_serves_reads() {
     assert_eq!(call("session.send", keyed("more", "v-2")).unwrap()["state"], "active", "recreating revives it");
 }
 
-#[test]
-fn draining_pauses_a_resume_enabled_run_and_boot_resumes_the_same_run() {
-    let rig = rig(Duration::from_millis(200));
+/// A resume-enabled run (one step with a tool call) drained mid-step: it finishes the step and
+/// its batch, then pauses for the restart. Its run id.
+fn paused_for_restart(rig: &Rig, send_id: &str) -> String {
     rig.script(json!({"responses": [
         {"events": [{"text": "working"}, {"delay_ms": 300}, {"tool_call": {"id": "c1", "name": "look", "arguments": {}}}, {"finish": "tool_calls"}]},
     ]}));
-    let mut resumable = keyed("long job", "rs-1");
+    let mut resumable = keyed("long job", send_id);
     resumable["on_restart"] = json!("resume");
-    let a = rig.call("session.send", resumable).unwrap();
-    let run_a = a["run_id"].as_str().unwrap().to_string();
+    let run_id = rig.call("session.send", resumable).unwrap()["run_id"].as_str().unwrap().to_string();
     rig.wait_requests(1);
     rig.ops.registry.drain();
-    rig.wait_state(&run_a, "paused");
+    rig.wait_state(&run_id, "paused");
+    run_id
+}
+
+#[test]
+fn draining_pauses_a_resume_enabled_run_and_boot_resumes_the_same_run() {
+    let rig = rig(Duration::from_millis(200));
+    let run_a = paused_for_restart(&rig, "rs-1");
     let status = rig.call("run.status", json!({"run_id": run_a})).unwrap();
     assert_eq!((status["reason"].as_str(), status["pause_reason"].as_str()), (Some("restart"), Some("restart")));
     assert_eq!(rig.call("send.status", json!({"send_id": "rs-1"})).unwrap()["pause_reason"], "restart");
@@ -623,15 +629,7 @@ fn admission_failures_answer_open_failed_with_their_class() {
 #[test]
 fn a_restart_paused_run_refused_at_boot_is_sealed_interrupted_with_the_reason() {
     let rig = rig(Duration::from_millis(200));
-    rig.script(json!({"responses": [
-        {"events": [{"text": "working"}, {"delay_ms": 200}, {"tool_call": {"id": "c1", "name": "look", "arguments": {}}}, {"finish": "tool_calls"}]},
-    ]}));
-    let mut resumable = keyed("long job", "rr-1");
-    resumable["on_restart"] = json!("resume");
-    let run_a = rig.call("session.send", resumable).unwrap()["run_id"].as_str().unwrap().to_string();
-    rig.wait_requests(1);
-    rig.ops.registry.drain();
-    rig.wait_state(&run_a, "paused");
+    let run_a = paused_for_restart(&rig, "rr-1");
     let deadline = Instant::now() + Duration::from_secs(10);
     while rig.ops.registry.is_open(&key()) {
         assert!(Instant::now() < deadline, "the paused actor never closed");

@@ -24,7 +24,7 @@ use crate::lineage::replay::Resolution;
 use crate::lineage::{Lineage, LineageError, Shared};
 use crate::provider::client::ModelClient;
 use crate::provider::config::RenderConfig;
-use crate::record::{CancelAt, ErrorClass, FinishReason, PauseReason, ProviderError};
+use crate::record::{CancelAt, FinishReason, PauseReason, ProviderError};
 use crate::session_key::SessionKey;
 use crate::state_root::Placement;
 
@@ -341,12 +341,8 @@ impl Registry {
                     Err(e) => Some(format!("the frozen config does not decode: {e}")),
                 };
                 if let Some(why) = refused {
-                    let error = ProviderError {
-                        class: ErrorClass::Permanent,
-                        provider_code: Some("resume_refused".into()),
-                        message: format!("the restart-paused run could not be resumed: {why}"),
-                        http_status: None,
-                    };
+                    let message = format!("the restart-paused run could not be resumed: {why}");
+                    let error = ProviderError::permanent("resume_refused", message);
                     lineage.finish_run(&run_id, FinishReason::Interrupted, Some(error), vec![])?;
                     publish(Output::Control(lineage.commit()?));
                     return Ok(true);
@@ -370,12 +366,8 @@ impl Registry {
                             None,
                         )?;
                         publish(Output::Control(units));
-                        let error = ProviderError {
-                            class: ErrorClass::Permanent,
-                            provider_code: Some("queued_config_unreadable".into()),
-                            message: format!("the queued send's frozen config does not decode: {e}"),
-                            http_status: None,
-                        };
+                        let message = format!("the queued send's frozen config does not decode: {e}");
+                        let error = ProviderError::permanent("queued_config_unreadable", message);
                         lineage.finish_run(&run_id, FinishReason::Error, Some(error), vec![])?;
                         publish(Output::Control(lineage.commit()?));
                         return Ok(true);

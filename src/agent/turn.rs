@@ -241,33 +241,49 @@ impl Driver<'_> {
 
     /// The calls of a step that crossed the cap: each gets its intent and a never-executed
     /// error result, so the transcript keeps provider-valid call/result pairs.
-    fn refuse_batch(&mut self, step: u64, calls: &[(String, String, serde_json::Value)]) -> Result<(), LineageError> {
+    fn refuse_batch(&mut self, step: u64, calls: Vec<(String, String, serde_json::Value)>) -> Result<(), LineageError> {
+        let batch = self.append_intents(step, calls)?;
+        let output = json!({"kind": "error", "reason": "budget_exhausted", "message": "not executed: the session's input-token cap was reached"});
+        let mut parts = Vec::with_capacity(batch.len());
+        for call in batch {
+            self.lineage.append(&Record::ToolResult {
+                run_id: self.run_id.clone(),
+                step,
+                tool_call_id: call.tool_call_id.clone(),
+                output: output.clone(),
+                is_error: true,
+                outcome: Some("not_executed".into()),
+            })?;
+            parts.push(Part::ToolResult { tool_call_id: call.tool_call_id, output: output.clone(), is_error: true });
+        }
+        self.history.push(Message { role: Role::Tool, content: parts, origin: None });
+        Ok(())
+    }
+
+    /// Appends one dispatch intent per call, in planned order (durable with the next commit):
+    /// the calls as they will be dispatched, each with its call key.
+    fn append_intents(
+        &mut self,
+        step: u64,
+        calls: Vec<(String, String, serde_json::Value)>,
+    ) -> Result<Vec<ToolCall>, LineageError> {
         let lineage_id = self.lineage.key().addr();
-        let mut parts = Vec::with_capacity(calls.len());
+        let mut batch = Vec::with_capacity(calls.len());
         for (id, name, arguments) in calls {
             let call_key = format!("{lineage_id}:{}", self.lineage.next_seq());
+            let text = serde_json::to_string(&arguments).unwrap_or_else(|_| "{}".into());
             self.lineage.append(&Record::ToolDispatchIntent {
                 run_id: self.run_id.clone(),
                 step,
                 tool_call_id: id.clone(),
                 tool_name: name.clone(),
                 module_id: None,
-                call_key,
-                arguments: Some(serde_json::to_string(arguments).unwrap_or_else(|_| "{}".into())),
+                call_key: call_key.clone(),
+                arguments: Some(text),
             })?;
-            let output = json!({"kind": "error", "reason": "budget_exhausted", "message": "not executed: the session's input-token cap was reached"});
-            self.lineage.append(&Record::ToolResult {
-                run_id: self.run_id.clone(),
-                step,
-                tool_call_id: id.clone(),
-                output: output.clone(),
-                is_error: true,
-                outcome: Some("not_executed".into()),
-            })?;
-            parts.push(Part::ToolResult { tool_call_id: id.clone(), output, is_error: true });
+            batch.push(ToolCall { run_id: self.run_id.clone(), tool_call_id: id, name, arguments, call_key });
         }
-        self.history.push(Message { role: Role::Tool, content: parts, origin: None });
-        Ok(())
+        Ok(batch)
     }
 
     /// Records a cancel request durably (the "ack" is only true after this).
@@ -377,7 +393,7 @@ impl Driver<'_> {
                     if let Some(detail) = self.cap_reached().filter(|_| !calls.is_empty()) {
                         // A crossing step dispatches none of its calls (a final answer that
                         // crossed simply completes: no further step is needed).
-                        self.refuse_batch(step, &calls)?;
+                        self.refuse_batch(step, calls)?;
                         return self.finish_budget(detail);
                     }
                     if calls.is_empty() {
@@ -604,22 +620,7 @@ impl Driver<'_> {
 
     /// Intents (durable before any call) → calls → results in planned order → one tool message.
     fn tool_batch(&mut self, step: u64, calls: Vec<(String, String, serde_json::Value)>) -> Result<(), LineageError> {
-        let lineage_id = self.lineage.key().addr();
-        let mut batch = Vec::with_capacity(calls.len());
-        for (id, name, arguments) in calls {
-            let call_key = format!("{lineage_id}:{}", self.lineage.next_seq());
-            let text = serde_json::to_string(&arguments).unwrap_or_else(|_| "{}".into());
-            self.lineage.append(&Record::ToolDispatchIntent {
-                run_id: self.run_id.clone(),
-                step,
-                tool_call_id: id.clone(),
-                tool_name: name.clone(),
-                module_id: None,
-                call_key: call_key.clone(),
-                arguments: Some(text),
-            })?;
-            batch.push(ToolCall { run_id: self.run_id.clone(), tool_call_id: id, name, arguments, call_key });
-        }
+        let batch = self.append_intents(step, calls)?;
         self.commit()?;
         let ids: Vec<String> = batch.iter().map(|c| c.tool_call_id.clone()).collect();
         let rx = dispatch_batch(self.tools, batch);
