@@ -4,8 +4,7 @@
 //! Files go under `BROCA_BENCH_DIR` (default: the system temp dir); measure on the filesystem
 //! your state root lives on. Targets are in the README; nothing here asserts them.
 
-use std::fs::{self, OpenOptions};
-use std::io::Write;
+use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -49,7 +48,7 @@ fn main() {
         report("loop.fsyncs_per_step", fsyncs, "fsyncs");
         return;
     }
-    let raw = raw_fsync_us(dir.path());
+    let raw = broca::testkit::raw_fsync_p50_us(dir.path(), FSYNC_SAMPLES);
     report("fs.raw_fsync_us", raw, "us");
     let append = append_fsync_us(dir.path());
     report("wal.append_fsync_us", append, "us");
@@ -86,21 +85,6 @@ fn report(name: &str, value: f64, unit: &str) {
 fn p50(mut samples: Vec<Duration>) -> f64 {
     samples.sort();
     samples[samples.len() / 2].as_secs_f64() * 1e6
-}
-
-/// The physical anchor: a bare 1 KiB append + fdatasync.
-fn raw_fsync_us(dir: &Path) -> f64 {
-    let mut f = OpenOptions::new().create(true).append(true).open(dir.join("raw")).expect("raw file");
-    let block = [0x5au8; 1024];
-    let samples = (0..FSYNC_SAMPLES)
-        .map(|_| {
-            let t = Instant::now();
-            f.write_all(&block).expect("write");
-            f.sync_data().expect("fsync");
-            t.elapsed()
-        })
-        .collect();
-    p50(samples)
 }
 
 fn open_wal(path: &Path) -> Wal {

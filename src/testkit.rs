@@ -66,3 +66,23 @@ pub fn tool_result(run_id: &str, step: u64, id: &str, text: &str) -> Record {
         outcome: Some("ok".into()),
     }
 }
+
+/// The physical anchor every durability figure is read against: p50 of `samples` bare 1 KiB
+/// appends, each followed by an fdatasync, in `dir` (µs).
+pub fn raw_fsync_p50_us(dir: &std::path::Path, samples: usize) -> f64 {
+    use std::io::Write;
+    let path = dir.join("raw-fsync");
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path).expect("raw file");
+    let block = [0x5au8; 1024];
+    let mut times: Vec<std::time::Duration> = (0..samples.max(1))
+        .map(|_| {
+            let t = std::time::Instant::now();
+            f.write_all(&block).expect("write");
+            f.sync_data().expect("fsync");
+            t.elapsed()
+        })
+        .collect();
+    let _ = std::fs::remove_file(path);
+    times.sort();
+    times[times.len() / 2].as_secs_f64() * 1e6
+}

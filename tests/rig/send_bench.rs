@@ -25,9 +25,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
-use std::fs::OpenOptions;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -93,26 +91,8 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[rank.min(sorted.len()) - 1].as_secs_f64() * 1e6
 }
 
-/// The physical anchor, as `broca-bench` measures it: p50 of a 1 KiB append + fdatasync, µs.
-fn raw_fsync_us(dir: &Path) -> f64 {
-    let path = dir.join("raw-fsync");
-    let mut f = OpenOptions::new().create(true).append(true).open(&path).expect("raw file");
-    let block = [0x5au8; 1024];
-    let mut samples: Vec<Duration> = (0..FSYNC_SAMPLES)
-        .map(|_| {
-            let t = Instant::now();
-            f.write_all(&block).expect("write");
-            f.sync_data().expect("fsync");
-            t.elapsed()
-        })
-        .collect();
-    let _ = std::fs::remove_file(path);
-    samples.sort();
-    samples[samples.len() / 2].as_secs_f64() * 1e6
-}
-
 fn bench(h: &Harness) -> Result<(), Failure> {
-    let raw = raw_fsync_us(&h.state_root());
+    let raw = broca::testkit::raw_fsync_p50_us(&h.state_root(), FSYNC_SAMPLES);
     report("fs.raw_fsync_us", raw, "us");
     let consumer = h.client().consumer();
 
