@@ -19,12 +19,14 @@ pub const FEATURE_RUN_CANCEL_AT: &str = "run-cancel-at/v1";
 pub const FEATURE_SESSION_CLASS: &str = "session-class/v1";
 /// The feature a `RunStarted` carrying an input-token cap requires.
 pub const FEATURE_INPUT_TOKEN_CAP: &str = "input-token-cap/v1";
+/// The feature a record whose frozen tools carry a `reply` bound requires.
+pub const FEATURE_TOOL_REPLY: &str = "tool-reply/v1";
 /// The feature a `RunPaused{restart}` frame requires.
 pub const FEATURE_RESTART_PAUSE: &str = "restart-pause/v1";
 
 /// Every must-understand feature this build reads.
 pub const KNOWN_FEATURES: &[&str] =
-    &[FEATURE_RUN_CANCEL_AT, FEATURE_SESSION_CLASS, FEATURE_INPUT_TOKEN_CAP, FEATURE_RESTART_PAUSE];
+    &[FEATURE_RUN_CANCEL_AT, FEATURE_SESSION_CLASS, FEATURE_INPUT_TOKEN_CAP, FEATURE_RESTART_PAUSE, FEATURE_TOOL_REPLY];
 
 /// Where an episode's history comes from.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -340,6 +342,10 @@ impl Record {
                 }
                 if has("max_input_tokens") {
                     f.push(FEATURE_INPUT_TOKEN_CAP);
+                }
+                let tools = config.get("tools").and_then(Value::as_array);
+                if tools.is_some_and(|t| t.iter().any(|tool| tool.get("reply").is_some())) {
+                    f.push(FEATURE_TOOL_REPLY);
                 }
                 f
             }

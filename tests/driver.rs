@@ -710,3 +710,89 @@ fn a_scoped_session_refuses_legacy_tools_before_writing() {
     empty["tools"] = json!([]);
     assert_eq!(call(empty).unwrap()["state"], "active", "empty tools stay admitted");
 }
+
+#[test]
+fn an_interrupt_waits_for_a_running_tool_call_instead_of_abandoning_it() {
+    let rig = rig(Duration::from_secs(5));
+    rig.script(json!({"responses": [
+        {"events": [{"tool_call": {"id": "c1", "name": "slow", "arguments": {}}}, {"finish": "tool_calls"}]},
+        reply_script("interrupt handled", 0),
+    ]}));
+    let a = rig.call("session.send", keyed("use the slow tool", "w-1")).unwrap();
+    rig.wait_requests(1);
+    std::thread::sleep(Duration::from_millis(100));
+    let i = rig.call("session.send", with_delivery(keyed("stop, do this", "w-2"), "interrupt")).unwrap();
+    assert_eq!(i["state"], "pending");
+    rig.wait_state(a["run_id"].as_str().unwrap(), "cancelled");
+    let outcome = rig.records().into_iter().find_map(|r| match r {
+        Record::ToolResult { output, outcome, .. } => Some((output, outcome)),
+        _ => None,
+    });
+    assert_eq!(outcome, Some((json!({"kind": "text", "text": "slow done"}), Some("ok".to_string()))));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rig.texts().len() < 5 {
+        assert!(Instant::now() < deadline, "{:?}", rig.texts());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(rig.texts()[3..], ["user:stop, do this".to_string(), "assistant:interrupt handled".to_string()]);
+}
+
+#[test]
+fn a_24h_cache_on_an_openai_route_renders_the_long_retention() {
+    let rig = rig(Duration::from_secs(5));
+    let mut params =
+        json!({"prompt": "cache me", "send_id": "ttl-1", "model": {"provider": "openai", "model": "gpt-5.6-luna"}});
+    params["cache"] = json!({"role": "primary", "ttl": "24h"});
+    let a = rig.call("session.send", params).unwrap();
+    rig.wait_state(a["run_id"].as_str().unwrap(), "completed");
+    let body: Value = serde_json::from_slice(&rig.mock.requests("default")[0].body).unwrap();
+    assert_eq!(body["prompt_cache_retention"], "24h");
+}
+
+fn with_delivery(mut params: Value, delivery: &str) -> Value {
+    params["delivery"] = json!(delivery);
+    params
+}
+
+#[test]
+fn a_tool_reply_bound_is_frozen_with_the_tool_and_a_call_past_its_wait_ends_the_run_interrupted() {
+    let rig = rig(Duration::from_secs(5));
+    let call =
+        json!({"events": [{"tool_call": {"id": "c1", "name": "slower", "arguments": {}}}, {"finish": "tool_calls"}]});
+    rig.script(json!({"responses": [call.clone(), reply_script("done", 0), call]}));
+    // Bounded at 3 s: the 1.5 s call is waited for (longer than the rig's 1 s default).
+    let mut bounded = keyed("use it", "tr-1");
+    bounded["tools"] = json!([{"name": "slower", "input_schema": {"type": "object"}, "reply": {"max_ms": 3000}}]);
+    let a = rig.call("session.send", bounded).unwrap();
+    rig.wait_state(a["run_id"].as_str().unwrap(), "completed");
+    let frozen = rig.records().into_iter().find_map(|r| match r {
+        Record::RunStarted(s) => Some(s.config["tools"][0]["reply"].clone()),
+        _ => None,
+    });
+    assert_eq!(frozen, Some(json!({"max_ms": 3000})), "frozen with the tool");
+    let body: Value = serde_json::from_slice(&rig.mock.requests("default")[0].body).unwrap();
+    assert!(!body.to_string().contains("max_ms"), "never rendered into a provider request");
+    // The frame requires tool-reply/v1: a reader without it refuses the WAL by name.
+    let path = rig.ops.registry.shared().wal_path(&key());
+    let older = ["run-cancel-at/v1", "session-class/v1", "input-token-cap/v1", "restart-pause/v1"];
+    let refused = broca::wal::read(&path, &older, None, &mut |_: broca::wal::ScannedFrame<'_>| {
+        Ok::<(), broca::lineage::LineageError>(())
+    });
+    assert_eq!(refused.unwrap_err().refusal().detail.unwrap().get("missing"), Some(&json!(["tool-reply/v1"])));
+    // Unbounded: the same call outlives the 1 s default wait: indeterminate, run interrupted.
+    let mut unbounded = keyed("use it again", "tr-2");
+    unbounded["tools"] = json!([{"name": "slower", "input_schema": {"type": "object"}}]);
+    let b = rig.call("session.send", unbounded).unwrap();
+    rig.wait_state(b["run_id"].as_str().unwrap(), "interrupted");
+    let status = rig.call("run.status", json!({"run_id": b["run_id"]})).unwrap();
+    assert_eq!(status["error"]["provider_code"], "tool_reply_timeout");
+    let outcomes: Vec<Option<String>> = rig
+        .records()
+        .into_iter()
+        .filter_map(|r| match r {
+            Record::ToolResult { outcome, .. } => Some(outcome),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(outcomes, [Some("ok".to_string()), Some("unknown".to_string())]);
+}

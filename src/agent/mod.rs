@@ -119,6 +119,9 @@ pub struct LoopOptions {
     pub bearer: Option<String>,
     /// Where the loop shows its step in flight (`run.status`'s `step`).
     pub steps: std::sync::Arc<live::StepBoard>,
+    /// How long a tool call without a `reply` bound may take (spec: 120 s); a call still
+    /// unanswered then is indeterminate and the run ends `interrupted`.
+    pub tool_wait: Duration,
 }
 
 impl Default for LoopOptions {
@@ -128,6 +131,7 @@ impl Default for LoopOptions {
             retry: RetryPolicy::default(),
             bearer: None,
             steps: Default::default(),
+            tool_wait: Duration::from_secs(120),
         }
     }
 }

@@ -403,7 +403,15 @@ impl Driver<'_> {
                         }
                         return self.finish(FinishReason::Completed, None);
                     }
-                    self.tool_batch(step, calls)?;
+                    if self.tool_batch(step, calls)? {
+                        let error = ProviderError {
+                            class: ErrorClass::Transient,
+                            provider_code: Some("tool_reply_timeout".into()),
+                            message: "a tool call went unanswered past its wait; its outcome is unknown".into(),
+                            http_status: None,
+                        };
+                        return self.finish(FinishReason::Interrupted, Some(error));
+                    }
                 }
             }
         }
@@ -619,13 +627,28 @@ impl Driver<'_> {
     }
 
     /// Intents (durable before any call) → calls → results in planned order → one tool message.
-    fn tool_batch(&mut self, step: u64, calls: Vec<(String, String, serde_json::Value)>) -> Result<(), LineageError> {
+    /// Returns whether a call went unanswered past its wait (its outcome is unknown).
+    fn tool_batch(&mut self, step: u64, calls: Vec<(String, String, serde_json::Value)>) -> Result<bool, LineageError> {
         let batch = self.append_intents(step, calls)?;
         self.commit()?;
         let ids: Vec<String> = batch.iter().map(|c| c.tool_call_id.clone()).collect();
+        // The batch waits as long as its slowest-bounded call may take.
+        let wait = batch
+            .iter()
+            .map(|c| {
+                self.config
+                    .tools
+                    .iter()
+                    .find(|t| t.name == c.name)
+                    .map_or(self.opts.tool_wait, |t| t.wait(self.opts.tool_wait))
+            })
+            .max()
+            .unwrap_or(self.opts.tool_wait);
+        let deadline = Instant::now() + wait;
         let rx = dispatch_batch(self.tools, batch);
         let mut results: Vec<Option<ToolOutput>> = vec![None; ids.len()];
         let mut waiting = ids.len();
+        let mut timed_out = false;
         (self.out)(Output::Display(DisplayEvent::Status { text: format!("waiting for {waiting} tool call(s)") }));
         while waiting > 0 {
             let commands = self.commands.clone();
@@ -638,7 +661,14 @@ impl Driver<'_> {
                     }
                     Err(_) => break,
                 },
-                recv(commands) -> cmd => if self.command(cmd)? == Some(CancelAt::Now) {
+                // An interrupt cancels the run but waits for its running calls (never killed);
+                // a plain cancel `now` or a shutdown stops waiting.
+                recv(commands) -> cmd => if self.command(cmd)? == Some(CancelAt::Now)
+                    && (self.sealing || !self.lineage.state().interrupt_pending()) {
+                    break;
+                },
+                default(deadline.saturating_duration_since(Instant::now())) => {
+                    timed_out = true;
                     break;
                 },
             }
@@ -652,6 +682,10 @@ impl Driver<'_> {
                 }
                 None if self.sealing => (
                     ToolOutput::error("broca shut down while the call was in flight; its outcome is unknown"),
+                    "unknown",
+                ),
+                None if timed_out => (
+                    ToolOutput::error(format!("no answer within {} ms; its outcome is unknown", wait.as_millis())),
                     "unknown",
                 ),
                 None => {
@@ -669,7 +703,7 @@ impl Driver<'_> {
             parts.push(Part::ToolResult { tool_call_id: id, output: out.output, is_error: out.is_error });
         }
         self.history.push(Message { role: Role::Tool, content: parts, origin: None });
-        Ok(())
+        Ok(timed_out)
     }
 }
 

@@ -199,5 +199,11 @@ pub(crate) fn finish_body(body: Value, config: &RenderConfig) -> Vec<u8> {
         (_, Value::Null) => {}
         (_, _) => log::warn!(target: "broca.provider", "variant_params is not an object; ignored"),
     }
+    // An admitted `cache.ttl: "24h"` (only OpenAI's own routes admit it) asks for the long
+    // prompt-cache retention.
+    let ttl = config.policy.cache.as_ref().and_then(|c| c.get("ttl")).and_then(Value::as_str);
+    if let (Some("24h"), Value::Object(top)) = (ttl, &mut body) {
+        top.insert("prompt_cache_retention".into(), Value::String("24h".into()));
+    }
     serde_json::to_vec(&body).unwrap_or_default()
 }

@@ -14,6 +14,19 @@ pub struct ToolSpec {
     #[serde(default)]
     pub description: String,
     pub input_schema: Value,
+    /// `{max_ms}`: the longest one call may take to answer (frozen with the tool; never
+    /// rendered into a provider request or sent to the tool). Absent: the default wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply: Option<Value>,
+}
+
+impl ToolSpec {
+    /// How long broca waits for one call of this tool: its `reply.max_ms`, never less than
+    /// the `default` wait.
+    pub fn wait(&self, default: std::time::Duration) -> std::time::Duration {
+        let asked = self.reply.as_ref().and_then(|r| r.get("max_ms")).and_then(Value::as_u64).unwrap_or(0);
+        std::time::Duration::from_millis(asked).max(default)
+    }
 }
 
 /// How the request authenticates. The secret itself is never frozen, logged or written: the

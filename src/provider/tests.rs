@@ -238,6 +238,7 @@ fn stat_tool() -> ToolSpec {
         name: "stat_file".into(),
         description: "Report a file's size in bytes.".into(),
         input_schema: json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+        reply: None,
     }
 }
 
@@ -246,6 +247,7 @@ fn read_tool() -> ToolSpec {
         name: "read_file".into(),
         description: String::new(),
         input_schema: json!({"type": "object", "properties": {"path": {"type": "string"}, "limit": {"type": "integer"}}}),
+        reply: None,
     }
 }
 

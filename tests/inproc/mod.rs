@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use broca::actor::{Registry, RunDeps};
-use broca::agent::{LoopOptions, NoTools};
+use broca::agent::{LoopOptions, NoTools, ToolCall, ToolDispatcher, ToolOutput};
 use broca::catalog::Catalog;
 use broca::lineage::Shared;
 use broca::mock::{MockServer, Script};
@@ -49,8 +49,8 @@ pub fn ops_with(
     let shared = Arc::new(Shared::open(StateRoot::at(root).unwrap()).unwrap());
     let deps = RunDeps {
         client: Arc::new(HttpClient::default()),
-        tools: Arc::new(NoTools),
-        opts: LoopOptions::default(),
+        tools: Arc::new(TestTools),
+        opts: LoopOptions { tool_wait: Duration::from_secs(1), ..LoopOptions::default() },
         publish: Arc::new(|_, _| {}),
         idle_ttl,
         observed: Arc::new(|_| false),
@@ -100,5 +100,21 @@ pub fn reply_script(text: &str, delay_ms: u64) -> Value {
 impl Rig {
     pub fn script(&self, script: Value) {
         self.mock.install("default", Script::from_json(&script.to_string()).unwrap());
+    }
+}
+
+/// The rig's tools: `slow` answers after 400 ms, `slower` after 1.5 s; any other name is
+/// unknown (as with no tools). The rig waits 1 s for a call without a `reply` bound.
+pub struct TestTools;
+
+impl ToolDispatcher for TestTools {
+    fn call(&self, call: &ToolCall) -> ToolOutput {
+        let sleep = match call.name.as_str() {
+            "slow" => 400,
+            "slower" => 1500,
+            _ => return NoTools.call(call),
+        };
+        std::thread::sleep(Duration::from_millis(sleep));
+        ToolOutput::text(format!("{} done", call.name))
     }
 }
