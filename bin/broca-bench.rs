@@ -167,6 +167,7 @@ fn write_lineage(path: &Path, records: u64) {
             indeterminate_tool_calls: vec![],
             at_ms: 1,
             detail: None,
+            undelivered_steers: vec![],
         };
         if put(&mut wal, fin) {
             break;

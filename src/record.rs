@@ -292,6 +292,10 @@ pub enum Record {
         /// The terminal's typed detail (`budget_exhausted`: `{limit, spent, cause}`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         detail: Option<Value>,
+        /// Steers that reached the transcript after the run's last model step: no model of
+        /// this run saw them (the next turn sees them as history).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        undelivered_steers: Vec<String>,
     },
     Queued {
         submission_id: String,
@@ -451,6 +455,7 @@ mod tests {
             indeterminate_tool_calls: vec![],
             at_ms: 5,
             detail: None,
+            undelivered_steers: vec![],
         };
         assert_eq!(Record::decode(&r.encode()).unwrap(), r);
     }

@@ -58,6 +58,11 @@ impl Rig {
         out
     }
 
+    fn wait_state_value(&self, run_id: &str, want: &str) -> Value {
+        self.wait_state(run_id, want);
+        self.call("run.status", json!({"run_id": run_id})).unwrap()
+    }
+
     fn wal_len(&self) -> u64 {
         std::fs::metadata(self.ops.registry.shared().wal_path(&key())).map_or(0, |m| m.len())
     }
@@ -795,4 +800,28 @@ fn a_tool_reply_bound_is_frozen_with_the_tool_and_a_call_past_its_wait_ends_the_
         })
         .collect();
     assert_eq!(outcomes, [Some("ok".to_string()), Some("unknown".to_string())]);
+}
+
+#[test]
+fn a_steer_acknowledged_before_a_cancel_is_in_the_transcript_and_reported_undelivered() {
+    let rig = rig(Duration::from_secs(5));
+    rig.script(json!({"responses": [slow("never finished", 20_000)]}));
+    let a = rig.call("session.send", keyed("long task", "u-1")).unwrap();
+    let run_a = a["run_id"].as_str().unwrap().to_string();
+    rig.wait_requests(1);
+    let steer = rig.call("session.send", with_delivery(keyed("one more thing", "u-2"), "steer")).unwrap();
+    assert_eq!(steer["run_id"], json!(run_a));
+    assert_eq!(rig.call("run.cancel", json!({"run_id": run_a})).unwrap(), "ack");
+    let status = rig.wait_state_value(&run_a, "cancelled");
+    let sub = rig
+        .records()
+        .iter()
+        .find_map(|r| match r {
+            Record::Steered { submission_id, .. } => Some(submission_id.clone()),
+            _ => None,
+        })
+        .expect("the steer was delivered into the transcript");
+    assert_eq!(status["undelivered_steers"], json!([sub]));
+    assert_eq!(rig.texts(), ["user:long task", "user:one more thing"], "no new turn started for it");
+    assert_eq!(rig.mock.requests("default").len(), 1);
 }

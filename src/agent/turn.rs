@@ -187,7 +187,7 @@ impl Driver<'_> {
         let (reason, error) = if self.sealing { (FinishReason::Interrupted, None) } else { (reason, error) };
         // An acknowledged steer is in the transcript even when the run ends before a step
         // could show it to the model (the next turn sees it as history).
-        self.deliver_steers()?;
+        self.deliver_steers(true)?;
         self.lineage.finish_run_with(&self.run_id, reason, error.clone(), vec![], detail)?;
         self.commit()?;
         Ok(TurnOutcome { run_id: self.run_id.clone(), reason: Some(reason), paused: None, error })
@@ -200,11 +200,12 @@ impl Driver<'_> {
         Ok(TurnOutcome { run_id: self.run_id.clone(), reason: None, paused: Some(reason), error })
     }
 
-    /// Delivers the steers waiting for this run, in FIFO order, at a boundary (never inside a
-    /// step or between a call and its result). Not yet durable: the boundary's barrier covers it.
-    fn deliver_steers(&mut self) -> Result<(), LineageError> {
+    /// Delivers the steers waiting for this run, in FIFO order, at a step entry or at the run's
+    /// end (never between a call and its result, and never inside a step that will still record
+    /// its message). Not yet durable: the boundary's barrier covers it.
+    fn deliver_steers(&mut self, at_finish: bool) -> Result<(), LineageError> {
         let e = self.lineage.state().last.as_ref();
-        if e.is_none_or(|e| e.step_open || e.batch.iter().any(|c| c.result.is_none())) {
+        if e.is_none_or(|e| (e.step_open && !at_finish) || e.batch.iter().any(|c| c.result.is_none())) {
             return Ok(());
         }
         let steers: Vec<_> = self.lineage.state().pending_steers(&self.run_id).cloned().collect();
@@ -357,7 +358,7 @@ impl Driver<'_> {
                 step
             } else {
                 // Step entry: steers join here, after the previous batch's results.
-                self.deliver_steers()?;
+                self.deliver_steers(false)?;
                 if self.config.max_steps.is_some_and(|max| step >= max) {
                     return self.finish(FinishReason::MaxSteps, None);
                 }

@@ -72,6 +72,8 @@ pub struct RunFacts {
     pub auth_selection: Option<Value>,
     /// The terminal's typed detail (`budget_exhausted`).
     pub detail: Option<Value>,
+    /// Steers in the transcript that no model of the run saw (meaningful once it finished).
+    pub undelivered_steers: Vec<String>,
     /// The run is the session's last episode.
     pub is_last: bool,
 }
@@ -106,6 +108,7 @@ pub fn run(store: &Store, lineage: &str, page: &TranscriptPage, run_id: &str) ->
             title: e.title.clone(),
             auth_selection,
             detail,
+            undelivered_steers: e.unrendered_steers.clone(),
             is_last: true,
         }));
     }
@@ -121,6 +124,11 @@ pub fn run(store: &Store, lineage: &str, page: &TranscriptPage, run_id: &str) ->
             title: row.title.clone(),
             auth_selection: stored_auth,
             detail: row.detail.as_deref().and_then(|d| serde_json::from_str(d).ok()),
+            undelivered_steers: row
+                .undelivered_steers
+                .as_deref()
+                .and_then(|d| serde_json::from_str(d).ok())
+                .unwrap_or_default(),
             is_last: false,
         },
         (None, Some((title, auth_selection))) => RunFacts {
@@ -132,6 +140,7 @@ pub fn run(store: &Store, lineage: &str, page: &TranscriptPage, run_id: &str) ->
             title: title.clone(),
             auth_selection: auth_selection.clone(),
             detail: None,
+            undelivered_steers: Vec::new(),
             is_last: false,
         },
         (None, None) => return Ok(None),
@@ -149,12 +158,18 @@ pub fn run(store: &Store, lineage: &str, page: &TranscriptPage, run_id: &str) ->
         }
     }
     for e in &page.tail {
-        if let Effect::RunState { run_id: id, state: RunState::Finished { reason, error, usage, detail, .. }, .. } = e {
+        if let Effect::RunState {
+            run_id: id,
+            state: RunState::Finished { reason, error, usage, detail, undelivered_steers, .. },
+            ..
+        } = e
+        {
             if id == run_id {
                 facts.phase = RunPhase::Finished { reason: *reason };
                 facts.error = error.clone();
                 facts.usage = usage.clone();
                 facts.detail = detail.clone();
+                facts.undelivered_steers = undelivered_steers.clone();
             }
         }
     }

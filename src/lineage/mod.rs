@@ -339,6 +339,7 @@ impl Lineage {
             indeterminate_tool_calls,
             at_ms: now_ms(),
             detail,
+            undelivered_steers: e.unrendered_steers.clone(),
         };
         self.append(&rec)
     }

@@ -84,6 +84,10 @@ pub struct Episode {
     pub last_assistant: Option<u64>,
     #[serde(default)]
     pub title: Option<String>,
+    /// Steers delivered since the last `StepStarted`: in the transcript, not yet shown to a
+    /// model of this run.
+    #[serde(default)]
+    pub unrendered_steers: Vec<String>,
 }
 
 /// How the last episode stands: what opening the lineage must do with it.
@@ -129,9 +133,24 @@ pub enum SendFate {
 /// A run's lifecycle state as the run index keeps it.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RunState {
-    Active { started_at_ms: u64, config: Value, title: Option<String>, auth_selection: Option<Value> },
-    Paused { reason: PauseReason, error: Option<ProviderError> },
-    Finished { reason: FinishReason, error: Option<ProviderError>, usage: RunUsage, at_ms: u64, detail: Option<Value> },
+    Active {
+        started_at_ms: u64,
+        config: Value,
+        title: Option<String>,
+        auth_selection: Option<Value>,
+    },
+    Paused {
+        reason: PauseReason,
+        error: Option<ProviderError>,
+    },
+    Finished {
+        reason: FinishReason,
+        error: Option<ProviderError>,
+        usage: RunUsage,
+        at_ms: u64,
+        detail: Option<Value>,
+        undelivered_steers: Vec<String>,
+    },
 }
 
 /// A record that may not follow the state: the WAL is not one this engine wrote.
@@ -323,11 +342,9 @@ impl Replay {
                 if self.pending(submission_id).is_none() {
                     return Err(format!("steer {submission_id} is not pending"));
                 }
-                let e = self.episode_for(run_id, false)?;
-                if e.step_open {
-                    return Err(format!("steer {submission_id} would land inside step {}", e.step));
-                }
-                Self::batch_resolved(e)
+                // The writer delivers at a step entry, or just before the run's terminal (an
+                // unfinished step then recorded no message the steer could precede).
+                Self::batch_resolved(self.episode_for(run_id, false)?)
             }
             Record::Retracted { .. } | Record::CacheWarmed { .. } | Record::Unknown(_) => Ok(()),
         }
@@ -362,6 +379,7 @@ impl Replay {
                     messages: 0,
                     last_assistant: None,
                     title: r.title.clone(),
+                    unrendered_steers: Vec::new(),
                 });
                 if let Some(cap) = r.config.get("max_input_tokens").and_then(Value::as_u64) {
                     self.input_cap = Some(self.input_cap.map_or(cap, |c| c.min(cap)));
@@ -380,6 +398,7 @@ impl Replay {
                 let e = self.episode_mut();
                 e.step = *step;
                 e.step_open = true;
+                e.unrendered_steers.clear();
             }
             Record::ModelAttemptFinished(a) => {
                 if a.outcome == "retry" {
@@ -437,7 +456,7 @@ impl Replay {
                 let submission_id = e.submission_id.clone();
                 sink(Effect::RunState { run_id: run_id.clone(), submission_id, state, seq });
             }
-            Record::RunFinished { run_id, reason, error, usage, at_ms, detail, .. } => {
+            Record::RunFinished { run_id, reason, error, usage, at_ms, detail, undelivered_steers, .. } => {
                 self.close_batch(seq, sink);
                 let e = self.episode_mut();
                 e.status = EpisodeStatus::Finished { reason: *reason, error: error.clone(), detail: detail.clone() };
@@ -448,6 +467,7 @@ impl Replay {
                     usage: usage.clone(),
                     at_ms: *at_ms,
                     detail: detail.clone(),
+                    undelivered_steers: undelivered_steers.clone(),
                 };
                 let submission_id = e.submission_id.clone();
                 sink(Effect::RunState { run_id: run_id.clone(), submission_id, state, seq });
@@ -474,6 +494,7 @@ impl Replay {
             }
             Record::Steered { run_id, submission_id, message, .. } => {
                 self.queue.retain(|p| &p.submission_id != submission_id);
+                self.episode_mut().unrendered_steers.push(submission_id.clone());
                 let fate = SendFate::Delivered { run_id: run_id.clone() };
                 sink(Effect::Send { submission_id: submission_id.clone(), fate, seq });
                 self.close_batch(seq, sink);

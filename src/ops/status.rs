@@ -81,8 +81,9 @@ fn run_body(ops: &Ops, facts: &RunFacts) -> Value {
         out["auth_selection"] = id.clone();
     }
     if matches!(facts.phase, RunPhase::Finished { .. }) {
-        // Every acknowledged steer is delivered before its run's terminal.
-        out["undelivered_steers"] = json!([]);
+        // Every acknowledged steer reaches the transcript before its run's terminal; these
+        // came after the run's last model step, so no model of the run saw them.
+        out["undelivered_steers"] = json!(facts.undelivered_steers);
     }
     if facts.phase == RunPhase::Active {
         if let Some(step) = ops.registry.steps().get(&facts.run_id) {

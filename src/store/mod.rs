@@ -28,7 +28,7 @@ use crate::message::Message;
 use crate::session_key::SessionKey;
 
 /// Bumped when derived tables change shape.
-const SCHEMA_VERSION: i64 = 2;
+const SCHEMA_VERSION: i64 = 3;
 
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS lineages (
@@ -68,6 +68,7 @@ CREATE TABLE IF NOT EXISTS runs (
     usage TEXT,
     auth_selection TEXT,
     detail TEXT,
+    undelivered_steers TEXT,
     PRIMARY KEY (lineage, run_id)
 );
 CREATE INDEX IF NOT EXISTS runs_by_id ON runs (run_id);
@@ -190,6 +191,8 @@ pub struct RunRow {
     pub auth_selection: Option<String>,
     /// The terminal's typed detail (JSON), when it has one.
     pub detail: Option<String>,
+    /// The steers the run never showed a model (JSON list), once it finished.
+    pub undelivered_steers: Option<String>,
 }
 
 /// How a ledger row is looked up.
@@ -325,13 +328,13 @@ impl Store {
                 "INSERT OR REPLACE INTO transcript (lineage, ordinal, run_id, wal_seq, message) VALUES (?1, ?2, ?3, ?4, ?5)",
             )?;
             let mut put_run = tx.prepare_cached(
-                "INSERT INTO runs (run_id, lineage, session, harness, project_root, submission_id, state, reason, error, terminal, wal_path, started_seq, updated_seq, title, usage, auth_selection, detail)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13, ?14, ?15, ?16)
+                "INSERT INTO runs (run_id, lineage, session, harness, project_root, submission_id, state, reason, error, terminal, wal_path, started_seq, updated_seq, title, usage, auth_selection, detail, undelivered_steers)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13, ?14, ?15, ?16, ?17)
                  ON CONFLICT (lineage, run_id) DO UPDATE SET state = excluded.state, reason = excluded.reason,
                      error = excluded.error, terminal = excluded.terminal, updated_seq = excluded.updated_seq,
                      title = COALESCE(runs.title, excluded.title), usage = COALESCE(excluded.usage, runs.usage),
                      auth_selection = COALESCE(runs.auth_selection, excluded.auth_selection),
-                     detail = excluded.detail
+                     detail = excluded.detail, undelivered_steers = excluded.undelivered_steers
                  WHERE runs.terminal = 0 AND excluded.updated_seq >= runs.updated_seq",
             )?;
             let mut put_send = tx.prepare_cached(
@@ -362,11 +365,13 @@ impl Store {
                             }
                             _ => (None, None),
                         };
-                        let (usage, detail) = match state {
-                            RunState::Finished { usage, detail, .. } => {
-                                (Some(json_string(usage)), detail.as_ref().map(json_string))
-                            }
-                            _ => (None, None),
+                        let (usage, detail, undelivered) = match state {
+                            RunState::Finished { usage, detail, undelivered_steers, .. } => (
+                                Some(json_string(usage)),
+                                detail.as_ref().map(json_string),
+                                Some(json_string(undelivered_steers)),
+                            ),
+                            _ => (None, None, None),
                         };
                         put_run.execute(params![
                             run_id,
@@ -384,7 +389,8 @@ impl Store {
                             title,
                             usage,
                             auth_selection,
-                            detail
+                            detail,
+                            undelivered
                         ])?;
                         if let RunState::Finished { reason, usage, at_ms, .. } = state {
                             insert_facts(&tx, key, &lineage, run_id, reason.as_str(), usage, *at_ms)?;
@@ -483,7 +489,7 @@ impl Store {
         let conn = self.conn.lock();
         let row = conn
             .query_row(
-                "SELECT run_id, lineage, session, submission_id, state, reason, error, terminal, wal_path, title, usage, auth_selection, detail FROM runs
+                "SELECT run_id, lineage, session, submission_id, state, reason, error, terminal, wal_path, title, usage, auth_selection, detail, undelivered_steers FROM runs
                  WHERE run_id = ?1 ORDER BY updated_seq DESC LIMIT 1",
                 [run_id],
                 |r| {
@@ -501,6 +507,7 @@ impl Store {
                         usage: r.get(10)?,
                         auth_selection: r.get(11)?,
                         detail: r.get(12)?,
+                        undelivered_steers: r.get(13)?,
                     })
                 },
             )

@@ -14,6 +14,7 @@ fn finished(run_id: &str) -> Record {
         indeterminate_tool_calls: vec![],
         at_ms: 1,
         detail: None,
+        undelivered_steers: vec![],
     }
 }
 
