@@ -38,7 +38,27 @@ const SCENARIOS: &[Scenario] = &[
     ("session class, context management and cache are decided at admission", admission_policy),
     ("many drivers, a SIGKILL and a respawn lose and duplicate nothing", stress_with_restart),
     ("a restart-paused run is resumed at boot under the same run id", restart_pause_resumes_at_boot),
+    ("unknown send members are tolerated and logged once per key", unknown_members_logged_once),
 ];
+
+/// `session.send` is lenient: members it does not read are accepted and each is logged once per
+/// process at WARN on `broca.wire`, naming the key and the caller's harness.
+fn unknown_members_logged_once(h: &Harness) {
+    let s = h.session(HARNESS, "lenient", None);
+    for i in 0..2 {
+        let mut params = keyed("hi", &format!("u-{i}"));
+        params["frobnicate_level"] = json!(3);
+        params["model"]["shade"] = json!("blue");
+        let reply = s.ok("session.send", params);
+        s.wait_run(reply["run_id"].as_str().unwrap(), "completed");
+    }
+    let log = h.broca_log();
+    for key in ["\"frobnicate_level\"", "\"model.shade\""] {
+        let lines: Vec<&str> = log.lines().filter(|l| l.contains("broca.wire") && l.contains(key)).collect();
+        assert_eq!(lines.len(), 1, "{key}: {lines:?}");
+        assert!(lines[0].contains("WARN") && lines[0].contains(HARNESS), "{}", lines[0]);
+    }
+}
 
 fn keyed(prompt: &str, send_id: &str) -> Value {
     let mut p = send_params(prompt);
