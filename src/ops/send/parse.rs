@@ -205,14 +205,10 @@ pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
         Some(Value::String(k)) if valid_conversation_key(k) => Some(k.clone()),
         Some(_) => return Err(invalid_params("conversation_key", "1-256 printable ASCII characters without spaces")),
     };
+    // The fork seam is reserved: only a fresh origin is served (cross-lineage seeding is future).
     if let Some(seed) = obj.get("seed_from") {
         if !(seed.is_null() || seed == "fresh" || seed.get("fresh").is_some()) {
-            let detail = Some(crate::detail!("field" => "seed_from", "class" => "permanent"));
-            return Err(Refusal::new(
-                "seed_unsupported",
-                "session.send: seed_from other than Fresh is not supported by this build (cross-lineage seeding is future work)",
-                detail,
-            ));
+            return Err(invalid_params("seed_from", "only a fresh origin is supported"));
         }
     }
     let tools = match obj.get("tools") {
@@ -437,6 +433,7 @@ mod tests {
             (json!({"tools": [{"name": "t", "reply": {"max_ms": 0}}]}), "tools[0].reply.max_ms"),
             (json!({"tools": [{"name": "t", "reply": {"max_ms": 5, "grace_ms": 1}}]}), "tools[0].reply.grace_ms"),
             (json!({"model": {"provider": "mock", "model": "m", "variant": ""}}), "model.variant"),
+            (json!({"seed_from": {"seeded_from": {"source_lineage": "x", "at_seq": 3}}}), "seed_from"),
         ];
         for (extra, field) in cases {
             assert_eq!(refused(base(extra.clone())), field, "{extra}");
