@@ -10,8 +10,10 @@
 //! - an orphan is sealed exactly once, `interrupted` with the crash diagnostic (or `cancelled`
 //!   after a durable cancel request), its dispatched calls get unknown-outcome results and are
 //!   never dispatched again;
-//! - the queue is unambiguous: each submission ends pending, retracted or consumed, never two of
-//!   them, and the reopened queue equals Queued − Retracted − consumed in FIFO order;
+//! - the queue is unambiguous: each submission ends pending, retracted or consumed (by its own
+//!   run, or as a steer delivered into the open run at a step entry), never two of them; runs
+//!   drain the oldest interrupt first, else the oldest send; the reopened queue equals
+//!   Queued − Retracted − consumed in FIFO order;
 //! - the replay state reached from the store checkpoint equals a full replay of the WAL, the head
 //!   cursor is the last durable unit, and the transcript read through the store equals the one
 //!   derived from the WAL;
@@ -443,6 +445,12 @@ fn request(tag: &str) -> RequestIdentity {
     }
 }
 
+/// A send with a delivery mode: a steer names the run it joins.
+fn request_as(tag: &str, delivery: &str, target: Option<&str>) -> RequestIdentity {
+    let delivery = (delivery != "queue").then(|| delivery.to_string());
+    RequestIdentity { delivery, target_run: target.map(String::from), ..request(tag) }
+}
+
 /// Writes a torn frame at the WAL's tail with a raw second descriptor, as a crash in the middle
 /// of a write would leave it, and reports `TORN <good_len> <torn_len>`.
 fn write_torn_tail(l: &Lineage, kind: &str, payload: &[u8]) {
@@ -479,11 +487,12 @@ fn child_random(l: &mut Lineage) -> ! {
     for _ in 0..50_000 {
         let st = l.state().clone();
         let mut committed = false;
-        let enqueue = |l: &mut Lineage, n: &mut u64| {
+        let enqueue_as = |l: &mut Lineage, n: &mut u64, delivery: &str, target: Option<&str>| {
             *n += 1;
             let sub = format!("s{iter}-{n}");
-            l.enqueue(&sub, Message::user_text(format!("queued {sub}")), request(&sub)).unwrap();
+            l.enqueue(&sub, Message::user_text(format!("queued {sub}")), request_as(&sub, delivery, target)).unwrap();
         };
+        let enqueue = |l: &mut Lineage, n: &mut u64| enqueue_as(l, n, "queue", None);
         match st.resolution() {
             Resolution::Empty | Resolution::Idle { .. } => {
                 let r = rng.below(100);
@@ -496,7 +505,8 @@ fn child_random(l: &mut Lineage) -> ! {
                     committed = true;
                 } else {
                     let (run_id, sub) = if !st.queue.is_empty() && rng.below(100) < 60 {
-                        let sub = st.queue[0].submission_id.clone();
+                        // As the actor drains: the oldest interrupt, else the oldest send.
+                        let sub = st.next_to_start().expect("queued").submission_id.clone();
                         (format!("run-{sub}"), Some(sub))
                     } else {
                         n += 1;
@@ -576,8 +586,16 @@ fn child_random(l: &mut Lineage) -> ! {
                     } else if r < 9 {
                         let rec = Record::RunPaused { run_id, reason: PauseReason::AuthRequired, error: None };
                         l.append(&rec).unwrap();
-                    } else if r < 14 {
+                    } else if r < 11 {
                         enqueue(l, &mut n);
+                        committed = true;
+                    } else if r < 13 {
+                        enqueue_as(l, &mut n, "steer", Some(&run_id));
+                        committed = true;
+                    } else if r < 14 {
+                        // An interrupt: queued first, then the running run is cancelled.
+                        enqueue_as(l, &mut n, "interrupt", None);
+                        l.request_cancel(&run_id, CancelAt::Now).unwrap();
                         committed = true;
                     } else if r < 17 && !st.queue.is_empty() {
                         let sub = st.queue[rng.below(st.queue.len() as u64) as usize].submission_id.clone();
@@ -586,6 +604,14 @@ fn child_random(l: &mut Lineage) -> ! {
                     } else if r < 19 {
                         l.finish_run(&run_id, FinishReason::MaxSteps, None, vec![]).unwrap();
                     } else {
+                        // Step entry: steers joining this run land first.
+                        let steers: Vec<String> = st.pending_steers(&run_id).map(|p| p.submission_id.clone()).collect();
+                        for sub in steers {
+                            let message = Message::user_text(format!("queued {sub}"));
+                            let rec =
+                                Record::Steered { run_id: run_id.clone(), submission_id: sub, message, title: None };
+                            l.append(&rec).unwrap();
+                        }
                         l.append(&step_started(&run_id, e.step + 1)).unwrap();
                     }
                 }
@@ -777,13 +803,15 @@ struct Walker {
     resulted: BTreeSet<String>,
     /// Unknown-outcome results since the last non-result record of the open run.
     unknown: Vec<String>,
-    pending: VecDeque<String>,
+    /// Pending submissions with their delivery (`queue`, `steer`, `interrupt`), in FIFO order.
+    pending: VecDeque<(String, String)>,
     queued: BTreeSet<String>,
     retracted: BTreeSet<String>,
     consumed: BTreeMap<String, String>,
     all_calls: BTreeSet<String>,
     cancel_feature_seen: bool,
     /// Counters for reporting.
+    steered: u64,
     seals_interrupted: u64,
     seals_cancelled: u64,
     unknown_results: u64,
@@ -832,12 +860,15 @@ impl Walker {
                 if let Some(sub) = &r.submission_id {
                     assert!(!self.retracted.contains(sub), "seq {seq}: retracted submission {sub} was consumed");
                     assert!(!self.consumed.contains_key(sub), "seq {seq}: submission {sub} consumed twice");
+                    // The next episode is the oldest interrupt, else the oldest send (FIFO).
+                    let next = self.pending.iter().position(|(_, d)| d == "interrupt").unwrap_or(0);
                     assert_eq!(
-                        self.pending.front(),
+                        self.pending.get(next).map(|(s, _)| s),
                         Some(sub),
-                        "seq {seq}: {sub} consumed out of FIFO order or not pending"
+                        "seq {seq}: {sub} consumed out of order or not pending: {:?}",
+                        self.pending
                     );
-                    self.pending.pop_front();
+                    self.pending.remove(next);
                     self.consumed.insert(sub.clone(), r.run_id.clone());
                 }
                 self.runs
@@ -935,15 +966,25 @@ impl Walker {
                 self.open_run = None;
                 self.paused = false;
             }
-            Record::Queued { submission_id, .. } => {
+            Record::Queued { submission_id, request, .. } => {
                 assert!(
                     self.queued.insert(submission_id.clone()),
                     "seq {seq}: submission {submission_id} queued twice"
                 );
-                self.pending.push_back(submission_id.clone());
+                self.pending.push_back((submission_id.clone(), request.delivery().to_string()));
+            }
+            Record::Steered { run_id, submission_id, .. } => {
+                in_open(run_id, self);
+                let at = self.pending.iter().position(|(s, d)| s == submission_id && d == "steer");
+                assert!(at.is_some(), "seq {seq}: steer {submission_id} was not a pending steer");
+                self.pending.remove(at.unwrap());
+                assert!(self.consumed.insert(submission_id.clone(), run_id.clone()).is_none());
+                self.steered += 1;
+                let unresolved: Vec<&String> = self.dispatched.difference(&self.resulted).collect();
+                assert!(unresolved.is_empty(), "seq {seq}: a steer between a call and its result");
             }
             Record::Retracted { submission_id } => {
-                let at = self.pending.iter().position(|p| p == submission_id);
+                let at = self.pending.iter().position(|(p, _)| p == submission_id);
                 assert!(at.is_some(), "seq {seq}: retracted {submission_id} was not pending");
                 self.pending.remove(at.unwrap());
                 self.retracted.insert(submission_id.clone());
@@ -1074,7 +1115,7 @@ fn check_lineage(shared: &Shared, l: &Lineage, m: &Model, messages: &[(u64, Mess
     assert_eq!(l.head(), m.walker.last_cursor, "head cursor is not the last durable unit");
     assert_eq!(l.durable_seq(), m.replay.last_seq, "durable seq");
     let queue: Vec<&String> = l.state().queue.iter().map(|p| &p.submission_id).collect();
-    let expected: Vec<&String> = m.walker.pending.iter().collect();
+    let expected: Vec<&String> = m.walker.pending.iter().map(|(s, _)| s).collect();
     assert_eq!(queue, expected, "reopened queue != Queued − Retracted − consumed (FIFO)");
     match l.state().resolution() {
         Resolution::Resume { run_id } => panic!("run {run_id} is still open after the open sealed orphans"),
@@ -1810,7 +1851,7 @@ fn random_kills() {
     println!(
         "random_kills: {kills} kills in {:.1?}; {} records, {} episodes, {} messages; highest committed seq {max_committed}; \
          orphans sealed: {} interrupted + {} cancelled-with-unknown ({} by the parent's opens, {} by children's), {} unknown-outcome results; \
-         submissions: {} queued, {} consumed, {} retracted, {} pending; {open_window_kills} kills aimed at the open \
+         submissions: {} queued, {} consumed ({} as steers), {} retracted, {} pending; {open_window_kills} kills aimed at the open \
          (open takes ~{open_latency:.1?}), {before_open} kills before the child's open returned \
          ({killed_before_seal} before and {killed_after_seal} after sealing an orphan), \
          {torn_tails} torn tails; lease epoch regressions in frames (seq, before, after): {:?}",
@@ -1825,6 +1866,7 @@ fn random_kills() {
         w.unknown_results,
         w.queued.len(),
         w.consumed.len(),
+        w.steered,
         w.retracted.len(),
         w.pending.len(),
         model.epoch_regressions,
