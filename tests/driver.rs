@@ -825,3 +825,44 @@ fn a_steer_acknowledged_before_a_cancel_is_in_the_transcript_and_reported_undeli
     assert_eq!(rig.texts(), ["user:long task", "user:one more thing"], "no new turn started for it");
     assert_eq!(rig.mock.requests("default").len(), 1);
 }
+
+#[test]
+fn retention_places_the_session_in_wal_ephemeral_even_for_a_backed_up_class() {
+    let rig = rig(Duration::from_secs(5));
+    let mut first = keyed("short-lived", "e-1");
+    first["retention"] = json!(3600);
+    first["session_class"] = json!("head");
+    let a = rig.call("session.send", first).unwrap();
+    rig.wait_state(a["run_id"].as_str().unwrap(), "completed");
+    let path = rig.ops.registry.shared().wal_path(&key());
+    assert!(path.starts_with(rig.dir.path().join("wal-ephemeral")), "deletion takes precedence: {path:?}");
+}
+
+#[test]
+fn the_conversation_key_and_its_source_are_frozen_on_each_run() {
+    let rig = rig(Duration::from_secs(5));
+    let sources = |rig: &Rig| -> Vec<(Value, Value)> {
+        rig.records()
+            .into_iter()
+            .filter_map(|r| match r {
+                Record::RunStarted(s) => {
+                    let d = s.auth_selection.unwrap_or_default()["account_decision"].clone();
+                    Some((d["conversation_key"].clone(), d["conversation_key_source"].clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let a = rig.call("session.send", keyed("one", "ck-1")).unwrap();
+    rig.wait_state(a["run_id"].as_str().unwrap(), "completed");
+    let mut keyed_send = keyed("two", "ck-2");
+    keyed_send["conversation_key"] = json!("team-7");
+    let b = rig.call("session.send", keyed_send).unwrap();
+    rig.wait_state(b["run_id"].as_str().unwrap(), "completed");
+    let c = rig.call("session.send", keyed("three", "ck-3")).unwrap();
+    rig.wait_state(c["run_id"].as_str().unwrap(), "completed");
+    let got = sources(&rig);
+    assert_eq!(got[0], (json!(key().addr()), json!("session")), "derived from the session");
+    assert_eq!(got[1], (json!("team-7"), json!("caller")));
+    assert_eq!(got[2], (json!("team-7"), json!("inherited")), "absent inherits the latest frozen key");
+}
