@@ -8,7 +8,8 @@
 //! - cursors strictly increase; a run id starts once and finishes at most once; at most one
 //!   episode is unfinished and it is the last; after a reopen none is open (only paused);
 //! - an orphan is sealed exactly once, `interrupted` with the crash diagnostic (or `cancelled`
-//!   after a durable cancel request), its dispatched calls get unknown-outcome results and are
+//!   after a durable cancel request, unless an interrupt made it: then it stays `interrupted`),
+//!   its dispatched calls get unknown-outcome results and are
 //!   never dispatched again;
 //! - the queue is unambiguous: each submission ends pending, retracted or consumed (by its own
 //!   run, or as a steer delivered into the open run at a step entry), never two of them; runs
@@ -293,6 +294,18 @@ fn child_main() {
                 run_started("run-torn", None).encode()
             };
             write_torn_tail(l, kind, &torn_payload);
+        }
+        "interrupt_acknowledged" => {
+            // A run mid-step; a plain send queued behind it; then an interrupt, durable as the
+            // module acknowledges it: queued first, then the running run's cancel.
+            complete_episode(l, "run-1", None);
+            l.append(&run_started("run-2", None)).unwrap();
+            l.append(&step_started("run-2", 1)).unwrap();
+            commit(l);
+            l.enqueue("sub-plain", Message::user_text("plain"), request("plain")).unwrap();
+            l.enqueue("sub-int", Message::user_text("interrupt"), request_as("int", "interrupt", None)).unwrap();
+            l.request_cancel("run-2", CancelAt::Now).unwrap();
+            report_committed(l);
         }
         "between_queued_and_run_started" => {
             complete_episode(l, "run-1", None);
@@ -942,7 +955,9 @@ impl Walker {
                     "seq {seq}: run {run_id} {reason:?} error {error:?}"
                 );
                 assert_eq!(facts.errors, u32::from(orphan), "seq {seq}: run {run_id}: error units vs diagnostic");
-                if self.cancel {
+                // An interrupt's cancel is sealed as the interrupted run it is (spec §4).
+                let interrupting = self.pending.iter().any(|(_, d)| d == "interrupt");
+                if self.cancel && !(orphan && interrupting) {
                     assert_eq!(
                         *reason,
                         FinishReason::Cancelled,
@@ -1244,7 +1259,7 @@ fn prove_new_episode(t: &TestDir, mut r: Reopened, fresh_run: &str) -> Reopened 
         "not idle: {:?}",
         r.l.state().resolution()
     );
-    let sub = r.l.state().queue.front().map(|p| p.submission_id.clone());
+    let sub = r.l.state().next_to_start().map(|p| p.submission_id.clone());
     let run_id = sub.as_ref().map_or_else(|| fresh_run.to_string(), |s| format!("run-{s}"));
     complete_episode(&mut r.l, &run_id, sub.as_deref());
     assert_eq!(r.l.state().resolution(), Resolution::Idle { run_id: run_id.clone(), reason: FinishReason::Completed });
@@ -1371,6 +1386,24 @@ fn mid_frame() {
             drop(r);
         }
     }
+}
+
+/// An interrupt acknowledged (queued, then the run's cancel durable) and a crash before the run
+/// ended: the unfinished interrupted run is sealed `interrupted`, the interrupt is neither lost
+/// nor run twice, and it starts ahead of the plain send queued before it.
+#[test]
+fn interrupt_acknowledged() {
+    let t = TestDir::new();
+    let out = run_child(&t, "interrupt_acknowledged", "", &[], KillAt::Ready);
+    let b = before(&t);
+    let mut r = reopen_checked(&t, &b, out.committed());
+    assert_sealed_interrupted(&r, "run-2", &[]);
+    let queue: Vec<&str> = r.l.state().queue.iter().map(|p| p.submission_id.as_str()).collect();
+    assert_eq!(queue, ["sub-plain", "sub-int"], "both sends are still pending");
+    assert_eq!(r.l.state().next_to_start().unwrap().submission_id, "sub-int", "the interrupt starts first");
+    r = prove_new_episode(&t, r, "unused");
+    let queue: Vec<&str> = r.l.state().queue.iter().map(|p| p.submission_id.as_str()).collect();
+    assert_eq!(queue, ["sub-plain"], "the interrupt was consumed exactly once");
 }
 
 #[test]

@@ -295,7 +295,9 @@ impl Lineage {
                 outcome: Some("unknown".into()),
             })?;
         }
-        let cancelled = self.replay.last.as_ref().and_then(|e| e.cancel).is_some();
+        // A durably acknowledged cancel ends it `cancelled`, unless the cancel came from an
+        // interrupt still waiting to start: that unfinished interrupted run is `interrupted`.
+        let cancelled = self.replay.last.as_ref().and_then(|e| e.cancel).is_some() && !self.replay.interrupt_pending();
         let (reason, error) = if cancelled {
             (FinishReason::Cancelled, None)
         } else {
