@@ -362,6 +362,12 @@ impl Lineage {
         &self.report
     }
 
+    /// Whether every committed record's derived rows reach the store (false after a failed
+    /// flush: the store then stays at its older checkpoint until the lineage is reopened).
+    pub fn store_current(&self) -> bool {
+        !self.store_broken.load(Ordering::Acquire)
+    }
+
     /// The last fsynced seq.
     pub fn durable_seq(&self) -> u64 {
         self.wal.synced_seq()

@@ -136,9 +136,13 @@ async fn call(consumer: &SubcConsumer, session: &str, method: &str, params: Valu
     }
 }
 
-/// One timed `session.send`: the client-side latency and the result.
+/// One timed `session.send`, keyed as role callers send it (a fresh `send_id`, so admission
+/// also looks the key up in the send ledger): the client-side latency and the result.
 async fn timed_send(consumer: &SubcConsumer, session: &str, prompt: &str) -> Result<(Duration, Value), Failure> {
-    let body = json!({"method": "session.send", "params": send_params(prompt)}).to_string().into_bytes();
+    static SENDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut params = send_params(prompt);
+    params["send_id"] = json!(format!("bench-{}", SENDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
+    let body = json!({"method": "session.send", "params": params}).to_string().into_bytes();
     let identity = BindIdentity::new(HARNESS, session);
     let options = call_options();
     let start = Instant::now();

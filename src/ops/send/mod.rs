@@ -171,13 +171,15 @@ fn admit(
     let store = Arc::clone(&ops.registry.shared().store);
     let addr = lineage.key().addr();
     if let Some(send_id) = send.send_id.clone() {
-        let page = lineage.transcript(u64::MAX, 0).map_err(|e| e.refusal())?;
-        let recorded = ledger::send(&store, &addr, &page, SendLookup::SendId(&send_id)).map_err(store_refusal)?;
-        if let Some(row) = recorded {
+        if let Some(row) = recorded_send(ops, lineage, &send_id)? {
             if let Some(field) = parse::differing_field(&row.request.identity, &send.identity) {
                 let message = format!("send_id {send_id:?} was already used by a send with a different {field}");
                 return Err(Refusal::new("send_id_reuse", message, Some(crate::detail!("field" => field))));
             }
+            let page = lineage.transcript(u64::MAX, 0).map_err(|e| e.refusal())?;
+            let row = ledger::send(&store, &addr, &page, SendLookup::Submission(&row.submission_id))
+                .map_err(store_refusal)?
+                .unwrap_or(row);
             return resend(&store, lineage, &page, &row, units);
         }
     }
@@ -253,6 +255,32 @@ fn admit(
             Ok(json!({"state": "pending", "submission_id": submission_id}))
         }
     }
+}
+
+/// The send recorded under `send_id`, looked up the cheap way on the actor (a new send is the
+/// common case): a pending send is in the replay state; anything older is in the store, which
+/// holds every committed send once the run-index writer has caught up (each commit that
+/// changes a send hands its rows to the writer; `settle` waits for them).
+fn recorded_send(ops: &Ops, lineage: &Lineage, send_id: &str) -> Result<Option<SendRow>, Refusal> {
+    let pending = lineage.state().queue.iter().rev().find(|p| p.request.send_id.as_deref() == Some(send_id));
+    if let Some(p) = pending {
+        let row = SendRow {
+            submission_id: p.submission_id.clone(),
+            request: p.request.clone(),
+            fate: "pending".into(),
+            run_id: None,
+        };
+        return Ok(Some(row));
+    }
+    let shared = ops.registry.shared();
+    let addr = lineage.key().addr();
+    if !lineage.store_current() {
+        // The store stopped at an older checkpoint: read its rows plus the WAL tail after it.
+        let page = lineage.transcript(u64::MAX, 0).map_err(|e| e.refusal())?;
+        return ledger::send(&shared.store, &addr, &page, SendLookup::SendId(send_id)).map_err(store_refusal);
+    }
+    shared.settle();
+    shared.store.send(&addr, SendLookup::SendId(send_id)).map_err(store_refusal)
 }
 
 /// The session policy a new send runs under: frozen facts checked, omitted ones inherited.
