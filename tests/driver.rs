@@ -384,13 +384,20 @@ fn the_input_token_cap_is_durable_lower_only_and_ends_runs_budget_exhausted() {
         .any(|r| matches!(r, Record::RunStarted(s) if s.config.get("max_input_tokens").is_some())));
 }
 
+/// A run ("needs auth") whose first model call answers 401: paused for authentication. The
+/// provider's next answer is `next_reply`. Its run id.
+fn paused_for_auth(rig: &Rig, send_id: &str, next_reply: &str) -> String {
+    rig.script(json!({"responses": [{"status": 401}, reply_script(next_reply, 0)]}));
+    let run_id =
+        rig.call("session.send", keyed("needs auth", send_id)).unwrap()["run_id"].as_str().unwrap().to_string();
+    rig.wait_state(&run_id, "paused");
+    run_id
+}
+
 #[test]
 fn an_auth_paused_run_refuses_other_sends_and_resumes_on_its_own_send_id() {
     let rig = rig(Duration::from_secs(5));
-    rig.script(json!({"responses": [{"status": 401}, reply_script("welcome back", 0)]}));
-    let a = rig.call("session.send", keyed("needs auth", "p-1")).unwrap();
-    let run_a = a["run_id"].as_str().unwrap().to_string();
-    rig.wait_state(&run_a, "paused");
+    let run_a = paused_for_auth(&rig, "p-1", "welcome back");
     let status = rig.call("run.status", json!({"run_id": run_a})).unwrap();
     assert_eq!(status["reason"], "auth_required");
     assert!(status.get("pause_reason").is_none(), "auth pauses keep their format");
@@ -407,10 +414,7 @@ fn an_auth_paused_run_refuses_other_sends_and_resumes_on_its_own_send_id() {
 #[test]
 fn an_interrupt_ends_a_paused_run_without_another_model_step() {
     let rig = rig(Duration::from_secs(5));
-    rig.script(json!({"responses": [{"status": 401}, reply_script("the new message", 0)]}));
-    let a = rig.call("session.send", keyed("needs auth", "q-1")).unwrap();
-    let run_a = a["run_id"].as_str().unwrap().to_string();
-    rig.wait_state(&run_a, "paused");
+    let run_a = paused_for_auth(&rig, "q-1", "the new message");
     let mut interrupt = keyed("forget that", "q-2");
     interrupt["delivery"] = json!("interrupt");
     assert_eq!(rig.call("session.send", interrupt).unwrap()["state"], "pending");
