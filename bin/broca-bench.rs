@@ -14,7 +14,7 @@ use std::sync::Arc;
 use broca::agent::{self, LoopOptions, NoTools, ToolDispatcher};
 use broca::catalog::route::{self, ModelRequest, RouteOverrides};
 use broca::catalog::Catalog;
-use broca::lineage::replay::Replay;
+use broca::lineage::reader::{Reader, Sink, Start};
 use broca::lineage::{LineageError, Shared};
 use broca::mock::{MockServer, Script};
 use broca::provider::client::HttpClient;
@@ -89,10 +89,12 @@ fn p50(mut samples: Vec<Duration>) -> f64 {
 
 fn open_wal(path: &Path) -> Wal {
     if !path.exists() {
-        wal::create(path, [1; 16]).expect("create wal");
+        wal::create(&wal::FileStorage, path, [1; 16]).expect("create wal");
     }
-    let opts = WalOpen { known_features: record::KNOWN_FEATURES, resume_at: None, epoch: 1, floor: None };
-    Wal::open(path, opts, &mut |_f: ScannedFrame<'_>| -> Result<(), WalError> { Ok(()) }).expect("open wal")
+    let opts =
+        WalOpen { known_features: record::KNOWN_FEATURES, resume_at: None, epoch: 1, floor: None, truncate_to: None };
+    Wal::open(&wal::FileStorage, path, opts, &mut |_f: ScannedFrame<'_>| -> Result<(), WalError> { Ok(()) })
+        .expect("open wal")
 }
 
 fn accept(o: RecordOutcome) {
@@ -179,15 +181,16 @@ fn write_lineage(path: &Path, records: u64) {
 /// Full replay: frame decode, checksum, record decode and the episode state machine. The
 /// records end mid-episode, which is fine for a read-only replay.
 fn replay_file(path: &Path) -> Result<u64, LineageError> {
-    let mut replay = Replay::default();
-    let mut n = 0u64;
-    wal::read(path, record::KNOWN_FEATURES, None, &mut |f: ScannedFrame<'_>| -> Result<(), LineageError> {
-        let rec = Record::decode(f.payload).map_err(|e| LineageError::Decode { seq: f.seq, reason: e.0 })?;
-        replay.apply(f.seq, &rec, &mut |_| {})?;
-        n += 1;
-        Ok(())
-    })?;
-    Ok(n)
+    struct Count(u64);
+    impl Sink for Count {
+        fn record(&mut self, _seq: u64, _record: &Record) -> bool {
+            self.0 += 1;
+            true
+        }
+    }
+    let mut count = Count(0);
+    Reader::file(path).scan(Start::Beginning, &mut count)?;
+    Ok(count.0)
 }
 
 /// Opens a 100k-record lineage whose store watermark is current: first an open that builds

@@ -89,7 +89,7 @@ fn main() -> ExitCode {
 }
 
 fn inspect(path: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
-    let header = wal::read_header_of(path, record::KNOWN_FEATURES)?;
+    let header = wal::read_header_of(&wal::FileStorage, path, record::KNOWN_FEATURES)?;
     println!(
         "{}",
         serde_json::json!({"header": {"lineage": broca::session_key::hex(&header.lineage), "incarnation": header.incarnation_string()}})
@@ -106,7 +106,7 @@ fn inspect(path: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn units(path: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
-    for unit in read::control_units(path, None, usize::MAX)? {
+    for unit in read::control_units(&broca::lineage::reader::Reader::file(path), None, usize::MAX)? {
         println!("{}", serde_json::to_string(&unit)?);
     }
     Ok(())

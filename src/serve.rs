@@ -120,13 +120,14 @@ impl Server {
             Ok(f) => f,
             Err(r) => return self.refuse(route, corr, &r),
         };
-        let (hub, wal) = (Arc::clone(&self.hub), self.ops.registry.shared().wal_path(&key));
+        let hub = Arc::clone(&self.hub);
         let sink = SubcSink { outbound: self.outbound.clone(), route, corr };
         let streams = Arc::clone(&self.streams);
-        // Attaching may read the WAL (the live head): a worker does it, not the io thread.
+        // Attaching reads the disk (the WAL's place, the live head): a worker does it, never
+        // the io thread.
         let registry = Arc::clone(&self.ops.registry);
         let job = move || {
-            let sub = hub.attach(&key, wal, from, sink);
+            let sub = hub.attach(registry.shared(), &key, from, sink);
             streams.lock().insert((route, corr), sub);
             // A subscription (re)opens the session's actor, which then holds the lease while
             // observers remain. A lease held by another process leaves the stream read-only.

@@ -13,6 +13,7 @@ use broca::catalog::route::{self, ModelRequest, RouteOverrides};
 use broca::catalog::Catalog;
 use broca::fanout::{From, Hub};
 use broca::lineage::projection::ControlUnit;
+use broca::lineage::reader::Reader;
 use broca::lineage::{read, Lineage, Shared};
 use broca::message::{Message, Part, Role};
 use broca::mock::{MockServer, Script};
@@ -28,14 +29,14 @@ use serde_json::{json, Value};
 
 struct Rig {
     _dir: tempfile::TempDir,
-    shared: Shared,
+    shared: Arc<Shared>,
     mock: MockServer,
     lane: String,
 }
 
 fn rig(lane: &str) -> Rig {
     let dir = tempfile::tempdir().unwrap();
-    let shared = Shared::open(StateRoot::at(dir.path()).unwrap()).unwrap();
+    let shared = Arc::new(Shared::open(StateRoot::at(dir.path()).unwrap()).unwrap());
     let mock = MockServer::start("127.0.0.1:0").unwrap();
     Rig { _dir: dir, shared, mock, lane: lane.into() }
 }
@@ -137,7 +138,7 @@ impl Recorder {
 
 impl ToolDispatcher for Recorder {
     fn call(&self, call: &ToolCall) -> ToolOutput {
-        let durable = read::control_units(&self.wal, None, usize::MAX)
+        let durable = read::control_units(&Reader::file(&self.wal), None, usize::MAX)
             .unwrap()
             .iter()
             .any(|u| u.unit["type"] == "tool_started" && u.unit["tool_call_id"] == json!(call.tool_call_id));
@@ -423,15 +424,15 @@ fn frames_carry_the_llm_runner_live_events_and_every_path_projects_the_same_unit
         })
         .collect();
     // The read path replays from the start and projects the very same units.
-    assert_eq!(read::control_units(l.wal_path(), None, usize::MAX).unwrap(), written, "read::control_units");
-    let tail = read::control_units(l.wal_path(), Some(written[3].cursor), usize::MAX).unwrap();
+    assert_eq!(read::control_units(&l.reader(), None, usize::MAX).unwrap(), written, "read::control_units");
+    let tail = read::control_units(&l.reader(), Some(written[3].cursor), usize::MAX).unwrap();
     assert_eq!(tail, written[4..], "read::control_units after a cursor");
 
     // The fan-out replay (from the start and from a cursor) sends the same control frames.
     let hub = Hub::new();
     let subscribe = |from: From| {
         let (tx, frames) = unbounded();
-        hub.attach(&key(), l.wal_path().to_path_buf(), from, Frames(tx));
+        hub.attach(&r.shared, &key(), from, Frames(tx));
         let mut out = Vec::new();
         loop {
             let f = frames.recv_timeout(Duration::from_secs(10)).expect("a replayed frame");

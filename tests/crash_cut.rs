@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 
 use broca::lineage::projection::{self, ControlUnit, Cursor};
 use broca::lineage::read;
+use broca::lineage::reader::Reader;
 use broca::lineage::replay::{Effect, Replay, Resolution};
 use broca::lineage::{Lineage, LineageError, RetractOutcome, Shared};
 use broca::message::{Message, Part, Role, StepUsage};
@@ -1084,7 +1085,7 @@ fn before(t: &TestDir) -> Before {
     let bytes = fs::read(&wal).expect("wal exists");
     let mut model = Model::default();
     let adv = model.advance(&wal);
-    let units = read::control_units(&wal, None, usize::MAX).expect("control_units");
+    let units = read::control_units(&Reader::file(&wal), None, usize::MAX).expect("control_units");
     assert_eq!(units, adv.units, "control_units disagrees with the projection of the records");
     assert_eq!(fs::read(&wal).unwrap(), bytes, "a read-only read changed the wal");
     Before { bytes, model, units }
@@ -1146,7 +1147,8 @@ fn check_lineage(shared: &Shared, l: &Lineage, m: &Model, messages: &[(u64, Mess
         assert_eq!(*ordinal, i as u64, "message ordinals are contiguous");
     }
     let from = total.saturating_sub(tail);
-    let page = read::transcript(&shared.store, l.key(), l.wal_path(), from, tail).expect("transcript");
+    let page =
+        read::transcript(&Reader::at(shared, l.key(), l.wal_path().to_path_buf()), from, tail).expect("transcript");
     assert_eq!(page.prompt_len, total, "transcript length");
     assert_eq!(page.messages, messages[from as usize..], "transcript through the store != transcript from the wal");
     if m.walker.cancel_feature_seen {
@@ -1229,7 +1231,7 @@ fn reopen_checked(t: &TestDir, before: &Before, committed: u64) -> Reopened {
     let mut model = Model::default();
     let adv = model.advance(&wal);
     assert_eq!(model.end as usize, after.len(), "the reopened wal has a torn tail");
-    let units = read::control_units(&wal, None, usize::MAX).expect("control_units");
+    let units = read::control_units(&Reader::file(&wal), None, usize::MAX).expect("control_units");
     assert_eq!(units, adv.units);
     assert!(
         units.len() >= before.units.len() && units[..before.units.len()] == before.units[..],
@@ -1469,7 +1471,7 @@ fn inside_later_episode() {
     let b = before(&t);
     let r = reopen_checked(&t, &b, out.committed());
     // Episode 1 intact.
-    let page = read::transcript(&r.shared.store, &key(), &t.wal(), 0, 1000).unwrap();
+    let page = read::transcript(&Reader::at(&r.shared, &key(), t.wal()), 0, 1000).unwrap();
     let texts: Vec<Message> = page.messages.iter().map(|(_, m)| m.clone()).collect();
     assert_eq!(texts[..4], episode_messages("run-1")[..], "episode 1's messages");
     assert_eq!(r.finished("run-1"), 1);
@@ -1584,7 +1586,7 @@ fn killed_twice() {
     assert!(b2.units[..b1.units.len()] == b1.units[..], "durable units changed across the second crash");
     let r = reopen_checked(&t, &b2, out2.committed());
     assert_eq!(r.l.open_report().sealed_orphan.as_deref(), Some("run-3"));
-    let units = read::control_units(&t.wal(), None, usize::MAX).unwrap();
+    let units = read::control_units(&Reader::file(&t.wal()), None, usize::MAX).unwrap();
     let mut finished: BTreeMap<String, usize> = BTreeMap::new();
     let mut errors: BTreeMap<String, usize> = BTreeMap::new();
     for u in &units {
@@ -1847,7 +1849,7 @@ fn random_kills() {
             adv.units.len() >= before_units.len() && adv.units[..before_units.len()] == before_units[..],
             "{ctx}: durable units changed"
         );
-        let read_back = read::control_units(&wal, prev_cursor, usize::MAX).unwrap();
+        let read_back = read::control_units(&Reader::file(&wal), prev_cursor, usize::MAX).unwrap();
         assert_eq!(read_back, adv.units, "{ctx}: control_units after the previous head");
         all_units.extend(adv.units);
         messages.extend(adv.messages);
@@ -1876,7 +1878,7 @@ fn random_kills() {
     let adv = model.advance(&wal);
     all_units.extend(adv.units);
     messages.extend(adv.messages);
-    assert_eq!(read::control_units(&wal, None, usize::MAX).unwrap(), all_units, "all control units");
+    assert_eq!(read::control_units(&Reader::file(&wal), None, usize::MAX).unwrap(), all_units, "all control units");
     check_lineage(&shared, &l, &model, &messages, u64::MAX / 4);
     check_run_index(&shared, &model.walker, model.walker.runs.keys().map(String::as_str));
     check_export_facts(&shared, &model.walker);

@@ -553,7 +553,9 @@ fn draining_pauses_a_resume_enabled_run_and_boot_resumes_the_same_run() {
         assert!(Instant::now() < deadline, "the resumed run never completed");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let page = read::transcript(&next.registry.shared().store, &key(), &path, 0, 10).unwrap();
+    let page =
+        read::transcript(&broca::lineage::reader::Reader::at(next.registry.shared(), &key(), path.clone()), 0, 10)
+            .unwrap();
     let roles: Vec<_> = page.messages.iter().map(|(_, m)| m.role).collect();
     use broca::message::Role::*;
     assert_eq!(roles, [User, Assistant, Tool, Assistant], "the same run continued from its boundary");

@@ -84,8 +84,7 @@ impl Rig {
 
     fn attach(&self, from: From) -> Receiver<Result<Value, Option<Refusal>>> {
         let (tx, rx) = unbounded();
-        let wal = self.ops.registry.shared().wal_path(&key());
-        self.hub.attach(&key(), wal, from, Collect(tx));
+        self.hub.attach(self.ops.registry.shared(), &key(), from, Collect(tx));
         rx
     }
 }
@@ -159,7 +158,7 @@ fn live_attaches_after_the_head_and_a_stalled_reader_slows_nothing() {
     until_finished(&watcher, &run1, &mut Vec::new());
     let live = rig.attach(From::Live);
     let (_release, stall) = unbounded();
-    rig.hub.attach(&key(), rig.ops.registry.shared().wal_path(&key()), From::Start, Stalled(stall));
+    rig.hub.attach(rig.ops.registry.shared(), &key(), From::Start, Stalled(stall));
     let run2 = rig.send("two")["run_id"].as_str().unwrap().to_string();
     let mut fl = Vec::new();
     until_finished(&live, &run2, &mut fl);

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use broca::lineage::projection::Cursor;
 use broca::lineage::read;
+use broca::lineage::reader::Reader;
 use broca::lineage::replay::Resolution;
 use broca::lineage::{Lineage, RetractOutcome, Shared};
 use broca::message::Message;
@@ -60,7 +61,7 @@ fn a_newer_writers_wal_is_refused_with_the_pinned_body_and_left_untouched() {
     let err = shared.open_lineage(&key()).err().expect("refused");
     assert_eq!(err.refusal().to_json(), golden("wal_newer_writer.json"));
     // The read path refuses the same way, and nothing was written by either.
-    let err = read::transcript(&shared.store, &key(), &path, 0, 10).unwrap_err();
+    let err = read::transcript(&Reader::at(&shared, &key(), (path).to_path_buf()), 0, 10).unwrap_err();
     assert_eq!(err.refusal().to_json(), golden("wal_newer_writer.json"));
     assert_eq!(fs::read(&path).unwrap(), before);
 }
@@ -106,7 +107,7 @@ fn deleting_the_store_rebuilds_everything_derivable_from_the_wals() {
     let path = l.wal_path().to_path_buf();
     drop(l);
     shared1.settle();
-    let before = read::transcript(&shared1.store, &key(), &path, 0, 100).unwrap();
+    let before = read::transcript(&Reader::at(&shared1, &key(), (path).to_path_buf()), 0, 100).unwrap();
     let run_before = shared1.store.run("run-1").unwrap().unwrap();
     drop(shared1);
     assert_eq!(before.prompt_len, 8);
@@ -118,7 +119,7 @@ fn deleting_the_store_rebuilds_everything_derivable_from_the_wals() {
     assert!(!l.open_report().from_checkpoint);
     drop(l);
     shared2.settle();
-    let after = read::transcript(&shared2.store, &key(), &path, 0, 100).unwrap();
+    let after = read::transcript(&Reader::at(&shared2, &key(), (path).to_path_buf()), 0, 100).unwrap();
     // The lease epoch in the replay state is the new tenure's; everything derived is equal.
     assert_eq!(
         (&after.messages, after.prompt_len, after.head, &after.resolution, &after.state.queue),
@@ -143,7 +144,7 @@ fn an_open_with_a_current_watermark_replays_only_the_tail() {
     assert_eq!(l.state().prompt_len, 20);
     drop(l);
     // A page from the middle comes from the store prefix.
-    let page = read::transcript(&shared.store, &key(), &shared.wal_path(&key()), 4, 4).unwrap();
+    let page = read::transcript(&Reader::at(&shared, &key(), (shared.wal_path(&key())).to_path_buf()), 4, 4).unwrap();
     assert_eq!(page.messages.iter().map(|(o, _)| *o).collect::<Vec<_>>(), [4, 5, 6, 7]);
     assert_eq!(page.messages[0].1, Message::user_text("hello"));
 }
@@ -155,7 +156,10 @@ fn units_are_visible_only_after_commit_and_cursors_are_continuous_across_reopen(
     let path = shared.wal_path(&key());
     let mut l = shared.open_lineage(&key()).unwrap();
     l.append(&run_started("run-1", None, "hi")).unwrap();
-    assert!(read::control_units(&path, None, usize::MAX).unwrap().is_empty(), "nothing visible before fsync");
+    assert!(
+        read::control_units(&Reader::at(&shared, &key(), path.clone()), None, usize::MAX).unwrap().is_empty(),
+        "nothing visible before fsync"
+    );
     assert_eq!(l.head(), None);
     let units = l.commit().unwrap();
     assert_eq!(units.len(), 2);
@@ -163,7 +167,7 @@ fn units_are_visible_only_after_commit_and_cursors_are_continuous_across_reopen(
     l.append(&step_started("run-1", 1)).unwrap();
     drop(l); // a crash-like drop: the step was never committed
     let mut l = shared.open_lineage(&key()).unwrap();
-    let all = read::control_units(&path, None, usize::MAX).unwrap();
+    let all = read::control_units(&Reader::at(&shared, &key(), path.clone()), None, usize::MAX).unwrap();
     let types: Vec<_> = all.iter().map(|u| u.unit["type"].as_str().unwrap().to_string()).collect();
     assert_eq!(
         types,
@@ -175,7 +179,8 @@ fn units_are_visible_only_after_commit_and_cursors_are_continuous_across_reopen(
     assert!(all.windows(2).all(|w| w[0].cursor < w[1].cursor));
     assert_eq!(l.head(), Some(all[3].cursor), "live attaches strictly after the last durable unit");
     // Attach at a cursor is strictly after it.
-    let after = read::control_units(&path, Some(all[1].cursor), usize::MAX).unwrap();
+    let after =
+        read::control_units(&Reader::at(&shared, &key(), path.clone()), Some(all[1].cursor), usize::MAX).unwrap();
     assert_eq!(after[0].cursor, all[2].cursor);
     // A new episode continues the same cursor space.
     let units = l.append_commit(&run_started("run-2", None, "again")).unwrap().1;
@@ -346,7 +351,7 @@ fn any_byte_prefix_of_a_valid_wal_replays_to_a_consistent_state() {
         drop(l);
         let kept = ends[complete as usize] as usize;
         assert_eq!(fs::read(&wal).unwrap()[..kept], full[..kept], "cut {cut}: complete frames unchanged");
-        let page = read::transcript(&shared.store, &key(), &wal, 0, 1000).unwrap();
+        let page = read::transcript(&Reader::at(&shared, &key(), (wal).to_path_buf()), 0, 1000).unwrap();
         assert_eq!(page.prompt_len, prompt_len);
         assert!(page.messages.iter().enumerate().all(|(i, (o, _))| *o == i as u64), "cut {cut}: gap-free");
         assert_eq!(page.messages.len() as u64, prompt_len);

@@ -186,15 +186,14 @@ fn watch_sigint() -> crossbeam_channel::Receiver<RunCommand> {
 }
 
 fn read_transcript(args: &Args, shared: &Shared, key: &SessionKey) -> u8 {
-    let path = shared.wal_path(key);
-    if !path.exists() {
+    let Some(reader) = broca::lineage::reader::Reader::open(shared, key) else {
         return fail(
             args,
             EXIT_REFUSED,
             &format!("session {:?} has no transcript under {}", args.session, shared.root.path().display()),
         );
-    }
-    let page = match read::transcript(&shared.store, key, &path, 0, u64::MAX) {
+    };
+    let page = match read::transcript(&reader, 0, u64::MAX) {
         Ok(p) => p,
         Err(e) => return refuse(args, &e.refusal()),
     };

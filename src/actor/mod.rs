@@ -28,8 +28,9 @@ use crate::record::{CancelAt, FinishReason, PauseReason, ProviderError};
 use crate::session_key::SessionKey;
 use crate::state_root::Placement;
 
-/// Where an actor's output goes: the session's subscribers (or nowhere).
-pub type Publish = Arc<dyn Fn(&SessionKey, Output) + Send + Sync>;
+/// Where an actor's output goes: for each session its lineage thread opens, one sink (the
+/// session's fan-out publisher, or nowhere).
+pub type Publish = Arc<dyn Fn(&SessionKey) -> Box<dyn FnMut(Output) + Send> + Send + Sync>;
 
 /// What every actor needs to run turns.
 pub struct RunDeps {
@@ -59,7 +60,10 @@ impl RunDeps {
             client: Arc::new(crate::provider::client::HttpClient::default()),
             tools: Arc::new(crate::agent::NoTools),
             opts: LoopOptions::default(),
-            publish: Arc::new(move |key, out| publish_hub.publish(key, &out)),
+            publish: Arc::new(move |key| {
+                let mut publisher = publish_hub.publisher(key);
+                Box::new(move |out| publisher.publish(out))
+            }),
             idle_ttl,
             observed: Arc::new(move |key| observed_hub.subscribers(key) > 0),
             readmit: None,
@@ -276,7 +280,14 @@ impl Registry {
     /// wait that ends in closing.
     fn actor_main(self: Arc<Self>, mut lineage: Lineage, rx: Receiver<RunCommand>, slot: Slot) {
         let key = lineage.key().clone();
-        let publish = |o: Output| (self.deps.publish)(&key, o);
+        // Declared after `lineage`, so it is dropped first (even on a panic): the next actor of
+        // this session can take the session's rings as soon as the lease is free.
+        let mut publish = (self.deps.publish)(&key);
+        // An orphan's seal, made durable by the open: subscribers attached before it wait for it.
+        let sealed = lineage.take_opened_units();
+        if !sealed.is_empty() {
+            publish(Output::Control(sealed));
+        }
         loop {
             while let Ok(cmd) = rx.try_recv() {
                 let units = agent::handle_command(&mut lineage, cmd);
@@ -284,11 +295,12 @@ impl Registry {
                     publish(Output::Control(units));
                 }
             }
-            match self.next_turn(&mut lineage, &rx, &publish) {
+            match self.next_turn(&mut lineage, &rx, &mut publish) {
                 Ok(true) => continue,
                 Ok(false) => {}
                 Err(e) => {
                     log::error!("session {}: the actor stops after a write failure: {e}", key.addr());
+                    drop(publish);
                     self.close(&slot, &rx);
                     return;
                 }
@@ -305,6 +317,7 @@ impl Registry {
                     if rx.is_empty() && lineage.state().queue.is_empty() && !(self.deps.observed)(&key) {
                         self.gauges.closing.fetch_add(1, Ordering::Relaxed);
                         *guard = None;
+                        drop(publish);
                         drop(lineage);
                         self.gauges.closing.fetch_sub(1, Ordering::Relaxed);
                         return;
@@ -326,7 +339,7 @@ impl Registry {
         &self,
         lineage: &mut Lineage,
         rx: &Receiver<RunCommand>,
-        publish: &dyn Fn(Output),
+        publish: &mut dyn FnMut(Output),
     ) -> Result<bool, LineageError> {
         if self.sealing.load(Ordering::Acquire) {
             return Ok(false);

@@ -1,41 +1,54 @@
-//! Fan-out (spec §6–§9, §16): many observers of one session, each with its own thread and
-//! bounded lanes, so one slow subscriber never slows the run or the other subscribers.
+//! Fan-out (spec §6–§9, §16): many observers of one session, each with its own thread, so one
+//! slow subscriber never slows the run or the other subscribers.
+//!
+//! Per session there is one [`Lanes`]: a bounded lock-free ring per lane ([`ring`]), written
+//! only by the session's lineage thread through its [`Publisher`] (a publish is O(1): it never
+//! blocks, never locks, whatever the number of subscribers), and a [`ring::Bell`] that wakes the
+//! fan-out threads, each of which drains both rings at its own positions.
 //!
 //! - **Control** lane: durable, replayable units addressed by `(wal_seq, sub_index)`. A
-//!   subscriber is registered *before* it replays the WAL, so every unit published meanwhile is
-//!   buffered; replay then reads what is durable and remembers the last cursor `R` it sent, and
-//!   the live lane skips units at or before `R`. Units are published only after their fsync, so
-//!   a unit is either in the replay or after `R`: no gap, no duplicate. A subscriber whose
-//!   control lane fills is detached (its stream ends with `subscriber_lagged`) and resubscribes
-//!   from its cursor — a control unit is never silently dropped.
-//! - **Display** lane: live only, lossy. When it is full, deltas are counted as dropped and the
-//!   reader gets one `display_gap {dropped}` before the next delivered display event.
+//!   subscriber takes its ring positions *before* it replays the WAL, so every unit published
+//!   meanwhile is still in the ring; replay then reads what is durable and remembers the last
+//!   cursor `R` it sent, and the live lane skips units at or before `R`. Units are published only
+//!   after their fsync, so a unit is either in the replay or after `R`: no gap, no duplicate. A
+//!   subscriber the writer overtakes (more than [`CONTROL_LANE`] units behind) is detached (its
+//!   stream ends with `subscriber_lagged`) and resubscribes from its cursor — a control unit is
+//!   never silently dropped.
+//! - **Display** lane: live only, lossy. A reader the writer overtakes counts the positions it
+//!   missed and gets one `display_gap {dropped}` before the next delivered display event.
 //! - Every frame carries `seq`, from 1, rising by one per frame across both lanes.
 //! - A terminal run does not end a stream: subscribers stay attached for later episodes.
+//!
+//! The hub's mutex is taken to attach, detach and count subscribers, never to publish.
+
+pub mod ring;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use cortexkit_role_llm_runner::live::{DisplayGap, LiveEvent, TextDelta, ToolInputDelta};
-use crossbeam_channel::{bounded, select, Receiver, Sender, TrySendError};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
 use crate::agent::{DisplayEvent, Output};
-use crate::lineage::projection::{self, ControlUnit, Cursor};
-use crate::lineage::replay::Replay;
-use crate::lineage::LineageError;
-use crate::record::{Record, KNOWN_FEATURES};
+use crate::lineage::projection::{ControlUnit, Cursor};
+use crate::lineage::read;
+use crate::lineage::reader::{Reader, Sink, Start};
+use crate::lineage::{LineageError, Shared};
 use crate::session_key::SessionKey;
-use crate::wal::ScannedFrame;
 use crate::wire::Refusal;
+use ring::{Bell, Ring, Slot, Writer};
 
-/// Control units a subscriber may lag before it is detached.
+/// Control units a subscriber may lag before it is detached (the control ring's capacity).
 pub const CONTROL_LANE: usize = 4096;
-/// Display events buffered per subscriber before deltas are dropped.
+/// Display events a subscriber may lag before deltas are dropped (the display ring's capacity).
 pub const DISPLAY_LANE: usize = 1024;
+/// Records read per replay batch (no lock is held while a batch's units are sent).
+const REPLAY_BATCH: usize = 256;
+/// How long an idle fan-out thread sleeps before it looks again (a lost wake costs this).
+const IDLE_WAIT: Duration = Duration::from_millis(250);
 
 /// Where a subscription attaches (spec §7, §16).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,17 +75,45 @@ pub trait StreamSink: Send + 'static {
     fn end(&mut self, error: Option<Refusal>);
 }
 
-struct Member {
-    id: u64,
-    control: Sender<ControlUnit>,
-    display: Sender<DisplayEvent>,
-    dropped: Arc<AtomicU64>,
-    stop: Sender<Option<Refusal>>,
+/// One session's rings and bell.
+pub struct Lanes {
+    control: Arc<Ring<ControlUnit>>,
+    display: Arc<Ring<DisplayEvent>>,
+    bell: Bell,
+    /// Attached subscribers: with none, the publisher skips the rings (nothing to hold).
+    subscribers: AtomicUsize,
 }
 
-#[derive(Default)]
+impl Lanes {
+    fn new() -> Lanes {
+        Lanes {
+            control: Arc::new(Ring::new(CONTROL_LANE)),
+            display: Arc::new(Ring::new(DISPLAY_LANE)),
+            bell: Bell::new(),
+            subscribers: AtomicUsize::new(0),
+        }
+    }
+}
+
+/// A stop request for one subscriber: `Some(None)` a clean end, `Some(Some(r))` an error.
+type Stop = Arc<Mutex<Option<Option<Refusal>>>>;
+
+struct Member {
+    id: u64,
+    stop: Stop,
+}
+
+/// A session's subscribers and its lanes. Kept while it has members or a publisher.
 struct Topic {
+    lanes: Arc<Lanes>,
     members: Vec<Member>,
+    publishers: usize,
+}
+
+impl Topic {
+    fn new() -> Topic {
+        Topic { lanes: Arc::new(Lanes::new()), members: Vec::new(), publishers: 0 }
+    }
 }
 
 /// All sessions' subscribers in this process.
@@ -96,65 +137,124 @@ impl Subscription {
     }
 }
 
+/// The lineage thread's end of a session's lanes: the only writer of its rings.
+pub struct Publisher {
+    hub: Arc<Hub>,
+    key: SessionKey,
+    lanes: Arc<Lanes>,
+    control: Option<Writer<ControlUnit>>,
+    display: Option<Writer<DisplayEvent>>,
+}
+
+impl Publisher {
+    /// Publishes a lineage's output: control units (already durable) and display events. O(1)
+    /// per item, no lock; one wake of one sleeping reader at most.
+    pub fn publish(&mut self, output: Output) {
+        if self.lanes.subscribers.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        match output {
+            Output::Control(units) => {
+                if let Some(w) = &mut self.control {
+                    for unit in units {
+                        w.push(unit);
+                    }
+                } else if !units.is_empty() {
+                    self.hub.detach_all(&self.key, lagged());
+                }
+            }
+            Output::Display(event) => {
+                if let Some(w) = &mut self.display {
+                    w.push(event);
+                }
+            }
+        }
+        self.lanes.bell.ring();
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        // Release the ring writers before the topic can be dropped or claimed again.
+        self.control = None;
+        self.display = None;
+        let mut topics = self.hub.topics.lock();
+        if let Some(topic) = topics.get_mut(&self.key) {
+            topic.publishers = topic.publishers.saturating_sub(1);
+            if topic.publishers == 0 && topic.members.is_empty() {
+                topics.remove(&self.key);
+            }
+        }
+    }
+}
+
+fn lagged() -> Refusal {
+    Refusal::new(
+        "subscriber_lagged",
+        "the subscriber fell too far behind the control stream; resubscribe from its last cursor",
+        Some(crate::detail!("class" => "transient")),
+    )
+}
+
 impl Hub {
     pub fn new() -> Arc<Hub> {
         Arc::new(Hub::default())
     }
 
-    /// Publishes a lineage's output: control units (already durable) and display events.
-    pub fn publish(&self, key: &SessionKey, output: &Output) {
-        let mut topics = self.topics.lock();
-        let Some(topic) = topics.get_mut(key) else { return };
-        let mut lagged = Vec::new();
-        for m in &topic.members {
-            match output {
-                Output::Control(units) => {
-                    for u in units {
-                        if let Err(TrySendError::Full(_)) = m.control.try_send(u.clone()) {
-                            lagged.push(m.id);
-                            break;
-                        }
-                    }
-                }
-                Output::Display(d) => {
-                    if m.display.try_send(d.clone()).is_err() {
-                        m.dropped.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
+    /// The session's publisher, for the lineage thread that writes it (one at a time: the
+    /// lease makes it so). A writer still held by a closing predecessor is waited for briefly;
+    /// if it never comes free, control output detaches every subscriber (they resubscribe from
+    /// their cursors) rather than being lost silently.
+    pub fn publisher(self: &Arc<Self>, key: &SessionKey) -> Publisher {
+        let lanes = {
+            let mut topics = self.topics.lock();
+            let topic = topics.entry(key.clone()).or_insert_with(Topic::new);
+            topic.publishers += 1;
+            Arc::clone(&topic.lanes)
+        };
+        let (mut control, mut display) = (None, None);
+        for _ in 0..200 {
+            control = control.or_else(|| lanes.control.writer());
+            display = display.or_else(|| lanes.display.writer());
+            if control.is_some() && display.is_some() {
+                break;
             }
+            std::thread::sleep(Duration::from_millis(5));
         }
-        for id in lagged {
-            if let Some(pos) = topic.members.iter().position(|m| m.id == id) {
-                let m = topic.members.remove(pos);
-                let refusal = Refusal::new(
-                    "subscriber_lagged",
-                    "the subscriber fell too far behind the control stream; resubscribe from its last cursor",
-                    Some(crate::detail!("class" => "transient")),
-                );
-                let _ = m.stop.send(Some(refusal));
-            }
+        if control.is_none() {
+            log::error!("session {}: its fan-out ring has another writer; subscribers will be detached", key.addr());
         }
+        Publisher { hub: Arc::clone(self), key: key.clone(), lanes, control, display }
     }
 
     fn remove(&self, key: &SessionKey, id: u64, why: Option<Refusal>) {
         let mut topics = self.topics.lock();
-        if let Some(topic) = topics.get_mut(key) {
-            if let Some(pos) = topic.members.iter().position(|m| m.id == id) {
-                let m = topic.members.remove(pos);
-                let _ = m.stop.send(why);
-            }
-            if topic.members.is_empty() {
-                topics.remove(key);
-            }
+        let Some(topic) = topics.get_mut(key) else { return };
+        if let Some(pos) = topic.members.iter().position(|m| m.id == id) {
+            let m = topic.members.remove(pos);
+            m.stop.lock().get_or_insert(why);
+            topic.lanes.subscribers.fetch_sub(1, Ordering::SeqCst);
+            topic.lanes.bell.ring_all();
+        }
+        if topic.members.is_empty() && topic.publishers == 0 {
+            topics.remove(key);
+        }
+    }
+
+    fn detach_all(&self, key: &SessionKey, why: Refusal) {
+        let ids: Vec<u64> =
+            self.topics.lock().get(key).map(|t| t.members.iter().map(|m| m.id).collect()).unwrap_or_default();
+        for id in ids {
+            self.remove(key, id, Some(why.clone()));
         }
     }
 
     /// Ends every subscription of a session (its streams end cleanly).
     pub fn cancel_all(&self, key: &SessionKey) {
-        if let Some(topic) = self.topics.lock().remove(key) {
-            for m in topic.members {
-                let _ = m.stop.send(None);
-            }
+        let ids: Vec<u64> =
+            self.topics.lock().get(key).map(|t| t.members.iter().map(|m| m.id).collect()).unwrap_or_default();
+        for id in ids {
+            self.remove(key, id, None);
         }
     }
 
@@ -163,25 +263,32 @@ impl Hub {
         self.topics.lock().get(key).map_or(0, |t| t.members.len())
     }
 
-    /// Attaches a subscriber to `key`'s session (WAL at `wal`) and starts its thread.
-    pub fn attach(self: &Arc<Self>, key: &SessionKey, wal: PathBuf, from: From, sink: impl StreamSink) -> Subscription {
-        let (control_tx, control_rx) = bounded(CONTROL_LANE);
-        let (display_tx, display_rx) = bounded(DISPLAY_LANE);
-        let (stop_tx, stop_rx) = bounded(1);
-        let dropped = Arc::new(AtomicU64::new(0));
+    /// Attaches a subscriber to `key`'s session and starts its thread. Reads the durable head
+    /// for `live`: call it from a worker, never from the io thread.
+    pub fn attach(
+        self: &Arc<Self>,
+        shared: &Arc<Shared>,
+        key: &SessionKey,
+        from: From,
+        sink: impl StreamSink,
+    ) -> Subscription {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        // Registered before the replay reads the WAL: nothing published from here on is missed.
-        self.topics.lock().entry(key.clone()).or_default().members.push(Member {
-            id,
-            control: control_tx,
-            display: display_tx,
-            dropped: Arc::clone(&dropped),
-            stop: stop_tx,
-        });
+        let stop: Stop = Arc::default();
+        // Registered, with its ring positions taken, before the replay reads the WAL (and
+        // before the live head is read): nothing published from here on is missed.
+        let (lanes, positions) = {
+            let mut topics = self.topics.lock();
+            let topic = topics.entry(key.clone()).or_insert_with(Topic::new);
+            topic.members.push(Member { id, stop: Arc::clone(&stop) });
+            topic.lanes.subscribers.fetch_add(1, Ordering::SeqCst);
+            let lanes = Arc::clone(&topic.lanes);
+            let positions = Positions { control: lanes.control.head(), display: lanes.display.head() };
+            (lanes, positions)
+        };
         // The attach barrier for `live`: the durable head is read after registration and
         // before this returns, so everything published later is delivered and nothing before.
         let from = match from {
-            From::Live => match durable_head(&wal) {
+            From::Live => match read::durable_head(shared, key) {
                 Ok(Some(head)) => From::After(head),
                 Ok(None) => From::Start,
                 Err(e) => {
@@ -191,12 +298,12 @@ impl Hub {
             },
             other => other,
         };
-        let lanes = Lanes { control: control_rx, display: display_rx, stop: stop_rx, dropped };
         let hub = Arc::clone(self);
-        let key2 = key.clone();
+        let (key2, shared) = (key.clone(), Arc::clone(shared));
         let spawned = std::thread::Builder::new().name("broca-fanout".into()).spawn(move || {
             let mut sink = sink;
-            let outcome = Feeder { seq: 0, sink: &mut sink }.run(&wal, from, &lanes);
+            let mut feeder = Feeder { seq: 0, sink: &mut sink, lanes: &lanes, stop: &stop, at: positions, dropped: 0 };
+            let outcome = feeder.run(&shared, &key2, from);
             hub.remove(&key2, id, None);
             sink.end(outcome.err());
         });
@@ -208,17 +315,22 @@ impl Hub {
     }
 }
 
-struct Lanes {
-    control: Receiver<ControlUnit>,
-    display: Receiver<DisplayEvent>,
-    stop: Receiver<Option<Refusal>>,
-    dropped: Arc<AtomicU64>,
+/// A reader's next ring positions.
+#[derive(Clone, Copy, Debug)]
+struct Positions {
+    control: u64,
+    display: u64,
 }
 
-/// One subscriber's thread: replay, then the live lanes.
+/// One subscriber's thread: replay, then the live rings at its own positions.
 struct Feeder<'a, S: StreamSink> {
     seq: u64,
     sink: &'a mut S,
+    lanes: &'a Lanes,
+    stop: &'a Stop,
+    at: Positions,
+    /// Display positions missed since the last delivered display event.
+    dropped: u64,
 }
 
 impl<S: StreamSink> Feeder<'_, S> {
@@ -233,24 +345,28 @@ impl<S: StreamSink> Feeder<'_, S> {
     }
 
     /// One display event, preceded by a `display_gap` when deltas were dropped since the last.
-    fn display(&mut self, event: DisplayEvent, lanes: &Lanes) -> Result<(), Option<Refusal>> {
-        let dropped = lanes.dropped.swap(0, Ordering::Relaxed);
+    fn display(&mut self, event: &DisplayEvent) -> Result<(), Option<Refusal>> {
+        let dropped = std::mem::take(&mut self.dropped);
         if dropped > 0 {
             let gap = LiveEvent::DisplayGap(DisplayGap::new(dropped));
             self.send(json!({"kind": "display", "event": gap}))?;
         }
-        self.send(display_frame(&event))
+        self.send(display_frame(event))
     }
 
     /// Returns `Ok` when the stream was stopped cleanly, `Err(refusal)` when it ends in error.
-    fn run(&mut self, wal: &std::path::Path, from: From, lanes: &Lanes) -> Result<(), Refusal> {
-        match self.feed(wal, from, lanes) {
+    fn run(&mut self, shared: &Shared, key: &SessionKey, from: From) -> Result<(), Refusal> {
+        match self.feed(shared, key, from) {
             Ok(()) | Err(None) => Ok(()),
             Err(Some(r)) => Err(r),
         }
     }
 
-    fn feed(&mut self, wal: &std::path::Path, from: From, lanes: &Lanes) -> Result<(), Option<Refusal>> {
+    fn stopped(&self) -> Option<Option<Refusal>> {
+        self.stop.lock().clone()
+    }
+
+    fn feed(&mut self, shared: &Shared, key: &SessionKey, from: From) -> Result<(), Option<Refusal>> {
         let replay_failed = |e: LineageError| {
             Some(Refusal::new("subscribe_replay_failed", format!("subscribe replay failed: {e}"), None))
         };
@@ -258,72 +374,98 @@ impl<S: StreamSink> Feeder<'_, S> {
         let mut last: Option<Cursor> = match from {
             From::Start => None,
             From::After(c) => Some(c),
-            From::Live => durable_head(wal).map_err(replay_failed)?,
+            From::Live => read::durable_head(shared, key).map_err(replay_failed)?,
         };
-        if from != From::Live && wal.exists() {
-            // One pass over the WAL, one record in memory at a time; the replay runs from the
-            // start (units name message ordinals), frames before the cursor send nothing.
-            let after = last;
-            let mut stopped: Option<Option<Refusal>> = None;
-            let mut replay = Replay::default();
-            let scanned = crate::wal::read::<LineageError>(wal, KNOWN_FEATURES, None, &mut |f: ScannedFrame<'_>| {
-                let rec = Record::decode(f.payload).map_err(|e| LineageError::Decode { seq: f.seq, reason: e.0 })?;
-                for unit in projection::apply(&mut replay, f.seq, &rec, &mut drop)? {
-                    if after.is_none_or(|a| unit.cursor > a) {
-                        if let Err(e) = self.send(control_frame(&unit)) {
-                            stopped = Some(e);
-                            return Err(LineageError::Refused("the subscriber is gone".into()));
-                        }
-                        last = Some(unit.cursor);
-                    }
+        if let (true, Some(reader)) = (from != From::Live, Reader::open(shared, key)) {
+            // Durable units in batches, one record in memory at a time; no lock is held while
+            // they are sent. A cursor replay starts at a store checkpoint below it.
+            let start = match last {
+                Some(c) => Start::Checkpoint { before: Some(c.wal_seq) },
+                None => Start::Beginning,
+            };
+            let mut scan = reader.start(start).map_err(replay_failed)?;
+            loop {
+                if let Some(why) = self.stopped() {
+                    return Err(why);
                 }
-                Ok(())
-            });
-            if let Some(why) = stopped {
-                return Err(why);
+                let mut batch = UnitsAfter { after: last, out: Vec::new() };
+                let done = reader.next(&mut scan, REPLAY_BATCH, &mut batch).map_err(replay_failed)?;
+                for unit in batch.out {
+                    self.send(control_frame(&unit))?;
+                    last = Some(unit.cursor);
+                }
+                if done {
+                    break;
+                }
             }
-            scanned.map_err(replay_failed)?;
         }
         loop {
-            // The loop publishes a step's display deltas before the units of the barrier that
-            // ends it; draining the (bounded) display lane first keeps that order for readers.
-            while let Ok(event) = lanes.display.try_recv() {
-                self.display(event, lanes)?;
+            if let Some(why) = self.stopped() {
+                return Err(why);
             }
-            select! {
-                recv(lanes.control) -> unit => {
-                    let Ok(unit) = unit else { return Err(None) };
-                    if last.is_none_or(|l| unit.cursor > l) {
-                        self.send(control_frame(&unit))?;
-                        last = Some(unit.cursor);
+            // Read the bell before looking, so a publish after the look wakes the wait.
+            let epoch = self.lanes.bell.epoch();
+            // The loop publishes a step's display deltas before the units of the barrier that
+            // ends it; draining the display ring first keeps that order for readers.
+            let mut progressed = self.drain_display()?;
+            loop {
+                match self.lanes.control.get(self.at.control) {
+                    Slot::Ready(unit) => {
+                        self.at.control += 1;
+                        progressed = true;
+                        if last.is_none_or(|l| unit.cursor > l) {
+                            self.send(control_frame(&unit))?;
+                            last = Some(unit.cursor);
+                        }
                     }
+                    Slot::NotYet => break,
+                    // Overtaken: never a silent drop of control data; resubscribe from the cursor.
+                    Slot::Overwritten { .. } => return Err(Some(lagged())),
                 }
-                recv(lanes.display) -> event => {
-                    let Ok(event) = event else { return Err(None) };
-                    self.display(event, lanes)?;
+            }
+            if !progressed {
+                self.lanes.bell.wait(epoch, IDLE_WAIT);
+            }
+        }
+    }
+
+    /// Sends every display event published since the last look; returns whether there was any.
+    fn drain_display(&mut self) -> Result<bool, Option<Refusal>> {
+        let mut progressed = false;
+        loop {
+            match self.lanes.display.get(self.at.display) {
+                Slot::Ready(event) => {
+                    self.at.display += 1;
+                    progressed = true;
+                    self.display(&event)?;
                 }
-                recv(lanes.stop) -> why => return Err(why.unwrap_or(None)),
+                Slot::NotYet => return Ok(progressed),
+                Slot::Overwritten { missed, oldest } => {
+                    self.dropped += missed;
+                    self.at.display = oldest;
+                    progressed = true;
+                }
             }
         }
     }
 }
 
-/// The last durable control unit of a WAL (the `live` attach point), in one pass that builds
-/// no unit.
-fn durable_head(wal: &std::path::Path) -> Result<Option<Cursor>, LineageError> {
-    if !wal.exists() {
-        return Ok(None);
+/// The units of one replay batch strictly after the last cursor sent.
+struct UnitsAfter {
+    after: Option<Cursor>,
+    out: Vec<ControlUnit>,
+}
+
+impl Sink for UnitsAfter {
+    fn wants_units(&self) -> bool {
+        true
     }
-    let mut head = None;
-    crate::wal::read::<LineageError>(wal, KNOWN_FEATURES, None, &mut |f: ScannedFrame<'_>| {
-        let rec = Record::decode(f.payload).map_err(|e| LineageError::Decode { seq: f.seq, reason: e.0 })?;
-        let units = projection::unit_count(&rec);
-        if units > 0 {
-            head = Some(Cursor { wal_seq: f.seq, sub_index: units as u32 - 1 });
-        }
-        Ok(())
-    })?;
-    Ok(head)
+
+    fn units(&mut self, units: Vec<ControlUnit>) -> bool {
+        let after = self.after;
+        self.out.extend(units.into_iter().filter(|u| after.is_none_or(|a| u.cursor > a)));
+        true
+    }
 }
 
 /// A control frame: llm-runner's `kind`/`cursor`, broca's `unit`, and the role's typed

@@ -7,9 +7,11 @@
 //! and nothing is written. Control units become visible (are returned by [`Lineage::commit`])
 //! only after the fsync that makes them durable.
 
+pub mod ends;
 pub mod ledger;
 pub mod projection;
 pub mod read;
+pub mod reader;
 pub mod replay;
 
 use std::path::{Path, PathBuf};
@@ -24,8 +26,11 @@ use crate::session_key::SessionKey;
 use crate::state_root::{Placement, StateRoot};
 use crate::store::writer::StoreWriter;
 use crate::store::{Checkpoint, Store, StoreBatch, StoreError};
-use crate::wal::{self, FeatureFloor, Lease, LeaseError, RecordOutcome, ScannedFrame, Wal, WalError, WalOpen};
+use crate::wal::{
+    self, FeatureFloor, FileStorage, Lease, LeaseError, RecordOutcome, ScannedFrame, Storage, Wal, WalError, WalOpen,
+};
 use crate::wire::Refusal;
+use ends::{Durable, DurableEnds, WriterEnd};
 use projection::{ControlUnit, Cursor};
 use replay::{Replay, ReplayError, Resolution};
 
@@ -163,6 +168,13 @@ pub struct Lineage {
     /// A committed record changed the durable queue since the last flush.
     queue_changed: bool,
     report: OpenReport,
+    /// Units the open made durable (an orphan's seal) that its owner has not yet published.
+    opened_units: Vec<ControlUnit>,
+    storage: Arc<dyn Storage>,
+    ends: Arc<DurableEnds>,
+    /// Where this writer publishes its fsynced end for readers (declared before the lease, so
+    /// it is withdrawn before another writer can take the session).
+    end: WriterEnd,
     _lease: Lease,
 }
 
@@ -173,15 +185,20 @@ impl Lineage {
     /// exists-then-create decision race-free against other writers of the session.
     pub fn open(shared: &Shared, key: &SessionKey, placement: Placement) -> Result<Lineage, LineageError> {
         let (root, store, floor) = (&shared.root, Arc::clone(&shared.store), Some(Arc::clone(&shared.floor)));
+        let storage = shared.storage.as_ref();
         let mut lease = Lease::acquire(&root.lease_path(key))?;
         // A previous holder in this process may still have rows queued: let them land first.
         shared.writer.settle();
+        let end = shared.ends.writer(&key.addr());
+        // Readers of this session wait while it opens: the scan may cut a torn tail.
+        let mut opening = end.opening();
+        let truncate_to = opening.failed_end;
         let mut path = root.wal_path(key);
         if !path.exists() {
             path = root.wal_path_placed(key, placement);
-            wal::create(&path, key.lineage_id())?;
+            wal::create(storage, &path, key.lineage_id())?;
         }
-        let header = wal::read_header_of(&path, record::KNOWN_FEATURES)?;
+        let header = wal::read_header_of(storage, &path, record::KNOWN_FEATURES)?;
         let incarnation = header.incarnation_string();
         let addr = key.addr();
         let checkpoint = match store.checkpoint(&addr) {
@@ -197,20 +214,22 @@ impl Lineage {
                 None
             }
         };
+        let at = OpenAt { storage, path: &path, key, store: &store, epoch: lease.epoch(), truncate_to };
         let opened = match checkpoint {
-            Some(cp) => {
-                match Lineage::replay_open(&path, key, &store, floor.clone(), lease.epoch(), Some(cp), &incarnation) {
-                    Err(LineageError::Wal(WalError::Corrupt { offset, reason })) => {
-                        log::warn!("store checkpoint of {addr} does not match its wal ({reason} at {offset}); replaying from the start");
-                        store.forget_lineage(&addr)?;
-                        Lineage::replay_open(&path, key, &store, floor, lease.epoch(), None, &incarnation)
-                    }
-                    other => other,
+            Some(cp) => match at.replay_open(floor.clone(), Some(cp), &incarnation) {
+                Err(LineageError::Wal(WalError::Corrupt { offset, reason })) => {
+                    log::warn!("store checkpoint of {addr} does not match its wal ({reason} at {offset}); replaying from the start");
+                    store.forget_lineage(&addr)?;
+                    at.replay_open(floor, None, &incarnation)
                 }
-            }
-            None => Lineage::replay_open(&path, key, &store, floor, lease.epoch(), None, &incarnation),
+                other => other,
+            },
+            None => at.replay_open(floor, None, &incarnation),
         };
         let (mut wal, mut replay, head, batch, report) = opened?;
+        opening.failed_end = None;
+        opening.open = Some(Durable { offset: wal.synced_end(), seq: wal.synced_seq(), head });
+        drop(opening);
         if replay.last_epoch >= lease.epoch() {
             let lease_path = root.lease_path(key);
             lease.raise_to(replay.last_epoch + 1).map_err(|source| LeaseError::Io { path: lease_path, source })?;
@@ -230,23 +249,37 @@ impl Lineage {
             checkpoint_seq: 0,
             queue_changed: false,
             report,
+            opened_units: Vec::new(),
+            storage: Arc::clone(&shared.storage),
+            ends: Arc::clone(&shared.ends),
+            end,
             _lease: lease,
         };
         lineage.seal_orphan()?;
         lineage.flush_store(true);
         Ok(lineage)
     }
+}
 
+/// What one open replays: the WAL, its session, the store and the tenure stamp.
+struct OpenAt<'a> {
+    storage: &'a dyn Storage,
+    path: &'a Path,
+    key: &'a SessionKey,
+    store: &'a Store,
+    epoch: u64,
+    truncate_to: Option<u64>,
+}
+
+impl OpenAt<'_> {
     #[allow(clippy::type_complexity)]
     fn replay_open(
-        path: &Path,
-        key: &SessionKey,
-        store: &Store,
+        &self,
         floor: Option<Arc<FeatureFloor>>,
-        epoch: u64,
         checkpoint: Option<Checkpoint>,
         incarnation: &str,
     ) -> Result<(Wal, Replay, Option<Cursor>, StoreBatch, OpenReport), LineageError> {
+        let (path, key, store) = (self.path, self.key, self.store);
         let from_checkpoint = checkpoint.is_some();
         let resume_at = checkpoint.as_ref().map(|cp| (cp.next_offset, cp.watermark_seq + 1));
         let mut replay = checkpoint.map(|cp| cp.replay).unwrap_or_default();
@@ -270,12 +303,20 @@ impl Lineage {
             }
             Ok(())
         };
-        let opts = WalOpen { known_features: record::KNOWN_FEATURES, resume_at, epoch, floor };
-        let wal = Wal::open(path, opts, &mut visit)?;
+        let opts = WalOpen {
+            known_features: record::KNOWN_FEATURES,
+            resume_at,
+            epoch: self.epoch,
+            floor,
+            truncate_to: self.truncate_to,
+        };
+        let wal = Wal::open(self.storage, path, opts, &mut visit)?;
         let head = replay.last_unit;
         Ok((wal, replay, head, batch, OpenReport { replayed, from_checkpoint, sealed_orphan: None }))
     }
+}
 
+impl Lineage {
     /// Seals a run a previous process left open (spec §14): unknown-outcome results for calls
     /// with an intent and no result (never a resend), then `RunFinished{interrupted}` with the
     /// crash diagnostic — or `cancelled` when a cancel was already durably acknowledged.
@@ -304,7 +345,10 @@ impl Lineage {
             (FinishReason::Interrupted, Some(ProviderError::previous_process_ended()))
         };
         self.finish_run(&run_id, reason, error, calls)?;
-        self.commit()?;
+        let units = self.commit()?;
+        // Published by the lineage's owner as soon as it has one (subscribers attached before
+        // the open are waiting for exactly these units).
+        self.opened_units = units;
         log::info!("sealed run {run_id} left open by a previous process as {}", reason.as_str());
         self.report.sealed_orphan = Some(run_id);
         Ok(())
@@ -362,6 +406,11 @@ impl Lineage {
         &self.report
     }
 
+    /// The units the open made durable (an orphan's seal), once: the owner publishes them.
+    pub fn take_opened_units(&mut self) -> Vec<ControlUnit> {
+        std::mem::take(&mut self.opened_units)
+    }
+
     /// Whether every committed record's derived rows reach the store (false after a failed
     /// flush: the store then stays at its older checkpoint until the lineage is reopened).
     pub fn store_current(&self) -> bool {
@@ -386,7 +435,13 @@ impl Lineage {
     /// Messages `[from, from + limit)` of this lineage: the store prefix ⊕ the WAL tail.
     /// Only what is durable is read.
     pub fn transcript(&self, from: u64, limit: u64) -> Result<read::TranscriptPage, LineageError> {
-        read::transcript(&self.store, &self.key, self.wal.path(), from, limit)
+        read::transcript(&self.reader(), from, limit)
+    }
+
+    /// A reader of this lineage's WAL, bounded by its fsynced end.
+    pub fn reader(&self) -> reader::Reader {
+        let (store, storage, ends) = (Arc::clone(&self.store), Arc::clone(&self.storage), Arc::clone(&self.ends));
+        reader::Reader::parts(store, storage, ends, &self.key, self.wal.path().to_path_buf())
     }
 
     /// The last durable control unit; `from: "live"` attaches strictly after it.
@@ -400,7 +455,13 @@ impl Lineage {
         let payload = rec.encode();
         let seq = match self.wal.append(&rec.features(), &payload, false) {
             RecordOutcome::Accepted(seq) => seq,
-            RecordOutcome::Refused(e) => return Err(e.into()),
+            RecordOutcome::Refused(e) => {
+                if self.wal.failed() {
+                    self.unsynced.clear();
+                    self.end.failed(self.wal.synced_end());
+                }
+                return Err(e.into());
+            }
         };
         let batch = &mut self.batch;
         let units = projection::apply(&mut self.replay, seq, rec, &mut |e| batch.effects.push(e))?;
@@ -412,11 +473,17 @@ impl Lineage {
     /// Makes every appended record durable (one fsync) and returns the control units that
     /// became visible, in cursor order.
     pub fn commit(&mut self) -> Result<Vec<ControlUnit>, LineageError> {
-        self.wal.sync()?;
+        if let Err(e) = self.wal.sync() {
+            self.unsynced.clear();
+            self.end.failed(self.wal.synced_end());
+            return Err(e.into());
+        }
         let units = std::mem::take(&mut self.unsynced);
         if let Some(last) = units.last() {
             self.head = Some(last.cursor);
         }
+        let durable = Durable { offset: self.wal.synced_end(), seq: self.wal.synced_seq(), head: self.head };
+        self.end.publish(durable);
         // Run lifecycle changes and queue changes reach the store at once (boot recovery finds
         // queued work there); everything else in batches.
         let terminal = self.batch.effects.iter().any(|e| matches!(e, replay::Effect::RunState { .. }));
@@ -492,15 +559,24 @@ pub struct Shared {
     pub store: Arc<Store>,
     pub floor: Arc<FeatureFloor>,
     pub writer: Arc<StoreWriter>,
+    /// Where the WAL files live (real files, or a crash-simulating test storage).
+    pub storage: Arc<dyn Storage>,
+    /// The fsynced ends of the WALs this process writes: what readers may see.
+    pub ends: Arc<DurableEnds>,
 }
 
 impl Shared {
     pub fn open(root: StateRoot) -> Result<Shared, LineageError> {
+        Shared::open_with(root, Arc::new(FileStorage))
+    }
+
+    /// [`Shared::open`] over another WAL storage (tests: `wal::storage::crash::CrashStorage`).
+    pub fn open_with(root: StateRoot, storage: Arc<dyn Storage>) -> Result<Shared, LineageError> {
         let store = Arc::new(Store::open(&root.run_index_path())?);
         let floor = Arc::new(FeatureFloor::load(&root.feature_floor_path())?);
         let writer = StoreWriter::start(Arc::clone(&store))
             .map_err(|source| StoreError::Io { path: root.run_index_path(), source })?;
-        Ok(Shared { root, store, floor, writer: Arc::new(writer) })
+        Ok(Shared { root, store, floor, writer: Arc::new(writer), storage, ends: Arc::default() })
     }
 
     /// Opens the session's lineage; a new session's WAL is created in `wal/`.

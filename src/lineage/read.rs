@@ -1,19 +1,15 @@
-//! Reading a lineage without opening it for writing: no lease, nothing written. A torn tail
-//! is not durable and is not read.
+//! Reading a lineage without opening it for writing: no lease, nothing written, and only what
+//! is durable (through [`Reader`]).
 //!
 //! The transcript is the store's materialized prefix ⊕ the WAL tail after its watermark, so
 //! reading a long session costs the page and the tail, not a replay from zero.
 
-use std::path::Path;
-
-use super::projection::{self, ControlUnit, Cursor};
+use super::projection::{ControlUnit, Cursor};
+use super::reader::{Reader, Sink, Start};
 use super::replay::{Effect, Replay, Resolution};
-use super::{decode, LineageError};
-use crate::message::Message;
-use crate::record;
+use super::{LineageError, Shared};
+use crate::message::{Message, Role};
 use crate::session_key::SessionKey;
-use crate::store::Store;
-use crate::wal::{self, ScannedFrame};
 
 /// A page of the conversation.
 #[derive(Debug, Clone, PartialEq)]
@@ -34,103 +30,131 @@ pub struct TranscriptPage {
     pub tail: Vec<Effect>,
 }
 
-/// Messages `[from, from + limit)` of the session stored at `wal_path`.
-pub fn transcript(
-    store: &Store,
-    key: &SessionKey,
-    wal_path: &Path,
+/// Messages in `[from, end)` and the other effects of the tail.
+struct PageSink {
     from: u64,
-    limit: u64,
-) -> Result<TranscriptPage, LineageError> {
-    let header = wal::read_header_of(wal_path, record::KNOWN_FEATURES)?;
-    let checkpoint = store.checkpoint(&key.addr())?.filter(|cp| cp.incarnation == header.incarnation_string());
-    let end = from.saturating_add(limit);
-    let (mut messages, mut replay, resume) = match checkpoint {
-        Some(cp) => {
-            let upto = cp.replay.prompt_len.min(end);
-            let stored = if from < upto { store.messages(&key.addr(), from, upto - from)? } else { Vec::new() };
-            (stored, cp.replay, Some((cp.next_offset, cp.watermark_seq + 1)))
-        }
-        None => (Vec::new(), Replay::default(), None),
-    };
-    let mut tail = Vec::new();
-    let mut visit = |f: ScannedFrame<'_>| -> Result<(), LineageError> {
-        let rec = decode(f.seq, f.payload)?;
-        replay.apply(f.seq, &rec, &mut |e| match e {
+    end: u64,
+    messages: Vec<(u64, Message)>,
+    tail: Vec<Effect>,
+}
+
+impl Sink for PageSink {
+    fn effect(&mut self, effect: Effect) {
+        match effect {
             Effect::Message { ordinal, message, .. } => {
-                if ordinal >= from && ordinal < end {
-                    messages.push((ordinal, message));
+                if ordinal >= self.from && ordinal < self.end {
+                    self.messages.push((ordinal, message));
                 }
             }
-            other => tail.push(other),
-        })?;
-        replay.note_units(f.seq, projection::unit_count(&rec));
-        Ok(())
-    };
-    wal::read(wal_path, record::KNOWN_FEATURES, resume, &mut visit)?;
+            other => self.tail.push(other),
+        }
+    }
+}
+
+/// Messages `[from, from + limit)` of the session read by `reader`.
+pub fn transcript(reader: &Reader, from: u64, limit: u64) -> Result<TranscriptPage, LineageError> {
+    let end = from.saturating_add(limit);
+    let mut scan = reader.start(Start::Checkpoint { before: None })?;
+    let mut sink = PageSink { from, end, messages: Vec::new(), tail: Vec::new() };
+    if let (Some(cp), Some(store)) = (&scan.checkpoint, reader.store()) {
+        let upto = cp.replay.prompt_len.min(end);
+        if from < upto {
+            sink.messages = store.messages(reader.addr(), from, upto - from)?;
+        }
+    }
+    while !reader.next(&mut scan, usize::MAX, &mut sink)? {}
+    let replay = scan.replay;
     Ok(TranscriptPage {
-        messages,
+        messages: sink.messages,
         prompt_len: replay.prompt_len,
         head: replay.last_unit,
         resolution: replay.resolution(),
         state: replay,
-        tail,
+        tail: sink.tail,
     })
 }
 
-/// The newest durable message of `run_id` with `role`: the WAL tail's, else the store's.
-pub fn last_message_of_run(
-    store: &Store,
-    key: &SessionKey,
-    wal_path: &Path,
-    run_id: &str,
-    role: crate::message::Role,
-) -> Result<Option<(u64, Message)>, LineageError> {
-    let header = wal::read_header_of(wal_path, record::KNOWN_FEATURES)?;
-    let checkpoint = store.checkpoint(&key.addr())?.filter(|cp| cp.incarnation == header.incarnation_string());
-    let (mut replay, resume) = match &checkpoint {
-        Some(cp) => (cp.replay.clone(), Some((cp.next_offset, cp.watermark_seq + 1))),
-        None => (Replay::default(), None),
-    };
-    let mut found = None;
-    let mut visit = |f: ScannedFrame<'_>| -> Result<(), LineageError> {
-        let rec = decode(f.seq, f.payload)?;
-        replay.apply(f.seq, &rec, &mut |e| {
-            if let Effect::Message { ordinal, run_id: r, message, .. } = e {
-                if r == run_id && message.role == role {
-                    found = Some((ordinal, message));
-                }
+/// The session's durable state with no messages: `None` when it has no WAL.
+pub fn snapshot(shared: &Shared, key: &SessionKey) -> Result<Option<TranscriptPage>, LineageError> {
+    Reader::open(shared, key).map(|r| transcript(&r, u64::MAX, 0)).transpose()
+}
+
+/// The newest message of one run with one role.
+struct LastOfRun<'a> {
+    run_id: &'a str,
+    role: Role,
+    found: Option<(u64, Message)>,
+}
+
+impl Sink for LastOfRun<'_> {
+    fn effect(&mut self, effect: Effect) {
+        if let Effect::Message { ordinal, run_id, message, .. } = effect {
+            if run_id == self.run_id && message.role == self.role {
+                self.found = Some((ordinal, message));
             }
-        })?;
-        Ok(())
-    };
-    wal::read(wal_path, record::KNOWN_FEATURES, resume, &mut visit)?;
-    match found {
-        Some(m) => Ok(Some(m)),
-        None if checkpoint.is_some() => Ok(store.last_message_of_run(&key.addr(), run_id, role)?),
-        None => Ok(None),
+        }
+    }
+}
+
+/// The newest durable message of `run_id` with `role`: the WAL tail's, else the store's.
+pub fn last_message_of_run(reader: &Reader, run_id: &str, role: Role) -> Result<Option<(u64, Message)>, LineageError> {
+    let mut sink = LastOfRun { run_id, role, found: None };
+    let scan = reader.scan(Start::Checkpoint { before: None }, &mut sink)?;
+    match (sink.found, reader.store()) {
+        (Some(m), _) => Ok(Some(m)),
+        (None, Some(store)) if scan.checkpoint.is_some() => {
+            Ok(store.last_message_of_run(reader.addr(), run_id, role)?)
+        }
+        (None, _) => Ok(None),
+    }
+}
+
+/// Durable control units strictly after `after`, at most `limit`.
+struct UnitsAfter {
+    after: Option<Cursor>,
+    limit: usize,
+    out: Vec<ControlUnit>,
+}
+
+impl Sink for UnitsAfter {
+    fn wants_units(&self) -> bool {
+        true
+    }
+
+    fn units(&mut self, units: Vec<ControlUnit>) -> bool {
+        let after = self.after;
+        self.out.extend(units.into_iter().filter(|u| after.is_none_or(|a| u.cursor > a)));
+        self.out.truncate(self.limit);
+        self.out.len() < self.limit
     }
 }
 
 /// Durable control units strictly after `after` (all units when `None`), at most `limit`.
 ///
-/// The replay runs from the start (one record in memory at a time) so each unit names the
-/// message ordinals the writer gave it.
-pub fn control_units(wal_path: &Path, after: Option<Cursor>, limit: usize) -> Result<Vec<ControlUnit>, LineageError> {
-    let mut out = Vec::new();
-    let mut replay = Replay::default();
-    let mut visit = |f: ScannedFrame<'_>| -> Result<(), LineageError> {
-        if out.len() >= limit {
-            return Ok(());
-        }
-        let rec = decode(f.seq, f.payload)?;
-        for unit in projection::apply(&mut replay, f.seq, &rec, &mut drop)? {
-            if after.is_none_or(|a| unit.cursor > a) && out.len() < limit {
-                out.push(unit);
-            }
-        }
-        Ok(())
+/// The scan starts at a store checkpoint below the cursor (units name the message ordinals the
+/// replay state gives them, the same from a checkpoint as from the start).
+pub fn control_units(reader: &Reader, after: Option<Cursor>, limit: usize) -> Result<Vec<ControlUnit>, LineageError> {
+    let start = match after {
+        Some(c) => Start::Checkpoint { before: Some(c.wal_seq) },
+        None => Start::Beginning,
     };
-    wal::read(wal_path, record::KNOWN_FEATURES, None, &mut visit)?;
-    Ok(out)
+    let mut sink = UnitsAfter { after, limit, out: Vec::new() };
+    if limit > 0 {
+        reader.scan(start, &mut sink)?;
+    }
+    Ok(sink.out)
+}
+
+/// The last durable control unit (the `live` attach point): the open writer's published head,
+/// else a scan from the checkpoint that builds no unit.
+pub fn durable_head(shared: &Shared, key: &SessionKey) -> Result<Option<Cursor>, LineageError> {
+    if let Some(open) = shared.ends.open_writer(&key.addr()) {
+        return Ok(open.head);
+    }
+    match Reader::open(shared, key) {
+        Some(reader) => {
+            Ok(reader.scan(Start::Checkpoint { before: None }, &mut super::reader::StateOnly)?.replay.last_unit)
+        }
+        None => Ok(None),
+    }
 }

@@ -6,7 +6,9 @@ use serde_json::{json, Value};
 
 use super::{invalid_params, strict, Ops};
 use crate::lineage::read;
+use crate::lineage::reader::{Reader, Sink, Start};
 use crate::lineage::replay::Resolution;
+use crate::record::Record;
 use crate::session_key::SessionKey;
 use crate::wire::Refusal;
 
@@ -41,20 +43,18 @@ pub(super) fn session_read(ops: &Ops, key: &SessionKey, params: &Value) -> Resul
         None => DEFAULT_LIMIT,
     };
     let from = count(params, "from_ordinal")?;
-    let shared = ops.registry.shared();
-    let path = shared.wal_path(key);
-    if !path.exists() {
+    let Some(reader) = Reader::open(ops.registry.shared(), key) else {
         return Ok(json!({"messages": [], "lineage_state": "empty"}));
-    }
+    };
     // The newest page needs the length first; a forward page does not.
     let start = match from {
         Some(f) => f,
         None => {
-            let len = read::transcript(&shared.store, key, &path, u64::MAX, 0).map_err(|e| e.refusal())?.prompt_len;
+            let len = read::transcript(&reader, u64::MAX, 0).map_err(|e| e.refusal())?.prompt_len;
             len.saturating_sub(limit)
         }
     };
-    let page = read::transcript(&shared.store, key, &path, start, limit).map_err(|e| e.refusal())?;
+    let page = read::transcript(&reader, start, limit).map_err(|e| e.refusal())?;
     let items: Vec<Value> =
         page.messages.iter().map(|(o, m)| json!({"ordinal": o, "mid": format!("m{o}"), "message": m})).collect();
     // The byte cap: a forward page keeps its first messages, the newest page its last ones; one
@@ -105,12 +105,9 @@ pub(super) fn session_read(ops: &Ops, key: &SessionKey, params: &Value) -> Resul
 pub(super) fn session_baseline(ops: &Ops, key: &SessionKey, params: &Value) -> Result<Value, Refusal> {
     use cortexkit_role_llm_runner::baseline::{Baseline, BaselineReply};
     strict(params, &[])?;
-    let path = ops.registry.shared().wal_path(key);
     let not_yet = || serde_json::to_value(BaselineReply::not_yet()).expect("baselines serialize");
-    if !path.exists() {
-        return Ok(not_yet());
-    }
-    let Some(config) = first_episode_config(&path).map_err(|e| e.refusal())? else { return Ok(not_yet()) };
+    let Some(reader) = Reader::open(ops.registry.shared(), key) else { return Ok(not_yet()) };
+    let Some(config) = first_episode_config(&reader).map_err(|e| e.refusal())? else { return Ok(not_yet()) };
     let mut baseline = Baseline::default();
     baseline.tool_names = config
         .get("tools")
@@ -120,23 +117,19 @@ pub(super) fn session_baseline(ops: &Ops, key: &SessionKey, params: &Value) -> R
     Ok(serde_json::to_value(BaselineReply::ready(baseline)).expect("baselines serialize"))
 }
 
-/// The frozen config of the session's first `RunStarted`, reading only as far as it.
-fn first_episode_config(path: &std::path::Path) -> Result<Option<Value>, crate::lineage::LineageError> {
-    use crate::lineage::LineageError;
-    use crate::record::Record;
-    let mut found = None;
-    let outcome =
-        crate::wal::read(path, crate::record::KNOWN_FEATURES, None, &mut |f: crate::wal::ScannedFrame<'_>| {
-            if let Ok(Record::RunStarted(r)) = Record::decode(f.payload) {
-                found = Some(r.config);
-                // Stop the scan: the first episode is all this needs.
-                return Err(LineageError::Refused(String::new()));
+/// The frozen config of the session's first durable `RunStarted`, reading only as far as it.
+fn first_episode_config(reader: &Reader) -> Result<Option<Value>, crate::lineage::LineageError> {
+    struct FirstConfig(Option<Value>);
+    impl Sink for FirstConfig {
+        fn record(&mut self, _seq: u64, record: &Record) -> bool {
+            if let Record::RunStarted(r) = record {
+                self.0 = Some(r.config.clone());
             }
-            Ok(())
-        });
-    match (outcome, found) {
-        (_, Some(config)) => Ok(Some(config)),
-        (Ok(_), None) => Ok(None),
-        (Err(e), None) => Err(e),
+            // Stop the scan at the first episode: it is all this needs.
+            self.0.is_none()
+        }
     }
+    let mut sink = FirstConfig(None);
+    reader.scan(Start::Beginning, &mut sink)?;
+    Ok(sink.0)
 }

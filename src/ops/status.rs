@@ -9,6 +9,7 @@ use super::send::{fate_reply, store_refusal};
 use super::{invalid_params, strict, Ops};
 use crate::lineage::ledger::{self, RunFacts, RunPhase};
 use crate::lineage::read::{self, TranscriptPage};
+use crate::lineage::reader::Reader;
 use crate::lineage::replay::Resolution;
 use crate::message::{Part, Role};
 use crate::record::{pause_name, PauseReason, ProviderError};
@@ -18,12 +19,7 @@ use crate::wire::Refusal;
 
 /// The session's durable snapshot, `None` when it has no WAL.
 fn snapshot(ops: &Ops, key: &SessionKey) -> Result<Option<TranscriptPage>, Refusal> {
-    let shared = ops.registry.shared();
-    let path = shared.wal_path(key);
-    if !path.exists() {
-        return Ok(None);
-    }
-    read::transcript(&shared.store, key, &path, u64::MAX, 0).map(Some).map_err(|e| e.refusal())
+    read::snapshot(ops.registry.shared(), key).map_err(|e| e.refusal())
 }
 
 fn session_member(params: &Value, key: &SessionKey) -> Result<(), Refusal> {
@@ -173,9 +169,8 @@ pub(super) fn run_result(ops: &Ops, key: &SessionKey, params: &Value) -> Result<
     }
     if let RunPhase::Finished { reason } = facts.phase {
         out["reason"] = json!(reason.as_str());
-        let path = shared.wal_path(key);
-        let final_message =
-            read::last_message_of_run(&shared.store, key, &path, &run_id, Role::Assistant).map_err(|e| e.refusal())?;
+        let reader = Reader::open(shared, key).ok_or_else(unknown)?;
+        let final_message = read::last_message_of_run(&reader, &run_id, Role::Assistant).map_err(|e| e.refusal())?;
         if let Some((ordinal, message)) = final_message {
             let text: String = message
                 .content

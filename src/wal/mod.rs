@@ -10,16 +10,20 @@
 //! - `synced_seq <= appended_seq`; an accepted seq is durable only once `sync` returned it;
 //! - unsynced frames live only in `pending` (so nothing a reader can see is undurable for long,
 //!   and a group of records costs one `write` and one `fdatasync`);
-//! - after any failed write or fsync the WAL is poisoned and refuses appends until reopened.
+//! - after any failed write or fsync the WAL is poisoned and refuses appends until reopened;
+//!   it then tries to cut the file back to `synced_end`, so frames whose commit failed never
+//!   come back on a later open (the lineage layer retries that cut at the next open);
+//! - `synced_end <= end`: the offset after the last fsynced frame, what readers may see.
 
 mod floor;
 pub mod frame;
 mod lease;
 pub mod reader;
+pub mod storage;
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::fs::{self, File};
+use std::io;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -27,6 +31,7 @@ pub use floor::FeatureFloor;
 pub use frame::{Frame, FrameKind, FRAME_VERSION};
 pub use lease::{Lease, LeaseError};
 pub use reader::{FrameReader, Next};
+pub use storage::{FileStorage, Storage, WalFile, WalRead};
 
 /// Magic and layout of the header frame's payload.
 const HEADER_MAGIC: &[u8; 4] = b"BWAL";
@@ -160,12 +165,15 @@ pub struct WalOpen<'a> {
     /// The lease epoch stamped on appended frames.
     pub epoch: u64,
     pub floor: Option<Arc<FeatureFloor>>,
+    /// Cut the file to this length before scanning: the fsynced end a writer of this process
+    /// left behind after a failed write or fsync (its later bytes were never durable).
+    pub truncate_to: Option<u64>,
 }
 
 /// The single writer of one WAL file.
 pub struct Wal {
     path: PathBuf,
-    file: File,
+    file: Box<dyn WalFile>,
     header: WalHeader,
     epoch: u64,
     floor: Option<Arc<FeatureFloor>>,
@@ -175,6 +183,8 @@ pub struct Wal {
     pending: Vec<u8>,
     /// Frames written to the file but not yet fsynced.
     unsynced_written: bool,
+    /// The offset after the last fsynced frame.
+    synced_end: u64,
     appended_seq: u64,
     synced_seq: u64,
     poisoned: Option<String>,
@@ -185,23 +195,11 @@ pub struct Wal {
 
 /// Creates a new WAL atomically (temp file, fsync, rename, fsync of the directory), so a crash
 /// leaves either no file or a complete header.
-pub fn create(path: &Path, lineage: [u8; 16]) -> Result<WalHeader, WalError> {
-    let dir = path.parent().ok_or(WalError::NotAWal { reason: "path has no parent directory" })?;
+pub fn create(storage: &dyn Storage, path: &Path, lineage: [u8; 16]) -> Result<WalHeader, WalError> {
     let header = WalHeader { lineage, incarnation: *uuid::Uuid::new_v4().as_bytes() };
-    let tmp = path.with_extension("wal.tmp");
     let mut out = Vec::new();
     frame::encode(&mut out, FrameKind::Header, 0, 0, &[], &header.encode());
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(io_err("create", &tmp))?;
-    f.write_all(&out).map_err(io_err("write", &tmp))?;
-    f.sync_all().map_err(io_err("fsync", &tmp))?;
-    fs::rename(&tmp, path).map_err(io_err("rename", path))?;
-    sync_dir(dir)?;
+    storage.create(path, &out).map_err(io_err("create", path))?;
     Ok(header)
 }
 
@@ -281,33 +279,54 @@ fn scan<E: From<WalError>>(
 }
 
 /// Reads only the header of the WAL at `path`.
-pub fn read_header_of(path: &Path, known: &[&str]) -> Result<WalHeader, WalError> {
-    let file = File::open(path).map_err(io_err("open", path))?;
-    let mut reader = FrameReader::new(file, 0).map_err(io_err("seek", path))?;
-    Ok(read_header(&mut reader, path, known)?.0)
+pub fn read_header_of(storage: &dyn Storage, path: &Path, known: &[&str]) -> Result<WalHeader, WalError> {
+    let file = storage.open_read(path).map_err(io_err("open", path))?;
+    Ok(read_header(&mut FrameReader::new(file, 0, None), path, known)?.0)
 }
 
-/// Reads a WAL without opening it for writing: no lease, no truncation. A torn tail is
-/// ignored (it is not durable). Returns the header.
+/// Where a read stopped: the offset after the last frame it visited and that frame's seq.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadEnd {
+    pub offset: u64,
+    pub last_seq: u64,
+}
+
+/// Reads a closed WAL file to its end with the real file system (forensic tools and tests):
+/// [`read_bounded`] without a bound. Readers of a live session go through `lineage::Reader`.
 pub fn read<E: From<WalError>>(
     path: &Path,
     known: &[&str],
     from: Option<(u64, u64)>,
     visit: &mut dyn FnMut(ScannedFrame<'_>) -> Result<(), E>,
 ) -> Result<WalHeader, E> {
-    let file = File::open(path).map_err(io_err("open", path))?;
-    let mut reader = FrameReader::new(file, 0).map_err(io_err("seek", path))?;
+    Ok(read_bounded(&FileStorage, path, known, from, None, visit)?.0)
+}
+
+/// Reads a WAL without opening it for writing: no lease, no truncation. Frames from `from`
+/// (`(offset, seq of the frame there)`, else the first record) up to `limit` (a writer's
+/// fsynced end; `None`: the end of the file) are visited; a torn tail is ignored (it is not
+/// durable). Returns the header and where the read stopped.
+pub fn read_bounded<E: From<WalError>>(
+    storage: &dyn Storage,
+    path: &Path,
+    known: &[&str],
+    from: Option<(u64, u64)>,
+    limit: Option<u64>,
+    visit: &mut dyn FnMut(ScannedFrame<'_>) -> Result<(), E>,
+) -> Result<(WalHeader, ReadEnd), E> {
+    let file = storage.open_read(path).map_err(io_err("open", path))?;
+    let mut reader = FrameReader::new(file, 0, limit);
     let (header, after_header) = read_header(&mut reader, path, known)?;
     let last_seq = match from {
         Some((offset, seq)) if offset > after_header => {
-            let file = File::open(path).map_err(io_err("open", path))?;
-            reader = FrameReader::new(file, offset).map_err(io_err("seek", path))?;
+            let file = storage.open_read(path).map_err(io_err("open", path))?;
+            reader = FrameReader::new(file, offset, limit);
             seq.saturating_sub(1)
         }
         _ => 0,
     };
-    scan(&mut reader, path, last_seq, known, visit)?;
-    Ok(header)
+    let end = scan(&mut reader, path, last_seq, known, visit)?;
+    Ok((header, ReadEnd { offset: end.offset, last_seq: end.last_seq }))
 }
 
 impl Wal {
@@ -315,19 +334,30 @@ impl Wal {
     /// in `opts.resume_at`, or from the start) calling `visit` for each, truncates a torn tail
     /// (logged at WARN with the byte count) and positions the writer at the end.
     pub fn open<E: From<WalError>>(
+        storage: &dyn Storage,
         path: &Path,
         opts: WalOpen<'_>,
         visit: &mut dyn FnMut(ScannedFrame<'_>) -> Result<(), E>,
     ) -> Result<Wal, E> {
-        let file = OpenOptions::new().read(true).append(true).open(path).map_err(io_err("open", path))?;
-        let reader_file = file.try_clone().map_err(io_err("open", path))?;
-        let mut reader = FrameReader::new(reader_file, 0).map_err(io_err("seek", path))?;
+        let mut file = storage.open_write(path).map_err(io_err("open", path))?;
+        if let Some(end) = opts.truncate_to {
+            let len = file.len().map_err(io_err("stat", path))?;
+            if len > end {
+                log::warn!(
+                    "wal {}: cutting {} bytes written after the last fsync of a writer that failed",
+                    path.display(),
+                    len - end
+                );
+                file.truncate(end).map_err(io_err("truncate", path))?;
+            }
+        }
+        let reader_file = storage.open_read(path).map_err(io_err("open", path))?;
+        let mut reader = FrameReader::new(reader_file, 0, None);
         let (header, after_header) = read_header(&mut reader, path, opts.known_features)?;
         let mut last_seq = 0;
         if let Some((offset, seq)) = opts.resume_at {
             if offset != after_header || seq != 1 {
-                reader = FrameReader::new(file.try_clone().map_err(io_err("open", path))?, offset)
-                    .map_err(io_err("seek", path))?;
+                reader = FrameReader::new(storage.open_read(path).map_err(io_err("open", path))?, offset, None);
                 last_seq = seq.saturating_sub(1);
             }
         }
@@ -345,8 +375,7 @@ impl Wal {
                 end.torn_bytes,
                 end.offset
             );
-            file.set_len(end.offset).map_err(io_err("truncate", path))?;
-            file.sync_all().map_err(io_err("fsync", path))?;
+            file.truncate(end.offset).map_err(io_err("truncate", path))?;
         }
         Ok(Wal {
             path: path.to_path_buf(),
@@ -357,6 +386,7 @@ impl Wal {
             end: end.offset,
             pending: Vec::new(),
             unsynced_written: false,
+            synced_end: end.offset,
             appended_seq: end.last_seq,
             synced_seq: end.last_seq,
             poisoned: None,
@@ -376,6 +406,16 @@ impl Wal {
     /// The last fsynced seq: what anything durable-facing may use.
     pub fn synced_seq(&self) -> u64 {
         self.synced_seq
+    }
+
+    /// The offset after the last fsynced frame: the end of what a reader may see.
+    pub fn synced_end(&self) -> u64 {
+        self.synced_end
+    }
+
+    /// Whether a failed write or fsync latched this writer (it refuses appends until reopened).
+    pub fn failed(&self) -> bool {
+        self.poisoned.is_some()
     }
 
     /// Stamps later frames with `epoch`.
@@ -446,13 +486,16 @@ impl Wal {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let found = self.file.metadata().map_err(|e| self.poison("stat", e))?.len();
+        let found = match self.file.len() {
+            Ok(len) => len,
+            Err(e) => return Err(self.poison("stat", e)),
+        };
         if found != self.end {
             let err = WalError::Stale { expected_len: self.end, found_len: found };
             self.poisoned = Some(err.to_string());
             return Err(err);
         }
-        if let Err(e) = self.file.write_all(&self.pending) {
+        if let Err(e) = self.file.append(&self.pending) {
             return Err(self.poison("write", e));
         }
         self.end += self.pending.len() as u64;
@@ -476,13 +519,28 @@ impl Wal {
             self.unsynced_written = false;
         }
         self.synced_seq = self.appended_seq;
+        self.synced_end = self.end;
         Ok(self.synced_seq)
     }
 
+    /// Latches an I/O failure: nothing more is appended, accepted frames are dropped, and the
+    /// file is cut back to its fsynced end if the device still allows it.
     fn poison(&mut self, op: &'static str, source: io::Error) -> WalError {
         let err = WalError::Io { op, path: self.path.clone(), source };
+        log::error!("{err}: the wal refuses appends until it is reopened");
         self.poisoned = Some(err.to_string());
+        self.pending.clear();
+        self.cut_unsynced();
         err
+    }
+
+    /// Cuts bytes written after the last fsync (best effort; the next open retries).
+    fn cut_unsynced(&mut self) {
+        let longer = self.file.len().map_or(true, |len| len > self.synced_end);
+        if longer && self.file.truncate(self.synced_end).is_ok() {
+            self.end = self.synced_end;
+            self.unsynced_written = false;
+        }
     }
 
     /// Test hook for crash tests: writes the first `cut` bytes of the next record frame (after
@@ -493,7 +551,7 @@ impl Wal {
         frame::encode(&mut self.scratch, FrameKind::Record, self.appended_seq + 1, self.epoch, &[], payload);
         let cut = cut.min(self.scratch.len().saturating_sub(1));
         let bytes = self.scratch[..cut].to_vec();
-        self.file.write_all(&bytes).map_err(|e| self.poison("write", e))?;
+        self.file.append(&bytes).map_err(|e| self.poison("write", e))?;
         self.file.sync_data().map_err(|e| self.poison("fsync", e))?;
         self.poisoned = Some("torn write injected".into());
         Ok(())

@@ -4,11 +4,14 @@
 //! whose checksum fails, or a zero-filled extension) from corruption (a bad frame with bytes
 //! after it). It never panics on file contents and never buffers more than one frame plus its
 //! read-ahead, so memory does not grow with the length of the file.
+//!
+//! A reader may be bounded: with `limit`, bytes at or after that offset do not exist for it
+//! (a reader of an open WAL stops at its writer's published fsynced end).
 
-use std::fs::File;
-use std::io::{self, Read, Seek, SeekFrom};
+use std::io;
 
 use super::frame::{self, DecodeError, Frame, PREFIX_LEN};
+use super::storage::WalRead;
 
 const READ_AHEAD: usize = 256 << 10;
 
@@ -26,7 +29,9 @@ pub enum Next<'a> {
 }
 
 pub struct FrameReader {
-    file: File,
+    file: Box<dyn WalRead>,
+    /// The end of what this reader may see (`None`: the end of the file).
+    limit: Option<u64>,
     buf: Vec<u8>,
     /// File offset of `buf[0]`.
     buf_offset: u64,
@@ -36,10 +41,9 @@ pub struct FrameReader {
 }
 
 impl FrameReader {
-    /// Reads frames from `offset` on.
-    pub fn new(mut file: File, offset: u64) -> io::Result<Self> {
-        file.seek(SeekFrom::Start(offset))?;
-        Ok(FrameReader { file, buf: Vec::with_capacity(READ_AHEAD), buf_offset: offset, pos: 0, eof: false })
+    /// Reads frames from `offset` on, up to `limit` (or the end of the file).
+    pub fn new(file: Box<dyn WalRead>, offset: u64, limit: Option<u64>) -> Self {
+        FrameReader { file, limit, buf: Vec::with_capacity(READ_AHEAD), buf_offset: offset, pos: 0, eof: false }
     }
 
     /// File offset of the next unread byte.
@@ -60,10 +64,22 @@ impl FrameReader {
         let target = want.max(READ_AHEAD);
         while self.buf.len() < target {
             let have = self.buf.len();
-            self.buf.resize(target, 0);
-            let n = match self.file.read(&mut self.buf[have..]) {
+            let at = self.buf_offset + have as u64;
+            let room = match self.limit {
+                Some(limit) => limit.saturating_sub(at).min((target - have) as u64) as usize,
+                None => target - have,
+            };
+            if room == 0 {
+                self.eof = true;
+                break;
+            }
+            self.buf.resize(have + room, 0);
+            let n = match self.file.read_at(&mut self.buf[have..], at) {
                 Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                    self.buf.truncate(have);
+                    continue;
+                }
                 Err(e) => {
                     self.buf.truncate(have);
                     return Err(e);

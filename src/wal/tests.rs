@@ -5,7 +5,7 @@ const KNOWN: &[&str] = &["known/v1"];
 fn fresh() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.wal");
-    create(&path, [7; 16]).unwrap();
+    create(&FileStorage, &path, [7; 16]).unwrap();
     (dir, path)
 }
 
@@ -13,8 +13,8 @@ type Seen = Vec<(u64, Vec<u8>)>;
 
 fn open_collect(path: &Path) -> Result<(Wal, Seen), WalError> {
     let mut seen = Vec::new();
-    let opts = WalOpen { known_features: KNOWN, resume_at: None, epoch: 1, floor: None };
-    let wal = Wal::open(path, opts, &mut |f: ScannedFrame<'_>| -> Result<(), WalError> {
+    let opts = WalOpen { known_features: KNOWN, resume_at: None, epoch: 1, floor: None, truncate_to: None };
+    let wal = Wal::open(&FileStorage, path, opts, &mut |f: ScannedFrame<'_>| -> Result<(), WalError> {
         seen.push((f.seq, f.payload.to_vec()));
         Ok(())
     })?;
@@ -32,11 +32,11 @@ fn accepted(o: RecordOutcome) -> u64 {
 fn header_is_69_bytes_and_carries_identity() {
     let (_d, path) = fresh();
     assert_eq!(fs::metadata(&path).unwrap().len(), 69);
-    let h = read_header_of(&path, KNOWN).unwrap();
+    let h = read_header_of(&FileStorage, &path, KNOWN).unwrap();
     assert_eq!(h.lineage, [7; 16]);
     assert_eq!(uuid::Uuid::from_bytes(h.incarnation).get_version_num(), 4);
     // Reading never mints a new incarnation.
-    assert_eq!(read_header_of(&path, KNOWN).unwrap(), h);
+    assert_eq!(read_header_of(&FileStorage, &path, KNOWN).unwrap(), h);
 }
 
 #[test]
@@ -143,8 +143,10 @@ fn a_stale_writer_is_refused_and_stays_refused() {
 fn the_feature_floor_is_raised_durably_before_the_frame() {
     let (dir, path) = fresh();
     let floor = Arc::new(FeatureFloor::load(&dir.path().join("floor")).unwrap());
-    let opts = WalOpen { known_features: KNOWN, resume_at: None, epoch: 1, floor: Some(floor.clone()) };
-    let mut wal = Wal::open(&path, opts, &mut |_f: ScannedFrame<'_>| -> Result<(), WalError> { Ok(()) }).unwrap();
+    let opts =
+        WalOpen { known_features: KNOWN, resume_at: None, epoch: 1, floor: Some(floor.clone()), truncate_to: None };
+    let mut wal =
+        Wal::open(&FileStorage, &path, opts, &mut |_f: ScannedFrame<'_>| -> Result<(), WalError> { Ok(()) }).unwrap();
     accepted(wal.append(&[], b"plain", true));
     assert!(!dir.path().join("floor").exists());
     accepted(wal.append(&["known/v1"], b"gated", false));
@@ -161,8 +163,9 @@ fn a_checkpoint_resume_reads_only_the_tail() {
     accepted(wal.append(&[], b"two", true));
     drop(wal);
     let mut seen = Vec::new();
-    let opts = WalOpen { known_features: KNOWN, resume_at: Some((offset, 2)), epoch: 2, floor: None };
-    let wal = Wal::open(&path, opts, &mut |f: ScannedFrame<'_>| -> Result<(), WalError> {
+    let opts =
+        WalOpen { known_features: KNOWN, resume_at: Some((offset, 2)), epoch: 2, floor: None, truncate_to: None };
+    let wal = Wal::open(&FileStorage, &path, opts, &mut |f: ScannedFrame<'_>| -> Result<(), WalError> {
         seen.push(f.seq);
         Ok(())
     })
@@ -170,8 +173,11 @@ fn a_checkpoint_resume_reads_only_the_tail() {
     assert_eq!(seen, vec![2]);
     assert_eq!(wal.appended_seq(), 2);
     // A checkpoint that does not land on the frame it names is refused, not trusted.
-    let opts = WalOpen { known_features: KNOWN, resume_at: Some((offset + 1, 2)), epoch: 2, floor: None };
-    assert!(Wal::open(&path, opts, &mut |_f: ScannedFrame<'_>| -> Result<(), WalError> { Ok(()) }).is_err());
+    let opts =
+        WalOpen { known_features: KNOWN, resume_at: Some((offset + 1, 2)), epoch: 2, floor: None, truncate_to: None };
+    assert!(
+        Wal::open(&FileStorage, &path, opts, &mut |_f: ScannedFrame<'_>| -> Result<(), WalError> { Ok(()) }).is_err()
+    );
 }
 
 #[test]

@@ -51,7 +51,7 @@ pub fn ops_with(
         client: Arc::new(HttpClient::default()),
         tools: Arc::new(TestTools),
         opts: LoopOptions { tool_wait: Duration::from_secs(1), ..LoopOptions::default() },
-        publish: Arc::new(|_, _| {}),
+        publish: Arc::new(|_| Box::new(|_| {})),
         idle_ttl,
         observed: Arc::new(|_| false),
         readmit,

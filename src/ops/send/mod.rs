@@ -103,11 +103,11 @@ fn open_refusal(ops: &Ops, key: &SessionKey, e: LineageError) -> Refusal {
     use crate::wal::LeaseError;
     let LineageError::Lease(LeaseError::Busy { .. }) = &e else { return e.refusal() };
     let shared = ops.registry.shared();
-    let snapshot = read::transcript(&shared.store, key, &shared.wal_path(key), u64::MAX, 0);
-    let (run_id, state) = match snapshot.map(|p| p.resolution) {
-        Ok(Resolution::Resume { run_id }) => (Some(run_id), "active"),
-        Ok(Resolution::Paused { run_id, .. }) => (Some(run_id), "paused"),
-        Ok(Resolution::Idle { run_id, .. }) => (Some(run_id), "idle"),
+    let snapshot = read::snapshot(shared, key);
+    let (run_id, state) = match snapshot.map(|p| p.map(|p| p.resolution)) {
+        Ok(Some(Resolution::Resume { run_id })) => (Some(run_id), "active"),
+        Ok(Some(Resolution::Paused { run_id, .. })) => (Some(run_id), "paused"),
+        Ok(Some(Resolution::Idle { run_id, .. })) => (Some(run_id), "idle"),
         _ => (None, "leased"),
     };
     let message = format!("session busy: another broca process holds this session ({e})");
