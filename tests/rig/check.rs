@@ -8,13 +8,18 @@
 //!   stderr); the last line on stdout is `E2E OK <n> checks`. The first failed check ends it
 //!   with exit 1 and `E2E FAIL check <n> (<name>): <why>` on stderr. The model is
 //!   `BROCA_MOCK_MODEL` (`provider/model`), which broca-mock answers with its default reply.
+//!   Its last check SIGKILLs broca (the process `broca --subc $SUBC_CONNECTION_FILE`) three
+//!   times mid-run, scripting slow streams through broca-mock's control endpoint at
+//!   `BROCA_MOCK_URL`, else the URL `scripts/rig` recorded in `<rig>/run/mock.out`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
-use subc_client_rs::{CallError, CallOptions, ConsumerOptions, SubcConsumer, SubscribeOptions, Subscription};
+use subc_client_rs::{
+    CallError, CallOptions, ConsumerOptions, RetryBackoff, SubcConsumer, SubscribeOptions, Subscription,
+};
 use subc_protocol::{BindIdentity, ErrorBody, RouteTarget};
 
 const MODULE_ID: &str = "broca";
@@ -435,5 +440,375 @@ async fn scenario(conn_file: &std::path::Path, model: Value, checks: &mut Checks
     )?;
 
     let _ = sub.unsubscribe();
+
+    // Resubscribing across SIGKILLs of broca (the daemon respawns it): one subscriber on its
+    // own connection comes back from its last cursor after each kill and must see exactly the
+    // durable units, each killed run's seal (`error` + `run_finished`) included.
+    let outcome = resubscribe_across_kills(&consumer, conn_file, &session, &model).await;
+    checks.check(
+        &format!("a subscriber resubscribing after each of {KILLS} SIGKILLs of broca sees exactly the durable units"),
+        outcome,
+    )?;
     Ok(())
+}
+
+/// How many times [`resubscribe_across_kills`] SIGKILLs broca. The rig keeps the daemon's
+/// default crash budget (3 restarts per 10 minutes, backoff 100 ms, 1 s, 10 s): three kills fit,
+/// the third respawn takes about 10 s.
+const KILLS: u32 = 3;
+/// The longest wait for broca to come back after a SIGKILL (see [`KILLS`]).
+const RESPAWN: Duration = Duration::from_secs(40);
+
+type Cursor = (u64, u64);
+
+fn cursor_of(v: &Value) -> Option<Cursor> {
+    Some((v["wal_seq"].as_u64()?, v["sub_index"].as_u64()?))
+}
+
+/// What the resubscribing follower saw.
+#[derive(Default)]
+struct Followed {
+    units: Vec<(Cursor, Value)>,
+    disorder: Vec<String>,
+    subscribes: u32,
+    stuck: Option<String>,
+}
+
+/// Subscribes `from: "start"` on `session`, and whenever its stream ends resubscribes from its
+/// last cursor at once (retrying refusals every 10 ms), until its last cursor reaches the head
+/// set in `target` or `abort` is set.
+async fn follow(
+    consumer: SubcConsumer,
+    session: String,
+    head: std::sync::Arc<std::sync::Mutex<Option<Cursor>>>,
+    abort: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Followed {
+    let mut seen = Followed::default();
+    let mut stream: Option<Subscription> = None;
+    let mut target_at: Option<Instant> = None;
+    loop {
+        let last = seen.units.last().map(|(c, _)| *c);
+        if let Some(head) = *head.lock().unwrap_or_else(|e| e.into_inner()) {
+            if last.is_some_and(|l| l >= head) {
+                break;
+            }
+            if target_at.get_or_insert_with(Instant::now).elapsed() > STEP {
+                seen.stuck = Some(format!("its last cursor {last:?} never reached the head {head:?}"));
+                break;
+            }
+        }
+        if abort.load(std::sync::atomic::Ordering::SeqCst) {
+            seen.stuck = Some("aborted".into());
+            break;
+        }
+        let Some(sub) = stream.as_mut() else {
+            let from = last.map_or(json!("start"), |(w, i)| json!({"wal_seq": w, "sub_index": i}));
+            let body = json!({"method": "session.subscribe", "params": {"from": from}}).to_string().into_bytes();
+            // Route opens refused during the respawn are retried every 10 ms (the SDK's
+            // default backs off up to 2 s between attempts).
+            let route_retry =
+                RetryBackoff { base: Duration::from_millis(10), cap: Duration::from_millis(10), max_attempts: 1 };
+            let opts = SubscribeOptions { event_buffer: 100_000, route_retry, ..SubscribeOptions::default() };
+            match consumer.subscribe(target(), BindIdentity::new(HARNESS, session.as_str()), body, opts).await {
+                Ok(sub) => {
+                    seen.subscribes += 1;
+                    eprintln!("subc-rig-check: follower: subscribe {} from {from}", seen.subscribes);
+                    stream = Some(sub);
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+            continue;
+        };
+        match tokio::time::timeout(Duration::from_millis(50), sub.events().recv()).await {
+            Err(_) => {}
+            Ok(None) => {
+                let ended = sub.ended().await;
+                eprintln!("subc-rig-check: follower: stream {} ended: {ended:?}", seen.subscribes);
+                stream = None;
+            }
+            Ok(Some(bytes)) => {
+                let Ok(frame) = serde_json::from_slice::<Value>(&bytes) else { continue };
+                if frame["kind"] != "control" {
+                    continue;
+                }
+                match cursor_of(&frame["cursor"]) {
+                    Some(c) if last.is_some_and(|l| c <= l) => {
+                        seen.disorder.push(format!("{c:?} ({}) after {last:?}", frame["unit"]["type"]))
+                    }
+                    Some(c) => seen.units.push((c, frame["unit"].clone())),
+                    None => seen.disorder.push(format!("a control frame without a cursor: {frame}")),
+                }
+            }
+        }
+    }
+    if let Some(sub) = stream {
+        let _ = sub.unsubscribe();
+    }
+    seen
+}
+
+/// The pid of the live broca process this rig's daemon launched (`broca --subc <conn file>`).
+fn broca_pid(conn_file: &std::path::Path) -> Option<i32> {
+    let conn = conn_file.to_str()?;
+    let canonical = std::fs::canonicalize(conn_file).ok();
+    std::fs::read_dir("/proc").ok()?.filter_map(Result::ok).find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+        let state = stat.rsplit_once(')')?.1.split_whitespace().next()?.to_owned();
+        if state == "Z" || state == "X" {
+            return None;
+        }
+        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let program = std::path::Path::new(std::str::from_utf8(args.first()?).ok()?);
+        if program.file_name()? != "broca" {
+            return None;
+        }
+        let at = args.iter().position(|a| *a == b"--subc")?;
+        let named = std::path::Path::new(std::str::from_utf8(args.get(at + 1)?).ok()?);
+        let same =
+            named == std::path::Path::new(conn) || canonical.as_deref() == std::fs::canonicalize(named).ok().as_deref();
+        same.then_some(pid)
+    })
+}
+
+/// broca-mock's URL: `BROCA_MOCK_URL`, else the line `scripts/rig` captured in
+/// `<rig>/run/mock.out` (the rig directory holds `runtime/subc-connection.json`).
+fn mock_url(conn_file: &std::path::Path) -> Result<String, Failure> {
+    if let Some(url) = std::env::var("BROCA_MOCK_URL").ok().filter(|u| !u.is_empty()) {
+        return Ok(url);
+    }
+    let out = conn_file.parent().and_then(std::path::Path::parent).map(|rig| rig.join("run/mock.out"));
+    let out = out.ok_or_else(|| format!("no rig directory above {}", conn_file.display()))?;
+    let text =
+        std::fs::read_to_string(&out).map_err(|e| format!("BROCA_MOCK_URL is not set and {}: {e}", out.display()))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("BROCA_MOCK_URL="))
+        .map(String::from)
+        .ok_or_else(|| format!("{} names no BROCA_MOCK_URL", out.display()))
+}
+
+/// One HTTP/1.1 request to broca-mock's control endpoint: `(status, body)`.
+fn mock_http(url: &str, method: &str, path: &str, body: &str) -> Result<(u16, String), Failure> {
+    use std::io::{Read, Write};
+    let authority = url.strip_prefix("http://").unwrap_or(url).trim_end_matches('/');
+    let mut conn = std::net::TcpStream::connect(authority).map_err(|e| format!("broca-mock at {url}: {e}"))?;
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(request.as_bytes()).map_err(|e| format!("broca-mock {method} {path}: {e}"))?;
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply).map_err(|e| format!("broca-mock {method} {path}: {e}"))?;
+    let status = reply.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = reply.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    Ok((status, body))
+}
+
+/// How many model requests broca-mock's default lane has recorded.
+fn mock_recorded(url: &str) -> Result<u64, Failure> {
+    let (status, body) = mock_http(url, "GET", "/_mock/lanes/default", "")?;
+    let v: Value =
+        serde_json::from_str(&body).map_err(|e| format!("broca-mock lane status ({status}): {e}: {body}"))?;
+    v["recorded"].as_u64().ok_or_else(|| format!("broca-mock lane status: {v}"))
+}
+
+/// An op retried while broca restarts (the route is gone, or the dead process's lease lingers).
+async fn retry_op(consumer: &SubcConsumer, session: &str, method: &str, params: Value) -> Result<Value, Failure> {
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let identity = BindIdentity::new(HARNESS, session);
+        let body = json!({"method": method, "params": params}).to_string().into_bytes();
+        let why = match consumer.call(target(), identity, body, call_options()).await {
+            Ok(reply) => {
+                let v: Value =
+                    serde_json::from_slice(&reply).map_err(|e| format!("{method}: the reply is not JSON: {e}"))?;
+                return Ok(v["result"].clone());
+            }
+            Err(CallError::Module(body)) => {
+                let transient = body.detail.as_ref().and_then(|d| d.get("class")).is_some_and(|c| c == "transient");
+                if !transient && !["session_busy", "lease_stale", "module_reloading"].contains(&body.code.as_str()) {
+                    return Err(format!("{method} was refused: {body:?}"));
+                }
+                format!("{body:?}")
+            }
+            Err(other) => format!("{other:?}"),
+        };
+        if Instant::now() >= until {
+            return Err(format!("{method} never answered while broca restarted: {why}"));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Polls `run.status` until the run is terminal; its state.
+async fn wait_terminal(consumer: &SubcConsumer, session: &str, run_id: &str) -> Result<String, Failure> {
+    let until = Instant::now() + STEP;
+    loop {
+        let status = retry_op(consumer, session, "run.status", json!({"run_id": run_id})).await?;
+        let state = status["state"].as_str().unwrap_or_default();
+        if !["active", "pending", "paused", ""].contains(&state) {
+            return Ok(state.to_owned());
+        }
+        if Instant::now() >= until {
+            return Err(format!("run {run_id} is not terminal within {STEP:?}: {status}"));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn run_id_of(answer: &Value) -> Result<String, Failure> {
+    answer["run_id"]
+        .as_str()
+        .map(String::from)
+        .or_else(|| answer["submission_id"].as_str().map(|s| format!("run-{s}")))
+        .ok_or_else(|| format!("session.send answered {answer}"))
+}
+
+async fn resubscribe_across_kills(
+    consumer: &SubcConsumer,
+    conn_file: &std::path::Path,
+    base_session: &str,
+    model: &Value,
+) -> Result<(), Failure> {
+    let url = mock_url(conn_file)?;
+    if broca_pid(conn_file).is_none() {
+        return Err(format!("no live `broca --subc {}` process to kill", conn_file.display()));
+    }
+    let session = format!("{base_session}-resub");
+    let target_head = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let abort = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let follower = tokio::spawn(follow(
+        connect(conn_file, STEP).await?,
+        session.clone(),
+        std::sync::Arc::clone(&target_head),
+        std::sync::Arc::clone(&abort),
+    ));
+    let driven = async {
+        let mut killed = Vec::new();
+        for k in 1..=KILLS {
+            let mut events: Vec<Value> = (0..12).map(|i| json!({"text": format!("k{k}w{i} ")})).collect();
+            events = events.into_iter().flat_map(|e| [e, json!({"delay_ms": 100})]).collect();
+            events.push(json!({"finish": "stop"}));
+            let recorded = mock_recorded(&url)?;
+            let (status, body) = mock_http(
+                &url,
+                "POST",
+                "/_mock/lanes/default/script",
+                &json!({"responses": [{"events": events}]}).to_string(),
+            )?;
+            if status != 204 {
+                return Err(format!("broca-mock refused the script ({status}): {body}"));
+            }
+            let params =
+                json!({"prompt": format!("stream slowly ({k})"), "model": model, "send_id": format!("kill-{k}")});
+            let doomed = run_id_of(&retry_op(consumer, &session, "session.send", params).await?)?;
+            let until = Instant::now() + STEP;
+            while mock_recorded(&url)? <= recorded {
+                if Instant::now() >= until {
+                    return Err(format!("kill {k}: the model request of {doomed} never reached broca-mock"));
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(150 + 100 * u64::from(k))).await;
+            let old = broca_pid(conn_file).ok_or_else(|| format!("kill {k}: broca's pid is gone"))?;
+            // SAFETY: kill(2) on the broca process this rig's daemon supervises.
+            if unsafe { libc::kill(old, libc::SIGKILL) } != 0 {
+                return Err(format!("kill {k}: SIGKILL to broca (pid {old}): {}", std::io::Error::last_os_error()));
+            }
+            let until = Instant::now() + RESPAWN;
+            let pid = loop {
+                match broca_pid(conn_file) {
+                    Some(p) if p != old => break p,
+                    _ if Instant::now() >= until => {
+                        return Err(format!("kill {k}: broca was not respawned within {RESPAWN:?}"))
+                    }
+                    _ => tokio::time::sleep(Duration::from_millis(20)).await,
+                }
+            };
+            ready(consumer, RESPAWN).await?;
+            eprintln!("subc-rig-check: kill {k}/{KILLS}: SIGKILLed broca {old} mid-run ({doomed}); respawned as {pid}");
+            // Later units (the default reply), which also reopens the session.
+            let params = json!({"prompt": format!("after kill {k}"), "model": model, "send_id": format!("after-{k}")});
+            let after = run_id_of(&retry_op(consumer, &session, "session.send", params).await?)?;
+            let sealed = wait_terminal(consumer, &session, &doomed).await?;
+            let state = wait_terminal(consumer, &session, &after).await?;
+            if state != "completed" {
+                return Err(format!("kill {k}: the run after the respawn ended {state}"));
+            }
+            killed.push((doomed, sealed));
+        }
+        let page = retry_op(consumer, &session, "session.read", json!({"limit": 1})).await?;
+        let head = cursor_of(&page["head"]).ok_or_else(|| format!("session.read has no head: {page}"))?;
+        Ok::<_, Failure>((killed, head))
+    };
+    let driven = driven.await;
+    match &driven {
+        Ok((_, head)) => *target_head.lock().unwrap_or_else(|e| e.into_inner()) = Some(*head),
+        Err(_) => abort.store(true, std::sync::atomic::Ordering::SeqCst),
+    }
+    let seen = follower.await.map_err(|e| format!("the follower task: {e}"))?;
+    let (killed, head) = driven?;
+
+    // The reference: a fresh replay from the start, up to the head.
+    let identity = BindIdentity::new(HARNESS, session.as_str());
+    let body = json!({"method": "session.subscribe", "params": {"from": "start"}}).to_string().into_bytes();
+    let opts = SubscribeOptions { event_buffer: 100_000, ..SubscribeOptions::default() };
+    let mut fresh_sub = consumer.subscribe(target(), identity, body, opts).await.map_err(|e| format!("{e:?}"))?;
+    let mut fresh: Vec<(Cursor, Value)> = Vec::new();
+    while fresh.last().is_none_or(|(c, _)| *c < head) {
+        let Some(frame) = next_frame(&mut fresh_sub, STEP).await? else {
+            return Err(format!(
+                "the fresh replay stopped at {:?} before the head {head:?}",
+                fresh.last().map(|u| u.0)
+            ));
+        };
+        if frame["kind"] == "control" {
+            fresh.push((cursor_of(&frame["cursor"]).unwrap_or_default(), frame["unit"].clone()));
+        }
+    }
+    let _ = fresh_sub.unsubscribe();
+
+    let mut problems = seen.disorder.iter().map(|d| format!("out of order: {d}")).collect::<Vec<_>>();
+    problems.extend(seen.stuck.clone());
+    let label = |c: &Cursor, u: &Value| {
+        format!("({},{}) {}[{}]", c.0, c.1, u["type"].as_str().unwrap_or("?"), u["run_id"].as_str().unwrap_or("-"))
+    };
+    let got: std::collections::BTreeMap<Cursor, &Value> = seen.units.iter().map(|(c, u)| (*c, u)).collect();
+    let missing: Vec<String> = fresh.iter().filter(|(c, _)| !got.contains_key(c)).map(|(c, u)| label(c, u)).collect();
+    if !missing.is_empty() {
+        problems.push(format!("{} durable unit(s) never arrived: {}", missing.len(), missing.join(", ")));
+    }
+    let want: std::collections::BTreeMap<Cursor, &Value> = fresh.iter().map(|(c, u)| (*c, u)).collect();
+    let extra: Vec<String> =
+        seen.units.iter().filter(|(c, _)| !want.contains_key(c)).map(|(c, u)| label(c, u)).collect();
+    if !extra.is_empty() {
+        problems.push(format!("{} unit(s) not in the fresh replay: {}", extra.len(), extra.join(", ")));
+    }
+    if let Some((c, _)) = fresh.iter().find(|(c, u)| got.get(c).is_some_and(|g| g != &u)) {
+        problems.push(format!("the unit at {c:?} differs: got {}, the fresh replay has {}", got[c], want[c]));
+    }
+    for (run, sealed) in &killed {
+        for ty in ["error", "run_finished"] {
+            let has =
+                |units: &[(Cursor, Value)]| units.iter().any(|(_, u)| u["type"] == ty && u["run_id"] == json!(run));
+            if !has(&fresh) {
+                problems.push(format!("the killed run {run} ({sealed}) has no `{ty}` unit even in the fresh replay"));
+            } else if !has(&seen.units) {
+                problems.push(format!("the killed run {run}'s seal unit `{ty}` never arrived"));
+            }
+        }
+    }
+    eprintln!(
+        "subc-rig-check: the follower got {} of {} durable units over {} subscribes",
+        seen.units.len(),
+        fresh.len(),
+        seen.subscribes
+    );
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("; "))
+    }
 }

@@ -94,6 +94,10 @@ pub struct Options {
     pub test_writer: bool,
     /// The rig directory's name prefix.
     pub prefix: String,
+    /// broca's `restart` policy in the daemon's module table (`{max_restarts, window_secs,
+    /// backoff_ms, max_backoff_ms}`); `None`: the daemon's default (3 crash restarts per 10 min,
+    /// backoff 100 ms ×10 each time).
+    pub restart: Option<Value>,
 }
 
 impl Default for Options {
@@ -105,6 +109,7 @@ impl Default for Options {
             env: Vec::new(),
             test_writer: true,
             prefix: "bsm".into(),
+            restart: None,
         }
     }
 }
@@ -184,12 +189,11 @@ impl Harness {
         for (k, v) in &opts.env {
             env[k] = json!(v);
         }
-        let config = json!({
-            "version": 1,
-            "modules": {
-                MODULE_ID: {"program": broca, "args": [], "env": env, "enabled": true, "reserved": true}
-            }
-        });
+        let mut module = json!({"program": broca, "args": [], "env": env, "enabled": true, "reserved": true});
+        if let Some(restart) = &opts.restart {
+            module["restart"] = restart.clone();
+        }
+        let config = json!({"version": 1, "modules": {MODULE_ID: module}});
         fs::write(root.join("config/cortexkit/subc.jsonc"), config.to_string()).unwrap();
         let conn_file = root.join("runtime/subc-connection.json");
         let daemon_config = BootstrapConfig::new(conn_file.clone(), 0)
@@ -628,12 +632,14 @@ impl Session {
     }
 
     pub fn subscribe_with(&self, params: Value, opts: SubscribeOptions) -> Sub {
+        self.try_subscribe_with(params, opts).expect("session.subscribe")
+    }
+
+    /// [`Session::subscribe_with`], or the SDK's error (e.g. while broca restarts).
+    pub fn try_subscribe_with(&self, params: Value, opts: SubscribeOptions) -> Result<Sub, CallError> {
         let body = json!({"method": "session.subscribe", "params": params}).to_string().into_bytes();
-        let sub = self
-            .client
-            .block_on(self.client.consumer().subscribe(target(), self.identity(), body, opts))
-            .expect("session.subscribe");
-        Sub { inner: sub, rt: self.client.conn.rt.clone() }
+        let sub = self.client.block_on(self.client.consumer().subscribe(target(), self.identity(), body, opts))?;
+        Ok(Sub { inner: sub, rt: self.client.conn.rt.clone() })
     }
 }
 
