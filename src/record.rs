@@ -109,6 +109,8 @@ pub struct ProviderError {
 
 /// The provider code of the crash diagnostic written by orphan sealing (spec §14).
 pub const ORPHAN_PROVIDER_CODE: &str = "previous_process_ended_unsealed";
+/// The provider code of a run sealed after its WAL latched an I/O failure.
+pub const STORAGE_FAILED_CODE: &str = "wal_io_failed";
 
 impl ProviderError {
     /// A permanent error broca itself decided (no provider status).
@@ -117,6 +119,17 @@ impl ProviderError {
             class: ErrorClass::Permanent,
             provider_code: Some(code.into()),
             message: message.into(),
+            http_status: None,
+        }
+    }
+
+    /// The diagnostic a run is sealed with when its WAL latched an I/O failure in this process
+    /// (the run could not be ended then; it is sealed when the session reopens).
+    pub fn storage_failed(cause: &str) -> ProviderError {
+        ProviderError {
+            class: ErrorClass::Transient,
+            provider_code: Some(STORAGE_FAILED_CODE.into()),
+            message: format!("the session's WAL failed while this run was going ({cause}); it was sealed on reopen"),
             http_status: None,
         }
     }

@@ -54,6 +54,9 @@ use broca::state_root::StateRoot;
 use broca::wal::{self, FrameKind, WalError};
 use serde_json::{json, Value};
 
+#[path = "crash_cut/power.rs"]
+mod power;
+
 // ---------------------------------------------------------------------------------------------
 // Shared by parent and child
 // ---------------------------------------------------------------------------------------------

@@ -35,6 +35,8 @@ pub struct Durable {
 pub struct SlotState {
     pub open: Option<Durable>,
     pub failed_end: Option<u64>,
+    /// What failed, for the seal of the run the failed writer left open.
+    pub failure: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -124,10 +126,11 @@ impl WriterEnd {
     }
 
     /// The writer latched an I/O failure: bytes after `synced_end` were never durable.
-    pub fn failed(&self, synced_end: u64) {
+    pub fn failed(&self, synced_end: u64, cause: String) {
         let mut state = self.slot.state.write();
         state.open = None;
         state.failed_end = Some(synced_end);
+        state.failure = Some(cause);
     }
 }
 

@@ -107,13 +107,12 @@ impl LineageError {
                 Some(crate::detail!("state" => "leased", "holder_pid" => pid)),
             ),
             LineageError::Lease(e @ LeaseError::Stale { .. }) => Refusal::new("lease_stale", e.to_string(), None),
-            LineageError::Wal(WalError::Io { source, .. }) if source.kind() == std::io::ErrorKind::Interrupted => {
-                Refusal::new(
-                    "open_failed",
-                    format!("open failed: {self}"),
-                    Some(crate::detail!("class" => "transient")),
-                )
-            }
+            // An I/O failure (interrupted, or a latched write/fsync failure): try again later.
+            LineageError::Wal(WalError::Io { .. } | WalError::Poisoned { .. }) => Refusal::new(
+                "open_failed",
+                format!("open failed: {self}"),
+                Some(crate::detail!("class" => "transient")),
+            ),
             other => Refusal::new("open_failed", format!("open failed: {other}"), None),
         }
     }
@@ -193,6 +192,7 @@ impl Lineage {
         // Readers of this session wait while it opens: the scan may cut a torn tail.
         let mut opening = end.opening();
         let truncate_to = opening.failed_end;
+        let failure = opening.failure.take();
         let mut path = root.wal_path(key);
         if !path.exists() {
             path = root.wal_path_placed(key, placement);
@@ -255,7 +255,7 @@ impl Lineage {
             end,
             _lease: lease,
         };
-        lineage.seal_orphan()?;
+        lineage.seal_orphan(failure.as_deref())?;
         lineage.flush_store(true);
         Ok(lineage)
     }
@@ -320,7 +320,9 @@ impl Lineage {
     /// Seals a run a previous process left open (spec §14): unknown-outcome results for calls
     /// with an intent and no result (never a resend), then `RunFinished{interrupted}` with the
     /// crash diagnostic — or `cancelled` when a cancel was already durably acknowledged.
-    fn seal_orphan(&mut self) -> Result<(), LineageError> {
+    /// `failure` names the I/O failure of this process's previous writer, if that is why the
+    /// run was left open.
+    fn seal_orphan(&mut self, failure: Option<&str>) -> Result<(), LineageError> {
         let Resolution::Resume { run_id } = self.replay.resolution() else {
             return Ok(());
         };
@@ -342,7 +344,8 @@ impl Lineage {
         let (reason, error) = if cancelled {
             (FinishReason::Cancelled, None)
         } else {
-            (FinishReason::Interrupted, Some(ProviderError::previous_process_ended()))
+            let error = failure.map_or_else(ProviderError::previous_process_ended, ProviderError::storage_failed);
+            (FinishReason::Interrupted, Some(error))
         };
         self.finish_run(&run_id, reason, error, calls)?;
         let units = self.commit()?;
@@ -458,7 +461,7 @@ impl Lineage {
             RecordOutcome::Refused(e) => {
                 if self.wal.failed() {
                     self.unsynced.clear();
-                    self.end.failed(self.wal.synced_end());
+                    self.end.failed(self.wal.synced_end(), e.to_string());
                 }
                 return Err(e.into());
             }
@@ -475,7 +478,7 @@ impl Lineage {
     pub fn commit(&mut self) -> Result<Vec<ControlUnit>, LineageError> {
         if let Err(e) = self.wal.sync() {
             self.unsynced.clear();
-            self.end.failed(self.wal.synced_end());
+            self.end.failed(self.wal.synced_end(), e.to_string());
             return Err(e.into());
         }
         let units = std::mem::take(&mut self.unsynced);
