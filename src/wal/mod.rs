@@ -341,7 +341,7 @@ impl Wal {
     ) -> Result<Wal, E> {
         let mut file = storage.open_write(path).map_err(io_err("open", path))?;
         if let Some(end) = opts.truncate_to {
-            let len = file.len().map_err(io_err("stat", path))?;
+            let len = file.size().map_err(io_err("stat", path))?;
             if len > end {
                 log::warn!(
                     "wal {}: cutting {} bytes written after the last fsync of a writer that failed",
@@ -486,7 +486,7 @@ impl Wal {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let found = match self.file.len() {
+        let found = match self.file.size() {
             Ok(len) => len,
             Err(e) => return Err(self.poison("stat", e)),
         };
@@ -536,7 +536,7 @@ impl Wal {
 
     /// Cuts bytes written after the last fsync (best effort; the next open retries).
     fn cut_unsynced(&mut self) {
-        let longer = self.file.len().map_or(true, |len| len > self.synced_end);
+        let longer = self.file.size().map_or(true, |len| len > self.synced_end);
         if longer && self.file.truncate(self.synced_end).is_ok() {
             self.end = self.synced_end;
             self.unsynced_written = false;

@@ -29,7 +29,7 @@ pub trait WalRead: Send {
 /// The writer's handle of one WAL file: reads, appends at the end, syncs, truncates.
 pub trait WalFile: WalRead {
     /// The file's current length.
-    fn len(&self) -> io::Result<u64>;
+    fn size(&self) -> io::Result<u64>;
     /// Appends all of `buf` at the end of the file (not yet durable).
     fn append(&mut self, buf: &[u8]) -> io::Result<()>;
     /// Makes every appended byte durable (`fdatasync`).
@@ -60,7 +60,7 @@ impl WalRead for File {
 }
 
 impl WalFile for File {
-    fn len(&self) -> io::Result<u64> {
+    fn size(&self) -> io::Result<u64> {
         Ok(self.metadata()?.len())
     }
 

@@ -32,7 +32,7 @@ enum Op {
     /// Finish the open run, then commit.
     Finish(&'static str, FinishReason),
     /// This record must be refused, and nothing written.
-    Refuse(Record),
+    Refuse(Box<Record>),
 }
 
 fn script() -> Vec<Op> {
@@ -63,7 +63,7 @@ fn script() -> Vec<Op> {
         Op::Commit(vec![run_started("run-2", Some("sub-q")), step_started("run-2", 1)]),
         Op::Commit(vec![Record::RunCancelRequested { run_id: "run-2".into(), at: CancelAt::StepBoundary }]),
         Op::Finish("run-2", FinishReason::Cancelled),
-        Op::Refuse(step_started("run-2", 9)),
+        Op::Refuse(Box::new(step_started("run-2", 9))),
         Op::Commit(vec![run_started("run-3", None), step_started("run-3", 1)]),
         Op::Commit(vec![model_step("run-3", 1, &["c3".into()]), intent("run-3", 1, "c3")]),
     ]

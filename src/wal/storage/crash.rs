@@ -163,7 +163,7 @@ impl Storage for CrashStorage {
 
     fn open_write(&self, path: &Path) -> io::Result<Box<dyn WalFile>> {
         let inner = FileStorage.open_write(path)?;
-        let len = inner.len()?;
+        let len = inner.size()?;
         // A file this storage has not seen was written before the test's crash model began.
         self.state.lock().durable.entry(path.to_path_buf()).or_insert(len);
         Ok(Box::new(CrashFile { inner, path: path.to_path_buf(), state: Arc::clone(&self.state) }))
@@ -192,8 +192,8 @@ impl WalRead for CrashFile {
 }
 
 impl WalFile for CrashFile {
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
+    fn size(&self) -> io::Result<u64> {
+        self.inner.size()
     }
 
     fn append(&mut self, buf: &[u8]) -> io::Result<()> {
@@ -215,7 +215,7 @@ impl WalFile for CrashFile {
             return Err(kind.error());
         }
         // The crash model needs no real fsync: durability is what this records.
-        let len = self.inner.len()?;
+        let len = self.inner.size()?;
         state.durable.insert(self.path.clone(), len);
         Ok(())
     }

@@ -27,6 +27,8 @@ use broca::wal::{self, RecordOutcome, ScannedFrame, Wal, WalError, WalOpen};
 
 const FSYNC_SAMPLES: usize = 1000;
 
+mod publish;
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("--help") {
@@ -54,6 +56,8 @@ fn main() {
     report("wal.append_fsync_us", append, "us");
     report("wal.append_fsync_ratio", append / raw, "x");
     report("wal.group_commit_records_per_s", group_commit_records_per_s(dir.path()), "records/s");
+    report("fanout.publish_ns.subs1", publish::publish_ns(dir.path(), 1), "ns");
+    report("fanout.publish_ns.subs32", publish::publish_ns(dir.path(), 32), "ns");
 
     let wal_100k = dir.path().join("100k.wal");
     write_lineage(&wal_100k, 100_000);
@@ -276,7 +280,7 @@ fn loop_step_overhead(dir: &Path) -> (f64, f64) {
     let root = StateRoot::at(&dir.join("loop-root")).expect("state root");
     let shared = Shared::open(root).expect("shared");
     let lkg: serde_json::Value =
-        serde_json::from_str(include_str!("../testdata/catalog/fusiform-lkg.json")).expect("lkg");
+        serde_json::from_str(include_str!("../../testdata/catalog/fusiform-lkg.json")).expect("lkg");
     let catalog = Catalog::from_response(&lkg["response"]).expect("catalog");
     let req = ModelRequest { model: "mock/echo-chat".into(), ..Default::default() };
     let overrides = RouteOverrides { base_url_override: Some(mock.base_url(Some("loop"))), auth: AuthSource::None };
