@@ -16,7 +16,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock, RwLockWriteGuard};
+use parking_lot::lock_api::ArcRwLockWriteGuard;
+use parking_lot::{Mutex, RawRwLock, RwLock};
+
+/// The opening writer's hold on its slot: readers of the session wait until it is dropped.
+pub type Opening = ArcRwLockWriteGuard<RawRwLock, SlotState>;
 
 use super::projection::Cursor;
 
@@ -41,7 +45,7 @@ pub struct SlotState {
 
 #[derive(Debug, Default)]
 pub struct EndSlot {
-    state: RwLock<SlotState>,
+    state: Arc<RwLock<SlotState>>,
 }
 
 /// Every session's slot, by session address. Slots of sessions nobody reads or writes are
@@ -113,24 +117,36 @@ pub struct WriterEnd {
 }
 
 impl WriterEnd {
-    /// Held while the lineage opens (readers of the session wait).
-    pub fn opening(&self) -> RwLockWriteGuard<'_, SlotState> {
-        self.slot.state.write()
+    /// Held while the lineage opens and seals an orphan (readers of the session wait, so none
+    /// sees the orphan still open while its seal is being written).
+    pub fn opening(&self) -> Opening {
+        self.slot.state.write_arc()
     }
 
-    /// Publishes what is now durable (after the fsync that made it so).
-    pub fn publish(&self, durable: Durable) {
-        let mut state = self.slot.state.write();
-        state.open = Some(durable);
-        state.failed_end = None;
+    /// Publishes what is now durable (after the fsync that made it so), through the opening
+    /// hold while the lineage still has it.
+    pub fn publish(&self, opening: Option<&mut Opening>, durable: Durable) {
+        let apply = |state: &mut SlotState| {
+            state.open = Some(durable);
+            state.failed_end = None;
+        };
+        match opening {
+            Some(guard) => apply(guard),
+            None => apply(&mut self.slot.state.write()),
+        }
     }
 
     /// The writer latched an I/O failure: bytes after `synced_end` were never durable.
-    pub fn failed(&self, synced_end: u64, cause: String) {
-        let mut state = self.slot.state.write();
-        state.open = None;
-        state.failed_end = Some(synced_end);
-        state.failure = Some(cause);
+    pub fn failed(&self, opening: Option<&mut Opening>, synced_end: u64, cause: String) {
+        let apply = |state: &mut SlotState| {
+            state.open = None;
+            state.failed_end = Some(synced_end);
+            state.failure = Some(cause);
+        };
+        match opening {
+            Some(guard) => apply(guard),
+            None => apply(&mut self.slot.state.write()),
+        }
     }
 }
 

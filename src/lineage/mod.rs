@@ -169,6 +169,8 @@ pub struct Lineage {
     report: OpenReport,
     /// Units the open made durable (an orphan's seal) that its owner has not yet published.
     opened_units: Vec<ControlUnit>,
+    /// Held from the start of the open until its seal is durable (readers wait).
+    opening: Option<ends::Opening>,
     storage: Arc<dyn Storage>,
     ends: Arc<DurableEnds>,
     /// Where this writer publishes its fsynced end for readers (declared before the lease, so
@@ -229,7 +231,6 @@ impl Lineage {
         let (mut wal, mut replay, head, batch, report) = opened?;
         opening.failed_end = None;
         opening.open = Some(Durable { offset: wal.synced_end(), seq: wal.synced_seq(), head });
-        drop(opening);
         if replay.last_epoch >= lease.epoch() {
             let lease_path = root.lease_path(key);
             lease.raise_to(replay.last_epoch + 1).map_err(|source| LeaseError::Io { path: lease_path, source })?;
@@ -250,12 +251,15 @@ impl Lineage {
             queue_changed: false,
             report,
             opened_units: Vec::new(),
+            opening: Some(opening),
             storage: Arc::clone(&shared.storage),
             ends: Arc::clone(&shared.ends),
             end,
             _lease: lease,
         };
         lineage.seal_orphan(failure.as_deref())?;
+        // Readers may look now: the orphan (if any) is sealed and durable.
+        lineage.opening = None;
         lineage.flush_store(true);
         Ok(lineage)
     }
@@ -461,7 +465,7 @@ impl Lineage {
             RecordOutcome::Refused(e) => {
                 if self.wal.failed() {
                     self.unsynced.clear();
-                    self.end.failed(self.wal.synced_end(), e.to_string());
+                    self.end.failed(self.opening.as_mut(), self.wal.synced_end(), e.to_string());
                 }
                 return Err(e.into());
             }
@@ -478,7 +482,7 @@ impl Lineage {
     pub fn commit(&mut self) -> Result<Vec<ControlUnit>, LineageError> {
         if let Err(e) = self.wal.sync() {
             self.unsynced.clear();
-            self.end.failed(self.wal.synced_end(), e.to_string());
+            self.end.failed(self.opening.as_mut(), self.wal.synced_end(), e.to_string());
             return Err(e.into());
         }
         let units = std::mem::take(&mut self.unsynced);
@@ -486,7 +490,7 @@ impl Lineage {
             self.head = Some(last.cursor);
         }
         let durable = Durable { offset: self.wal.synced_end(), seq: self.wal.synced_seq(), head: self.head };
-        self.end.publish(durable);
+        self.end.publish(self.opening.as_mut(), durable);
         // Run lifecycle changes and queue changes reach the store at once (boot recovery finds
         // queued work there); everything else in batches.
         let terminal = self.batch.effects.iter().any(|e| matches!(e, replay::Effect::RunState { .. }));
