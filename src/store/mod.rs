@@ -212,9 +212,17 @@ pub struct SendRow {
     pub run_id: Option<String>,
 }
 
+/// Read connections of a store: readers never wait for the writer's connection (WAL mode lets
+/// them read the last committed state while a flush runs).
+const READ_CONNECTIONS: usize = 4;
+
+/// Invariants: `conn` is the only connection that writes (the run-index writer thread's
+/// flushes, and the rare `forget_lineage`); `readers` run `SELECT`s only (`query_only`).
 pub struct Store {
     path: PathBuf,
     conn: Mutex<Connection>,
+    readers: Vec<Mutex<Connection>>,
+    next_reader: std::sync::atomic::AtomicUsize,
 }
 
 fn now_ms() -> u64 {
@@ -251,7 +259,23 @@ impl Store {
             [uuid::Uuid::new_v4().to_string()],
         )?;
         conn.execute("INSERT OR IGNORE INTO export_meta (key, value) VALUES ('high_water', '0')", [])?;
-        Ok(Store { path: path.to_path_buf(), conn: Mutex::new(conn) })
+        let mut readers = Vec::with_capacity(READ_CONNECTIONS);
+        for _ in 0..READ_CONNECTIONS {
+            let reader = Connection::open(path)?;
+            reader.busy_timeout(std::time::Duration::from_secs(5))?;
+            reader.pragma_update(None, "query_only", true)?;
+            readers.push(Mutex::new(reader));
+        }
+        Ok(Store { path: path.to_path_buf(), conn: Mutex::new(conn), readers, next_reader: Default::default() })
+    }
+
+    /// A read connection: a free one if any, else the next in turn.
+    fn reader(&self) -> parking_lot::MutexGuard<'_, Connection> {
+        if let Some(free) = self.readers.iter().find_map(|r| r.try_lock()) {
+            return free;
+        }
+        let i = self.next_reader.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.readers.len();
+        self.readers[i].lock()
     }
 
     pub fn path(&self) -> &Path {
@@ -260,7 +284,7 @@ impl Store {
 
     /// The lineage's checkpoint, if its prefix is materialized.
     pub fn checkpoint(&self, lineage: &str) -> Result<Option<Checkpoint>, StoreError> {
-        let conn = self.conn.lock();
+        let conn = self.reader();
         let row = conn
             .query_row(
                 "SELECT incarnation, watermark_seq, next_offset, replay FROM lineages WHERE lineage = ?1",
@@ -280,7 +304,7 @@ impl Store {
     /// run still open (a crash left it). Boot recovery opens them so queued work is never left
     /// idle and orphans are sealed; the WAL then decides.
     pub fn sessions_with_work(&self) -> Result<Vec<SessionKey>, StoreError> {
-        let conn = self.conn.lock();
+        let conn = self.reader();
         let mut stmt = conn.prepare("SELECT project_root, harness, session, replay FROM lineages")?;
         let rows = stmt.query_map([], |r| {
             Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?))
@@ -444,7 +468,7 @@ impl Store {
 
     /// Materialized messages `[from, from + limit)` of a lineage, in ordinal order.
     pub fn messages(&self, lineage: &str, from: u64, limit: u64) -> Result<Vec<(u64, Message)>, StoreError> {
-        let conn = self.conn.lock();
+        let conn = self.reader();
         let mut stmt = conn.prepare_cached(
             "SELECT ordinal, message FROM transcript WHERE lineage = ?1 AND ordinal >= ?2 ORDER BY ordinal LIMIT ?3",
         )?;
@@ -468,7 +492,7 @@ impl Store {
         run_id: &str,
         role: crate::message::Role,
     ) -> Result<Option<(u64, Message)>, StoreError> {
-        let conn = self.conn.lock();
+        let conn = self.reader();
         let mut stmt = conn.prepare_cached(
             "SELECT ordinal, message FROM transcript WHERE lineage = ?1 AND run_id = ?2 ORDER BY ordinal DESC",
         )?;
@@ -486,7 +510,7 @@ impl Store {
 
     /// The index row of `run_id` (most recently updated if several lineages used the id).
     pub fn run(&self, run_id: &str) -> Result<Option<RunRow>, StoreError> {
-        let conn = self.conn.lock();
+        let conn = self.reader();
         let row = conn
             .query_row(
                 "SELECT run_id, lineage, session, submission_id, state, reason, error, terminal, wal_path, title, usage, auth_selection, detail, undelivered_steers FROM runs
@@ -527,7 +551,7 @@ impl Store {
                 id,
             ),
         };
-        let conn = self.conn.lock();
+        let conn = self.reader();
         let row = conn
             .query_row(sql, params![lineage, key], |r| {
                 Ok((
