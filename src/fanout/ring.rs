@@ -257,6 +257,10 @@ pub struct Bell {
     epoch: AtomicU32,
     /// Readers between entering and leaving `wait` (asleep or about to be).
     waiters: AtomicU32,
+    /// A wake the writer issued has not yet been taken by the reader it woke: later rings only
+    /// bump the epoch (that reader, awake, drains them and passes the wake on), so a burst of
+    /// publishes costs one syscall, not one each.
+    waking: AtomicBool,
     /// Futex wake syscalls made by `ring` (the writer's cost).
     ring_wakes: CachePadded<AtomicU64>,
     /// Futex wake syscalls made by woken waiters passing the wake on.
@@ -274,6 +278,7 @@ impl Bell {
         Bell {
             epoch: AtomicU32::new(0),
             waiters: AtomicU32::new(0),
+            waking: AtomicBool::new(false),
             ring_wakes: CachePadded::new(AtomicU64::new(0)),
             chain_wakes: AtomicU64::new(0),
         }
@@ -292,9 +297,13 @@ impl Bell {
         // In the SeqCst total order one of the two loads sees the other side's RMW: either we
         // see the waiter and wake it (the kernel re-checks the epoch, so a waiter that has not
         // yet slept returns at once), or the waiter sees the new epoch and does not sleep.
-        if self.waiters.load(Ordering::SeqCst) > 0 {
+        if self.waiters.load(Ordering::SeqCst) > 0 && !self.waking.swap(true, Ordering::SeqCst) {
             self.ring_wakes.fetch_add(1, Ordering::Relaxed);
-            futex::wake(&self.epoch, 1);
+            if futex::wake(&self.epoch, 1) == 0 {
+                // Nobody was asleep yet (a waiter about to sleep sees the new epoch): no wake
+                // is in flight.
+                self.waking.store(false, Ordering::SeqCst);
+            }
         }
     }
 
@@ -313,6 +322,11 @@ impl Bell {
                 futex::Wait::TimedOut => timed_out = true,
                 futex::Wait::Other => {}
             }
+        }
+        if woken || timed_out {
+            // The writer's wake (if it was ours) is taken; a timeout also clears a wake that
+            // was never delivered, so a lost one costs at most one `timeout`.
+            self.waking.store(false, Ordering::SeqCst);
         }
         let others = self.waiters.fetch_sub(1, Ordering::SeqCst) - 1;
         // Pass a real wake on (epoch moved past what we slept on); a waiter woken while asleep
