@@ -5,6 +5,7 @@
 mod inproc;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use broca::catalog::Catalog;
@@ -221,4 +222,46 @@ fn boot_recovery_drains_queued_work_left_by_a_previous_process() {
     shared.settle();
     assert_eq!(rig.ops.registry.recover(), 1);
     rig.wait_state("run-sub-left", "completed");
+}
+
+/// `io_fault_*` through the actor: an fsync that fails mid-run latches the session's WAL; the
+/// actor stops, sends get a typed transient refusal while the device fails, nothing durable is
+/// lost, and once it works again the next send reopens the session, which seals the run with the
+/// storage error and goes on.
+#[test]
+fn io_fault_a_failed_fsync_mid_run_refuses_sends_then_recovers() {
+    use broca::wal::storage::crash::{CrashStorage, FaultKind, FaultOp};
+    let storage = CrashStorage::new();
+    let dir = tempfile::tempdir().unwrap();
+    let mock = broca::mock::MockServer::start("127.0.0.1:0").unwrap();
+    let ops = inproc::ops_on(dir.path(), mock.base_url(None), Duration::from_secs(5), None, Arc::new(storage.clone()));
+    let rig = inproc::Rig { dir, mock, ops };
+    rig.script(json!({"responses": [reply_script("never durable", 400), reply_script("after", 0)]}));
+    let first = rig.call("session.send", send("one")).unwrap();
+    let run1 = first["run_id"].as_str().unwrap().to_string();
+    storage.fail(FaultOp::Sync, 0, FaultKind::Eio);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !storage.tripped() {
+        assert!(Instant::now() < deadline, "the step's fsync never ran");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let refused = rig.call("session.send", send("two")).expect_err("the device still fails");
+    assert_eq!(refused.code, "open_failed", "{refused:?}");
+    assert_eq!(refused.detail.as_ref().and_then(|d| d.get("class")).cloned(), Some(json!("transient")));
+    storage.clear();
+    let third = rig.call("session.send", send("three")).unwrap();
+    let run3 = third["run_id"].as_str().unwrap().to_string();
+    rig.wait_state(&run3, "completed");
+    let status = rig.call("run.status", json!({"run_id": run1})).unwrap();
+    assert_eq!(status["state"], "interrupted", "{status}");
+    assert_eq!(status["error"]["provider_code"], broca::record::STORAGE_FAILED_CODE, "{status}");
+    let page = rig.call("session.read", json!({})).unwrap();
+    let texts: Vec<&str> = page["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["message"]["content"][0]["text"].as_str())
+        .collect();
+    assert_eq!(texts, ["one", "three", "after"], "the durable prompt kept, the undurable answer gone");
 }

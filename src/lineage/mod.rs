@@ -194,7 +194,8 @@ impl Lineage {
         // Readers of this session wait while it opens: the scan may cut a torn tail.
         let mut opening = end.opening();
         let truncate_to = opening.failed_end;
-        let failure = opening.failure.take();
+        // Kept in the slot until this open succeeds (a failed open must not forget it).
+        let failure = opening.failure.clone();
         let mut path = root.wal_path(key);
         if !path.exists() {
             path = root.wal_path_placed(key, placement);
@@ -230,6 +231,7 @@ impl Lineage {
         };
         let (mut wal, mut replay, head, batch, report) = opened?;
         opening.failed_end = None;
+        opening.failure = None;
         opening.open = Some(Durable { offset: wal.synced_end(), seq: wal.synced_seq(), head });
         if replay.last_epoch >= lease.epoch() {
             let lease_path = root.lease_path(key);

@@ -46,7 +46,18 @@ pub fn ops_with(
     idle_ttl: Duration,
     readmit: Option<broca::actor::Readmit>,
 ) -> Arc<Ops> {
-    let shared = Arc::new(Shared::open(StateRoot::at(root).unwrap()).unwrap());
+    ops_on(root, provider_base_url, idle_ttl, readmit, Arc::new(broca::wal::FileStorage))
+}
+
+/// [`ops_with`] over another WAL storage (a `CrashStorage` for fault tests).
+pub fn ops_on(
+    root: &Path,
+    provider_base_url: String,
+    idle_ttl: Duration,
+    readmit: Option<broca::actor::Readmit>,
+    storage: Arc<dyn broca::wal::Storage>,
+) -> Arc<Ops> {
+    let shared = Arc::new(Shared::open_with(StateRoot::at(root).unwrap(), storage).unwrap());
     let deps = RunDeps {
         client: Arc::new(HttpClient::default()),
         tools: Arc::new(TestTools),
