@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use pin::assert_golden;
 use serde_json::{json, Value};
-use support::{send_params, Harness, Session};
+use support::{retry, send_params, Harness, Session};
 
 /// The bind harness of every scenario's sessions.
 const HARNESS: &str = "driver-e2e";
@@ -409,25 +409,6 @@ fn stress_with_restart(h: &Harness) {
 fn all_sent_landed(s: &Session, outcomes: &[(usize, Vec<(String, bool)>)], index: usize) -> bool {
     let users: Vec<String> = texts(s).into_iter().filter_map(|t| t.strip_prefix("user:").map(String::from)).collect();
     outcomes.iter().filter(|(i, _)| *i == index).flat_map(|(_, sent)| sent).all(|(m, r)| *r || users.contains(m))
-}
-
-/// Calls until broca answers: across the restart the route is briefly gone or the session's
-/// lease is still the dead process's (retryable refusals); anything else fails the test.
-fn retry(s: &Session, method: &str, params: Value) -> Value {
-    let until = Instant::now() + Duration::from_secs(30);
-    loop {
-        match s.try_call(method, params.clone()) {
-            Ok(v) => return v,
-            Err(subc_client_rs::CallError::Module(body)) => {
-                let transient = body.detail.as_ref().and_then(|d| d.get("class")).is_some_and(|c| c == "transient");
-                let retryable = ["session_busy", "lease_stale", "module_reloading"].contains(&body.code.as_str());
-                assert!(retryable || transient, "{method}: a refusal that is not about the restart: {body:?}");
-            }
-            Err(_) => {}
-        }
-        assert!(Instant::now() < until, "{method} never answered");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// A run whose WAL shows it paused for a restart (as a drain leaves it) is resumed by the next

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 use subc_client_rs::{RetryBackoff, SubscribeOptions};
-use support::{send_params, Harness, Options, Session};
+use support::{retry, send_params, Harness, Options, Session};
 
 const HARNESS: &str = "resub-e2e";
 const SESSION: &str = "resub";
@@ -178,25 +178,6 @@ impl Lcg {
     fn below(&mut self, n: u64) -> u64 {
         self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         (self.0 >> 33) % n
-    }
-}
-
-/// Calls until broca answers: across a restart the route is briefly gone or the session's
-/// lease is still the dead process's (retryable refusals); anything else fails the test.
-fn retry(s: &Session, method: &str, params: Value) -> Value {
-    let until = Instant::now() + Duration::from_secs(30);
-    loop {
-        match s.try_call(method, params.clone()) {
-            Ok(v) => return v,
-            Err(subc_client_rs::CallError::Module(body)) => {
-                let transient = body.detail.as_ref().and_then(|d| d.get("class")).is_some_and(|c| c == "transient");
-                let retryable = ["session_busy", "lease_stale", "module_reloading"].contains(&body.code.as_str());
-                assert!(retryable || transient, "{method}: a refusal that is not about the restart: {body:?}");
-            }
-            Err(_) => {}
-        }
-        assert!(Instant::now() < until, "{method} never answered");
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

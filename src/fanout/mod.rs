@@ -35,7 +35,7 @@ use serde_json::{json, Value};
 use crate::agent::{DisplayEvent, Output};
 use crate::lineage::projection::{ControlUnit, Cursor};
 use crate::lineage::read;
-use crate::lineage::reader::{Reader, Sink, Start};
+use crate::lineage::reader::{Reader, Start};
 use crate::lineage::{LineageError, Shared};
 use crate::session_key::SessionKey;
 use crate::wire::Refusal;
@@ -388,7 +388,7 @@ impl<S: StreamSink> Feeder<'_, S> {
                 if let Some(why) = self.stopped() {
                     return Err(why);
                 }
-                let mut batch = UnitsAfter { after: last, out: Vec::new() };
+                let mut batch = read::UnitsAfter::new(last, usize::MAX);
                 let done = reader.next(&mut scan, REPLAY_BATCH, &mut batch).map_err(replay_failed)?;
                 for unit in batch.out {
                     self.send(control_frame(&unit))?;
@@ -447,24 +447,6 @@ impl<S: StreamSink> Feeder<'_, S> {
                 }
             }
         }
-    }
-}
-
-/// The units of one replay batch strictly after the last cursor sent.
-struct UnitsAfter {
-    after: Option<Cursor>,
-    out: Vec<ControlUnit>,
-}
-
-impl Sink for UnitsAfter {
-    fn wants_units(&self) -> bool {
-        true
-    }
-
-    fn units(&mut self, units: Vec<ControlUnit>) -> bool {
-        let after = self.after;
-        self.out.extend(units.into_iter().filter(|u| after.is_none_or(|a| u.cursor > a)));
-        true
     }
 }
 

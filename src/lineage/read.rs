@@ -109,11 +109,17 @@ pub fn last_message_of_run(reader: &Reader, run_id: &str, role: Role) -> Result<
     }
 }
 
-/// Durable control units strictly after `after`, at most `limit`.
-struct UnitsAfter {
+/// A sink of durable control units strictly after `after`, at most `limit`.
+pub struct UnitsAfter {
     after: Option<Cursor>,
     limit: usize,
-    out: Vec<ControlUnit>,
+    pub out: Vec<ControlUnit>,
+}
+
+impl UnitsAfter {
+    pub fn new(after: Option<Cursor>, limit: usize) -> UnitsAfter {
+        UnitsAfter { after, limit, out: Vec::new() }
+    }
 }
 
 impl Sink for UnitsAfter {
@@ -138,7 +144,7 @@ pub fn control_units(reader: &Reader, after: Option<Cursor>, limit: usize) -> Re
         Some(c) => Start::Checkpoint { before: Some(c.wal_seq) },
         None => Start::Beginning,
     };
-    let mut sink = UnitsAfter { after, limit, out: Vec::new() };
+    let mut sink = UnitsAfter::new(after, limit);
     if limit > 0 {
         reader.scan(start, &mut sink)?;
     }

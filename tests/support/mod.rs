@@ -791,3 +791,22 @@ fn relay_up(from: &mut TcpStream, to: &mut TcpStream, root: &str) -> io::Result<
         }
     }
 }
+
+/// Calls until broca answers: across a restart the route is briefly gone or the session's
+/// lease is still the dead process's (retryable refusals); anything else fails the test.
+pub fn retry(s: &Session, method: &str, params: Value) -> Value {
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        match s.try_call(method, params.clone()) {
+            Ok(v) => return v,
+            Err(subc_client_rs::CallError::Module(body)) => {
+                let transient = body.detail.as_ref().and_then(|d| d.get("class")).is_some_and(|c| c == "transient");
+                let retryable = ["session_busy", "lease_stale", "module_reloading"].contains(&body.code.as_str());
+                assert!(retryable || transient, "{method}: a refusal that is not about the restart: {body:?}");
+            }
+            Err(_) => {}
+        }
+        assert!(Instant::now() < until, "{method} never answered");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
