@@ -1,0 +1,108 @@
+//! The fan-out rings under an overtaken reader: a display reader that falls more than the
+//! display ring behind gets one `display_gap` counting exactly the deltas it missed; a control
+//! reader that falls more than the control ring behind is detached with `subscriber_lagged`
+//! (to resubscribe from its cursor), never silently skipped ahead.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use broca::agent::{DisplayEvent, Output};
+use broca::fanout::{From, Hub, SinkError, StreamSink, CONTROL_LANE, DISPLAY_LANE};
+use broca::lineage::projection::{ControlUnit, Cursor};
+use broca::lineage::Shared;
+use broca::session_key::SessionKey;
+use broca::state_root::StateRoot;
+use broca::wire::Refusal;
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
+use serde_json::{json, Value};
+
+fn key() -> SessionKey {
+    SessionKey::new("/work/proj", "rings", "s1")
+}
+
+/// Holds its first frame until released, then forwards everything.
+struct Gate {
+    release: Receiver<()>,
+    held: bool,
+    out: Sender<Result<Value, Option<Refusal>>>,
+}
+
+impl StreamSink for Gate {
+    fn frame(&mut self, event: &Value) -> Result<(), SinkError> {
+        if !self.held {
+            self.held = true;
+            let _ = self.release.recv_timeout(Duration::from_secs(20));
+        }
+        self.out.send(Ok(event.clone())).map_err(|_| SinkError::Closed)
+    }
+    fn end(&mut self, error: Option<Refusal>) {
+        let _ = self.out.send(Err(error));
+    }
+}
+
+fn setup() -> (tempfile::TempDir, Arc<Shared>, Arc<Hub>) {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = Arc::new(Shared::open(StateRoot::at(dir.path()).unwrap()).unwrap());
+    (dir, shared, Hub::new())
+}
+
+fn delta(i: usize) -> Output {
+    Output::Display(DisplayEvent::TextDelta { step: 1, mid: "m1".into(), part: 0, text: format!("d{i}") })
+}
+
+fn unit(seq: u64) -> ControlUnit {
+    ControlUnit { cursor: Cursor { wal_seq: seq, sub_index: 0 }, unit: json!({"type": "step_started"}), event: None }
+}
+
+#[test]
+fn an_overtaken_display_reader_gets_one_exact_display_gap() {
+    let (_dir, shared, hub) = setup();
+    let mut publisher = hub.publisher(&key());
+    let (release_tx, release) = bounded(1);
+    let (out, frames) = unbounded();
+    hub.attach(&shared, &key(), From::Live, Gate { release, held: false, out });
+    std::thread::sleep(Duration::from_millis(100));
+    let total = DISPLAY_LANE * 3;
+    for i in 0..total {
+        publisher.publish(delta(i));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    release_tx.send(()).unwrap();
+    let mut texts = Vec::new();
+    let mut gaps = Vec::new();
+    while let Ok(Ok(f)) = frames.recv_timeout(Duration::from_millis(500)) {
+        match f["event"]["type"].as_str() {
+            Some("display_gap") => gaps.push(f["event"]["dropped"].as_u64().unwrap()),
+            _ => texts.push(f["event"]["delta"].as_str().or(f["event"]["text"].as_str()).unwrap_or("").to_string()),
+        }
+    }
+    assert_eq!(gaps.len(), 1, "one gap: {gaps:?}");
+    assert_eq!(texts.len() as u64 + gaps[0], total as u64, "delivered + dropped = published");
+    assert_eq!(texts.last().map(String::as_str), Some(format!("d{}", total - 1).as_str()), "the newest kept");
+    hub.cancel_all(&key());
+}
+
+#[test]
+fn an_overtaken_control_reader_is_detached_lagged_never_skipped_ahead() {
+    let (_dir, shared, hub) = setup();
+    let mut publisher = hub.publisher(&key());
+    let (release_tx, release) = bounded(1);
+    let (out, frames) = unbounded();
+    hub.attach(&shared, &key(), From::Live, Gate { release, held: false, out });
+    std::thread::sleep(Duration::from_millis(100));
+    let total = CONTROL_LANE as u64 * 2;
+    for seq in 1..=total {
+        publisher.publish(Output::Control(vec![unit(seq)]));
+    }
+    release_tx.send(()).unwrap();
+    let mut cursors = Vec::new();
+    let end = loop {
+        match frames.recv_timeout(Duration::from_secs(5)).expect("the stream ends") {
+            Ok(f) => cursors.push(f["cursor"]["wal_seq"].as_u64().unwrap()),
+            Err(end) => break end,
+        }
+    };
+    assert_eq!(end.map(|r| r.code), Some("subscriber_lagged".to_string()));
+    assert!(!cursors.is_empty() && (cursors.len() as u64) < total, "{} delivered", cursors.len());
+    assert!(cursors.windows(2).all(|w| w[1] == w[0] + 1), "delivered units are contiguous: no skip ahead");
+}
