@@ -24,7 +24,7 @@ use crate::pool::Pool;
 use crate::session_key::SessionKey;
 use crate::subc::consumer::Consumer;
 use crate::subc::{health_ok, BindRequest, ControlRequest, Handler, Outbound, Route};
-use crate::wire::Refusal;
+use crate::wire::{Refusal, RefusalCode};
 
 /// Process-lifetime counters for `health.check`.
 #[derive(Default)]
@@ -170,10 +170,16 @@ fn parse_from(params: &Value) -> Result<From, Refusal> {
 /// a session (owner rules) is decided per operation.
 pub fn authorize(bind: &BindRequest) -> Result<(), subc_protocol::ErrorBody> {
     if bind.principal.is_none() {
-        return Err(subc_protocol::ErrorBody::new("not_authorized", "the daemon stamped no principal on this bind"));
+        return Err(subc_protocol::ErrorBody::new(
+            crate::wire::RefusalCode::NotAuthorized.as_str(),
+            "the daemon stamped no principal on this bind",
+        ));
     }
     if bind.identity.session.trim().is_empty() || bind.identity.harness.trim().is_empty() {
-        return Err(subc_protocol::ErrorBody::new("invalid_params", "a session route needs a harness and a session"));
+        return Err(subc_protocol::ErrorBody::new(
+            crate::wire::RefusalCode::InvalidParams.as_str(),
+            "a session route needs a harness and a session",
+        ));
     }
     Ok(())
 }
@@ -196,7 +202,11 @@ impl Handler for Server {
 
     fn on_request(&mut self, route: Route, corr: u64, flags: Flags, body: Vec<u8>) {
         let Some(bound) = self.routes.get(&route).cloned() else {
-            return self.refuse(route, corr, &Refusal::new("unknown_channel", "the route is not bound", None));
+            return self.refuse(
+                route,
+                corr,
+                &Refusal::new(RefusalCode::UnknownChannel, "the route is not bound", None),
+            );
         };
         let key = bound.key.clone();
         let envelope: Value = match serde_json::from_slice(&body) {
@@ -219,7 +229,7 @@ impl Handler for Server {
             return self.subscribe(route, corr, key, &params);
         }
         if method == "session.send" && self.draining.load(Ordering::Acquire) {
-            let refusal = Refusal::new("module_reloading", "broca is draining; send again shortly", None);
+            let refusal = Refusal::new(RefusalCode::ModuleReloading, "broca is draining; send again shortly", None);
             return self.refuse(route, corr, &refusal);
         }
         let (ops, outbound) = (Arc::clone(&self.ops), self.outbound.clone());
@@ -349,7 +359,7 @@ pub fn undeliverable(event: &Value, reason: &str, body_bytes: Option<usize>, lim
             (crate::detail!("reason" => reason, "cursor" => cursor), message)
         }
     };
-    Refusal::new("subscribe_unit_undeliverable", message, Some(detail))
+    Refusal::new(RefusalCode::SubscribeUnitUndeliverable, message, Some(detail))
 }
 
 #[cfg(test)]

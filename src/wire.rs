@@ -35,17 +35,142 @@ macro_rules! detail {
     };
 }
 
+/// Every refusal code broca emits: the one place each is spelled. Served as its snake_case
+/// string (`as_str`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RefusalCode {
+    /// A send names a context management other than the one the session froze.
+    ContextManagementChanged,
+    /// The context management a send asks for is not served.
+    ContextManagementUnavailable,
+    /// A member is malformed or unknown (`detail.field` names it).
+    InvalidParams,
+    /// The session's project root no longer exists (writes refused).
+    InvalidProjectRoot,
+    /// The session's lease file is held by a stale holder.
+    LeaseStale,
+    /// The catalog has no such model.
+    ModelUnknown,
+    /// broca is draining: send again shortly.
+    ModuleReloading,
+    /// The session could not be opened or read (`detail.class` when known).
+    OpenFailed,
+    /// A reply (a named message) would cross the transport's frame limit.
+    ReplyTooLarge,
+    /// The session's run is paused (for authentication): only its own send resumes it.
+    RunPaused,
+    /// A route bound with a work scope takes tools only from a fetch plan.
+    ScopedToolsRequirePlan,
+    /// A `send_id` was sent again with other content (`detail.field`).
+    SendIdReuse,
+    /// Another writer holds the session.
+    SessionBusy,
+    /// A subscription's WAL replay failed.
+    SubscribeReplayFailed,
+    /// A stream unit cannot be put on the wire.
+    SubscribeUnitUndeliverable,
+    /// A subscriber fell behind the control stream: resubscribe from its cursor.
+    SubscriberLagged,
+    /// A request arrived on a route that is not bound.
+    UnknownChannel,
+    /// No such operation on a session route.
+    UnknownMethod,
+    /// No such run in this session.
+    UnknownRun,
+    /// No send with this `send_id` is recorded.
+    UnknownSend,
+    /// The model does not define the requested variant.
+    VariantUnsupported,
+    /// The session's WAL was written by a newer broca.
+    WalNewerWriter,
+    /// An outbound frame exceeds the transport limit (subc layer).
+    FrameTooLarge,
+    /// A bind carries no daemon-stamped principal (subc layer).
+    NotAuthorized,
+    /// A control request is malformed (subc layer).
+    InvalidRequest,
+    /// A control request asks for a call mode broca does not serve (subc layer).
+    CallModeUnsupported,
+    /// A route bind was rejected (subc layer).
+    RouteRejected,
+    /// A peer's error frame does not decode (subc layer).
+    InvalidError,
+    /// A peer's hello frame does not decode (subc layer).
+    InvalidHello,
+}
+
+impl RefusalCode {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RefusalCode::ContextManagementChanged => "context_management_changed",
+            RefusalCode::ContextManagementUnavailable => "context_management_unavailable",
+            RefusalCode::InvalidParams => "invalid_params",
+            RefusalCode::InvalidProjectRoot => "invalid_project_root",
+            RefusalCode::LeaseStale => "lease_stale",
+            RefusalCode::ModelUnknown => "model_unknown",
+            RefusalCode::ModuleReloading => "module_reloading",
+            RefusalCode::OpenFailed => "open_failed",
+            RefusalCode::ReplyTooLarge => "reply_too_large",
+            RefusalCode::RunPaused => "run_paused",
+            RefusalCode::ScopedToolsRequirePlan => "scoped_tools_require_plan",
+            RefusalCode::SendIdReuse => "send_id_reuse",
+            RefusalCode::SessionBusy => "session_busy",
+            RefusalCode::SubscribeReplayFailed => "subscribe_replay_failed",
+            RefusalCode::SubscribeUnitUndeliverable => "subscribe_unit_undeliverable",
+            RefusalCode::SubscriberLagged => "subscriber_lagged",
+            RefusalCode::UnknownChannel => "unknown_channel",
+            RefusalCode::UnknownMethod => "unknown_method",
+            RefusalCode::UnknownRun => "unknown_run",
+            RefusalCode::UnknownSend => "unknown_send",
+            RefusalCode::VariantUnsupported => "variant_unsupported",
+            RefusalCode::WalNewerWriter => "wal_newer_writer",
+            RefusalCode::FrameTooLarge => "frame_too_large",
+            RefusalCode::NotAuthorized => "not_authorized",
+            RefusalCode::InvalidRequest => "invalid_request",
+            RefusalCode::CallModeUnsupported => "call_mode_unsupported",
+            RefusalCode::RouteRejected => "route_rejected",
+            RefusalCode::InvalidError => "invalid_error",
+            RefusalCode::InvalidHello => "invalid_hello",
+        }
+    }
+}
+
+impl std::fmt::Display for RefusalCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for RefusalCode {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for RefusalCode {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl PartialEq<str> for RefusalCode {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Refusal {
-    pub code: String,
+    pub code: RefusalCode,
     pub message: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<Detail>,
 }
 
 impl Refusal {
-    pub fn new(code: &str, message: impl Into<String>, detail: Option<Detail>) -> Refusal {
-        Refusal { code: code.into(), message: message.into(), detail }
+    pub fn new(code: RefusalCode, message: impl Into<String>, detail: Option<Detail>) -> Refusal {
+        Refusal { code, message: message.into(), detail }
     }
 
     /// The exact bytes served.

@@ -69,7 +69,7 @@ impl Rig {
 
     fn field_of(&self, method: &str, params: Value) -> (String, Option<Value>) {
         let e = self.call(method, params).unwrap_err();
-        (e.code, e.detail.and_then(|d| d.get("field").cloned()))
+        (e.code.to_string(), e.detail.and_then(|d| d.get("field").cloned()))
     }
 }
 

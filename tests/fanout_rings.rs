@@ -102,7 +102,7 @@ fn an_overtaken_control_reader_is_detached_lagged_never_skipped_ahead() {
             Err(end) => break end,
         }
     };
-    assert_eq!(end.map(|r| r.code), Some("subscriber_lagged".to_string()));
+    assert_eq!(end.map(|r| r.code.as_str()), Some("subscriber_lagged"));
     assert!(!cursors.is_empty() && (cursors.len() as u64) < total, "{} delivered", cursors.len());
     assert!(cursors.windows(2).all(|w| w[1] == w[0] + 1), "delivered units are contiguous: no skip ahead");
 }

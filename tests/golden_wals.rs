@@ -171,7 +171,8 @@ fn queue_steer_cancel(rig: &Rig) {
 fn bless() {
     let out = dir();
     fs::create_dir_all(&out).unwrap();
-    for (name, scenario) in [("tools_and_options", tools_and_options as fn(&Rig)), ("queue_steer_cancel", queue_steer_cancel)]
+    for (name, scenario) in
+        [("tools_and_options", tools_and_options as fn(&Rig)), ("queue_steer_cancel", queue_steer_cancel)]
     {
         let rig = rig(Duration::from_secs(60));
         scenario(&rig);

@@ -302,7 +302,7 @@ fn garbage_never_panics() {
         let _ = shared.store.forget_lineage(&key().addr());
         match Lineage::open(&shared, &key(), Placement::Standard) {
             Ok(l) => assert!(l.durable_seq() <= 8),
-            Err(e) => assert!(!e.refusal().code.is_empty()),
+            Err(e) => assert!(!e.refusal().code.as_str().is_empty()),
         }
     }
 }

@@ -11,7 +11,7 @@ use super::variant::{self, Setting};
 use super::{Catalog, ModelRow};
 use crate::provider::config::{AuthSource, RenderConfig, ToolSpec};
 use crate::provider::event::Family;
-use crate::wire::Refusal;
+use crate::wire::{Refusal, RefusalCode};
 
 /// What the caller asked for.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -83,8 +83,7 @@ impl AdmissionError {
     pub fn refusal(&self) -> Refusal {
         let permanent = Some(crate::detail!("class" => "permanent"));
         match self {
-            AdmissionError::CatalogUnavailable { lkg_path, cause } => Refusal::new(
-                "open_failed",
+            AdmissionError::CatalogUnavailable { lkg_path, cause } => Refusal::new(RefusalCode::OpenFailed,
                 format!(
                     "{PREFIX}model catalog unavailable: no in-memory catalog ({cause}; seed {} or let broca reach fusiform over subc once)",
                     lkg_path.display()
@@ -92,36 +91,31 @@ impl AdmissionError {
                 Some(crate::detail!("class" => "transient")),
             ),
             AdmissionError::ModelUnknown { model } => {
-                Refusal::new("model_unknown", format!("{PREFIX}model '{model}' is not in the catalog"), permanent)
+                Refusal::new(RefusalCode::ModelUnknown, format!("{PREFIX}model '{model}' is not in the catalog"), permanent)
             }
-            AdmissionError::NotAChatModel { model, kind } => Refusal::new(
-                "open_failed",
+            AdmissionError::NotAChatModel { model, kind } => Refusal::new(RefusalCode::OpenFailed,
                 format!("{PREFIX}model '{model}' is a {} model, not a chat model", kind.as_deref().unwrap_or("unstated-kind")),
                 permanent,
             ),
             AdmissionError::Retired { model } => {
-                Refusal::new("open_failed", format!("{PREFIX}model '{model}' is retired in the catalog"), permanent)
+                Refusal::new(RefusalCode::OpenFailed, format!("{PREFIX}model '{model}' is retired in the catalog"), permanent)
             }
-            AdmissionError::RouteFactMissing { model, fact } => Refusal::new(
-                "open_failed",
+            AdmissionError::RouteFactMissing { model, fact } => Refusal::new(RefusalCode::OpenFailed,
                 format!("{PREFIX}model '{model}' cannot be routed: the catalog states no {fact}"),
                 permanent,
             ),
             AdmissionError::RouteUnsupported { model, what } => {
-                Refusal::new("open_failed", format!("{PREFIX}model '{model}' cannot be routed: {what}"), permanent)
+                Refusal::new(RefusalCode::OpenFailed, format!("{PREFIX}model '{model}' cannot be routed: {what}"), permanent)
             }
-            AdmissionError::VariantUnsupported { model, variant, defined } => Refusal::new(
-                "variant_unsupported",
+            AdmissionError::VariantUnsupported { model, variant, defined } => Refusal::new(RefusalCode::VariantUnsupported,
                 format!("{PREFIX}model '{model}' does not define variant '{variant}'; its variants are [{}]", defined.join(", ")),
                 Some(crate::detail!("model" => model, "variant" => variant, "defined" => defined)),
             ),
-            AdmissionError::BudgetExceedsOutput { model, budget, output } => Refusal::new(
-                "open_failed",
+            AdmissionError::BudgetExceedsOutput { model, budget, output } => Refusal::new(RefusalCode::OpenFailed,
                 format!("{PREFIX}model '{model}': the thinking budget {budget} does not fit under the output cap {output}"),
                 permanent,
             ),
-            AdmissionError::CredentialUnavailable { model } => Refusal::new(
-                "open_failed",
+            AdmissionError::CredentialUnavailable { model } => Refusal::new(RefusalCode::OpenFailed,
                 format!(
                     "{PREFIX}model '{model}' needs a provider credential: pass --auth-bearer, or point --base-url (BROCA_PROVIDER_BASE_URL) at a mock provider"
                 ),

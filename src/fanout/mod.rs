@@ -38,7 +38,7 @@ use crate::lineage::read;
 use crate::lineage::reader::{Reader, Start};
 use crate::lineage::{LineageError, Shared};
 use crate::session_key::SessionKey;
-use crate::wire::Refusal;
+use crate::wire::{Refusal, RefusalCode};
 use ring::{Bell, Ring, Slot, Writer};
 
 /// Control units a subscriber may lag before it is detached (the control ring's capacity).
@@ -190,7 +190,7 @@ impl Drop for Publisher {
 
 fn lagged() -> Refusal {
     Refusal::new(
-        "subscriber_lagged",
+        RefusalCode::SubscriberLagged,
         "the subscriber fell too far behind the control stream; resubscribe from its last cursor",
         Some(crate::detail!("class" => "transient")),
     )
@@ -368,7 +368,7 @@ impl<S: StreamSink> Feeder<'_, S> {
 
     fn feed(&mut self, shared: &Shared, key: &SessionKey, from: From) -> Result<(), Option<Refusal>> {
         let replay_failed = |e: LineageError| {
-            Some(Refusal::new("subscribe_replay_failed", format!("subscribe replay failed: {e}"), None))
+            Some(Refusal::new(RefusalCode::SubscribeReplayFailed, format!("subscribe replay failed: {e}"), None))
         };
         // The last cursor sent (or, for `live`, the durable head at attach).
         let mut last: Option<Cursor> = match from {

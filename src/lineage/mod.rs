@@ -29,7 +29,7 @@ use crate::store::{Checkpoint, Store, StoreBatch, StoreError};
 use crate::wal::{
     self, FeatureFloor, FileStorage, Lease, LeaseError, RecordOutcome, ScannedFrame, Storage, Wal, WalError, WalOpen,
 };
-use crate::wire::Refusal;
+use crate::wire::{Refusal, RefusalCode};
 use ends::{Durable, DurableEnds, WriterEnd};
 use projection::{ControlUnit, Cursor};
 use replay::{Replay, ReplayError, Resolution};
@@ -97,23 +97,25 @@ impl LineageError {
     pub fn refusal(&self) -> Refusal {
         match self {
             LineageError::Wal(e @ WalError::NewerWriter { missing, .. }) => Refusal::new(
-                "wal_newer_writer",
+                RefusalCode::WalNewerWriter,
                 format!("open failed: wal range-read failed: {e}"),
                 Some(crate::detail!("kind" => "newer_writer", "missing" => missing)),
             ),
             LineageError::Lease(e @ LeaseError::Busy { pid, .. }) => Refusal::new(
-                "session_busy",
+                RefusalCode::SessionBusy,
                 e.to_string(),
                 Some(crate::detail!("state" => "leased", "holder_pid" => pid)),
             ),
-            LineageError::Lease(e @ LeaseError::Stale { .. }) => Refusal::new("lease_stale", e.to_string(), None),
+            LineageError::Lease(e @ LeaseError::Stale { .. }) => {
+                Refusal::new(RefusalCode::LeaseStale, e.to_string(), None)
+            }
             // An I/O failure (interrupted, or a latched write/fsync failure): try again later.
             LineageError::Wal(WalError::Io { .. } | WalError::Poisoned { .. }) => Refusal::new(
-                "open_failed",
+                RefusalCode::OpenFailed,
                 format!("open failed: {self}"),
                 Some(crate::detail!("class" => "transient")),
             ),
-            other => Refusal::new("open_failed", format!("open failed: {other}"), None),
+            other => Refusal::new(RefusalCode::OpenFailed, format!("open failed: {other}"), None),
         }
     }
 }

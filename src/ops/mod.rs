@@ -21,7 +21,7 @@ use serde_json::Value;
 use crate::actor::Registry;
 use crate::catalog::{Catalog, CatalogError};
 use crate::session_key::SessionKey;
-use crate::wire::Refusal;
+use crate::wire::{Refusal, RefusalCode};
 
 /// What an op knows of the route it came on: the bound session, and whether the daemon
 /// stamped a work scope on the bind (scoped sessions take tools only from a fetch plan).
@@ -54,7 +54,11 @@ impl Drop for ReplyOnce {
     fn drop(&mut self) {
         if let Some(reply) = self.0.get_mut().take() {
             let detail = Some(crate::detail!("class" => "transient"));
-            reply(Err(Refusal::new("open_failed", "open failed: the session closed before answering", detail)));
+            reply(Err(Refusal::new(
+                RefusalCode::OpenFailed,
+                "open failed: the session closed before answering",
+                detail,
+            )));
         }
     }
 }
@@ -70,7 +74,11 @@ pub struct Ops {
 }
 
 pub fn invalid_params(field: &str, why: &str) -> Refusal {
-    Refusal::new("invalid_params", format!("invalid params: {field}: {why}"), Some(crate::detail!("field" => field)))
+    Refusal::new(
+        RefusalCode::InvalidParams,
+        format!("invalid params: {field}: {why}"),
+        Some(crate::detail!("field" => field)),
+    )
 }
 
 /// Refuses members outside `known` (strict ops).
@@ -119,7 +127,7 @@ impl Ops {
             "session.baseline" => reply(read::session_baseline(self, key, &params)),
             other => {
                 let detail = Some(crate::detail!("method" => other));
-                reply(Err(Refusal::new("unknown_method", format!("unknown method {other:?}"), detail)))
+                reply(Err(Refusal::new(RefusalCode::UnknownMethod, format!("unknown method {other:?}"), detail)))
             }
         }
     }

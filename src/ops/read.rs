@@ -10,7 +10,7 @@ use crate::lineage::reader::{Reader, Sink, Start};
 use crate::lineage::replay::Resolution;
 use crate::record::Record;
 use crate::session_key::SessionKey;
-use crate::wire::Refusal;
+use crate::wire::{Refusal, RefusalCode};
 
 /// The page byte cap (spec §4: default and maximum 3 MiB of serialized reply body).
 pub const MAX_BYTES: u64 = 3 << 20;
@@ -94,7 +94,7 @@ pub(super) fn session_read(ops: &Ops, key: &SessionKey, params: &Value) -> Resul
             crate::detail!("bytes" => frame, "limit" => subc_protocol::MAX_DELIVERED_FRAME_LEN, "subject" => subject);
         let message =
             format!("session.read: message m{first} alone makes a {frame}-byte reply, over the transport limit");
-        return Err(Refusal::new("reply_too_large", message, Some(detail)));
+        return Err(Refusal::new(RefusalCode::ReplyTooLarge, message, Some(detail)));
     }
     Ok(answer)
 }

@@ -15,7 +15,7 @@ use crate::message::{Part, Role};
 use crate::record::{pause_name, PauseReason, ProviderError};
 use crate::session_key::SessionKey;
 use crate::store::SendLookup;
-use crate::wire::Refusal;
+use crate::wire::{Refusal, RefusalCode};
 
 /// The session's durable snapshot, `None` when it has no WAL.
 fn snapshot(ops: &Ops, key: &SessionKey) -> Result<Option<TranscriptPage>, Refusal> {
@@ -153,7 +153,7 @@ pub(super) fn run_result(ops: &Ops, key: &SessionKey, params: &Value) -> Result<
     // The role's answer for a run this session does not know (its vector `run-result.json`).
     let unknown = || {
         let detail = Some(crate::detail!("class" => "permanent"));
-        Refusal::new("unknown_run", format!("no run {run_id} in this session"), detail)
+        Refusal::new(RefusalCode::UnknownRun, format!("no run {run_id} in this session"), detail)
     };
     let Some(page) = snapshot(ops, key)? else { return Err(unknown()) };
     let shared = ops.registry.shared();
@@ -189,7 +189,7 @@ pub(super) fn run_result(ops: &Ops, key: &SessionKey, params: &Value) -> Result<
                 let message = format!(
                     "run.result: the final message m{ordinal} makes a {frame}-byte reply, over the transport limit"
                 );
-                return Err(Refusal::new("reply_too_large", message, Some(detail)));
+                return Err(Refusal::new(RefusalCode::ReplyTooLarge, message, Some(detail)));
             }
         }
     }
@@ -203,7 +203,7 @@ pub(super) fn send_status(ops: &Ops, key: &SessionKey, params: &Value) -> Result
     let Some(send_id) = string_member(params, "send_id")? else { return Err(invalid_params("send_id", "required")) };
     let unknown = || {
         let message = format!("no send with send_id {send_id:?} is recorded for this session");
-        Refusal::new("unknown_send", message, Some(crate::detail!("class" => "permanent")))
+        Refusal::new(RefusalCode::UnknownSend, message, Some(crate::detail!("class" => "permanent")))
     };
     let Some(page) = snapshot(ops, key)? else { return Err(unknown()) };
     let store = &ops.registry.shared().store;

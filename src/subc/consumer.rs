@@ -233,8 +233,12 @@ fn on_frame(inner: &Inner, f: Frame) -> bool {
         FrameType::Request if h.channel != 0 => refuse_reverse(inner, &f),
         FrameType::Response | FrameType::StreamEnd => answer(inner, h.channel, h.corr, Ok(f.body)),
         FrameType::Error => {
-            let body = serde_json::from_slice::<ErrorBody>(&f.body)
-                .unwrap_or_else(|_| ErrorBody::new("invalid_error", String::from_utf8_lossy(&f.body).into_owned()));
+            let body = serde_json::from_slice::<ErrorBody>(&f.body).unwrap_or_else(|_| {
+                ErrorBody::new(
+                    crate::wire::RefusalCode::InvalidError.as_str(),
+                    String::from_utf8_lossy(&f.body).into_owned(),
+                )
+            });
             answer(inner, h.channel, h.corr, Err(CallError::Module(body)));
         }
         ty => log::debug!(target: "broca::subc", "consumer connection: ignoring {ty:?} on channel {}", h.channel),

@@ -302,7 +302,7 @@ impl<H: Handler, A: Authorizer> Io<H, A> {
             Err(e) => {
                 log::warn!(target: LOG, "refusing an undecodable control request (corr {corr}): {e}");
                 let msg = format!("control request could not be decoded by this module: {e}");
-                self.control_error(corr, &ErrorBody::new("invalid_request", msg));
+                self.control_error(corr, &ErrorBody::new(crate::wire::RefusalCode::InvalidRequest.as_str(), msg));
             }
             Ok((ModuleControlRequest::HealthCheck {}, _)) => {
                 self.routes.open_request(Route::CONTROL, corr);
@@ -345,11 +345,12 @@ impl<H: Handler, A: Authorizer> Io<H, A> {
         let route = bind.route;
         if route.channel == 0 || route.epoch == 0 {
             let msg = format!("route.bind names channel {} epoch {}", route.channel, route.epoch);
-            return self.control_error(corr, &ErrorBody::new("invalid_request", msg));
+            return self.control_error(corr, &ErrorBody::new(crate::wire::RefusalCode::InvalidRequest.as_str(), msg));
         }
         if let CallMode::Unknown(mode) = &bind.call_mode {
             let msg = format!("call mode {mode:?} is not supported");
-            return self.control_error(corr, &ErrorBody::new("call_mode_unsupported", msg));
+            return self
+                .control_error(corr, &ErrorBody::new(crate::wire::RefusalCode::CallModeUnsupported.as_str(), msg));
         }
         let replaced = match self.routes.check_bind(route) {
             Ok(replaced) => replaced,
@@ -358,7 +359,8 @@ impl<H: Handler, A: Authorizer> Io<H, A> {
                     "route.bind epoch {} does not supersede installed epoch {installed} on channel {}",
                     route.epoch, route.channel
                 );
-                return self.control_error(corr, &ErrorBody::new("route_rejected", msg));
+                return self
+                    .control_error(corr, &ErrorBody::new(crate::wire::RefusalCode::RouteRejected.as_str(), msg));
             }
         };
         if let Err(refusal) = self.authorizer.authorize(&bind) {

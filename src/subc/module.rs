@@ -294,8 +294,12 @@ fn pre_ack(stream: &mut TcpStream, f: Frame) -> Result<Option<ModuleHelloAckBody
             serde_json::from_slice(&f.body).map(Some).map_err(ConnectError::BadHelloAck)
         }
         FrameType::Error if h.channel == 0 && h.corr == HELLO_CORR => {
-            let body = serde_json::from_slice(&f.body)
-                .unwrap_or_else(|_| ErrorBody::new("invalid_hello", String::from_utf8_lossy(&f.body).into_owned()));
+            let body = serde_json::from_slice(&f.body).unwrap_or_else(|_| {
+                ErrorBody::new(
+                    crate::wire::RefusalCode::InvalidHello.as_str(),
+                    String::from_utf8_lossy(&f.body).into_owned(),
+                )
+            });
             Err(ConnectError::Refused(body))
         }
         FrameType::Ping if h.channel == 0 => {

@@ -32,7 +32,7 @@ use crate::wire::Refusal;
 pub const STREAM_BUDGET_BYTES: usize = 16 * 1024 * 1024;
 
 /// The code of the generic refusal that replaces an oversized terminal frame.
-pub const FRAME_TOO_LARGE: &str = "frame_too_large";
+pub const FRAME_TOO_LARGE: &str = crate::wire::RefusalCode::FrameTooLarge.as_str();
 
 /// What the io thread receives from [`Outbound`].
 pub(crate) enum Out {

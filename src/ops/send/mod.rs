@@ -32,7 +32,7 @@ use crate::provider::config::{AuthSource, RenderConfig};
 use crate::record::{CancelAt, FinishReason, PauseReason, Record, RequestIdentity};
 use crate::session_key::SessionKey;
 use crate::store::{SendLookup, SendRow, Store};
-use crate::wire::Refusal;
+use crate::wire::{Refusal, RefusalCode};
 
 pub(super) fn session_send(ops: &Arc<Ops>, route: &super::Route, params: Value, reply: Reply) {
     let key = &route.key;
@@ -45,11 +45,15 @@ pub(super) fn session_send(ops: &Arc<Ops>, route: &super::Route, params: Value, 
     if route.scoped && send.tools.as_ref().is_some_and(|t| !t.is_empty()) {
         let message = "session.send: tools on a scoped session must come from a fetch plan; legacy tools are refused";
         let detail = Some(crate::detail!("class" => "permanent"));
-        return reply(Err(Refusal::new("scoped_tools_require_plan", message, detail)));
+        return reply(Err(Refusal::new(RefusalCode::ScopedToolsRequirePlan, message, detail)));
     }
     if ops.registry.is_sealing() {
         let detail = Some(crate::detail!("class" => "transient"));
-        return reply(Err(Refusal::new("module_reloading", "broca is shutting down; send again shortly", detail)));
+        return reply(Err(Refusal::new(
+            RefusalCode::ModuleReloading,
+            "broca is shutting down; send again shortly",
+            detail,
+        )));
     }
     if let Err(r) = project_root_present(key) {
         return reply(Err(r));
@@ -111,7 +115,7 @@ fn open_refusal(ops: &Ops, key: &SessionKey, e: LineageError) -> Refusal {
         _ => (None, "leased"),
     };
     let message = format!("session busy: another broca process holds this session ({e})");
-    Refusal::new("session_busy", message, Some(crate::detail!("run_id" => run_id, "state" => state)))
+    Refusal::new(RefusalCode::SessionBusy, message, Some(crate::detail!("run_id" => run_id, "state" => state)))
 }
 
 /// §10.1: writes refuse a session whose project root is gone (reads still work).
@@ -122,7 +126,7 @@ pub(super) fn project_root_present(key: &SessionKey) -> Result<(), Refusal> {
     }
     let message =
         format!("invalid project root: {} does not exist; recreate it to continue this session", key.project_root);
-    Err(Refusal::new("invalid_project_root", message, Some(crate::detail!("path" => key.project_root))))
+    Err(Refusal::new(RefusalCode::InvalidProjectRoot, message, Some(crate::detail!("path" => key.project_root))))
 }
 
 /// Resolves the send's model (or the inherited one) against the catalog.
@@ -174,7 +178,7 @@ fn admit(
         if let Some(row) = recorded_send(ops, lineage, &send_id)? {
             if let Some(field) = parse::differing_field(&row.request.identity, &send.identity) {
                 let message = format!("send_id {send_id:?} was already used by a send with a different {field}");
-                return Err(Refusal::new("send_id_reuse", message, Some(crate::detail!("field" => field))));
+                return Err(Refusal::new(RefusalCode::SendIdReuse, message, Some(crate::detail!("field" => field))));
             }
             let page = lineage.transcript(u64::MAX, 0).map_err(|e| e.refusal())?;
             let row = ledger::send(&store, &addr, &page, SendLookup::Submission(&row.submission_id))
@@ -308,7 +312,7 @@ fn policy(
         (Some(sent), Some(bound)) if *sent != bound => {
             let message = format!("context_management is bound to {bound} for this session; {sent} differs");
             let detail = crate::detail!("frozen" => bound, "sent" => sent, "class" => "permanent");
-            return Err(Refusal::new("context_management_changed", message, Some(detail)));
+            return Err(Refusal::new(RefusalCode::ContextManagementChanged, message, Some(detail)));
         }
         (_, Some(bound)) => bound,
         (Some(sent), None) => sent.clone(),
@@ -349,7 +353,7 @@ fn context_unavailable(mode: &Value) -> Refusal {
     };
     let message = format!("context management {name:?} is not available in this build");
     let detail = crate::detail!("mode" => mode, "class" => "permanent");
-    Refusal::new("context_management_unavailable", message, Some(detail))
+    Refusal::new(RefusalCode::ContextManagementUnavailable, message, Some(detail))
 }
 
 /// Records a cancel of the session's running (or paused) run. A paused run is at a boundary
@@ -443,12 +447,12 @@ pub(super) fn fate_reply(store: &Store, lineage: &str, page: &TranscriptPage, ro
 pub(super) fn run_paused(run_id: &str, reason: &str) -> Refusal {
     let message = format!("run {run_id} is paused ({reason}): re-authenticate and resend its own send_id, cancel it, or send with delivery \"interrupt\"");
     Refusal::new(
-        "run_paused",
+        RefusalCode::RunPaused,
         message,
         Some(crate::detail!("kind" => "run_paused", "run_id" => run_id, "reason" => reason)),
     )
 }
 
 pub(super) fn store_refusal(e: crate::store::StoreError) -> Refusal {
-    Refusal::new("open_failed", format!("open failed: {e}"), Some(crate::detail!("class" => "transient")))
+    Refusal::new(RefusalCode::OpenFailed, format!("open failed: {e}"), Some(crate::detail!("class" => "transient")))
 }
