@@ -6,7 +6,6 @@
 //! `unknown_method`. Exit 0 after the daemon's GOODBYE (or EOF, or SIGTERM), 1 when the
 //! connection could not be made or ended abnormally, 2 for usage errors.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,19 +18,16 @@ use broca::config::BrocaConfig;
 use broca::fanout::Hub;
 use broca::lineage::read;
 use broca::lineage::{LineageError, Shared};
+use broca::ops::table::manifest;
 use broca::ops::Ops;
 use broca::record::{self, Record};
-use broca::serve::{Server, SERVED};
+use broca::serve::Server;
 use broca::session_key::SessionKey;
 use broca::state_root::{RootEnv, StateRoot};
 use broca::subc::consumer::{Consumer, ConsumerIdentity};
 use broca::subc::{self, BindRequest, Outbound};
 use broca::wal::{self, ScannedFrame};
 use parking_lot::RwLock;
-use subc_protocol::manifest::{
-    CapabilityDeclarations, Concurrency, IdentityScope, ManagementOperation, ManagementOperationKind, ModuleManifest,
-    OperationDelivery, ProviderRole,
-};
 
 const USAGE: &str = "\
 broca: durable agentic LLM loops (a CortexKit subc module)
@@ -253,39 +249,6 @@ fn watch_sigterm(outbound: Outbound) {
     if let Err(e) = watcher {
         log::warn!("broca: no SIGTERM watcher: {e}");
     }
-}
-
-/// The module manifest: a `management_surface` claiming `llm-runner/v1`, with
-/// `session.subscribe` delivered as a watch.
-fn manifest(module_id: &str) -> ModuleManifest {
-    let operations = SERVED
-        .iter()
-        .map(|name| ManagementOperation {
-            name: (*name).to_owned(),
-            kind: if *name == "session.send" {
-                ManagementOperationKind::Mutate
-            } else {
-                ManagementOperationKind::Query
-            },
-            description: None,
-        })
-        .collect();
-    let delivery = BTreeMap::from([("session.subscribe".to_owned(), OperationDelivery::Watch)]);
-    ModuleManifest::builder(module_id, env!("CARGO_PKG_VERSION"))
-        .provides(vec![ProviderRole::ManagementSurface {
-            operations,
-            config_schema: serde_json::json!({"type": "object"}),
-            observability: Vec::new(),
-            identity_scope: vec![IdentityScope::Session],
-            concurrency: Concurrency::ModuleManaged,
-        }])
-        .capabilities(Some(CapabilityDeclarations {
-            provides: vec![cortexkit_role_llm_runner::PROVIDES.to_owned()],
-            requires: Vec::new(),
-            must_never_reach: Vec::new(),
-        }))
-        .operation_delivery(delivery)
-        .build()
 }
 
 /// The admission check a restart-paused run passes again at boot: its recorded model (and

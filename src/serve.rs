@@ -19,6 +19,7 @@ use subc_protocol::Flags;
 use crate::actor::Gauges;
 use crate::fanout::{From, Hub, SinkError, StreamSink, Subscription};
 use crate::lineage::projection::Cursor;
+use crate::ops::table::OPS;
 use crate::ops::{invalid_params, Ops};
 use crate::pool::Pool;
 use crate::session_key::SessionKey;
@@ -35,8 +36,8 @@ pub struct Metrics {
 
 impl Metrics {
     fn count(&self, method: &str) {
-        if let Some(op) = SERVED.iter().find(|o| **o == method) {
-            *self.ops.lock().entry(op).or_default() += 1;
+        if let Some(op) = crate::ops::table::find(method) {
+            *self.ops.lock().entry(op.name).or_default() += 1;
         }
         if method == "session.read" {
             self.session_reads.fetch_add(1, Ordering::Relaxed);
@@ -46,7 +47,8 @@ impl Metrics {
     /// Every served operation at zero or above, plus the named gauges.
     pub fn snapshot(&self, gauges: &Gauges, reverse_refused: u64) -> Value {
         let ops = self.ops.lock();
-        let management: BTreeMap<&str, u64> = SERVED.iter().map(|o| (*o, ops.get(o).copied().unwrap_or(0))).collect();
+        let management: BTreeMap<&str, u64> =
+            OPS.iter().map(|o| (o.name, ops.get(o.name).copied().unwrap_or(0))).collect();
         let load = |g: &AtomicU64| g.load(Ordering::Relaxed);
         json!({
             "management_ops": management,
@@ -59,21 +61,6 @@ impl Metrics {
         })
     }
 }
-
-/// Every operation served on a session route, including the stream.
-pub const SERVED: &[&str] = &[
-    "role.describe",
-    "session.baseline",
-    "session.send",
-    "session.retract",
-    "session.read",
-    "run.status",
-    "run.result",
-    "run.cancel",
-    "send.status",
-    "session.send_status",
-    "session.subscribe",
-];
 
 pub struct Server {
     ops: Arc<Ops>,

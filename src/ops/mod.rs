@@ -10,6 +10,7 @@ mod driver;
 mod read;
 mod send;
 mod status;
+pub mod table;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -140,7 +141,7 @@ impl Ops {
 pub fn describe(config: &crate::config::BrocaConfig) -> Value {
     use cortexkit_role_llm_runner::capabilities as cap;
     use cortexkit_role_llm_runner::describe::{Major, RoleDescribe};
-    let ops = crate::serve::SERVED.iter().map(|op| (*op).to_owned()).collect();
+    let ops = table::OPS.iter().map(|op| op.name.to_owned()).collect();
     let groups = [
         cap::RUN_STATUS,
         cap::RUN_CANCEL,

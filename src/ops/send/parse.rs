@@ -22,7 +22,6 @@ const READ: &[&str] = &[
     "retention",
     "cache",
     "model",
-    "tool_providers",
     "stop_when",
     "generation",
     "budget",
@@ -131,9 +130,16 @@ fn closed(v: &Value, field: &str, known: &[&str]) -> Result<(), Refusal> {
     }
 }
 
+/// Top-level members of a send this build does not read (each is warned about once per key).
+/// `tool_providers` is one of them until tools from other modules give it a meaning; it is
+/// still part of a send's identity.
+fn unread(obj: &serde_json::Map<String, Value>) -> impl Iterator<Item = &String> {
+    obj.keys().filter(|k| !READ.contains(&k.as_str()))
+}
+
 pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
     let obj = params.as_object().ok_or_else(|| invalid_params("params", "must be an object"))?;
-    for k in obj.keys().filter(|k| !READ.contains(&k.as_str())) {
+    for k in unread(obj) {
         note_unread(k, &key.harness);
     }
     if let Some(s) = obj.get("session") {
@@ -403,6 +409,14 @@ mod tests {
         let r = parse(&params, &key()).unwrap_err();
         assert_eq!(r.code, "invalid_params", "{params}");
         r.detail.as_ref().and_then(|d| d.get("field")).and_then(Value::as_str).unwrap().to_string()
+    }
+
+    /// `tool_providers` was on the read list, so it was neither used nor warned about.
+    #[test]
+    fn unread_members_include_tool_providers() {
+        let params = json!({"prompt": "hi", "model": {}, "tool_providers": [], "frobnicate": 1});
+        let unread: Vec<&String> = unread(params.as_object().unwrap()).collect();
+        assert_eq!(unread, ["tool_providers", "frobnicate"]);
     }
 
     #[test]
