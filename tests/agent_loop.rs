@@ -4,10 +4,11 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use broca::agent::{
-    self, DisplayEvent, LoopOptions, NoTools, Output, RetryPolicy, RunCommand, ToolCall, ToolDispatcher, ToolOutput,
+    self, Cancel, DisplayEvent, LoopOptions, NoTools, Output, RetryPolicy, RunCommand, ToolCall, ToolDispatcher,
+    ToolOutcome, ToolOutput,
 };
 use broca::catalog::route::{self, ModelRequest, RouteOverrides};
 use broca::catalog::Catalog;
@@ -137,7 +138,7 @@ impl Recorder {
 }
 
 impl ToolDispatcher for Recorder {
-    fn call(&self, call: &ToolCall) -> ToolOutput {
+    fn call(&self, call: &ToolCall, _deadline: Instant, _cancel: &Cancel) -> ToolOutcome {
         let durable = read::control_units(&Reader::file(&self.wal), None, usize::MAX)
             .unwrap()
             .iter()
@@ -149,7 +150,7 @@ impl ToolDispatcher for Recorder {
         if call.name == "slow" {
             std::thread::sleep(Duration::from_millis(150));
         }
-        ToolOutput::text(format!("result of {}", call.tool_call_id))
+        ToolOutcome::Completed(ToolOutput::text(format!("result of {}", call.tool_call_id)))
     }
 }
 
@@ -328,10 +329,10 @@ struct Gate {
 }
 
 impl ToolDispatcher for Gate {
-    fn call(&self, _call: &ToolCall) -> ToolOutput {
+    fn call(&self, _call: &ToolCall, _deadline: Instant, _cancel: &Cancel) -> ToolOutcome {
         let _ = self.started.send(());
         let _ = self.release.recv_timeout(Duration::from_secs(10));
-        ToolOutput::text("released")
+        ToolOutcome::Completed(ToolOutput::text("released"))
     }
 }
 
@@ -362,6 +363,65 @@ fn cancel_at_the_step_boundary_finishes_the_batch_and_starts_no_step() {
         "the batch finished"
     );
     assert_eq!(r.bodies().len(), 1);
+}
+
+/// Waits for the call's deadline or the loop's cancel, then reports what it saw: a dispatcher that
+/// cannot tell whether its call ran answers indeterminate.
+struct Unanswered {
+    saw_cancel: std::sync::atomic::AtomicBool,
+}
+
+impl ToolDispatcher for Unanswered {
+    fn call(&self, _call: &ToolCall, deadline: Instant, cancel: &Cancel) -> ToolOutcome {
+        while !cancel.is_cancelled() && Instant::now() < deadline + Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.saw_cancel.store(cancel.is_cancelled(), Ordering::SeqCst);
+        ToolOutcome::Indeterminate("the provider never answered".into())
+    }
+}
+
+/// No answer by the batch's deadline: the loop raises the call's cancel, records an
+/// unknown-outcome result (never a resend) and ends the run `interrupted`.
+#[test]
+fn an_unanswered_call_is_cancelled_at_its_deadline_recorded_unknown_and_ends_the_run() {
+    let r = rig("unanswered");
+    r.script(json!({"responses": [tool_steps(&[("c1", "x")]), text_step("must not be asked")]}));
+    let mut l = r.shared.open_lineage(&key()).unwrap();
+    let (_tx, rx) = idle();
+    let tools = Arc::new(Unanswered { saw_cancel: Default::default() });
+    let quick = LoopOptions { tool_wait: Duration::from_millis(200), ..opts() };
+    let (outcome, _) = turn(&mut l, &r.config("mock/echo-chat", None), "go", tools.clone(), &rx, &quick);
+    assert_eq!(outcome.reason, Some(FinishReason::Interrupted));
+    let recs = records(l.wal_path());
+    assert!(recs.iter().any(|r| matches!(r, Record::ToolResult { outcome: Some(o), .. } if o == "unknown")));
+    assert_eq!(r.bodies().len(), 1, "no step after the indeterminate call");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !tools.saw_cancel.load(Ordering::SeqCst) {
+        assert!(Instant::now() < deadline, "the dispatcher saw the cancel");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A dispatcher's own indeterminate answer (say, its connection closed) ends the run the same way.
+#[test]
+fn an_indeterminate_answer_is_recorded_unknown_and_ends_the_run() {
+    struct Lost;
+    impl ToolDispatcher for Lost {
+        fn call(&self, _call: &ToolCall, _deadline: Instant, _cancel: &Cancel) -> ToolOutcome {
+            ToolOutcome::Indeterminate("the connection closed before the provider answered".into())
+        }
+    }
+    let r = rig("lost");
+    r.script(json!({"responses": [tool_steps(&[("c1", "x")]), text_step("must not be asked")]}));
+    let mut l = r.shared.open_lineage(&key()).unwrap();
+    let (_tx, rx) = idle();
+    let (outcome, _) = turn(&mut l, &r.config("mock/echo-chat", None), "go", Arc::new(Lost), &rx, &opts());
+    assert_eq!(outcome.reason, Some(FinishReason::Interrupted));
+    let result = records(l.wal_path()).into_iter().find(|r| matches!(r, Record::ToolResult { .. })).unwrap();
+    let Record::ToolResult { outcome, output, .. } = result else { unreachable!() };
+    assert_eq!(outcome.as_deref(), Some("unknown"));
+    assert!(output["message"].as_str().unwrap().contains("connection closed"), "{output}");
 }
 
 #[test]

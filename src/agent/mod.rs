@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-pub use tools::{NoTools, ToolCall, ToolDispatcher, ToolOutput};
+pub use tools::{Cancel, NoTools, ToolCall, ToolDispatcher, ToolOutcome, ToolOutput};
 pub use turn::handle_command;
 pub use turn::{admit, drive, TurnOutcome};
 

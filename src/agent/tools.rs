@@ -1,7 +1,14 @@
 //! The tool seam. A batch's calls run concurrently on helper threads; results come back over a
 //! channel tagged with their planned position, and the loop records them in planned order.
+//!
+//! A dispatcher gets each call with its deadline and a [`Cancel`] the loop raises when it
+//! stops waiting (the deadline passed, the run was cancelled `now`, broca is shutting down).
+//! It answers a [`ToolOutcome`]: the tool's output, an error before anything ran, or an
+//! indeterminate outcome (the call may have run) — which is never retried.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use crossbeam_channel::{unbounded, Receiver};
 use serde_json::{json, Value};
@@ -35,9 +42,36 @@ impl ToolOutput {
     }
 }
 
-/// Calls tools. `call` blocks; the loop runs it on a helper thread, never on its own.
+/// Raised by the loop when it stops waiting for a batch; a dispatcher checks it to give up.
+#[derive(Clone, Debug, Default)]
+pub struct Cancel(Arc<AtomicBool>);
+
+impl Cancel {
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// How one call ended, as its dispatcher knows it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ToolOutcome {
+    /// The tool ran and answered (its output may itself be an error the model reads).
+    Completed(ToolOutput),
+    /// Nothing ran (no such tool, its provider refused it before running): an error result.
+    Error(String),
+    /// The call may have run and no answer came (deadline, lost connection): its outcome is
+    /// unknown, it is never sent again, and the run ends `interrupted`.
+    Indeterminate(String),
+}
+
+/// Calls tools. `call` blocks until the tool answers, `deadline` passes or `cancel` is raised;
+/// the loop runs it on a helper thread, never on its own.
 pub trait ToolDispatcher: Send + Sync {
-    fn call(&self, call: &ToolCall) -> ToolOutput;
+    fn call(&self, call: &ToolCall, deadline: Instant, cancel: &Cancel) -> ToolOutcome;
 }
 
 /// The dispatcher of a run with no tool providers: every call is an error result the model can
@@ -45,8 +79,8 @@ pub trait ToolDispatcher: Send + Sync {
 pub struct NoTools;
 
 impl ToolDispatcher for NoTools {
-    fn call(&self, call: &ToolCall) -> ToolOutput {
-        ToolOutput::error(format!("no tool named {:?} is available in this run", call.name))
+    fn call(&self, call: &ToolCall, _deadline: Instant, _cancel: &Cancel) -> ToolOutcome {
+        ToolOutcome::Error(format!("no tool named {:?} is available in this run", call.name))
     }
 }
 
@@ -56,21 +90,23 @@ fn tool_pool() -> &'static crate::pool::Pool {
     POOL.get_or_init(|| crate::pool::Pool::new("broca-tool"))
 }
 
-/// Starts every call of a batch; results arrive as `(planned index, output)`.
+/// Starts every call of a batch; results arrive as `(planned index, outcome)`.
 pub(crate) fn dispatch_batch(
     dispatcher: &Arc<dyn ToolDispatcher>,
     calls: Vec<ToolCall>,
-) -> Receiver<(usize, ToolOutput)> {
+    deadline: Instant,
+    cancel: &Cancel,
+) -> Receiver<(usize, ToolOutcome)> {
     let (tx, rx) = unbounded();
     for (index, call) in calls.into_iter().enumerate() {
         let worker_tx = tx.clone();
-        let dispatcher = Arc::clone(dispatcher);
+        let (dispatcher, cancel) = (Arc::clone(dispatcher), cancel.clone());
         let spawned = tool_pool().run(move || {
-            let out = dispatcher.call(&call);
-            let _ = worker_tx.send((index, out));
+            let outcome = dispatcher.call(&call, deadline, &cancel);
+            let _ = worker_tx.send((index, outcome));
         });
         if let Err(e) = spawned {
-            let _ = tx.send((index, ToolOutput::error(format!("the tool call could not be started: {e}"))));
+            let _ = tx.send((index, ToolOutcome::Error(format!("the tool call could not be started: {e}"))));
         }
     }
     rx

@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 
 use super::attempt::Assembler;
 use super::tools::dispatch_batch;
+use super::tools::{Cancel, ToolOutcome};
 use super::{DisplayEvent, LoopOptions, Output, RunCommand, ToolCall, ToolDispatcher, ToolOutput};
 use crate::lineage::projection::{self, ControlUnit};
 use crate::lineage::replay::{EpisodeStatus, Resolution};
@@ -628,7 +629,8 @@ impl Driver<'_> {
     }
 
     /// Intents (durable before any call) → calls → results in planned order → one tool message.
-    /// Returns whether a call went unanswered past its wait (its outcome is unknown).
+    /// Returns whether a call ended indeterminate (unanswered past its wait, or its dispatcher
+    /// could not tell): its outcome is unknown and the run ends `interrupted`.
     fn tool_batch(&mut self, step: u64, calls: Vec<(String, String, serde_json::Value)>) -> Result<bool, LineageError> {
         let batch = self.append_intents(step, calls)?;
         self.commit()?;
@@ -646,8 +648,9 @@ impl Driver<'_> {
             .max()
             .unwrap_or(self.opts.tool_wait);
         let deadline = Instant::now() + wait;
-        let rx = dispatch_batch(self.tools, batch);
-        let mut results: Vec<Option<ToolOutput>> = vec![None; ids.len()];
+        let cancel = Cancel::default();
+        let rx = dispatch_batch(self.tools, batch, deadline, &cancel);
+        let mut results: Vec<Option<ToolOutcome>> = vec![None; ids.len()];
         let mut waiting = ids.len();
         let mut timed_out = false;
         (self.out)(Output::Display(DisplayEvent::Status { text: format!("waiting for {waiting} tool call(s)") }));
@@ -674,12 +677,20 @@ impl Driver<'_> {
                 },
             }
         }
+        // Calls still running are given up on (their outcome is unknown; never sent again).
+        cancel.cancel();
+        let mut indeterminate = false;
         let mut parts = Vec::with_capacity(ids.len());
         for (id, result) in ids.into_iter().zip(results) {
             let (out, outcome) = match result {
-                Some(out) => {
+                Some(ToolOutcome::Completed(out)) => {
                     let outcome = if out.is_error { "error" } else { "ok" };
                     (out, outcome)
+                }
+                Some(ToolOutcome::Error(message)) => (ToolOutput::error(message), "error"),
+                Some(ToolOutcome::Indeterminate(reason)) => {
+                    indeterminate = true;
+                    (ToolOutput::error(format!("{reason}; its outcome is unknown")), "unknown")
                 }
                 None if self.sealing => (
                     ToolOutput::error("broca shut down while the call was in flight; its outcome is unknown"),
@@ -704,7 +715,7 @@ impl Driver<'_> {
             parts.push(Part::ToolResult { tool_call_id: id, output: out.output, is_error: out.is_error });
         }
         self.history.push(Message { role: Role::Tool, content: parts, origin: None });
-        Ok(timed_out)
+        Ok(timed_out || indeterminate)
     }
 }
 

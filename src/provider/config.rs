@@ -18,6 +18,10 @@ pub struct ToolSpec {
     /// rendered into a provider request or sent to the tool). Absent: the default wait.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reply: Option<Value>,
+    /// The tool-provider module that serves this tool (set by a fetch plan); absent for a
+    /// send's own tools. Frozen with the tool, never rendered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
 }
 
 impl ToolSpec {

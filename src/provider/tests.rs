@@ -239,6 +239,7 @@ fn stat_tool() -> ToolSpec {
         description: "Report a file's size in bytes.".into(),
         input_schema: json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
         reply: None,
+        module: None,
     }
 }
 
@@ -248,6 +249,7 @@ fn read_tool() -> ToolSpec {
         description: String::new(),
         input_schema: json!({"type": "object", "properties": {"path": {"type": "string"}, "limit": {"type": "integer"}}}),
         reply: None,
+        module: None,
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use broca::actor::{Registry, RunDeps};
-use broca::agent::{LoopOptions, NoTools, ToolCall, ToolDispatcher, ToolOutput};
+use broca::agent::{Cancel, LoopOptions, NoTools, ToolCall, ToolDispatcher, ToolOutcome, ToolOutput};
 use broca::catalog::Catalog;
 use broca::lineage::Shared;
 use broca::mock::{MockServer, Script};
@@ -119,13 +119,13 @@ impl Rig {
 pub struct TestTools;
 
 impl ToolDispatcher for TestTools {
-    fn call(&self, call: &ToolCall) -> ToolOutput {
+    fn call(&self, call: &ToolCall, deadline: Instant, cancel: &Cancel) -> ToolOutcome {
         let sleep = match call.name.as_str() {
             "slow" => 400,
             "slower" => 1500,
-            _ => return NoTools.call(call),
+            _ => return NoTools.call(call, deadline, cancel),
         };
         std::thread::sleep(Duration::from_millis(sleep));
-        ToolOutput::text(format!("{} done", call.name))
+        ToolOutcome::Completed(ToolOutput::text(format!("{} done", call.name)))
     }
 }

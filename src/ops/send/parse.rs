@@ -331,6 +331,7 @@ fn tools(t: &Value) -> Result<Vec<ToolSpec>, Refusal> {
             description: tool.get("description").and_then(text).unwrap_or_default(),
             input_schema: tool.get("input_schema").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"})),
             reply: tool.get("reply").cloned(),
+            module: None,
         });
     }
     Ok(out)
