@@ -7,7 +7,6 @@ pub mod config;
 pub mod fanout;
 pub mod lineage;
 pub mod message;
-pub mod mock;
 pub mod ops;
 pub mod pool;
 pub mod provider;

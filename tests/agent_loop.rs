@@ -2,6 +2,10 @@
 //! in-process tool dispatcher: the batch machinery, at-most-once, cancel, watchdog, retries,
 //! auth pause and resume, max_steps, and what really went over the wire.
 
+#[allow(dead_code, unused_imports)]
+#[path = "../bin/broca-mock/mock/mod.rs"]
+mod mock;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -17,7 +21,6 @@ use broca::lineage::projection::ControlUnit;
 use broca::lineage::reader::Reader;
 use broca::lineage::{read, Lineage, Shared};
 use broca::message::{Message, Part, Role};
-use broca::mock::{MockServer, Script};
 use broca::provider::client::HttpClient;
 use broca::provider::config::{AuthSource, RenderConfig};
 use broca::record::{CancelAt, FinishReason, PauseReason, Record};
@@ -26,6 +29,7 @@ use broca::state_root::StateRoot;
 use broca::wal::{self, ScannedFrame, WalError};
 use cortexkit_role_llm_runner::live::LiveEvent;
 use crossbeam_channel::{unbounded, Receiver, Sender};
+use mock::{MockServer, Script};
 use serde_json::{json, Value};
 
 struct Rig {

@@ -2,12 +2,16 @@
 //! every wire family, SIGINT, auth pause and resume, the watchdog, retries, max_steps, typed
 //! admission refusals that write nothing, and `--demo`.
 
+#[allow(dead_code, unused_imports)]
+#[path = "../bin/broca-mock/mock/mod.rs"]
+mod mock;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use broca::mock::{MockServer, Script};
+use mock::{MockServer, Script};
 use serde_json::{json, Value};
 
 const BIN: &str = env!("CARGO_BIN_EXE_broca-run");

@@ -4,6 +4,9 @@
 //! The same rules run through the real daemon in `e2e_driver`.
 
 mod inproc;
+#[allow(dead_code, unused_imports)]
+#[path = "../bin/broca-mock/mock/mod.rs"]
+mod mock;
 mod pin;
 
 use std::time::{Duration, Instant};

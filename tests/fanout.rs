@@ -2,6 +2,10 @@
 //! durable control stream with no gap and no duplicate, frames are numbered from 1, a terminal
 //! does not end a stream, and a subscriber that never reads slows nothing down.
 
+#[allow(dead_code, unused_imports)]
+#[path = "../bin/broca-mock/mock/mod.rs"]
+mod mock;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,12 +15,12 @@ use broca::catalog::Catalog;
 use broca::fanout::{From, Hub, SinkError, StreamSink};
 use broca::lineage::projection::Cursor;
 use broca::lineage::Shared;
-use broca::mock::{MockServer, Script};
 use broca::ops::Ops;
 use broca::session_key::SessionKey;
 use broca::state_root::StateRoot;
 use broca::wire::Refusal;
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
+use mock::{MockServer, Script};
 use parking_lot::RwLock;
 use serde_json::{json, Value};
 

@@ -1,13 +1,17 @@
 //! broca-mock over real loopback TCP, driven by a plain `std::net::TcpStream` HTTP client.
 
+#[allow(dead_code, unused_imports)]
+#[path = "../bin/broca-mock/mock/mod.rs"]
+mod mock;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use broca::mock::{HttpReply, MockServer, RecordedRequest, Script, ScriptedResponse, Step, StreamReply, WriteMode};
 use broca::provider::event::{Family, StreamEvent};
 use broca::provider::sse::{SseEvent, SseFramer};
+use mock::{HttpReply, MockServer, RecordedRequest, Script, ScriptedResponse, Step, StreamReply, WriteMode};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 

@@ -3,14 +3,17 @@
 //! typed and write nothing, idle actors release their lease.
 
 mod inproc;
+#[allow(dead_code, unused_imports)]
+#[path = "../bin/broca-mock/mock/mod.rs"]
+mod mock;
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use broca::catalog::Catalog;
-use broca::mock::Script;
 use inproc::{key, reply_script, rig, send};
+use mock::Script;
 use serde_json::json;
 
 #[test]
@@ -233,7 +236,7 @@ fn io_fault_a_failed_fsync_mid_run_refuses_sends_then_recovers() {
     use broca::wal::storage::crash::{CrashStorage, FaultKind, FaultOp};
     let storage = CrashStorage::new();
     let dir = tempfile::tempdir().unwrap();
-    let mock = broca::mock::MockServer::start("127.0.0.1:0").unwrap();
+    let mock = crate::mock::MockServer::start("127.0.0.1:0").unwrap();
     let ops = inproc::ops_on(dir.path(), mock.base_url(None), Duration::from_secs(5), None, Arc::new(storage.clone()));
     let rig = inproc::Rig { dir, mock, ops };
     // Whichever request the fault cuts (run one's step may not reach the provider), the same text.

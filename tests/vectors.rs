@@ -5,6 +5,9 @@
 //! spec's behaviour and named in `DEVIATIONS`.
 
 mod inproc;
+#[allow(dead_code, unused_imports)]
+#[path = "../bin/broca-mock/mock/mod.rs"]
+mod mock;
 
 use std::time::{Duration, Instant};
 

@@ -4,6 +4,10 @@
 //! Files go under `BROCA_BENCH_DIR` (default: the system temp dir); measure on the filesystem
 //! your state root lives on. Targets are in the README; nothing here asserts them.
 
+#[allow(dead_code, unused_imports)]
+#[path = "../broca-mock/mock/mod.rs"]
+mod mock;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -16,7 +20,6 @@ use broca::catalog::route::{self, ModelRequest, RouteOverrides};
 use broca::catalog::Catalog;
 use broca::lineage::reader::{Reader, Sink, Start};
 use broca::lineage::{LineageError, Shared};
-use broca::mock::{MockServer, Script};
 use broca::provider::client::HttpClient;
 use broca::provider::config::AuthSource;
 use broca::record::{self, FinishReason, Record};
@@ -24,6 +27,7 @@ use broca::session_key::SessionKey;
 use broca::state_root::StateRoot;
 use broca::testkit::*;
 use broca::wal::{self, RecordOutcome, ScannedFrame, Wal, WalError, WalOpen};
+use mock::{MockServer, Script};
 
 const FSYNC_SAMPLES: usize = 1000;
 

@@ -2,7 +2,7 @@
 //! seeded with the testdata catalog, and one turn that streams reasoning and text and reports
 //! usage. Nothing leaves the machine.
 
-use broca::mock::{MockServer, Script};
+use crate::mock::{MockServer, Script};
 
 use super::cli::Args;
 

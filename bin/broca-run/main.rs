@@ -1,6 +1,10 @@
 //! `broca-run`: one blocking CLI turn on the shared core. One lineage per `--session`, one
 //! episode per invocation; text streams to stdout as it arrives.
 
+#[allow(dead_code, unused_imports)]
+#[path = "../broca-mock/mock/mod.rs"]
+mod mock;
+
 use std::io::{IsTerminal, Read, Write};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};

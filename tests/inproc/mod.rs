@@ -6,11 +6,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::mock::{MockServer, Script};
 use broca::actor::{Registry, RunDeps};
 use broca::agent::{Cancel, LoopOptions, NoTools, ToolCall, ToolDispatcher, ToolOutcome, ToolOutput};
 use broca::catalog::Catalog;
 use broca::lineage::Shared;
-use broca::mock::{MockServer, Script};
 use broca::ops::Ops;
 use broca::provider::client::HttpClient;
 use broca::session_key::SessionKey;

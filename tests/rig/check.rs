@@ -12,6 +12,10 @@
 //!   times mid-run, scripting slow streams through broca-mock's control endpoint at
 //!   `BROCA_MOCK_URL`, else the URL `scripts/rig` recorded in `<rig>/run/mock.out`.
 
+#[allow(dead_code, unused_imports)]
+#[path = "../../bin/broca-mock/mock/mod.rs"]
+mod mock;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -353,7 +357,7 @@ async fn scenario(conn_file: &std::path::Path, model: Value, checks: &mut Checks
     let sub = consumer.subscribe(target(), identity, body, SubscribeOptions::default()).await;
     checks.check("session.subscribe from start is accepted", sub.as_ref().map(|_| ()).map_err(|e| format!("{e:?}")))?;
     let mut sub = sub.map_err(|e| format!("{e:?}"))?;
-    let reply = broca::mock::DEFAULT_REPLY_TEXT;
+    let reply = crate::mock::DEFAULT_REPLY_TEXT;
 
     // Episode 1.
     let prompt1 = "Say hello through the daemon.";

@@ -8,7 +8,7 @@
 //! `../broca` next to this example's own directory (`target/release/examples/fanout-bench` →
 //! `target/release/broca`). broca's state root is seeded with
 //! `testdata/catalog/fusiform-lkg.json` and its provider base URL points at the harness's
-//! `broca::mock::MockServer`. Consumers use the official SDK (`subc-client-rs`) on a second
+//! `mock::MockServer` (broca-mock's module tree, included here). Consumers use the official SDK (`subc-client-rs`) on a second
 //! runtime.
 //!
 //! Every measured run is one `session.send` on `mock/echo-chat` of a fresh session whose
@@ -30,6 +30,9 @@
 //! signal handler runs the shutdown sequence); the exit status is 0 when every figure was
 //! measured, 1 otherwise (a harness failure panics: 101).
 
+#[allow(dead_code, unused_imports)]
+#[path = "../../bin/broca-mock/mock/mod.rs"]
+mod mock;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -38,7 +41,7 @@ use std::process::ExitCode;
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use broca::mock::{MockServer, Script};
+use mock::{MockServer, Script};
 use serde_json::{json, Value};
 use subc_client_rs::{CallError, CallOptions, ConsumerOptions, SubcConsumer, SubscribeOptions, Subscription};
 use subc_protocol::BindIdentity;

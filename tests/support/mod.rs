@@ -3,6 +3,8 @@
 //! called through the official consumer SDK (`subc-client-rs`).
 //!
 //! ```ignore
+//! #[path = "../bin/broca-mock/mock/mod.rs"]
+//! mod mock; // broca-mock's module tree, which this harness uses as `crate::mock`
 //! mod support;
 //! use support::Harness;
 //!
@@ -38,7 +40,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use broca::mock::{MockServer, Script};
+use crate::mock::{MockServer, Script};
 use broca::session_key::SessionKey;
 use broca::subc::frame;
 use serde_json::{json, Value};
@@ -296,7 +298,7 @@ impl Harness {
         self.rt().block_on(f)
     }
 
-    /// Appends a script (JSON, see `src/mock/mod.rs`) to the mock's `default` lane FIFO.
+    /// Appends a script (JSON, see `bin/broca-mock/mock/mod.rs`) to the mock's `default` lane FIFO.
     pub fn install(&self, script: Value) {
         self.mock.install("default", Script::from_json(&script.to_string()).expect("a valid mock script"));
     }

@@ -131,7 +131,7 @@ pub use script::{
     DEFAULT_REPLY_TEXT, NOW_US_TOKEN,
 };
 
-use crate::provider::event::Family;
+use broca::provider::event::Family;
 use http::{Ended, Incoming, Reply, Request};
 use lanes::Lanes;
 use render::RenderCtx;

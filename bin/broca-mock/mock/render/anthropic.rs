@@ -5,8 +5,8 @@
 
 use serde_json::{json, Value};
 
+use super::super::script::{Step, Usage};
 use super::{put, typed, Envelope, Piece, RenderCtx};
-use crate::mock::script::{Step, Usage};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Open {

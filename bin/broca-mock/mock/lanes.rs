@@ -8,7 +8,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::script::{Script, ScriptedResponse};
-use crate::provider::event::Family;
+use broca::provider::event::Family;
 
 /// Recorded requests kept per lane; older ones are dropped (and counted) beyond this.
 pub const MAX_RECORDED_PER_LANE: usize = 10_000;
@@ -153,8 +153,8 @@ impl Lanes {
 
 #[cfg(test)]
 mod tests {
+    use super::super::script::{Step, StreamReply};
     use super::*;
-    use crate::mock::script::{Step, StreamReply};
 
     #[test]
     fn recorded_requests_are_capped_oldest_first() {

@@ -1,4 +1,4 @@
-//! The control endpoint under `/_mock/` (routes documented in [`crate::mock`]). Control
+//! The control endpoint under `/_mock/` (routes documented in [`mock`](super)). Control
 //! requests are not recorded and do not touch any lane's FIFO except as asked.
 
 use serde_json::json;

@@ -1,11 +1,16 @@
 //! `broca-mock`: the scripted model-provider test double (Anthropic Messages, OpenAI Chat,
 //! OpenAI Responses over SSE). The script format and the control endpoint are documented in
-//! `broca::mock`.
+//! [`mock`] (`mock/mod.rs`).
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
 
-use broca::mock::{MockServer, Script};
+// The server uses part of the mock's API; the rest is for the in-process users (`#[path]`
+// includes in broca-run, broca-bench and the tests) and the mock's own unit tests.
+#[allow(dead_code, unused_imports)]
+mod mock;
+
+use mock::{MockServer, Script};
 
 const USAGE: &str = "\
 usage: broca-mock [--bind ADDR] [--script FILE] [--until-stdin-eof]

@@ -22,7 +22,7 @@ mod tests;
 use serde_json::{json, Value};
 
 use super::script::{Step, Usage};
-use crate::provider::event::Family;
+use broca::provider::event::Family;
 
 /// One unit of output.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -9,8 +9,8 @@
 
 use serde_json::{json, Value};
 
+use super::super::script::{Step, Usage};
 use super::{put, sse, sum, Envelope, Piece, RenderCtx};
-use crate::mock::script::{Step, Usage};
 
 pub(super) struct Chat<'a> {
     ctx: &'a RenderCtx,

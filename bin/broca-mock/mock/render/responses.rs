@@ -9,8 +9,8 @@
 
 use serde_json::{json, Value};
 
+use super::super::script::{Step, ToolCall, Usage};
 use super::{put, sum, typed, Envelope, Piece, RenderCtx};
-use crate::mock::script::{Step, ToolCall, Usage};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Part {

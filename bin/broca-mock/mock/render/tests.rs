@@ -3,10 +3,10 @@
 
 use serde_json::{json, Value};
 
+use super::super::script::{default_reply, StreamError, ToolCall, DEFAULT_REPLY_TEXT};
 use super::examples::*;
 use super::*;
-use crate::mock::script::{default_reply, StreamError, ToolCall, DEFAULT_REPLY_TEXT};
-use crate::provider::sse::{SseEvent, SseFramer};
+use broca::provider::sse::{SseEvent, SseFramer};
 
 const ALL: [Family; 3] = [Family::AnthropicMessages, Family::OpenaiChat, Family::OpenaiResponses];
 
