@@ -170,7 +170,7 @@ pub struct RequestIdentity {
     pub config: Value,
     /// `queue` (absent), `steer` or `interrupt`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub delivery: Option<String>,
+    pub delivery: Option<Delivery>,
     /// For a steer: the running run it joins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_run: Option<String>,
@@ -184,8 +184,70 @@ pub struct RequestIdentity {
 
 impl RequestIdentity {
     /// The delivery mode, `queue` when absent.
-    pub fn delivery(&self) -> &str {
-        self.delivery.as_deref().unwrap_or("queue")
+    pub fn delivery(&self) -> Delivery {
+        self.delivery.unwrap_or_default()
+    }
+}
+
+/// How a send is delivered (spec §4): queued as its own run, steered into the running run at
+/// its next step boundary, or interrupting the running run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Delivery {
+    #[default]
+    Queue,
+    Steer,
+    Interrupt,
+}
+
+impl Delivery {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Delivery::Queue => "queue",
+            Delivery::Steer => "steer",
+            Delivery::Interrupt => "interrupt",
+        }
+    }
+}
+
+/// How a tool call ended, as its `ToolResult` records it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallOutcome {
+    /// The tool answered.
+    Ok,
+    /// The tool (or broca, before anything ran) answered an error.
+    Error,
+    /// The call may have run and no answer came: never sent again.
+    Unknown,
+    /// The run was cancelled while the call was in flight.
+    Cancelled,
+    /// The call was never sent (the step crossed a budget).
+    NotExecuted,
+}
+
+/// Compares with the wire string (`outcome == "ok"`).
+impl PartialEq<str> for CallOutcome {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for CallOutcome {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl CallOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallOutcome::Ok => "ok",
+            CallOutcome::Error => "error",
+            CallOutcome::Unknown => "unknown",
+            CallOutcome::Cancelled => "cancelled",
+            CallOutcome::NotExecuted => "not_executed",
+        }
     }
 }
 
@@ -271,7 +333,7 @@ pub enum Record {
         is_error: bool,
         /// `ok`, `error`, `cancelled`, `interrupted`, `unknown` (an indeterminate call).
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        outcome: Option<String>,
+        outcome: Option<CallOutcome>,
     },
     RunCancelRequested {
         run_id: String,

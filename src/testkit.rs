@@ -63,7 +63,7 @@ pub fn tool_result(run_id: &str, step: u64, id: &str, text: &str) -> Record {
         tool_call_id: id.into(),
         output: json!({"kind": "text", "text": text}),
         is_error: false,
-        outcome: Some("ok".into()),
+        outcome: Some(crate::record::CallOutcome::Ok),
     }
 }
 

@@ -177,7 +177,7 @@ fn tool_ok(run_id: &str, step: u64, call: &str) -> Record {
         tool_call_id: call.into(),
         output: ok_output(),
         is_error: false,
-        outcome: Some("ok".into()),
+        outcome: Some(record::CallOutcome::Ok),
     }
 }
 
@@ -464,7 +464,11 @@ fn request(tag: &str) -> RequestIdentity {
 
 /// A send with a delivery mode: a steer names the run it joins.
 fn request_as(tag: &str, delivery: &str, target: Option<&str>) -> RequestIdentity {
-    let delivery = (delivery != "queue").then(|| delivery.to_string());
+    let delivery = match delivery {
+        "steer" => Some(record::Delivery::Steer),
+        "interrupt" => Some(record::Delivery::Interrupt),
+        _ => None,
+    };
     RequestIdentity { delivery, target_run: target.map(String::from), ..request(tag) }
 }
 
@@ -577,7 +581,7 @@ fn child_random(l: &mut Lineage) -> ! {
                         tool_call_id: c.clone(),
                         output: if is_error { json!({"kind": "error", "message": "boom"}) } else { ok_output() },
                         is_error,
-                        outcome: Some(if is_error { "error" } else { "ok" }.into()),
+                        outcome: Some(if is_error { record::CallOutcome::Error } else { record::CallOutcome::Ok }),
                     };
                     l.append(&rec).unwrap();
                 } else if e.cancel.is_some() {
@@ -922,7 +926,7 @@ impl Walker {
                     "seq {seq}: result of {tool_call_id} without an intent"
                 );
                 assert!(self.resulted.insert(tool_call_id.clone()), "seq {seq}: second result of {tool_call_id}");
-                if outcome.as_deref() == Some("unknown") {
+                if outcome.map(|o| o.as_str()) == Some("unknown") {
                     assert!(*is_error, "seq {seq}: an unknown outcome must be an error result");
                     self.unknown.push(tool_call_id.clone());
                     self.unknown_results += 1;
@@ -990,7 +994,7 @@ impl Walker {
                     self.queued.insert(submission_id.clone()),
                     "seq {seq}: submission {submission_id} queued twice"
                 );
-                self.pending.push_back((submission_id.clone(), request.delivery().to_string()));
+                self.pending.push_back((submission_id.clone(), request.delivery().as_str().to_string()));
             }
             Record::Steered { run_id, submission_id, .. } => {
                 in_open(run_id, self);
@@ -1321,7 +1325,7 @@ fn assert_unknown_result(r: &Reopened, call: &str) {
     let results = tool_result_record(&r.records, call);
     assert_eq!(results.len(), 1, "results of {call}");
     let Record::ToolResult { outcome, is_error, .. } = results[0] else { unreachable!() };
-    assert_eq!(outcome.as_deref(), Some("unknown"), "outcome of {call}");
+    assert_eq!(outcome.map(|o| o.as_str()), Some("unknown"), "outcome of {call}");
     assert!(*is_error);
     assert_eq!(intents_of(&r.records, call), 1, "{call} was dispatched again");
 }

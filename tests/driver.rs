@@ -742,7 +742,7 @@ fn an_interrupt_waits_for_a_running_tool_call_instead_of_abandoning_it() {
         Record::ToolResult { output, outcome, .. } => Some((output, outcome)),
         _ => None,
     });
-    assert_eq!(outcome, Some((json!({"kind": "text", "text": "slow done"}), Some("ok".to_string()))));
+    assert_eq!(outcome, Some((json!({"kind": "text", "text": "slow done"}), Some(broca::record::CallOutcome::Ok))));
     let deadline = Instant::now() + Duration::from_secs(10);
     while rig.texts().len() < 5 {
         assert!(Instant::now() < deadline, "{:?}", rig.texts());
@@ -800,7 +800,7 @@ fn a_tool_reply_bound_is_frozen_with_the_tool_and_a_call_past_its_wait_ends_the_
     rig.wait_state(b["run_id"].as_str().unwrap(), "interrupted");
     let status = rig.call("run.status", json!({"run_id": b["run_id"]})).unwrap();
     assert_eq!(status["error"]["provider_code"], "tool_reply_timeout");
-    let outcomes: Vec<Option<String>> = rig
+    let outcomes: Vec<Option<broca::record::CallOutcome>> = rig
         .records()
         .into_iter()
         .filter_map(|r| match r {
@@ -808,7 +808,8 @@ fn a_tool_reply_bound_is_frozen_with_the_tool_and_a_call_past_its_wait_ends_the_
             _ => None,
         })
         .collect();
-    assert_eq!(outcomes, [Some("ok".to_string()), Some("unknown".to_string())]);
+    use broca::record::CallOutcome;
+    assert_eq!(outcomes, [Some(CallOutcome::Ok), Some(CallOutcome::Unknown)]);
 }
 
 #[test]

@@ -21,7 +21,8 @@ use crate::provider::config::RenderConfig;
 use crate::provider::event::StreamEvent;
 use crate::provider::telemetry::Telemetry;
 use crate::record::{
-    AttemptFinished, CancelAt, ErrorClass, FinishReason, Origin, PauseReason, ProviderError, Record, RunStarted,
+    AttemptFinished, CallOutcome, CancelAt, ErrorClass, FinishReason, Origin, PauseReason, ProviderError, Record,
+    RunStarted,
 };
 
 /// How often the loop wakes to check its watchdog while a stream is quiet.
@@ -254,7 +255,7 @@ impl Driver<'_> {
                 tool_call_id: call.tool_call_id.clone(),
                 output: output.clone(),
                 is_error: true,
-                outcome: Some("not_executed".into()),
+                outcome: Some(CallOutcome::NotExecuted),
             })?;
             parts.push(Part::ToolResult { tool_call_id: call.tool_call_id, output: output.clone(), is_error: true });
         }
@@ -684,25 +685,26 @@ impl Driver<'_> {
         for (id, result) in ids.into_iter().zip(results) {
             let (out, outcome) = match result {
                 Some(ToolOutcome::Completed(out)) => {
-                    let outcome = if out.is_error { "error" } else { "ok" };
+                    let outcome = if out.is_error { CallOutcome::Error } else { CallOutcome::Ok };
                     (out, outcome)
                 }
-                Some(ToolOutcome::Error(message)) => (ToolOutput::error(message), "error"),
+                Some(ToolOutcome::Error(message)) => (ToolOutput::error(message), CallOutcome::Error),
                 Some(ToolOutcome::Indeterminate(reason)) => {
                     indeterminate = true;
-                    (ToolOutput::error(format!("{reason}; its outcome is unknown")), "unknown")
+                    (ToolOutput::error(format!("{reason}; its outcome is unknown")), CallOutcome::Unknown)
                 }
                 None if self.sealing => (
                     ToolOutput::error("broca shut down while the call was in flight; its outcome is unknown"),
-                    "unknown",
+                    CallOutcome::Unknown,
                 ),
                 None if timed_out => (
                     ToolOutput::error(format!("no answer within {} ms; its outcome is unknown", wait.as_millis())),
-                    "unknown",
+                    CallOutcome::Unknown,
                 ),
-                None => {
-                    (ToolOutput::error("the call was cancelled while in flight; its outcome is unknown"), "cancelled")
-                }
+                None => (
+                    ToolOutput::error("the call was cancelled while in flight; its outcome is unknown"),
+                    CallOutcome::Cancelled,
+                ),
             };
             self.lineage.append(&Record::ToolResult {
                 run_id: self.run_id.clone(),
@@ -710,7 +712,7 @@ impl Driver<'_> {
                 tool_call_id: id.clone(),
                 output: out.output.clone(),
                 is_error: out.is_error,
-                outcome: Some(outcome.into()),
+                outcome: Some(outcome),
             })?;
             parts.push(Part::ToolResult { tool_call_id: id, output: out.output, is_error: out.is_error });
         }

@@ -9,7 +9,7 @@ use super::read::TranscriptPage;
 use super::replay::{Effect, EpisodeStatus, RunState, SendFate};
 use crate::message::RunUsage;
 use crate::record::{FinishReason, PauseReason, ProviderError};
-use crate::store::{SendLookup, SendRow, Store, StoreError};
+use crate::store::{Fate, SendLookup, SendRow, Store, StoreError};
 
 /// A send's row with the tail applied.
 pub fn send(
@@ -28,7 +28,7 @@ pub fn send(
             hit.then(|| SendRow {
                 submission_id: submission_id.clone(),
                 request: (**request).clone(),
-                fate: "pending".into(),
+                fate: Fate::Pending,
                 run_id: None,
             })
         }
@@ -44,9 +44,9 @@ pub fn send(
         }
         match fate {
             SendFate::Queued(_) => {}
-            SendFate::Started { run_id } => (row.fate, row.run_id) = ("started".into(), Some(run_id.clone())),
-            SendFate::Delivered { run_id } => (row.fate, row.run_id) = ("delivered".into(), Some(run_id.clone())),
-            SendFate::Retracted => (row.fate, row.run_id) = ("retracted".into(), None),
+            SendFate::Started { run_id } => (row.fate, row.run_id) = (Fate::Started, Some(run_id.clone())),
+            SendFate::Delivered { run_id } => (row.fate, row.run_id) = (Fate::Delivered, Some(run_id.clone())),
+            SendFate::Retracted => (row.fate, row.run_id) = (Fate::Retracted, None),
         }
     }
     Ok(Some(row))

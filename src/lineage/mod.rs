@@ -343,7 +343,7 @@ impl Lineage {
                 tool_call_id: id.clone(),
                 output: json!({"kind": "error", "message": "the outcome of this call is unknown: broca ended while it was in flight, and it was not sent again"}),
                 is_error: true,
-                outcome: Some("unknown".into()),
+                outcome: Some(record::CallOutcome::Unknown),
             })?;
         }
         // A durably acknowledged cancel ends it `cancelled`, unless the cancel came from an

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::replay::{Effect, Replay, ReplayError};
-use crate::record::{Record, ORPHAN_PROVIDER_CODE};
+use crate::record::{CallOutcome, Record, ORPHAN_PROVIDER_CODE};
 
 /// A durable control-stream position. Ordered by `(wal_seq, sub_index)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -168,7 +168,7 @@ fn unit_bodies(record: &Record, context: &Context) -> Vec<(Value, Option<LiveEve
             });
             let event = assistant_mid.map(|m| {
                 unit["mid"] = json!(m);
-                let outcome = outcome.clone().unwrap_or_else(|| (if *is_error { "error" } else { "ok" }).into());
+                let outcome = outcome.unwrap_or(if *is_error { CallOutcome::Error } else { CallOutcome::Ok }).as_str();
                 let bytes = serde_json::to_string(output).map_or(0, |t| t.len() as u64);
                 LiveEvent::ToolFinished(ToolFinished::new(m, tool_call_id, outcome, bytes, None))
             });

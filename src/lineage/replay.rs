@@ -22,7 +22,7 @@ use serde_json::Value;
 
 use super::projection::Cursor;
 use crate::message::{Message, Part, Role, RunUsage};
-use crate::record::{CancelAt, FinishReason, PauseReason, ProviderError, Record, RequestIdentity};
+use crate::record::{CancelAt, Delivery, FinishReason, PauseReason, ProviderError, Record, RequestIdentity};
 
 /// A send durably queued and not yet consumed or retracted.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -235,19 +235,19 @@ impl Replay {
     /// The pending send that starts the next episode: an interrupt first, else the oldest send
     /// (a steer whose run is no longer open is a plain send by then).
     pub fn next_to_start(&self) -> Option<&Pending> {
-        self.queue.iter().find(|p| p.request.delivery() == "interrupt").or_else(|| self.queue.front())
+        self.queue.iter().find(|p| p.request.delivery() == Delivery::Interrupt).or_else(|| self.queue.front())
     }
 
     /// Pending steers joining the open run `run_id`, in FIFO order.
     pub fn pending_steers<'a>(&'a self, run_id: &'a str) -> impl Iterator<Item = &'a Pending> + 'a {
         self.queue
             .iter()
-            .filter(move |p| p.request.delivery() == "steer" && p.request.target_run.as_deref() == Some(run_id))
+            .filter(move |p| p.request.delivery() == Delivery::Steer && p.request.target_run.as_deref() == Some(run_id))
     }
 
     /// Whether a pending interrupt waits to start.
     pub fn interrupt_pending(&self) -> bool {
-        self.queue.iter().any(|p| p.request.delivery() == "interrupt")
+        self.queue.iter().any(|p| p.request.delivery() == Delivery::Interrupt)
     }
 
     /// The episode a record names must be the last one, in an allowed status.

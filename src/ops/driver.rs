@@ -14,7 +14,7 @@ use crate::lineage::replay::Resolution;
 use crate::lineage::{Lineage, RetractOutcome};
 use crate::record::CancelAt;
 use crate::session_key::SessionKey;
-use crate::store::SendLookup;
+use crate::store::{Fate, SendLookup};
 use crate::wire::Refusal;
 
 /// Runs `decide` on the session's actor and answers with its result. A session without a WAL
@@ -71,8 +71,8 @@ pub(super) fn session_retract(ops: &Arc<Ops>, key: &SessionKey, params: Value, r
         let store = &ops.registry.shared().store;
         let row = ledger::send(store, &lineage.key().addr(), &page, SendLookup::Submission(&submission_id))
             .map_err(store_refusal)?;
-        let reason = match row.as_ref().map(|r| r.fate.as_str()) {
-            Some("started" | "delivered") => "already_started",
+        let reason = match row.as_ref().map(|r| r.fate) {
+            Some(Fate::Started | Fate::Delivered) => "already_started",
             _ => "not_pending",
         };
         Ok((json!({"retracted": false, "reason": reason}), units))

@@ -14,7 +14,7 @@ use crate::lineage::replay::Resolution;
 use crate::message::{Part, Role};
 use crate::record::{pause_name, PauseReason, ProviderError};
 use crate::session_key::SessionKey;
-use crate::store::SendLookup;
+use crate::store::{Fate, SendLookup};
 use crate::wire::{Refusal, RefusalCode};
 
 /// The session's durable snapshot, `None` when it has no WAL.
@@ -128,17 +128,17 @@ pub(super) fn run_status(ops: &Ops, key: &SessionKey, params: &Value) -> Result<
         if let Some(row) =
             ledger::send(store, &addr, &page, SendLookup::Submission(submission)).map_err(store_refusal)?
         {
-            return Ok(match (row.fate.as_str(), &row.run_id) {
-                ("delivered", Some(x)) | ("started", Some(x)) => {
+            return Ok(match (row.fate, &row.run_id) {
+                (Fate::Delivered, Some(x)) | (Fate::Started, Some(x)) => {
                     let facts = ledger::run(store, &addr, &page, x).map_err(store_refusal)?;
                     let mut body =
                         facts.map_or_else(|| json!({"run_id": x, "state": "unknown"}), |f| run_body(ops, &f));
-                    if row.fate == "delivered" {
+                    if row.fate == Fate::Delivered {
                         body["delivered"] = json!({"as": "step", "ref": x});
                     }
                     body
                 }
-                ("retracted", _) => json!({"state": "retracted"}),
+                (Fate::Retracted, _) => json!({"state": "retracted"}),
                 _ => json!({"state": "pending"}),
             });
         }

@@ -202,13 +202,40 @@ pub enum SendLookup<'a> {
     SendId(&'a str),
 }
 
+/// Where a durably queued send stands (the ledger's `fate` column).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fate {
+    /// Queued, not yet consumed.
+    Pending,
+    /// Consumed by the `RunStarted` of its own run.
+    Started,
+    /// Delivered into a running run as a steer.
+    Delivered,
+    Retracted,
+}
+
+impl Fate {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Fate::Pending => "pending",
+            Fate::Started => "started",
+            Fate::Delivered => "delivered",
+            Fate::Retracted => "retracted",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Fate> {
+        [Fate::Pending, Fate::Started, Fate::Delivered, Fate::Retracted].into_iter().find(|f| f.as_str() == s)
+    }
+}
+
 /// A send's row in the ledger.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SendRow {
     pub submission_id: String,
     pub request: crate::record::RequestIdentity,
-    /// `pending`, `started`, `delivered` or `retracted`.
-    pub fate: String,
+    pub fate: Fate,
+    /// The run that consumed it (`Started`, `Delivered`).
     pub run_id: Option<String>,
 }
 
@@ -426,13 +453,18 @@ impl Store {
                             put_send.execute(params![lineage, submission_id, request.send_id, json, *seq as i64])?;
                         }
                         SendFate::Started { run_id } => {
-                            set_fate.execute(params![lineage, submission_id, "started", run_id])?;
+                            set_fate.execute(params![lineage, submission_id, Fate::Started.as_str(), run_id])?;
                         }
                         SendFate::Delivered { run_id } => {
-                            set_fate.execute(params![lineage, submission_id, "delivered", run_id])?;
+                            set_fate.execute(params![lineage, submission_id, Fate::Delivered.as_str(), run_id])?;
                         }
                         SendFate::Retracted => {
-                            set_fate.execute(params![lineage, submission_id, "retracted", None::<String>])?;
+                            set_fate.execute(params![
+                                lineage,
+                                submission_id,
+                                Fate::Retracted.as_str(),
+                                None::<String>
+                            ])?;
                         }
                     },
                 }
@@ -565,6 +597,9 @@ impl Store {
         let Some((submission_id, request, fate, run_id)) = row else { return Ok(None) };
         let request =
             serde_json::from_str(&request).map_err(|e| StoreError::Damaged(format!("send {submission_id}: {e}")))?;
+        let fate: String = fate;
+        let fate = Fate::parse(&fate)
+            .ok_or_else(|| StoreError::Damaged(format!("send {submission_id}: unknown fate {fate:?}")))?;
         Ok(Some(SendRow { submission_id, request, fate, run_id }))
     }
 }

@@ -31,7 +31,7 @@ use crate::provider::client::now_ms;
 use crate::provider::config::{AuthSource, RenderConfig};
 use crate::record::{CancelAt, FinishReason, PauseReason, Record, RequestIdentity};
 use crate::session_key::SessionKey;
-use crate::store::{SendLookup, SendRow, Store};
+use crate::store::{Fate, SendLookup, SendRow, Store};
 use crate::wire::{Refusal, RefusalCode};
 
 pub(super) fn session_send(ops: &Arc<Ops>, route: &super::Route, params: Value, reply: Reply) {
@@ -219,7 +219,7 @@ fn admit(
         harness: Some(lineage.key().harness.clone()),
         received_at_ms: now_ms(),
         config: serde_json::to_value(&config).expect("configs serialize"),
-        delivery: (send.delivery != Delivery::Queue).then(|| send.delivery.as_str().to_string()),
+        delivery: (send.delivery != Delivery::Queue).then_some(send.delivery),
         target_run: match (&running, delivery) {
             (Some((run_id, _)), Delivery::Steer) => Some(run_id.clone()),
             _ => None,
@@ -271,7 +271,7 @@ fn recorded_send(ops: &Ops, lineage: &Lineage, send_id: &str) -> Result<Option<S
         let row = SendRow {
             submission_id: p.submission_id.clone(),
             request: p.request.clone(),
-            fate: "pending".into(),
+            fate: Fate::Pending,
             run_id: None,
         };
         return Ok(Some(row));
@@ -387,7 +387,7 @@ fn resend(
     units: &mut Vec<crate::lineage::projection::ControlUnit>,
 ) -> Result<Value, Refusal> {
     let addr = lineage.key().addr();
-    if row.fate == "started" {
+    if row.fate == Fate::Started {
         if let Some(run_id) = &row.run_id {
             let facts = ledger::run(store, &addr, page, run_id).map_err(store_refusal)?;
             if let Some(f) = facts.filter(|f| f.is_last) {
@@ -419,23 +419,23 @@ pub(super) fn fate_reply(store: &Store, lineage: &str, page: &TranscriptPage, ro
             }
         })
     };
-    match (row.fate.as_str(), &row.run_id) {
-        ("started", Some(run_id)) => {
+    match (row.fate, &row.run_id) {
+        (Fate::Started, Some(run_id)) => {
             let mut answer = run_state(run_id)?;
             if answer["state"] == "active" {
                 answer["submission_id"] = json!(row.submission_id);
             }
             Ok(answer)
         }
-        ("delivered", Some(run_id)) => {
+        (Fate::Delivered, Some(run_id)) => {
             let mut answer = run_state(run_id)?;
             answer["delivered"] = json!({"as": "step", "ref": run_id});
             Ok(answer)
         }
-        ("retracted", _) => Ok(json!({"state": "retracted", "submission_id": row.submission_id})),
+        (Fate::Retracted, _) => Ok(json!({"state": "retracted", "submission_id": row.submission_id})),
         _ => {
             // Still queued. A steer waiting for its run's next boundary answers that run.
-            let target = row.request.target_run.as_deref().filter(|_| row.request.delivery() == "steer");
+            let target = row.request.target_run.as_deref().filter(|_| row.request.delivery() == Delivery::Steer);
             match target.filter(|t| matches!(&page.resolution, Resolution::Resume { run_id } if run_id == t)) {
                 Some(run_id) => Ok(json!({"state": "active", "run_id": run_id})),
                 None => Ok(json!({"state": "pending", "submission_id": row.submission_id})),

@@ -56,22 +56,7 @@ const IDENTITY: &[&str] = &[
     "tool_providers",
 ];
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Delivery {
-    Queue,
-    Steer,
-    Interrupt,
-}
-
-impl Delivery {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Delivery::Queue => "queue",
-            Delivery::Steer => "steer",
-            Delivery::Interrupt => "interrupt",
-        }
-    }
-}
+pub use crate::record::Delivery;
 
 /// The model a send names.
 #[derive(Clone, Debug, PartialEq)]
