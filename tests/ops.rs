@@ -269,3 +269,40 @@ fn io_fault_a_failed_fsync_mid_run_refuses_sends_then_recovers() {
         .collect();
     assert_eq!(texts, ["one", "three", "answer"], "run one's durable prompt kept, its undurable answer gone");
 }
+
+/// A session's actor takes at most `MAILBOX` waiting commands: one more is refused with a
+/// transient `open_failed`, never queued without bound; a closed session's registry slot is
+/// dropped, so the registry holds only sessions in use.
+#[test]
+fn a_full_mailbox_is_refused_transiently_and_a_closed_session_leaves_the_registry() {
+    let rig = rig(Duration::from_millis(200));
+    let registry = &rig.ops.registry;
+    let (release_tx, release) = crossbeam_channel::bounded::<()>(1);
+    // Hold the actor in a job so commands pile up behind it.
+    registry
+        .submit(
+            &key(),
+            Box::new(move |_| {
+                let _ = release.recv_timeout(Duration::from_secs(10));
+                Vec::new()
+            }),
+        )
+        .unwrap();
+    let mut refused = None;
+    for _ in 0..=broca::actor::MAILBOX {
+        if let Err(e) = registry.submit(&key(), Box::new(|_| Vec::new())) {
+            refused = Some(e);
+            break;
+        }
+    }
+    let refusal = refused.expect("the mailbox filled").refusal();
+    assert_eq!(refusal.code, "open_failed", "{refusal:?}");
+    assert_eq!(refusal.detail.as_ref().and_then(|d| d.get("class")).cloned(), Some(json!("transient")));
+    release_tx.send(()).unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while registry.slots() > 0 {
+        assert!(Instant::now() < until, "the closed session's slot stayed in the registry");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!registry.is_open(&key()));
+}

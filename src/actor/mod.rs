@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, SendTimeoutError, Sender, TrySendError};
 use parking_lot::Mutex;
 
 use crate::agent::{self, LineageJob, LoopOptions, Output, RunCommand, ToolDispatcher};
@@ -27,6 +27,11 @@ use crate::provider::config::RenderConfig;
 use crate::record::{CancelAt, FinishReason, PauseReason, ProviderError};
 use crate::session_key::SessionKey;
 use crate::state_root::Placement;
+
+/// Commands one session's actor may have waiting; a send past it is refused transiently.
+pub const MAILBOX: usize = 1024;
+/// How long a control command (cancel, drain, seal) may wait for room in a full mailbox.
+const CONTROL_WAIT: Duration = Duration::from_secs(2);
 
 /// Where an actor's output goes: for each session its lineage thread opens, one sink (the
 /// session's fan-out publisher, or nowhere).
@@ -156,7 +161,7 @@ impl Registry {
     pub fn cancel(&self, key: &SessionKey, at: CancelAt) -> bool {
         let slot = self.slot(key);
         let guard = slot.lock();
-        guard.as_ref().is_some_and(|a| a.tx.send(RunCommand::Cancel(at)).is_ok())
+        guard.as_ref().is_some_and(|a| a.tx.send_timeout(RunCommand::Cancel(at), CONTROL_WAIT).is_ok())
     }
 
     /// Draining (spec: graceful restart): no new turn starts, and every running turn finishes
@@ -182,7 +187,9 @@ impl Registry {
         let slots: Vec<Slot> = self.slots.lock().values().cloned().collect();
         for slot in slots {
             if let Some(actor) = slot.lock().as_ref() {
-                let _ = actor.tx.send(cmd());
+                if let Err(SendTimeoutError::Timeout(_)) = actor.tx.send_timeout(cmd(), CONTROL_WAIT) {
+                    log::warn!("a session's actor mailbox stayed full; a drain/seal command was not delivered");
+                }
             }
         }
     }
@@ -237,12 +244,13 @@ impl Registry {
         let slot = self.slot(key);
         let mut guard = slot.lock();
         if let Some(actor) = guard.as_ref() {
-            match actor.tx.send(cmd) {
+            match actor.tx.try_send(cmd) {
                 Ok(()) => return Ok(()),
+                Err(TrySendError::Full(_)) => return Err(LineageError::MailboxFull { limit: MAILBOX }),
                 // The actor died (a panic or a poisoned WAL); open a fresh one.
-                Err(e) => {
+                Err(TrySendError::Disconnected(cmd)) => {
                     *guard = None;
-                    return self.open_locked(key, placement, &slot, &mut guard, e.into_inner());
+                    return self.open_locked(key, placement, &slot, &mut guard, cmd);
                 }
             }
         }
@@ -263,8 +271,8 @@ impl Registry {
         let lineage = opened?;
         self.gauges.actor_opens.fetch_add(1, Ordering::Relaxed);
         OPENED_HERE.with(|c| c.set(true));
-        let (tx, rx) = unbounded();
-        let _ = tx.send(first);
+        let (tx, rx) = bounded(MAILBOX);
+        let _ = tx.try_send(first);
         let registry = Arc::clone(self);
         let slot = Arc::clone(slot);
         let name = format!("broca-actor-{}", &key.addr()[..8]);
@@ -302,6 +310,7 @@ impl Registry {
                     log::error!("session {}: the actor stops after a write failure: {e}", key.addr());
                     drop(publish);
                     self.close(&slot, &rx);
+                    self.prune(&key, slot);
                     return;
                 }
             }
@@ -320,11 +329,30 @@ impl Registry {
                         drop(publish);
                         drop(lineage);
                         self.gauges.closing.fetch_sub(1, Ordering::Relaxed);
+                        drop(guard);
+                        self.prune(&key, slot);
                         return;
                     }
                 }
             }
         }
+    }
+
+    /// Drops a closed session's slot from the registry unless someone else holds it (a caller
+    /// about to open it again keeps it), so the map holds only sessions in use.
+    fn prune(&self, key: &SessionKey, slot: Slot) {
+        let mut slots = self.slots.lock();
+        drop(slot);
+        let unused =
+            slots.get(key).is_some_and(|s| Arc::strong_count(s) == 1 && s.try_lock().is_some_and(|a| a.is_none()));
+        if unused {
+            slots.remove(key);
+        }
+    }
+
+    /// Sessions with a registry slot (open, opening, or just used).
+    pub fn slots(&self) -> usize {
+        self.slots.lock().len()
     }
 
     fn close(&self, slot: &Slot, rx: &Receiver<RunCommand>) {

@@ -24,7 +24,7 @@ use crate::message::Message;
 use crate::record::{self, CancelAt, FinishReason, ProviderError, Record, RequestIdentity};
 use crate::session_key::SessionKey;
 use crate::state_root::{Placement, StateRoot};
-use crate::store::writer::StoreWriter;
+use crate::store::writer::{FlushMark, StoreWriter};
 use crate::store::{Checkpoint, Store, StoreBatch, StoreError};
 use crate::wal::{
     self, FeatureFloor, FileStorage, Lease, LeaseError, RecordOutcome, ScannedFrame, Storage, Wal, WalError, WalOpen,
@@ -51,6 +51,10 @@ pub enum LineageError {
     Replay(ReplayError),
     /// An append was refused before anything was written.
     Refused(String),
+    /// The session's actor has `limit` commands waiting: try again shortly.
+    MailboxFull {
+        limit: usize,
+    },
     Store(StoreError),
 }
 
@@ -64,6 +68,9 @@ impl std::fmt::Display for LineageError {
             }
             LineageError::Replay(e) => e.fmt(f),
             LineageError::Refused(why) => write!(f, "append refused: {why}"),
+            LineageError::MailboxFull { limit } => {
+                write!(f, "the session is busy: its actor has {limit} commands waiting; try again shortly")
+            }
             LineageError::Store(e) => e.fmt(f),
         }
     }
@@ -109,12 +116,15 @@ impl LineageError {
             LineageError::Lease(e @ LeaseError::Stale { .. }) => {
                 Refusal::new(RefusalCode::LeaseStale, e.to_string(), None)
             }
-            // An I/O failure (interrupted, or a latched write/fsync failure): try again later.
-            LineageError::Wal(WalError::Io { .. } | WalError::Poisoned { .. }) => Refusal::new(
-                RefusalCode::OpenFailed,
-                format!("open failed: {self}"),
-                Some(crate::detail!("class" => "transient")),
-            ),
+            // An I/O failure (interrupted, or a latched write/fsync failure) or a full mailbox:
+            // try again later.
+            LineageError::Wal(WalError::Io { .. } | WalError::Poisoned { .. }) | LineageError::MailboxFull { .. } => {
+                Refusal::new(
+                    RefusalCode::OpenFailed,
+                    format!("open failed: {self}"),
+                    Some(crate::detail!("class" => "transient")),
+                )
+            }
             other => Refusal::new(RefusalCode::OpenFailed, format!("open failed: {other}"), None),
         }
     }
@@ -162,6 +172,9 @@ pub struct Lineage {
     batch: StoreBatch,
     /// Writes derived rows off this thread.
     writer: Arc<StoreWriter>,
+    /// How far this lineage's batches are written, and the last batch it sent.
+    flush_mark: Arc<FlushMark>,
+    flush_generation: u64,
     /// A store flush failed: stop flushing (the old checkpoint stays valid) until reopen.
     store_broken: Arc<AtomicBool>,
     /// The watermark of the last checkpoint sent to the store.
@@ -250,6 +263,8 @@ impl Lineage {
             head,
             batch,
             writer: Arc::clone(&shared.writer),
+            flush_mark: Arc::default(),
+            flush_generation: 0,
             store_broken: Arc::new(AtomicBool::new(false)),
             checkpoint_seq: 0,
             queue_changed: false,
@@ -523,7 +538,15 @@ impl Lineage {
             next_offset: self.wal.next_offset(),
             replay: self.replay.clone(),
         });
-        self.writer.flush(&self.key, self.wal.path().to_path_buf(), batch, &self.store_broken);
+        self.flush_generation += 1;
+        let (wal, generation) = (self.wal.path().to_path_buf(), self.flush_generation);
+        self.writer.flush(&self.key, wal, batch, &self.store_broken, &self.flush_mark, generation);
+    }
+
+    /// Returns once every derived row this lineage queued is in `run-index.db` (at once when
+    /// none is pending; other sessions' rows are not waited for).
+    pub fn settle(&self) {
+        self.flush_mark.wait_for(self.flush_generation);
     }
 
     /// Durably queues a send (spec §11). Durable when this returns; the units are the ones

@@ -283,7 +283,7 @@ fn recorded_send(ops: &Ops, lineage: &Lineage, send_id: &str) -> Result<Option<S
         let page = lineage.transcript(u64::MAX, 0).map_err(|e| e.refusal())?;
         return ledger::send(&shared.store, &addr, &page, SendLookup::SendId(send_id)).map_err(store_refusal);
     }
-    shared.settle();
+    lineage.settle();
     shared.store.send(&addr, SendLookup::SendId(send_id)).map_err(store_refusal)
 }
 
