@@ -325,7 +325,7 @@ fn binary_prints_its_url_and_serves_a_script() {
 
 /// Decodes a response with broca's own stream decoder: (events, reached the terminal event).
 fn decode(family: Family, r: &Response) -> (Vec<StreamEvent>, bool) {
-    let mut decoder = broca::provider::decoder(family);
+    let mut decoder = broca::provider::wire(family).decoder();
     let mut out = Vec::new();
     for e in r.events() {
         let class = decoder.decode(&e, &mut out).unwrap();

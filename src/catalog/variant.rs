@@ -6,10 +6,11 @@ use std::collections::BTreeSet;
 use std::sync::OnceLock;
 
 use parking_lot::Mutex;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::ModelRow;
 use crate::provider::event::Family;
+use crate::provider::wire::wire;
 
 /// What a variant name means, before it is rendered for a family.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,11 +23,6 @@ pub enum Setting {
 
 /// The largest thinking budget a `max` variant asks for.
 const BUDGET_CEILING: u64 = 31_999;
-
-/// Whether a family has a toggle mapping (so an effort model with a toggle gains `none`).
-fn has_toggle_mapping(family: Family) -> bool {
-    matches!(family, Family::AnthropicMessages)
-}
 
 fn log_unknown_once(kind: &str) {
     static SEEN: OnceLock<Mutex<BTreeSet<String>>> = OnceLock::new();
@@ -47,7 +43,7 @@ pub fn variants(row: &ModelRow, family: Family) -> Vec<(String, Setting)> {
     }
     if let Some(effort) = of_type("effort") {
         let mut out = Vec::new();
-        if of_type("toggle").is_some() && has_toggle_mapping(family) {
+        if of_type("toggle").is_some() && wire(family).has_toggle_mapping() {
             out.push(("none".to_string(), Setting::ToggleOff));
         }
         for v in effort.get("values").and_then(Value::as_array).into_iter().flatten() {
@@ -71,40 +67,16 @@ pub fn variants(row: &ModelRow, family: Family) -> Vec<(String, Setting)> {
     Vec::new()
 }
 
-/// Claude 4.6 and later take adaptive thinking beside an effort.
-fn claude_at_least_4_6(model: &str) -> bool {
-    let digits: Vec<u64> = model
-        .split(|c: char| !c.is_ascii_digit())
-        .filter(|s| !s.is_empty() && s.len() <= 2)
-        .filter_map(|s| s.parse().ok())
-        .collect();
-    model.starts_with("claude") && matches!(digits.as_slice(), [major, minor, ..] if (*major, *minor) >= (4, 6))
-}
-
 /// The request members a setting renders to for `family` (`Value::Null` when the family sends
 /// nothing for it).
 pub fn render(setting: &Setting, family: Family, wire_model: &str) -> Value {
-    match (family, setting) {
-        (Family::AnthropicMessages, Setting::Effort(e)) if claude_at_least_4_6(wire_model) => {
-            json!({"output_config": {"effort": e}, "thinking": {"type": "adaptive", "display": "summarized"}})
-        }
-        (Family::AnthropicMessages, Setting::Effort(e)) => json!({"output_config": {"effort": e}}),
-        (Family::AnthropicMessages, Setting::ToggleOff) => json!({"thinking": {"type": "disabled"}}),
-        (Family::AnthropicMessages, Setting::ToggleOn) => {
-            json!({"thinking": {"type": "adaptive", "display": "summarized"}})
-        }
-        (Family::AnthropicMessages, Setting::Budget(n)) => json!({"thinking": {"type": "enabled", "budget_tokens": n}}),
-        (Family::OpenaiResponses, Setting::Effort(e)) => {
-            json!({"reasoning": {"effort": e, "summary": "auto"}, "include": ["reasoning.encrypted_content"]})
-        }
-        (Family::OpenaiChat, Setting::Effort(e)) => json!({"reasoning_effort": e}),
-        _ => Value::Null,
-    }
+    wire(family).render_variant(setting, wire_model)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn row(options: Value, output: Option<u64>) -> ModelRow {
         ModelRow { reasoning_options: options.as_array().cloned(), limit_output: output, ..ModelRow::default() }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use crossbeam_channel::{bounded, Receiver, Sender};
 
 use super::config::{AuthSource, RenderConfig};
-use super::event::{Family, StreamEvent};
+use super::event::StreamEvent;
 use super::sse::SseFramer;
 use super::telemetry::Telemetry;
 use crate::record::{ErrorClass, ProviderError};
@@ -99,10 +99,11 @@ fn transport_error(message: String) -> ProviderError {
 }
 
 fn request(agent: &ureq::Agent, a: &Attempt) -> ureq::Request {
-    let url = format!("{}{}", a.config.base_url, a.config.family.path());
+    let family = super::wire(a.config.family);
+    let url = format!("{}{}", a.config.base_url, family.path());
     let mut req = agent.post(&url).set("content-type", "application/json").set("accept", "text/event-stream");
-    if a.config.family == Family::AnthropicMessages {
-        req = req.set("anthropic-version", "2023-06-01");
+    for (name, value) in family.headers() {
+        req = req.set(name, value);
     }
     if let (AuthSource::Bearer, Some(token)) = (&a.config.auth, &a.bearer) {
         req = req.set("authorization", &format!("Bearer {token}"));
@@ -125,7 +126,7 @@ fn stream(agent: &ureq::Agent, a: Attempt, tx: &Sender<AttemptEvent>) {
             let after = retry_after(&resp);
             let mut body = Vec::new();
             let _ = resp.into_reader().take(1 << 20).read_to_end(&mut body);
-            let error = super::classify_http_error(a.config.family, status, &body);
+            let error = super::wire(a.config.family).classify_error(status, &body);
             let _ = tx.send(AttemptEvent::Http { error, retry_after: after });
             return;
         }
@@ -137,7 +138,7 @@ fn stream(agent: &ureq::Agent, a: Attempt, tx: &Sender<AttemptEvent>) {
     };
     let mut reader = resp.into_reader();
     let mut framer = SseFramer::new();
-    let mut decoder = super::decoder(a.config.family);
+    let mut decoder = super::wire(a.config.family).decoder();
     let mut telemetry = Telemetry::default();
     let mut events = Vec::new();
     let mut batch = Vec::new();

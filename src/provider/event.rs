@@ -25,15 +25,6 @@ impl Family {
             Family::OpenaiResponses => "openai_responses",
         }
     }
-
-    /// The request path under the route's base URL (`wire.api`).
-    pub fn path(self) -> &'static str {
-        match self {
-            Family::AnthropicMessages => "/messages",
-            Family::OpenaiChat => "/chat/completions",
-            Family::OpenaiResponses => "/responses",
-        }
-    }
 }
 
 /// One decoded, family-neutral stream event.

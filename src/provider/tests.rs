@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use super::config::{AuthSource, RenderConfig, ToolSpec};
 use super::event::{Family, StreamDecoder};
 use super::sse::{Pushed, SseError, SseFramer};
-use super::{classify_http_error, decoder, render_request};
+use super::{classify_http_error, render_request, wire};
 use crate::message::{Message, Part, Role};
 use crate::record::ErrorClass;
 
@@ -57,7 +57,7 @@ struct Run {
 
 impl Run {
     fn new(family: Family) -> Run {
-        Run { decoder: decoder(family), lines: String::new(), comments: 0, stopped: false }
+        Run { decoder: wire(family).decoder(), lines: String::new(), comments: 0, stopped: false }
     }
 
     fn take(&mut self, pushed: Result<Pushed, SseError>) {
@@ -203,7 +203,7 @@ fn hostile_shapes_never_panic() {
         "{\"truncated\":",
     ];
     for family in FAMILIES {
-        let mut d = decoder(family);
+        let mut d = wire(family).decoder();
         for shape in shapes {
             let event = super::sse::SseEvent { event: None, data: shape.into() };
             let result = d.decode(&event, &mut Vec::new());

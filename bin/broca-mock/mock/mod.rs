@@ -384,7 +384,9 @@ fn format_rest(rest: &str) -> Option<&str> {
 }
 
 fn family_of(rest: &str) -> Option<Family> {
-    [Family::AnthropicMessages, Family::OpenaiChat, Family::OpenaiResponses].into_iter().find(|f| f.path() == rest)
+    [Family::AnthropicMessages, Family::OpenaiChat, Family::OpenaiResponses]
+        .into_iter()
+        .find(|f| broca::provider::wire(*f).path() == rest)
 }
 
 /// The request's `model`, echoed in the stream as real servers do.

@@ -1,0 +1,146 @@
+//! The wire-family seam: everything that differs between provider wire families sits behind
+//! one trait. A new family is a [`Family`] variant, one implementation (its module: rendering,
+//! its stream decoder, its quirks) with its arm in [`wire`], and broca-mock's renderer plus its
+//! goldens (`testdata/golden/request.*`, `parse.*`).
+
+use serde_json::{json, Value};
+
+use super::config::RenderConfig;
+use super::event::{Family, StreamDecoder};
+use super::{anthropic, errors, openai_chat, openai_responses};
+use crate::catalog::variant::Setting;
+use crate::message::Message;
+use crate::record::ProviderError;
+
+/// One provider wire family.
+pub trait WireFamily: Sync {
+    fn family(&self) -> Family;
+
+    /// The request path under the route's base URL (`wire.api`).
+    fn path(&self) -> &'static str;
+
+    /// Headers the family's requests carry besides content negotiation and authorization.
+    fn headers(&self) -> &'static [(&'static str, &'static str)] {
+        &[]
+    }
+
+    /// The request body: deterministic bytes (same config and transcript, same bytes).
+    fn render(&self, config: &RenderConfig, transcript: &[Message]) -> Vec<u8>;
+
+    /// A fresh decoder for one response stream.
+    fn decoder(&self) -> Box<dyn StreamDecoder>;
+
+    /// A non-2xx answer, classified (transient, permanent, auth, context overflow).
+    fn classify_error(&self, status: u16, body: &[u8]) -> ProviderError {
+        errors::classify_http_error(self.family(), status, body)
+    }
+
+    /// The request members a variant's setting renders to (`Value::Null`: nothing).
+    fn render_variant(&self, setting: &Setting, wire_model: &str) -> Value;
+
+    /// Whether the family maps a thinking on/off toggle (so `none` is a variant).
+    fn has_toggle_mapping(&self) -> bool {
+        false
+    }
+}
+
+/// The implementation of `family`.
+pub fn wire(family: Family) -> &'static dyn WireFamily {
+    match family {
+        Family::AnthropicMessages => &AnthropicMessages,
+        Family::OpenaiChat => &OpenaiChat,
+        Family::OpenaiResponses => &OpenaiResponses,
+    }
+}
+
+struct AnthropicMessages;
+
+/// Adaptive thinking and `output_config.effort` arrived with Claude 4.6.
+fn claude_at_least_4_6(model: &str) -> bool {
+    let digits: Vec<u32> = model
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty() && s.len() <= 2)
+        .filter_map(|s| s.parse().ok())
+        .collect();
+    model.starts_with("claude") && matches!(digits.as_slice(), [major, minor, ..] if (*major, *minor) >= (4, 6))
+}
+
+impl WireFamily for AnthropicMessages {
+    fn family(&self) -> Family {
+        Family::AnthropicMessages
+    }
+    fn path(&self) -> &'static str {
+        "/messages"
+    }
+    fn headers(&self) -> &'static [(&'static str, &'static str)] {
+        &[("anthropic-version", "2023-06-01")]
+    }
+    fn render(&self, config: &RenderConfig, transcript: &[Message]) -> Vec<u8> {
+        anthropic::render(config, transcript)
+    }
+    fn decoder(&self) -> Box<dyn StreamDecoder> {
+        Box::new(anthropic::AnthropicDecoder::new())
+    }
+    fn render_variant(&self, setting: &Setting, wire_model: &str) -> Value {
+        match setting {
+            Setting::Effort(e) if claude_at_least_4_6(wire_model) => {
+                json!({"output_config": {"effort": e}, "thinking": {"type": "adaptive", "display": "summarized"}})
+            }
+            Setting::Effort(e) => json!({"output_config": {"effort": e}}),
+            Setting::ToggleOff => json!({"thinking": {"type": "disabled"}}),
+            Setting::ToggleOn => json!({"thinking": {"type": "adaptive", "display": "summarized"}}),
+            Setting::Budget(n) => json!({"thinking": {"type": "enabled", "budget_tokens": n}}),
+        }
+    }
+    fn has_toggle_mapping(&self) -> bool {
+        true
+    }
+}
+
+struct OpenaiChat;
+
+impl WireFamily for OpenaiChat {
+    fn family(&self) -> Family {
+        Family::OpenaiChat
+    }
+    fn path(&self) -> &'static str {
+        "/chat/completions"
+    }
+    fn render(&self, config: &RenderConfig, transcript: &[Message]) -> Vec<u8> {
+        openai_chat::render(config, transcript)
+    }
+    fn decoder(&self) -> Box<dyn StreamDecoder> {
+        Box::new(openai_chat::ChatDecoder::new())
+    }
+    fn render_variant(&self, setting: &Setting, _wire_model: &str) -> Value {
+        match setting {
+            Setting::Effort(e) => json!({"reasoning_effort": e}),
+            _ => Value::Null,
+        }
+    }
+}
+
+struct OpenaiResponses;
+
+impl WireFamily for OpenaiResponses {
+    fn family(&self) -> Family {
+        Family::OpenaiResponses
+    }
+    fn path(&self) -> &'static str {
+        "/responses"
+    }
+    fn render(&self, config: &RenderConfig, transcript: &[Message]) -> Vec<u8> {
+        openai_responses::render(config, transcript)
+    }
+    fn decoder(&self) -> Box<dyn StreamDecoder> {
+        Box::new(openai_responses::ResponsesDecoder::new())
+    }
+    fn render_variant(&self, setting: &Setting, _wire_model: &str) -> Value {
+        match setting {
+            Setting::Effort(e) => {
+                json!({"reasoning": {"effort": e, "summary": "auto"}, "include": ["reasoning.encrypted_content"]})
+            }
+            _ => Value::Null,
+        }
+    }
+}
