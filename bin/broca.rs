@@ -12,14 +12,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use broca::actor::{Registry, RunDeps};
 use broca::catalog::Catalog;
 use broca::config::BrocaConfig;
-use broca::fanout::Hub;
 use broca::lineage::read;
 use broca::lineage::{LineageError, Shared};
+use broca::module::{Module, ModuleBuilder, IDLE_TTL};
 use broca::ops::table::manifest;
-use broca::ops::Ops;
 use broca::record::{self, Record};
 use broca::serve::Server;
 use broca::session_key::SessionKey;
@@ -27,7 +25,6 @@ use broca::state_root::{RootEnv, StateRoot};
 use broca::subc::consumer::{Consumer, ConsumerIdentity};
 use broca::subc::{self, BindRequest, Outbound};
 use broca::wal::{self, ScannedFrame};
-use parking_lot::RwLock;
 
 const USAGE: &str = "\
 broca: durable agentic LLM loops (a CortexKit subc module)
@@ -117,8 +114,6 @@ fn locate(key: &SessionKey) -> Result<(), Box<dyn std::error::Error>> {
 
 /// The module id when the daemon does not name one (`SUBC_MODULE_ID`).
 const DEFAULT_MODULE_ID: &str = "broca";
-/// How long an idle session's actor keeps its lease.
-const IDLE_TTL: Duration = Duration::from_secs(30);
 /// Shutdown's grace for running turns to reach their step boundary, and then again for their
 /// immediate seal: the spec's 10 s grace within a 20 s budget. (The daemon may kill the module
 /// sooner; a turn cut that way is sealed as an orphan on the next open.)
@@ -158,24 +153,24 @@ fn serve(conn_file: &Path) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let shared = match Shared::open(root) {
-        Ok(s) => Arc::new(s),
+    let catalog = Catalog::load_lkg(&root.catalog_path());
+    if let Err(e) = &catalog {
+        log::warn!("broca: {e}; sends are refused until a catalog is seeded");
+    }
+    let base_url_override = std::env::var("BROCA_PROVIDER_BASE_URL").ok().filter(|u| !u.is_empty());
+    let built = ModuleBuilder::new(root)
+        .config(config)
+        .catalog(catalog)
+        .base_url_override(base_url_override)
+        .idle_ttl(IDLE_TTL)
+        .build();
+    let Module { ops, hub, registry } = match built {
+        Ok(m) => m,
         Err(e) => {
             eprintln!("broca: cannot open the state root: {e}");
             return ExitCode::from(1);
         }
     };
-    let catalog = Catalog::load_lkg(&shared.root.catalog_path());
-    if let Err(e) = &catalog {
-        log::warn!("broca: {e}; sends are refused until a catalog is seeded");
-    }
-    let hub = Hub::new();
-    let catalog = Arc::new(RwLock::new(catalog));
-    let base_url_override = std::env::var("BROCA_PROVIDER_BASE_URL").ok().filter(|u| !u.is_empty());
-    let mut deps = RunDeps::serving(&hub, IDLE_TTL);
-    deps.readmit = Some(readmit(Arc::clone(&catalog), shared.root.catalog_path(), base_url_override.clone()));
-    let registry = Registry::new(shared, deps);
-    let ops = Arc::new(Ops { registry: Arc::clone(&registry), catalog, base_url_override, config });
     let outbound = conn.outbound();
     let (stopped, _stopped_rx) = crossbeam_channel::unbounded();
     let server =
@@ -249,24 +244,4 @@ fn watch_sigterm(outbound: Outbound) {
     if let Err(e) = watcher {
         log::warn!("broca: no SIGTERM watcher: {e}");
     }
-}
-
-/// The admission check a restart-paused run passes again at boot: its recorded model (and
-/// variant) must still resolve against the catalog broca holds now.
-fn readmit(
-    catalog: Arc<RwLock<Result<Catalog, broca::catalog::CatalogError>>>,
-    lkg: std::path::PathBuf,
-    base_url_override: Option<String>,
-) -> broca::actor::Readmit {
-    use broca::catalog::route::{self, ModelRequest, RouteOverrides};
-    Arc::new(move |config| {
-        let request = ModelRequest {
-            model: format!("{}/{}", config.provider, config.model),
-            variant: config.variant.clone(),
-            ..ModelRequest::default()
-        };
-        let overrides = RouteOverrides { base_url_override: base_url_override.clone(), auth: config.auth.clone() };
-        let catalog = catalog.read();
-        route::resolve(catalog.as_ref(), lkg.clone(), &request, &overrides).map(drop).map_err(|e| e.refusal().message)
-    })
 }

@@ -7,6 +7,7 @@ pub mod config;
 pub mod fanout;
 pub mod lineage;
 pub mod message;
+pub mod module;
 pub mod ops;
 pub mod pool;
 pub mod provider;

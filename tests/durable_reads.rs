@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use broca::actor::{Registry, RunDeps};
 use broca::agent::Output;
 use broca::fanout::{From, Hub, SinkError, StreamSink};
 use broca::lineage::read;
@@ -110,8 +109,9 @@ fn a_subscriber_attached_before_the_open_receives_the_orphan_seal() {
         // Dropped unsealed: as a killed process leaves it.
     }
     shared.settle();
-    let hub = Hub::new();
-    let registry = Registry::new(Arc::clone(&shared), RunDeps::serving(&hub, Duration::from_secs(5)));
+    drop(shared);
+    let module = broca::module::ModuleBuilder::new(StateRoot::at(dir.path()).unwrap()).build().unwrap();
+    let (hub, registry, shared) = (module.hub, module.registry, Arc::clone(module.ops.registry.shared()));
     let live = attach(&hub, &shared, From::Live);
     let from_start = attach(&hub, &shared, From::Start);
     std::thread::sleep(Duration::from_millis(100));

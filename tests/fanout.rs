@@ -10,18 +10,16 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use broca::actor::{Registry, RunDeps};
 use broca::catalog::Catalog;
 use broca::fanout::{From, Hub, SinkError, StreamSink};
 use broca::lineage::projection::Cursor;
-use broca::lineage::Shared;
+use broca::module::ModuleBuilder;
 use broca::ops::Ops;
 use broca::session_key::SessionKey;
 use broca::state_root::StateRoot;
 use broca::wire::Refusal;
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use mock::{MockServer, Script};
-use parking_lot::RwLock;
 use serde_json::{json, Value};
 
 struct Rig {
@@ -37,18 +35,15 @@ fn rig() -> Rig {
 
 fn rig_with_ttl(idle_ttl: Duration) -> Rig {
     let dir = tempfile::tempdir().unwrap();
-    let shared = Arc::new(Shared::open(StateRoot::at(dir.path()).unwrap()).unwrap());
     let mock = MockServer::start("127.0.0.1:0").unwrap();
-    let hub = Hub::new();
-    let deps = RunDeps::serving(&hub, idle_ttl);
     let lkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json");
-    let ops = Arc::new(Ops {
-        registry: Registry::new(shared, deps),
-        catalog: Arc::new(RwLock::new(Catalog::load_lkg(&lkg))),
-        base_url_override: Some(mock.base_url(None)),
-        config: Arc::default(),
-    });
-    Rig { _dir: dir, mock, ops, hub }
+    let module = ModuleBuilder::new(StateRoot::at(dir.path()).unwrap())
+        .catalog(Catalog::load_lkg(&lkg))
+        .base_url_override(Some(mock.base_url(None)))
+        .idle_ttl(idle_ttl)
+        .build()
+        .unwrap();
+    Rig { _dir: dir, mock, ops: module.ops, hub: module.hub }
 }
 
 fn key() -> SessionKey {

@@ -56,26 +56,6 @@ pub struct RunDeps {
 /// Re-admits a frozen config; `Err` carries the refusal's message.
 pub type Readmit = Arc<dyn Fn(&RenderConfig) -> Result<(), String> + Send + Sync>;
 
-impl RunDeps {
-    /// The module's wiring: the real HTTP client, no tool providers yet, the default loop
-    /// options, and every lineage's output published to `hub`'s subscribers.
-    pub fn serving(hub: &Arc<crate::fanout::Hub>, idle_ttl: Duration) -> RunDeps {
-        let (publish_hub, observed_hub) = (Arc::clone(hub), Arc::clone(hub));
-        RunDeps {
-            client: Arc::new(crate::provider::client::HttpClient::default()),
-            tools: Arc::new(crate::agent::NoTools),
-            opts: LoopOptions::default(),
-            publish: Arc::new(move |key| {
-                let mut publisher = publish_hub.publisher(key);
-                Box::new(move |out| publisher.publish(out))
-            }),
-            idle_ttl,
-            observed: Arc::new(move |key| observed_hub.subscribers(key) > 0),
-            readmit: None,
-        }
-    }
-}
-
 struct Actor {
     tx: Sender<RunCommand>,
 }

@@ -7,17 +7,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::mock::{MockServer, Script};
-use broca::actor::{Registry, RunDeps};
 use broca::agent::{Cancel, LoopOptions, NoTools, ToolCall, ToolDispatcher, ToolOutcome, ToolOutput};
 use broca::catalog::Catalog;
-use broca::lineage::Shared;
+use broca::module::ModuleBuilder;
 use broca::ops::Ops;
-use broca::provider::client::HttpClient;
 use broca::session_key::SessionKey;
 use broca::state_root::StateRoot;
 use broca::wire::Refusal;
 use crossbeam_channel::bounded;
-use parking_lot::RwLock;
 use serde_json::{json, Value};
 
 pub struct Rig {
@@ -57,23 +54,18 @@ pub fn ops_on(
     readmit: Option<broca::actor::Readmit>,
     storage: Arc<dyn broca::wal::Storage>,
 ) -> Arc<Ops> {
-    let shared = Arc::new(Shared::open_with(StateRoot::at(root).unwrap(), storage).unwrap());
-    let deps = RunDeps {
-        client: Arc::new(HttpClient::default()),
-        tools: Arc::new(TestTools),
-        opts: LoopOptions { tool_wait: Duration::from_secs(1), ..LoopOptions::default() },
-        publish: Arc::new(|_| Box::new(|_| {})),
-        idle_ttl,
-        observed: Arc::new(|_| false),
-        readmit,
-    };
     let lkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json");
-    Arc::new(Ops {
-        registry: Registry::new(shared, deps),
-        catalog: Arc::new(RwLock::new(Catalog::load_lkg(&lkg))),
-        base_url_override: Some(provider_base_url),
-        config: Arc::default(),
-    })
+    ModuleBuilder::new(StateRoot::at(root).unwrap())
+        .storage(storage)
+        .catalog(Catalog::load_lkg(&lkg))
+        .base_url_override(Some(provider_base_url))
+        .idle_ttl(idle_ttl)
+        .tools(Arc::new(TestTools))
+        .loop_options(LoopOptions { tool_wait: Duration::from_secs(1), ..LoopOptions::default() })
+        .readmit(readmit)
+        .build()
+        .unwrap()
+        .ops
 }
 
 pub fn key() -> SessionKey {

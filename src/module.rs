@@ -1,0 +1,165 @@
+//! The module's wiring in one place: a state root's shared lineage pieces, the fan-out hub, the
+//! actor registry and the session ops. `bin/broca.rs` builds through it (then attaches the subc
+//! connections), and so do the in-process test rigs, so what they test is what serves.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::RwLock;
+
+use crate::actor::{Readmit, Registry, RunDeps};
+use crate::agent::{LoopOptions, NoTools, ToolDispatcher};
+use crate::catalog::route::{self, ModelRequest, RouteOverrides};
+use crate::catalog::{Catalog, CatalogError};
+use crate::config::BrocaConfig;
+use crate::fanout::Hub;
+use crate::lineage::{LineageError, Shared};
+use crate::ops::Ops;
+use crate::provider::client::{HttpClient, ModelClient};
+use crate::state_root::StateRoot;
+use crate::wal::{FileStorage, Storage};
+
+/// How long an idle session's actor keeps its lease, unless a builder says otherwise.
+pub const IDLE_TTL: Duration = Duration::from_secs(30);
+
+/// A built module: what serves a state root's sessions.
+pub struct Module {
+    pub ops: Arc<Ops>,
+    pub hub: Arc<Hub>,
+    pub registry: Arc<Registry>,
+}
+
+/// Builds a [`Module`]; every setting has the serving default.
+pub struct ModuleBuilder {
+    root: StateRoot,
+    storage: Arc<dyn Storage>,
+    config: Arc<BrocaConfig>,
+    catalog: Option<Result<Catalog, CatalogError>>,
+    base_url_override: Option<String>,
+    idle_ttl: Duration,
+    client: Arc<dyn ModelClient>,
+    tools: Arc<dyn ToolDispatcher>,
+    opts: LoopOptions,
+    readmit: Option<Readmit>,
+    readmit_from_catalog: bool,
+}
+
+impl ModuleBuilder {
+    /// The serving defaults: real files, the state root's LKG catalog, the HTTP client, no tool
+    /// providers, the default loop options, [`IDLE_TTL`], and restart-paused runs re-admitted
+    /// against the catalog before they resume.
+    pub fn new(root: StateRoot) -> ModuleBuilder {
+        ModuleBuilder {
+            root,
+            storage: Arc::new(FileStorage),
+            config: Arc::default(),
+            catalog: None,
+            base_url_override: None,
+            idle_ttl: IDLE_TTL,
+            client: Arc::new(HttpClient::default()),
+            tools: Arc::new(NoTools),
+            opts: LoopOptions::default(),
+            readmit: None,
+            readmit_from_catalog: true,
+        }
+    }
+
+    /// Where the WAL files live (tests: a `CrashStorage`).
+    pub fn storage(mut self, storage: Arc<dyn Storage>) -> Self {
+        self.storage = storage;
+        self
+    }
+
+    /// `broca.jsonc`, already loaded.
+    pub fn config(mut self, config: Arc<BrocaConfig>) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The catalog to serve (default: the state root's `catalog/fusiform-lkg.json`).
+    pub fn catalog(mut self, catalog: Result<Catalog, CatalogError>) -> Self {
+        self.catalog = Some(catalog);
+        self
+    }
+
+    /// `BROCA_PROVIDER_BASE_URL`: every route goes to this base URL (mock providers).
+    pub fn base_url_override(mut self, url: Option<String>) -> Self {
+        self.base_url_override = url;
+        self
+    }
+
+    pub fn idle_ttl(mut self, idle_ttl: Duration) -> Self {
+        self.idle_ttl = idle_ttl;
+        self
+    }
+
+    pub fn tools(mut self, tools: Arc<dyn ToolDispatcher>) -> Self {
+        self.tools = tools;
+        self
+    }
+
+    pub fn loop_options(mut self, opts: LoopOptions) -> Self {
+        self.opts = opts;
+        self
+    }
+
+    /// Re-admits restart-paused runs with `check` instead of the catalog (`None`: every
+    /// resume is admitted).
+    pub fn readmit(mut self, check: Option<Readmit>) -> Self {
+        self.readmit = check;
+        self.readmit_from_catalog = false;
+        self
+    }
+
+    pub fn build(self) -> Result<Module, LineageError> {
+        let shared = Arc::new(Shared::open_with(self.root, self.storage)?);
+        let catalog = self.catalog.unwrap_or_else(|| Catalog::load_lkg(&shared.root.catalog_path()));
+        let catalog = Arc::new(RwLock::new(catalog));
+        let hub = Hub::new();
+        let readmit = if self.readmit_from_catalog {
+            Some(readmit_from(Arc::clone(&catalog), &shared, self.base_url_override.clone()))
+        } else {
+            self.readmit
+        };
+        let (publish_hub, observed_hub) = (Arc::clone(&hub), Arc::clone(&hub));
+        let deps = RunDeps {
+            client: self.client,
+            tools: self.tools,
+            opts: self.opts,
+            publish: Arc::new(move |key| {
+                let mut publisher = publish_hub.publisher(key);
+                Box::new(move |out| publisher.publish(out))
+            }),
+            idle_ttl: self.idle_ttl,
+            observed: Arc::new(move |key| observed_hub.subscribers(key) > 0),
+            readmit,
+        };
+        let registry = Registry::new(shared, deps);
+        let ops = Arc::new(Ops {
+            registry: Arc::clone(&registry),
+            catalog,
+            base_url_override: self.base_url_override,
+            config: self.config,
+        });
+        Ok(Module { ops, hub, registry })
+    }
+}
+
+/// A restart-paused run resumes only if its recorded model still resolves in the catalog.
+fn readmit_from(
+    catalog: Arc<RwLock<Result<Catalog, CatalogError>>>,
+    shared: &Shared,
+    base_url_override: Option<String>,
+) -> Readmit {
+    let lkg = shared.root.catalog_path();
+    Arc::new(move |config| {
+        let request = ModelRequest {
+            model: format!("{}/{}", config.provider, config.model),
+            variant: config.variant.clone(),
+            ..ModelRequest::default()
+        };
+        let overrides = RouteOverrides { base_url_override: base_url_override.clone(), auth: config.auth.clone() };
+        let catalog = catalog.read();
+        route::resolve(catalog.as_ref(), lkg.clone(), &request, &overrides).map(drop).map_err(|e| e.refusal().message)
+    })
+}
