@@ -5,6 +5,7 @@ pub mod agent;
 pub mod catalog;
 pub mod config;
 pub mod fanout;
+pub mod frozen;
 pub mod lineage;
 pub mod message;
 pub mod module;

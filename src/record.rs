@@ -10,6 +10,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::frozen::FrozenConfig;
 use crate::message::{Message, RunUsage, StepUsage};
 
 /// The feature a `RunCancelRequested` frame requires.
@@ -164,10 +165,10 @@ pub struct RequestIdentity {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub harness: Option<String>,
     pub received_at_ms: u64,
-    /// The render config frozen at admission, so the run this send starts later renders what
-    /// was admitted (a build or catalog change meanwhile cannot alter it). Null when absent.
-    #[serde(default, skip_serializing_if = "Value::is_null")]
-    pub config: Value,
+    /// The config frozen at admission, so the run this send starts later renders what was
+    /// admitted (a build or catalog change meanwhile cannot alter it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<Frozen>,
     /// `queue` (absent), `steer` or `interrupt`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivery: Option<Delivery>,
@@ -186,6 +187,69 @@ impl RequestIdentity {
     /// The delivery mode, `queue` when absent.
     pub fn delivery(&self) -> Delivery {
         self.delivery.unwrap_or_default()
+    }
+}
+
+/// A record's frozen config: typed, or — written by a build whose config this one cannot read —
+/// kept exactly as written, so the record still replays (its run ends visibly) and re-encodes
+/// byte for byte.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Frozen {
+    Config(Box<FrozenConfig>),
+    Unreadable(Value),
+}
+
+impl Frozen {
+    pub fn new(config: FrozenConfig) -> Frozen {
+        Frozen::Config(Box::new(config))
+    }
+
+    /// The must-understand features a record carrying this config requires: derived from the
+    /// typed members (a config kept as written is read by its keys).
+    pub fn features(&self) -> Vec<&'static str> {
+        let (class, cap, reply) = match self {
+            Frozen::Config(c) => (
+                c.policy.session_class.is_some(),
+                c.policy.max_input_tokens.is_some(),
+                c.tools.iter().any(|t| t.reply.is_some()),
+            ),
+            Frozen::Unreadable(v) => {
+                let has = |k: &str| v.get(k).is_some_and(|v| !v.is_null());
+                let tools = v.get("tools").and_then(Value::as_array);
+                (
+                    has("session_class"),
+                    has("max_input_tokens"),
+                    tools.is_some_and(|t| t.iter().any(|t| t.get("reply").is_some())),
+                )
+            }
+        };
+        [(class, FEATURE_SESSION_CLASS), (cap, FEATURE_INPUT_TOKEN_CAP), (reply, FEATURE_TOOL_REPLY)]
+            .into_iter()
+            .filter_map(|(on, f)| on.then_some(f))
+            .collect()
+    }
+
+    /// The session-wide input-token cap this config froze.
+    pub fn input_cap(&self) -> Option<u64> {
+        match self {
+            Frozen::Config(c) => c.policy.max_input_tokens,
+            Frozen::Unreadable(v) => v.get("max_input_tokens").and_then(Value::as_u64),
+        }
+    }
+
+    /// The typed config, when this build can read it.
+    pub fn config(&self) -> Option<&FrozenConfig> {
+        match self {
+            Frozen::Config(c) => Some(c),
+            Frozen::Unreadable(_) => None,
+        }
+    }
+}
+
+impl Default for Frozen {
+    fn default() -> Self {
+        Frozen::Unreadable(Value::Null)
     }
 }
 
@@ -259,9 +323,9 @@ pub struct RunStarted {
     pub submission_id: Option<String>,
     #[serde(default)]
     pub origin: Origin,
-    /// The frozen render config (route, model, variant, system, limits, tools): a resume
+    /// The frozen config (route, model, variant, system, limits, tools, policy): a resume
     /// renders from this and never re-reads the catalog.
-    pub config: Value,
+    pub config: Frozen,
     /// The user message that starts the turn.
     pub input: Message,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -408,26 +472,8 @@ impl Record {
         match self {
             Record::RunCancelRequested { .. } => vec![FEATURE_RUN_CANCEL_AT],
             Record::RunPaused { reason: PauseReason::Restart, .. } => vec![FEATURE_RESTART_PAUSE],
-            Record::RunStarted(_) | Record::Queued { .. } => {
-                let config = match self {
-                    Record::RunStarted(r) => &r.config,
-                    Record::Queued { request, .. } => &request.config,
-                    _ => unreachable!("matched above"),
-                };
-                let has = |k: &str| config.get(k).is_some_and(|v| !v.is_null());
-                let mut f = Vec::new();
-                if has("session_class") {
-                    f.push(FEATURE_SESSION_CLASS);
-                }
-                if has("max_input_tokens") {
-                    f.push(FEATURE_INPUT_TOKEN_CAP);
-                }
-                let tools = config.get("tools").and_then(Value::as_array);
-                if tools.is_some_and(|t| t.iter().any(|tool| tool.get("reply").is_some())) {
-                    f.push(FEATURE_TOOL_REPLY);
-                }
-                f
-            }
+            Record::RunStarted(r) => r.config.features(),
+            Record::Queued { request, .. } => request.config.as_ref().map_or_else(Vec::new, Frozen::features),
             _ => Vec::new(),
         }
     }

@@ -10,7 +10,7 @@ pub fn run_started(run_id: &str, submission_id: Option<&str>, prompt: &str) -> R
         run_id: run_id.into(),
         submission_id: submission_id.map(String::from),
         origin: Origin::Fresh,
-        config: json!({"provider": "mock", "model": "mock-model", "max_steps": 8}),
+        config: crate::record::Frozen::Unreadable(json!({"provider": "mock", "model": "mock-model", "max_steps": 8})),
         input: Message::user_text(prompt),
         title: None,
         started_at_ms: 1_700_000_000_000,

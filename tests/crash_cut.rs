@@ -121,7 +121,9 @@ fn run_started(run_id: &str, sub: Option<&str>) -> Record {
         run_id: run_id.into(),
         submission_id: sub.map(Into::into),
         origin: Origin::Fresh,
-        config: json!({"route": "mock", "model": "m1", "max_steps": 8, "system": format!("config of {run_id}")}),
+        config: record::Frozen::Unreadable(
+            json!({"route": "mock", "model": "m1", "max_steps": 8, "system": format!("config of {run_id}")}),
+        ),
         input: Message::user_text(format!("hello from {run_id}")),
         title: None,
         started_at_ms: 1_000,
@@ -457,7 +459,7 @@ fn request(tag: &str) -> RequestIdentity {
         principal: Some("tester".into()),
         harness: None,
         received_at_ms: 7,
-        config: json!({"model": "m1"}),
+        config: Some(record::Frozen::Unreadable(json!({"model": "m1"}))),
         ..Default::default()
     }
 }

@@ -381,10 +381,7 @@ fn the_input_token_cap_is_durable_lower_only_and_ends_runs_budget_exhausted() {
     let c = rig.call("session.send", keyed("three", "b-4")).unwrap();
     rig.wait_state(c["run_id"].as_str().unwrap(), "budget_exhausted");
     assert_eq!(rig.mock.requests("default").len(), 2, "no step starts at or above the cap");
-    assert!(rig
-        .records()
-        .iter()
-        .any(|r| matches!(r, Record::RunStarted(s) if s.config.get("max_input_tokens").is_some())));
+    assert!(rig.records().iter().any(|r| matches!(r, Record::RunStarted(s) if s.config.input_cap().is_some())));
 }
 
 /// A run ("needs auth") whose first model call answers 401: paused for authentication. The
@@ -463,7 +460,7 @@ fn session_class_and_context_management_freeze_on_the_first_send() {
         .records()
         .iter()
         .filter_map(|r| match r {
-            Record::RunStarted(s) => Some(s.config.clone()),
+            Record::RunStarted(s) => Some(serde_json::to_value(&s.config).unwrap()),
             _ => None,
         })
         .collect();
@@ -780,7 +777,7 @@ fn a_tool_reply_bound_is_frozen_with_the_tool_and_a_call_past_its_wait_ends_the_
     let a = rig.call("session.send", bounded).unwrap();
     rig.wait_state(a["run_id"].as_str().unwrap(), "completed");
     let frozen = rig.records().into_iter().find_map(|r| match r {
-        Record::RunStarted(s) => Some(s.config["tools"][0]["reply"].clone()),
+        Record::RunStarted(s) => Some(serde_json::to_value(&s.config).unwrap()["tools"][0]["reply"].clone()),
         _ => None,
     });
     assert_eq!(frozen, Some(json!({"max_ms": 3000})), "frozen with the tool");

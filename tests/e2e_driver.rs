@@ -434,8 +434,11 @@ fn restart_pause_resumes_at_boot(h: &Harness) {
     };
     let config = l.state().last.as_ref().unwrap().config.clone();
     let run_b = "run-sub-00000000000000000000000000restart".to_string();
-    let request =
-        broca::record::RequestIdentity { send_id: Some("rp-2".into()), config: config.clone(), ..Default::default() };
+    let request = broca::record::RequestIdentity {
+        send_id: Some("rp-2".into()),
+        config: Some(config.clone()),
+        ..Default::default()
+    };
     let sub = run_b.trim_start_matches("run-").to_string();
     l.enqueue(&sub, broca::message::Message::user_text("resume me"), request).unwrap();
     let started = broca::record::RunStarted {

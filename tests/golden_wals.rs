@@ -67,6 +67,15 @@ fn golden_wals_replay_to_the_same_units_reads_and_state_and_re_encode_byte_for_b
         assert_eq!(replayed(&path), expected, "{} replays differently", path.display());
         wal::read::<WalError>(&path, broca::record::KNOWN_FEATURES, None, &mut |f: ScannedFrame<'_>| {
             let record = Record::decode(f.payload).expect("decodes");
+            // Every config this build wrote reads back typed, never as an unreadable value.
+            let frozen = match &record {
+                Record::RunStarted(r) => Some(&r.config),
+                Record::Queued { request, .. } => request.config.as_ref(),
+                _ => None,
+            };
+            if let Some(frozen) = frozen {
+                assert!(frozen.config().is_some(), "{} seq {}: the frozen config is not typed", path.display(), f.seq);
+            }
             let again = record.encode();
             assert!(
                 again == f.payload,

@@ -218,8 +218,10 @@ fn boot_recovery_drains_queued_work_left_by_a_previous_process() {
     };
     let config = broca::catalog::route::resolve(Ok(&catalog), lkg, &req, &overrides).unwrap();
     let mut l = shared.open_lineage(&key()).unwrap();
-    let request =
-        broca::record::RequestIdentity { config: serde_json::to_value(&config).unwrap(), ..Default::default() };
+    let request = broca::record::RequestIdentity {
+        config: Some(broca::record::Frozen::new(config.clone())),
+        ..Default::default()
+    };
     l.enqueue("sub-left", broca::message::Message::user_text("left behind"), request).unwrap();
     drop(l);
     shared.settle();

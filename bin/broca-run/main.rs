@@ -101,12 +101,14 @@ fn run(mut args: Args) -> u8 {
         };
         if args.model.is_none() {
             // A continued session keeps the model (and variant) of its last turn.
-            match lineage.state().last.as_ref().map(|e| &e.config) {
-                Some(c) => {
-                    let text = |k: &str| c.get(k).and_then(|v| v.as_str()).map(String::from);
-                    args.model =
-                        Some(format!("{}/{}", text("provider").unwrap_or_default(), text("model").unwrap_or_default()));
-                    args.variant = args.variant.take().or_else(|| text("variant"));
+            match lineage.state().last.as_ref().map(|e| e.config.config()) {
+                Some(Some(c)) => {
+                    args.model = Some(format!("{}/{}", c.provider, c.model));
+                    args.variant = args.variant.take().or_else(|| c.variant.clone());
+                }
+                Some(None) => {
+                    let why = "the session's last model is unreadable by this build: name one with --model";
+                    return fail(&args, EXIT_REFUSED, why);
                 }
                 None => return fail(&args, EXIT_REFUSED, "--model PROVIDER/MODEL is required for a new session"),
             }

@@ -24,7 +24,7 @@ use crate::lineage::replay::Resolution;
 use crate::lineage::{Lineage, LineageError, Shared};
 use crate::provider::client::ModelClient;
 use crate::provider::config::RenderConfig;
-use crate::record::{CancelAt, FinishReason, PauseReason, ProviderError};
+use crate::record::{CancelAt, FinishReason, Frozen, PauseReason, ProviderError};
 use crate::session_key::SessionKey;
 use crate::state_root::Placement;
 
@@ -356,10 +356,10 @@ impl Registry {
             Resolution::Resume { .. } => {}
             Resolution::Paused { run_id, reason: PauseReason::Restart } => {
                 // Resumed through the normal admission checks; a refusal seals it.
-                let raw = lineage.state().last.as_ref().map(|e| e.config.clone()).unwrap_or_default();
-                let refused = match serde_json::from_value::<RenderConfig>(raw) {
-                    Ok(config) => self.deps.readmit.as_ref().and_then(|check| check(&config).err()),
-                    Err(e) => Some(format!("the frozen config does not decode: {e}")),
+                let frozen = lineage.state().last.as_ref().and_then(|e| e.config.config());
+                let refused = match frozen {
+                    Some(config) => self.deps.readmit.as_ref().and_then(|check| check(config).err()),
+                    None => Some("the frozen config does not decode in this build".to_string()),
                 };
                 if let Some(why) = refused {
                     let message = format!("the restart-paused run could not be resumed: {why}");
@@ -373,9 +373,9 @@ impl Registry {
             Resolution::Empty | Resolution::Idle { .. } => {
                 let Some(next) = lineage.state().next_to_start().cloned() else { return Ok(false) };
                 let run_id = format!("run-{}", next.submission_id);
-                let config: RenderConfig = match serde_json::from_value(next.request.config.clone()) {
-                    Ok(c) => c,
-                    Err(e) => {
+                let config: RenderConfig = match next.request.config.as_ref().and_then(Frozen::config) {
+                    Some(c) => c.clone(),
+                    None => {
                         // Admitted under a config this build cannot read: end it visibly rather
                         // than leave the FIFO stuck behind it.
                         let units = agent::admit(
@@ -387,7 +387,7 @@ impl Registry {
                             None,
                         )?;
                         publish(Output::Control(units));
-                        let message = format!("the queued send's frozen config does not decode: {e}");
+                        let message = "the queued send's frozen config does not decode in this build".to_string();
                         let error = ProviderError::permanent("queued_config_unreadable", message);
                         lineage.finish_run(&run_id, FinishReason::Error, Some(error), vec![])?;
                         publish(Output::Control(lineage.commit()?));

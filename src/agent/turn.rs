@@ -21,8 +21,8 @@ use crate::provider::config::RenderConfig;
 use crate::provider::event::StreamEvent;
 use crate::provider::telemetry::Telemetry;
 use crate::record::{
-    AttemptFinished, CallOutcome, CancelAt, ErrorClass, FinishReason, Origin, PauseReason, ProviderError, Record,
-    RunStarted,
+    AttemptFinished, CallOutcome, CancelAt, ErrorClass, FinishReason, Frozen, Origin, PauseReason, ProviderError,
+    Record, RunStarted,
 };
 
 /// How often the loop wakes to check its watchdog while a stream is quiet.
@@ -52,7 +52,7 @@ pub fn admit(
         run_id: run_id.into(),
         submission_id: submission_id.map(String::from),
         origin: Origin::Fresh,
-        config: serde_json::to_value(config).expect("configs serialize"),
+        config: Frozen::new(config.clone()),
         input,
         title,
         started_at_ms: now_ms(),
@@ -135,15 +135,15 @@ pub fn drive(
         let units = lineage.append_commit(&Record::RunResumed { run_id: run_id.clone() })?.1;
         out(Output::Control(units));
     }
-    let raw_config = lineage.state().last.as_ref().map(|e| e.config.clone()).unwrap_or_default();
+    let frozen = lineage.state().last.as_ref().and_then(|e| e.config.config()).cloned();
     let history = lineage.transcript(0, u64::MAX)?.messages.into_iter().map(|(_, m)| m).collect();
-    let config: RenderConfig = match serde_json::from_value(raw_config) {
-        Ok(c) => c,
-        Err(e) => {
+    let config: RenderConfig = match frozen {
+        Some(c) => c,
+        None => {
             let error = ProviderError {
                 class: ErrorClass::Permanent,
                 provider_code: Some("frozen_config_unreadable".into()),
-                message: format!("the run's frozen render config does not decode: {e}"),
+                message: "the run's frozen config does not decode in this build".to_string(),
                 http_status: None,
             };
             lineage.finish_run(&run_id, FinishReason::Error, Some(error.clone()), vec![])?;

@@ -22,7 +22,7 @@ use serde_json::Value;
 
 use super::projection::Cursor;
 use crate::message::{Message, Part, Role, RunUsage};
-use crate::record::{CancelAt, Delivery, FinishReason, PauseReason, ProviderError, Record, RequestIdentity};
+use crate::record::{CancelAt, Delivery, FinishReason, Frozen, PauseReason, ProviderError, Record, RequestIdentity};
 
 /// A send durably queued and not yet consumed or retracted.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -65,8 +65,8 @@ pub struct Episode {
     pub submission_id: Option<String>,
     pub started_seq: u64,
     pub started_at_ms: u64,
-    /// The frozen render config from `RunStarted`.
-    pub config: Value,
+    /// The frozen config from `RunStarted`.
+    pub config: Frozen,
     pub status: EpisodeStatus,
     /// The last `StepStarted` number (0 before the first step).
     pub step: u64,
@@ -135,7 +135,7 @@ pub enum SendFate {
 pub enum RunState {
     Active {
         started_at_ms: u64,
-        config: Value,
+        config: Frozen,
         title: Option<String>,
         auth_selection: Option<Value>,
     },
@@ -381,7 +381,7 @@ impl Replay {
                     title: r.title.clone(),
                     unrendered_steers: Vec::new(),
                 });
-                if let Some(cap) = r.config.get("max_input_tokens").and_then(Value::as_u64) {
+                if let Some(cap) = r.config.input_cap() {
                     self.input_cap = Some(self.input_cap.map_or(cap, |c| c.min(cap)));
                 }
                 let state = RunState::Active {
@@ -474,7 +474,7 @@ impl Replay {
             }
             Record::Queued { submission_id, message, request } => {
                 // A lower cap accepted while a run is active applies at its next boundary.
-                if let Some(cap) = request.config.get("max_input_tokens").and_then(Value::as_u64) {
+                if let Some(cap) = request.config.as_ref().and_then(Frozen::input_cap) {
                     self.input_cap = Some(self.input_cap.map_or(cap, |c| c.min(cap)));
                 }
                 self.queue.push_back(Pending {

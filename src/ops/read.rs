@@ -8,7 +8,7 @@ use super::{invalid_params, strict, Ops};
 use crate::lineage::read;
 use crate::lineage::reader::{Reader, Sink, Start};
 use crate::lineage::replay::Resolution;
-use crate::record::Record;
+use crate::record::{Frozen, Record};
 use crate::session_key::SessionKey;
 use crate::wire::{Refusal, RefusalCode};
 
@@ -107,19 +107,22 @@ pub(super) fn session_baseline(ops: &Ops, key: &SessionKey, params: &Value) -> R
     strict(params, &[])?;
     let not_yet = || serde_json::to_value(BaselineReply::not_yet()).expect("baselines serialize");
     let Some(reader) = Reader::open(ops.registry.shared(), key) else { return Ok(not_yet()) };
-    let Some(config) = first_episode_config(&reader).map_err(|e| e.refusal())? else { return Ok(not_yet()) };
+    let Some(frozen) = first_episode_config(&reader).map_err(|e| e.refusal())? else { return Ok(not_yet()) };
     let mut baseline = Baseline::default();
-    baseline.tool_names = config
-        .get("tools")
-        .and_then(Value::as_array)
-        .map(|tools| tools.iter().filter_map(|t| t.get("name").and_then(Value::as_str).map(String::from)).collect())
-        .unwrap_or_default();
+    baseline.tool_names = match &frozen {
+        Frozen::Config(c) => c.tools.iter().map(|t| t.name.clone()).collect(),
+        Frozen::Unreadable(v) => v
+            .get("tools")
+            .and_then(Value::as_array)
+            .map(|tools| tools.iter().filter_map(|t| t.get("name").and_then(Value::as_str).map(String::from)).collect())
+            .unwrap_or_default(),
+    };
     Ok(serde_json::to_value(BaselineReply::ready(baseline)).expect("baselines serialize"))
 }
 
 /// The frozen config of the session's first durable `RunStarted`, reading only as far as it.
-fn first_episode_config(reader: &Reader) -> Result<Option<Value>, crate::lineage::LineageError> {
-    struct FirstConfig(Option<Value>);
+fn first_episode_config(reader: &Reader) -> Result<Option<Frozen>, crate::lineage::LineageError> {
+    struct FirstConfig(Option<Frozen>);
     impl Sink for FirstConfig {
         fn record(&mut self, _seq: u64, record: &Record) -> bool {
             if let Record::RunStarted(r) = record {

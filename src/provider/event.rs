@@ -5,27 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::message::StepUsage;
 use crate::record::ProviderError;
 
-/// The wire families broca speaks. Bedrock and Gemini/Code Assist come later.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Family {
-    /// Anthropic Messages (`POST {api}/messages`).
-    AnthropicMessages,
-    /// OpenAI Chat Completions and compatibles (`POST {api}/chat/completions`).
-    OpenaiChat,
-    /// OpenAI Responses (`POST {api}/responses`).
-    OpenaiResponses,
-}
-
-impl Family {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Family::AnthropicMessages => "anthropic_messages",
-            Family::OpenaiChat => "openai_chat",
-            Family::OpenaiResponses => "openai_responses",
-        }
-    }
-}
+pub use crate::frozen::Family;
 
 /// One decoded, family-neutral stream event.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

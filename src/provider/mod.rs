@@ -6,7 +6,10 @@
 pub mod anthropic;
 pub mod client;
 mod common;
-pub mod config;
+/// The frozen config as the providers render it (it lives in the records layer, `crate::frozen`).
+pub mod config {
+    pub use crate::frozen::{AuthSource, FrozenConfig as RenderConfig, RunPolicy, ToolSpec};
+}
 pub mod errors;
 pub mod event;
 pub mod openai_chat;

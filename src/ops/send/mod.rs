@@ -191,7 +191,7 @@ fn admit(
         return Err(invalid_params("model", "required: only a steer or an interrupt inherits the session's model"));
     }
     let state = lineage.state();
-    let frozen: Option<RenderConfig> = state.last.as_ref().and_then(|e| serde_json::from_value(e.config.clone()).ok());
+    let frozen: Option<RenderConfig> = state.last.as_ref().and_then(|e| e.config.config()).cloned();
     if let Resolution::Paused { run_id, reason: PauseReason::AuthRequired } = state.resolution() {
         if send.delivery != Delivery::Interrupt {
             return Err(run_paused(&run_id, "auth_required"));
@@ -218,7 +218,7 @@ fn admit(
         principal: None,
         harness: Some(lineage.key().harness.clone()),
         received_at_ms: now_ms(),
-        config: serde_json::to_value(&config).expect("configs serialize"),
+        config: Some(crate::record::Frozen::new(config.clone())),
         delivery: (send.delivery != Delivery::Queue).then_some(send.delivery),
         target_run: match (&running, delivery) {
             (Some((run_id, _)), Delivery::Steer) => Some(run_id.clone()),

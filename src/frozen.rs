@@ -1,11 +1,33 @@
-//! The frozen render config: everything a request's bytes depend on besides the transcript.
-//! Resolved at admission, written into `RunStarted.config`, and the only input a resume renders
-//! from (a resume never re-reads the catalog).
+//! The frozen config (records layer): everything a run's requests depend on besides the
+//! transcript, and the admission policy it ran under. Resolved at admission, written typed into
+//! `RunStarted.config` and `Queued.request.config`, and the only input a resume renders from (a
+//! resume never re-reads the catalog). Its serde form is the record bytes: members are only ever
+//! added, each absent when unset, so WALs written before a member existed read the same.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::event::Family;
+/// The wire families broca speaks. Bedrock and Gemini/Code Assist come later.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Family {
+    /// Anthropic Messages (`POST {api}/messages`).
+    AnthropicMessages,
+    /// OpenAI Chat Completions and compatibles (`POST {api}/chat/completions`).
+    OpenaiChat,
+    /// OpenAI Responses (`POST {api}/responses`).
+    OpenaiResponses,
+}
+
+impl Family {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Family::AnthropicMessages => "anthropic_messages",
+            Family::OpenaiChat => "openai_chat",
+            Family::OpenaiResponses => "openai_responses",
+        }
+    }
+}
 
 /// A tool the model may call.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -48,7 +70,7 @@ pub enum AuthSource {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RenderConfig {
+pub struct FrozenConfig {
     /// Catalog identity, `provider/model` split.
     pub provider: String,
     pub model: String,
