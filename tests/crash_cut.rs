@@ -1744,8 +1744,10 @@ fn parent_actions(l: &mut Lineage, rng: &mut Rng, iter: u64) {
         Resolution::Empty | Resolution::Idle { .. } => match rng.below(4) {
             0 => {}
             1 | 2 => {
-                // A finished episode never prevents a new one.
-                let sub = l.state().queue.front().map(|p| p.submission_id.clone());
+                // A finished episode never prevents a new one. It takes what the actor would
+                // (the oldest interrupt, else the oldest send): taking the FIFO front while an
+                // interrupt waited broke the drain-order invariant the walker checks.
+                let sub = l.state().next_to_start().map(|p| p.submission_id.clone());
                 let run_id = sub.as_ref().map_or_else(|| format!("p{iter}"), |s| format!("run-{s}"));
                 complete_episode(l, &run_id, sub.as_deref());
                 assert_eq!(l.state().resolution(), Resolution::Idle { run_id, reason: FinishReason::Completed });
