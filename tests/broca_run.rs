@@ -253,3 +253,34 @@ fn the_demo_streams_a_turn_with_reasoning_and_usage() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("completed") && stderr.contains("output 51"), "usage shown: {stderr}");
 }
+
+/// A CLI turn freezes the session policy through the module's own admission rule (before, it
+/// froze none: no context management, no conversation key), so a session continued from either
+/// front-end carries the same frozen facts.
+#[test]
+fn a_cli_turn_freezes_the_session_policy_as_the_module_does() {
+    let rig = Rig::new();
+    rig.script("chat", json!([text_step("one"), text_step("two")]));
+    for prompt in ["first", "second"] {
+        let out = rig.run("chat", &["--model", "mock/echo-chat", "--session", "policy", prompt]);
+        assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let wal = std::fs::read_dir(rig.root().join("wal")).unwrap().map(|e| e.unwrap().path()).next().unwrap();
+    let mut policies = Vec::new();
+    broca::wal::read::<broca::wal::WalError>(&wal, broca::record::KNOWN_FEATURES, None, &mut |f| {
+        if let Ok(broca::record::Record::RunStarted(r)) = broca::record::Record::decode(f.payload) {
+            policies.push(r.config.config().expect("a typed config").policy.clone());
+        }
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(policies.len(), 2);
+    for p in &policies {
+        assert_eq!(p.context_management, Some(json!("none")), "{p:?}");
+        assert!(p.conversation_key.is_some(), "{p:?}");
+    }
+    // The first turn keys the session; the next inherits its key, as a module send would.
+    let sources: Vec<Option<&str>> = policies.iter().map(|p| p.conversation_key_source.as_deref()).collect();
+    assert_eq!(sources, [Some("session"), Some("inherited")]);
+    assert_eq!(policies[0].conversation_key, policies[1].conversation_key);
+}

@@ -113,8 +113,14 @@ fn run(mut args: Args) -> u8 {
                 None => return fail(&args, EXIT_REFUSED, "--model PROVIDER/MODEL is required for a new session"),
             }
         }
-        let config = match config.map(Ok).unwrap_or_else(|| resolve_config(&args, &shared)) {
+        let mut config = match config.map(Ok).unwrap_or_else(|| resolve_config(&args, &shared)) {
             Ok(c) => c,
+            Err(refusal) => return refuse(&args, &refusal),
+        };
+        // The session policy is decided as the module decides it (frozen facts checked, the
+        // rest inherited), before anything is written.
+        config.policy = match turn_policy(&shared, &lineage, &key, &prompt) {
+            Ok(p) => p,
             Err(refusal) => return refuse(&args, &refusal),
         };
         let run_id = format!("run-{}", uuid::Uuid::new_v4().simple());
@@ -138,6 +144,24 @@ fn run(mut args: Args) -> u8 {
         Ok(outcome) => out.finish(&outcome, &usage),
         Err(e) => fail(&args, EXIT_RUN_ERROR, &e.to_string()),
     }
+}
+
+/// The policy this turn runs under, through the module's own admission rule
+/// (`ops::send::session_policy`); `broca.jsonc` is read as the module reads it.
+fn turn_policy(
+    shared: &Shared,
+    lineage: &broca::lineage::Lineage,
+    key: &SessionKey,
+    prompt: &str,
+) -> Result<broca::provider::config::RunPolicy, Refusal> {
+    use broca::ops::send::{parse, session_policy};
+    let broca_config = broca::config::BrocaConfig::load(&shared.root).map_err(|e| {
+        let detail = Some(broca::detail!("class" => "permanent"));
+        Refusal::new(broca::wire::RefusalCode::InvalidParams, format!("broca.jsonc: {e}"), detail)
+    })?;
+    let send = parse::parse(&serde_json::json!({"prompt": prompt}), key)?;
+    let frozen = lineage.state().last.as_ref().and_then(|e| e.config.config());
+    session_policy(&broca_config, lineage, &send, frozen)
 }
 
 /// Admission: the model, its route, variant and limits, resolved against the catalog.

@@ -8,7 +8,7 @@
 
 mod driver;
 mod read;
-mod send;
+pub mod send;
 mod status;
 pub mod table;
 

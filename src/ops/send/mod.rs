@@ -11,7 +11,7 @@
 //!
 //! Every refusal is decided before anything is written.
 
-mod parse;
+pub mod parse;
 
 use std::sync::Arc;
 
@@ -201,7 +201,7 @@ fn admit(
         Some(c) => c,
         None => resolve(ops, &send, frozen.as_ref())?,
     };
-    config.policy = policy(ops, lineage, &send, frozen.as_ref())?;
+    config.policy = session_policy(&ops.config, lineage, &send, frozen.as_ref())?;
     let submission_id = format!("sub-{}", uuid::Uuid::new_v4().simple());
     let running = match lineage.state().resolution() {
         Resolution::Resume { run_id } => Some((run_id, None)),
@@ -288,8 +288,9 @@ fn recorded_send(ops: &Ops, lineage: &Lineage, send_id: &str) -> Result<Option<S
 }
 
 /// The session policy a new send runs under: frozen facts checked, omitted ones inherited.
-fn policy(
-    ops: &Ops,
+/// The module and `broca-run` admit through it alike (nothing is written when it refuses).
+pub fn session_policy(
+    broca_config: &crate::config::BrocaConfig,
     lineage: &Lineage,
     send: &SendParams,
     frozen: Option<&RenderConfig>,
@@ -316,7 +317,7 @@ fn policy(
         }
         (_, Some(bound)) => bound,
         (Some(sent), None) => sent.clone(),
-        (None, None) => json!(ops.config.context_default_for(&lineage.key().project_root).unwrap_or("none")),
+        (None, None) => json!(broca_config.context_default_for(&lineage.key().project_root).unwrap_or("none")),
     };
     if context_management != "none" {
         // Bound (by an older build) to a mode this build does not serve: never run it as "none".
