@@ -22,7 +22,9 @@ use serde_json::Value;
 
 use super::projection::Cursor;
 use crate::message::{Message, Part, Role, RunUsage};
-use crate::record::{CancelAt, Delivery, FinishReason, Frozen, PauseReason, ProviderError, Record, RequestIdentity};
+use crate::record::{
+    CancelAt, Delivery, FinishReason, Frozen, PauseReason, ProviderError, Record, RequestIdentity, RunStarted,
+};
 
 /// A send durably queued and not yet consumed or retracted.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -355,44 +357,7 @@ impl Replay {
         self.check(record).map_err(|reason| ReplayError { seq, reason })?;
         self.last_seq = seq;
         match record {
-            Record::RunStarted(r) => {
-                if let Some(id) = &r.submission_id {
-                    self.queue.retain(|p| &p.submission_id != id);
-                    let fate = SendFate::Started { run_id: r.run_id.clone() };
-                    sink(Effect::Send { submission_id: id.clone(), fate, seq });
-                }
-                self.episodes += 1;
-                self.last = Some(Episode {
-                    run_id: r.run_id.clone(),
-                    submission_id: r.submission_id.clone(),
-                    started_seq: seq,
-                    started_at_ms: r.started_at_ms,
-                    config: r.config.clone(),
-                    status: EpisodeStatus::Open,
-                    step: 0,
-                    step_open: false,
-                    usage: RunUsage::default(),
-                    retries_used: 0,
-                    final_step_finish_reason: None,
-                    batch: Vec::new(),
-                    cancel: None,
-                    messages: 0,
-                    last_assistant: None,
-                    title: r.title.clone(),
-                    unrendered_steers: Vec::new(),
-                });
-                if let Some(cap) = r.config.input_cap() {
-                    self.input_cap = Some(self.input_cap.map_or(cap, |c| c.min(cap)));
-                }
-                let state = RunState::Active {
-                    started_at_ms: r.started_at_ms,
-                    config: r.config.clone(),
-                    title: r.title.clone(),
-                    auth_selection: r.auth_selection.clone(),
-                };
-                sink(Effect::RunState { run_id: r.run_id.clone(), submission_id: r.submission_id.clone(), state, seq });
-                self.push_message(seq, r.input.clone(), sink);
-            }
+            Record::RunStarted(r) => self.start_run(seq, r, sink),
             Record::StepStarted { step, .. } => {
                 self.close_batch(seq, sink);
                 let e = self.episode_mut();
@@ -412,11 +377,7 @@ impl Replay {
                 e.final_step_finish_reason = Some(finish_reason.clone());
                 e.usage.add_step(provider, model, variant.as_deref(), usage);
                 e.last_assistant = Some(ordinal);
-                match usage.consumed_input() {
-                    Some(n) if !self.input_unreported => self.input_spent = self.input_spent.saturating_add(n),
-                    Some(_) => {}
-                    None => self.input_unreported = true,
-                }
+                self.spend_input(usage);
                 self.push_message(seq, message.clone(), sink);
             }
             Record::ToolDispatchIntent { tool_call_id, tool_name, .. } => {
@@ -438,11 +399,78 @@ impl Replay {
                     _ => CancelAt::StepBoundary,
                 });
             }
+            Record::RunPaused { .. } | Record::RunResumed { .. } | Record::RunFinished { .. } => {
+                self.change_run_state(seq, record, sink)
+            }
+            Record::Queued { .. } | Record::Retracted { .. } | Record::Steered { .. } => {
+                self.change_queue(seq, record, sink)
+            }
+            Record::CacheWarmed { .. } | Record::Unknown(_) => {}
+        }
+        Ok(())
+    }
+
+    /// `RunStarted`: a new episode (consuming its submission), its run state, its user message.
+    fn start_run(&mut self, seq: u64, r: &RunStarted, sink: &mut dyn FnMut(Effect)) {
+        if let Some(id) = &r.submission_id {
+            self.queue.retain(|p| &p.submission_id != id);
+            let fate = SendFate::Started { run_id: r.run_id.clone() };
+            sink(Effect::Send { submission_id: id.clone(), fate, seq });
+        }
+        self.episodes += 1;
+        self.last = Some(Episode {
+            run_id: r.run_id.clone(),
+            submission_id: r.submission_id.clone(),
+            started_seq: seq,
+            started_at_ms: r.started_at_ms,
+            config: r.config.clone(),
+            status: EpisodeStatus::Open,
+            step: 0,
+            step_open: false,
+            usage: RunUsage::default(),
+            retries_used: 0,
+            final_step_finish_reason: None,
+            batch: Vec::new(),
+            cancel: None,
+            messages: 0,
+            last_assistant: None,
+            title: r.title.clone(),
+            unrendered_steers: Vec::new(),
+        });
+        self.lower_input_cap(r.config.input_cap());
+        let state = RunState::Active {
+            started_at_ms: r.started_at_ms,
+            config: r.config.clone(),
+            title: r.title.clone(),
+            auth_selection: r.auth_selection.clone(),
+        };
+        sink(Effect::RunState { run_id: r.run_id.clone(), submission_id: r.submission_id.clone(), state, seq });
+        self.push_message(seq, r.input.clone(), sink);
+    }
+
+    /// A frozen cap lowers the session's cap (it never rises).
+    fn lower_input_cap(&mut self, cap: Option<u64>) {
+        if let Some(cap) = cap {
+            self.input_cap = Some(self.input_cap.map_or(cap, |c| c.min(cap)));
+        }
+    }
+
+    /// A completed step's consumed input counts toward the cap; a step without it makes the
+    /// spend unknown from then on (fail closed).
+    fn spend_input(&mut self, usage: &crate::message::StepUsage) {
+        match usage.consumed_input() {
+            Some(n) if !self.input_unreported => self.input_spent = self.input_spent.saturating_add(n),
+            Some(_) => {}
+            None => self.input_unreported = true,
+        }
+    }
+
+    /// `RunPaused`, `RunResumed`, `RunFinished`: the last episode's status and its run state.
+    fn change_run_state(&mut self, seq: u64, record: &Record, sink: &mut dyn FnMut(Effect)) {
+        let (run_id, state) = match record {
             Record::RunPaused { run_id, reason, error } => {
                 self.episode_mut().status = EpisodeStatus::Paused { reason: *reason, error: error.clone() };
-                let state = RunState::Paused { reason: *reason, error: error.clone() };
-                let submission_id = self.episode_mut().submission_id.clone();
-                sink(Effect::RunState { run_id: run_id.clone(), submission_id, state, seq });
+                (run_id, RunState::Paused { reason: *reason, error: error.clone() })
             }
             Record::RunResumed { run_id } => {
                 let e = self.episode_mut();
@@ -453,8 +481,7 @@ impl Replay {
                     title: e.title.clone(),
                     auth_selection: None,
                 };
-                let submission_id = e.submission_id.clone();
-                sink(Effect::RunState { run_id: run_id.clone(), submission_id, state, seq });
+                (run_id, state)
             }
             Record::RunFinished { run_id, reason, error, usage, at_ms, detail, undelivered_steers, .. } => {
                 self.close_batch(seq, sink);
@@ -469,14 +496,20 @@ impl Replay {
                     detail: detail.clone(),
                     undelivered_steers: undelivered_steers.clone(),
                 };
-                let submission_id = e.submission_id.clone();
-                sink(Effect::RunState { run_id: run_id.clone(), submission_id, state, seq });
+                (run_id, state)
             }
+            _ => return,
+        };
+        let submission_id = self.episode_mut().submission_id.clone();
+        sink(Effect::RunState { run_id: run_id.clone(), submission_id, state, seq });
+    }
+
+    /// `Queued`, `Retracted`, `Steered`: the durable queue and the send ledger.
+    fn change_queue(&mut self, seq: u64, record: &Record, sink: &mut dyn FnMut(Effect)) {
+        match record {
             Record::Queued { submission_id, message, request } => {
                 // A lower cap accepted while a run is active applies at its next boundary.
-                if let Some(cap) = request.config.as_ref().and_then(Frozen::input_cap) {
-                    self.input_cap = Some(self.input_cap.map_or(cap, |c| c.min(cap)));
-                }
+                self.lower_input_cap(request.config.as_ref().and_then(Frozen::input_cap));
                 self.queue.push_back(Pending {
                     submission_id: submission_id.clone(),
                     message: message.clone(),
@@ -486,11 +519,9 @@ impl Replay {
                 let fate = SendFate::Queued(Box::new(request.clone()));
                 sink(Effect::Send { submission_id: submission_id.clone(), fate, seq });
             }
-            Record::Retracted { submission_id } => {
-                if self.pending(submission_id).is_some() {
-                    self.queue.retain(|p| &p.submission_id != submission_id);
-                    sink(Effect::Send { submission_id: submission_id.clone(), fate: SendFate::Retracted, seq });
-                }
+            Record::Retracted { submission_id } if self.pending(submission_id).is_some() => {
+                self.queue.retain(|p| &p.submission_id != submission_id);
+                sink(Effect::Send { submission_id: submission_id.clone(), fate: SendFate::Retracted, seq });
             }
             Record::Steered { run_id, submission_id, message, .. } => {
                 self.queue.retain(|p| &p.submission_id != submission_id);
@@ -500,9 +531,8 @@ impl Replay {
                 self.close_batch(seq, sink);
                 self.push_message(seq, message.clone(), sink);
             }
-            Record::CacheWarmed { .. } | Record::Unknown(_) => {}
+            _ => {}
         }
-        Ok(())
     }
 
     fn episode_mut(&mut self) -> &mut Episode {
