@@ -370,125 +370,26 @@ impl Store {
         if batch.is_empty() {
             return Ok(());
         }
-        let lineage = key.addr();
-        let wal = wal_path.to_string_lossy();
+        let at = FlushAt { key, lineage: key.addr(), wal: wal_path.to_string_lossy().into_owned() };
         let mut conn = self.conn.lock();
         let tx = conn.transaction()?;
-        {
-            let mut put_message = tx.prepare_cached(
-                "INSERT OR REPLACE INTO transcript (lineage, ordinal, run_id, wal_seq, message) VALUES (?1, ?2, ?3, ?4, ?5)",
-            )?;
-            let mut put_run = tx.prepare_cached(
-                "INSERT INTO runs (run_id, lineage, session, harness, project_root, submission_id, state, reason, error, terminal, wal_path, started_seq, updated_seq, title, usage, auth_selection, detail, undelivered_steers)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13, ?14, ?15, ?16, ?17)
-                 ON CONFLICT (lineage, run_id) DO UPDATE SET state = excluded.state, reason = excluded.reason,
-                     error = excluded.error, terminal = excluded.terminal, updated_seq = excluded.updated_seq,
-                     title = COALESCE(runs.title, excluded.title), usage = COALESCE(excluded.usage, runs.usage),
-                     auth_selection = COALESCE(runs.auth_selection, excluded.auth_selection),
-                     detail = excluded.detail, undelivered_steers = excluded.undelivered_steers
-                 WHERE runs.terminal = 0 AND excluded.updated_seq >= runs.updated_seq",
-            )?;
-            let mut put_send = tx.prepare_cached(
-                "INSERT INTO sends (lineage, submission_id, send_id, request, fate, queued_seq) VALUES (?1, ?2, ?3, ?4, 'pending', ?5)
-                 ON CONFLICT (lineage, submission_id) DO NOTHING",
-            )?;
-            let mut set_fate =
-                tx.prepare_cached("UPDATE sends SET fate = ?3, run_id = ?4 WHERE lineage = ?1 AND submission_id = ?2")?;
-            for effect in &batch.effects {
-                match effect {
-                    Effect::Message { ordinal, run_id, seq, message } => {
-                        let json = serde_json::to_string(message).expect("messages serialize");
-                        put_message.execute(params![lineage, *ordinal as i64, run_id, *seq as i64, json])?;
-                    }
-                    Effect::RunState { run_id, submission_id, state, seq } => {
-                        let (name, reason, error, terminal) = match state {
-                            RunState::Active { .. } => ("active", None, None, false),
-                            RunState::Paused { reason, error } => {
-                                ("paused", Some(json_str(reason)), error.as_ref().map(json_string), false)
-                            }
-                            RunState::Finished { reason, error, .. } => {
-                                ("terminal", Some(reason.as_str().to_string()), error.as_ref().map(json_string), true)
-                            }
-                        };
-                        let (title, auth_selection) = match state {
-                            RunState::Active { title, auth_selection, .. } => {
-                                (title.clone(), auth_selection.as_ref().map(json_string))
-                            }
-                            _ => (None, None),
-                        };
-                        let (usage, detail, undelivered) = match state {
-                            RunState::Finished { usage, detail, undelivered_steers, .. } => (
-                                Some(json_string(usage)),
-                                detail.as_ref().map(json_string),
-                                Some(json_string(undelivered_steers)),
-                            ),
-                            _ => (None, None, None),
-                        };
-                        put_run.execute(params![
-                            run_id,
-                            lineage,
-                            key.session,
-                            key.harness,
-                            key.project_root,
-                            submission_id,
-                            name,
-                            reason,
-                            error,
-                            terminal,
-                            wal,
-                            *seq as i64,
-                            title,
-                            usage,
-                            auth_selection,
-                            detail,
-                            undelivered
-                        ])?;
-                        if let RunState::Finished { reason, usage, at_ms, .. } = state {
-                            insert_facts(&tx, key, &lineage, run_id, reason.as_str(), usage, *at_ms)?;
-                        }
-                    }
-                    Effect::Send { submission_id, fate, seq } => match fate {
-                        SendFate::Queued(request) => {
-                            let json = json_string(request);
-                            put_send.execute(params![lineage, submission_id, request.send_id, json, *seq as i64])?;
-                        }
-                        SendFate::Started { run_id } => {
-                            set_fate.execute(params![lineage, submission_id, Fate::Started.as_str(), run_id])?;
-                        }
-                        SendFate::Delivered { run_id } => {
-                            set_fate.execute(params![lineage, submission_id, Fate::Delivered.as_str(), run_id])?;
-                        }
-                        SendFate::Retracted => {
-                            set_fate.execute(params![
-                                lineage,
-                                submission_id,
-                                Fate::Retracted.as_str(),
-                                None::<String>
-                            ])?;
-                        }
-                    },
+        for effect in &batch.effects {
+            match effect {
+                Effect::Message { ordinal, run_id, seq, message } => {
+                    let json = serde_json::to_string(message).expect("messages serialize");
+                    tx.prepare_cached(
+                        "INSERT OR REPLACE INTO transcript (lineage, ordinal, run_id, wal_seq, message) VALUES (?1, ?2, ?3, ?4, ?5)",
+                    )?
+                    .execute(params![at.lineage, *ordinal as i64, run_id, *seq as i64, json])?;
                 }
+                Effect::RunState { run_id, submission_id, state, seq } => {
+                    at.put_run_state(&tx, run_id, submission_id.as_deref(), state, *seq)?
+                }
+                Effect::Send { submission_id, fate, seq } => at.put_send(&tx, submission_id, fate, *seq)?,
             }
         }
         if let Some(cp) = &batch.checkpoint {
-            let replay = serde_json::to_string(&cp.replay).expect("replay state serializes");
-            tx.execute(
-                "INSERT INTO lineages (lineage, project_root, harness, session, wal_path, incarnation, watermark_seq, next_offset, replay)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
-                 ON CONFLICT (lineage) DO UPDATE SET wal_path = excluded.wal_path, incarnation = excluded.incarnation,
-                     watermark_seq = excluded.watermark_seq, next_offset = excluded.next_offset, replay = excluded.replay",
-                params![
-                    lineage,
-                    key.project_root,
-                    key.harness,
-                    key.session,
-                    wal,
-                    cp.incarnation,
-                    cp.watermark_seq as i64,
-                    cp.next_offset as i64,
-                    replay
-                ],
-            )?;
+            at.put_checkpoint(&tx, cp)?;
         }
         tx.execute(
             "UPDATE export_meta SET value = (SELECT COALESCE(MAX(export_seq), 0) FROM export_facts) WHERE key = 'high_water'",
@@ -604,6 +505,125 @@ impl Store {
     }
 }
 
+/// One flush's lineage: the rows it writes, inside the flush's transaction.
+struct FlushAt<'a> {
+    key: &'a SessionKey,
+    lineage: String,
+    wal: String,
+}
+
+impl FlushAt<'_> {
+    /// A run's row: never overwritten once terminal, nor by an older record; a terminal also
+    /// writes its export facts.
+    fn put_run_state(
+        &self,
+        tx: &Connection,
+        run_id: &str,
+        submission_id: Option<&str>,
+        state: &RunState,
+        seq: u64,
+    ) -> Result<(), StoreError> {
+        let (name, reason, error, terminal) = match state {
+            RunState::Active { .. } => ("active", None, None, false),
+            RunState::Paused { reason, error } => {
+                ("paused", Some(json_str(reason)), error.as_ref().map(json_string), false)
+            }
+            RunState::Finished { reason, error, .. } => {
+                ("terminal", Some(reason.as_str().to_string()), error.as_ref().map(json_string), true)
+            }
+        };
+        let (title, auth_selection) = match state {
+            RunState::Active { title, auth_selection, .. } => (title.clone(), auth_selection.as_ref().map(json_string)),
+            _ => (None, None),
+        };
+        let (usage, detail, undelivered) = match state {
+            RunState::Finished { usage, detail, undelivered_steers, .. } => {
+                (Some(json_string(usage)), detail.as_ref().map(json_string), Some(json_string(undelivered_steers)))
+            }
+            _ => (None, None, None),
+        };
+        let key = self.key;
+        tx.prepare_cached(
+            "INSERT INTO runs (run_id, lineage, session, harness, project_root, submission_id, state, reason, error, terminal, wal_path, started_seq, updated_seq, title, usage, auth_selection, detail, undelivered_steers)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13, ?14, ?15, ?16, ?17)
+             ON CONFLICT (lineage, run_id) DO UPDATE SET state = excluded.state, reason = excluded.reason,
+                 error = excluded.error, terminal = excluded.terminal, updated_seq = excluded.updated_seq,
+                 title = COALESCE(runs.title, excluded.title), usage = COALESCE(excluded.usage, runs.usage),
+                 auth_selection = COALESCE(runs.auth_selection, excluded.auth_selection),
+                 detail = excluded.detail, undelivered_steers = excluded.undelivered_steers
+             WHERE runs.terminal = 0 AND excluded.updated_seq >= runs.updated_seq",
+        )?
+        .execute(params![
+            run_id,
+            self.lineage,
+            key.session,
+            key.harness,
+            key.project_root,
+            submission_id,
+            name,
+            reason,
+            error,
+            terminal,
+            self.wal,
+            seq as i64,
+            title,
+            usage,
+            auth_selection,
+            detail,
+            undelivered
+        ])?;
+        if let RunState::Finished { reason, usage, at_ms, .. } = state {
+            insert_facts(tx, key, &self.lineage, run_id, reason.as_str(), usage, *at_ms)?;
+        }
+        Ok(())
+    }
+
+    /// A send's ledger row: inserted once when queued, its fate updated as it is consumed.
+    fn put_send(&self, tx: &Connection, submission_id: &str, fate: &SendFate, seq: u64) -> Result<(), StoreError> {
+        let lineage = &self.lineage;
+        let (fate, run_id) = match fate {
+            SendFate::Queued(request) => {
+                tx.prepare_cached(
+                    "INSERT INTO sends (lineage, submission_id, send_id, request, fate, queued_seq) VALUES (?1, ?2, ?3, ?4, 'pending', ?5)
+                     ON CONFLICT (lineage, submission_id) DO NOTHING",
+                )?
+                .execute(params![lineage, submission_id, request.send_id, json_string(request), seq as i64])?;
+                return Ok(());
+            }
+            SendFate::Started { run_id } => (Fate::Started, Some(run_id)),
+            SendFate::Delivered { run_id } => (Fate::Delivered, Some(run_id)),
+            SendFate::Retracted => (Fate::Retracted, None),
+        };
+        tx.prepare_cached("UPDATE sends SET fate = ?3, run_id = ?4 WHERE lineage = ?1 AND submission_id = ?2")?
+            .execute(params![lineage, submission_id, fate.as_str(), run_id])?;
+        Ok(())
+    }
+
+    /// The lineage's checkpoint: where an open resumes its replay.
+    fn put_checkpoint(&self, tx: &Connection, cp: &Checkpoint) -> Result<(), StoreError> {
+        let replay = serde_json::to_string(&cp.replay).expect("replay state serializes");
+        let key = self.key;
+        tx.execute(
+            "INSERT INTO lineages (lineage, project_root, harness, session, wal_path, incarnation, watermark_seq, next_offset, replay)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+             ON CONFLICT (lineage) DO UPDATE SET wal_path = excluded.wal_path, incarnation = excluded.incarnation,
+                 watermark_seq = excluded.watermark_seq, next_offset = excluded.next_offset, replay = excluded.replay",
+            params![
+                self.lineage,
+                key.project_root,
+                key.harness,
+                key.session,
+                self.wal,
+                cp.incarnation,
+                cp.watermark_seq as i64,
+                cp.next_offset as i64,
+                replay
+            ],
+        )?;
+        Ok(())
+    }
+}
+
 fn json_string<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).expect("serializes")
 }
@@ -616,7 +636,7 @@ fn json_str<T: serde::Serialize>(v: &T) -> String {
 /// One usage-only fact per `(run, provider, model, variant)`; a run with no step gets one fact
 /// with no model. Insert-once: a replay of the same terminal adds nothing.
 fn insert_facts(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &Connection,
     key: &SessionKey,
     lineage: &str,
     run_id: &str,
