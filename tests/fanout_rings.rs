@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use broca::agent::{DisplayEvent, Output};
-use broca::fanout::{From, Hub, SinkError, StreamSink, CONTROL_LANE, DISPLAY_LANE};
+use broca::fanout::{From, Hub, Publisher, SinkError, StreamSink, CONTROL_LANE, DISPLAY_LANE};
 use broca::lineage::projection::{ControlUnit, Cursor};
 use broca::lineage::Shared;
 use broca::session_key::SessionKey;
@@ -40,10 +40,25 @@ impl StreamSink for Gate {
     }
 }
 
-fn setup() -> (tempfile::TempDir, Arc<Shared>, Arc<Hub>) {
+/// A session with its publisher and one `live` subscriber held at its first frame.
+struct Gated {
+    _dir: tempfile::TempDir,
+    hub: Arc<Hub>,
+    publisher: Publisher,
+    release: Sender<()>,
+    frames: Receiver<Result<Value, Option<Refusal>>>,
+}
+
+fn gated() -> Gated {
     let dir = tempfile::tempdir().unwrap();
     let shared = Arc::new(Shared::open(StateRoot::at(dir.path()).unwrap()).unwrap());
-    (dir, shared, Hub::new())
+    let hub = Hub::new();
+    let publisher = hub.publisher(&key());
+    let (release, gate) = bounded(1);
+    let (out, frames) = unbounded();
+    hub.attach(&shared, &key(), From::Live, Gate { release: gate, held: false, out });
+    std::thread::sleep(Duration::from_millis(100));
+    Gated { _dir: dir, hub, publisher, release, frames }
 }
 
 fn delta(i: usize) -> Output {
@@ -56,12 +71,7 @@ fn unit(seq: u64) -> ControlUnit {
 
 #[test]
 fn an_overtaken_display_reader_gets_one_exact_display_gap() {
-    let (_dir, shared, hub) = setup();
-    let mut publisher = hub.publisher(&key());
-    let (release_tx, release) = bounded(1);
-    let (out, frames) = unbounded();
-    hub.attach(&shared, &key(), From::Live, Gate { release, held: false, out });
-    std::thread::sleep(Duration::from_millis(100));
+    let Gated { _dir, hub, mut publisher, release: release_tx, frames } = gated();
     let total = DISPLAY_LANE * 3;
     for i in 0..total {
         publisher.publish(delta(i));
@@ -84,12 +94,7 @@ fn an_overtaken_display_reader_gets_one_exact_display_gap() {
 
 #[test]
 fn an_overtaken_control_reader_is_detached_lagged_never_skipped_ahead() {
-    let (_dir, shared, hub) = setup();
-    let mut publisher = hub.publisher(&key());
-    let (release_tx, release) = bounded(1);
-    let (out, frames) = unbounded();
-    hub.attach(&shared, &key(), From::Live, Gate { release, held: false, out });
-    std::thread::sleep(Duration::from_millis(100));
+    let Gated { _dir, hub: _hub, mut publisher, release: release_tx, frames } = gated();
     let total = CONTROL_LANE as u64 * 2;
     for seq in 1..=total {
         publisher.publish(Output::Control(vec![unit(seq)]));

@@ -94,27 +94,17 @@ mod tests {
     /// The manifest once declared `session.retract` and `run.cancel` as queries; both write.
     #[test]
     fn every_op_that_writes_is_declared_mutate_and_the_stream_a_watch() {
-        let manifest = serde_json::to_value(manifest("broca")).unwrap();
-        let text = manifest.to_string();
-        let ops = manifest.pointer("/provides/0/operations").or_else(|| find_ops(&manifest)).expect("operations");
-        let kind = |name: &str| {
-            ops.as_array().unwrap().iter().find(|o| o["name"] == name).map(|o| o["kind"].clone()).unwrap_or_default()
+        let manifest = manifest("broca");
+        let Some(ProviderRole::ManagementSurface { operations, .. }) = manifest.provides.first() else {
+            panic!("a management surface: {manifest:?}")
         };
+        let kind = |name: &str| operations.iter().find(|o| o.name == name).map(|o| o.kind.clone());
         for write in ["session.send", "session.retract", "run.cancel"] {
-            assert_eq!(kind(write), "mutate", "{write}: {text}");
+            assert_eq!(kind(write), Some(ManagementOperationKind::Mutate), "{write}");
         }
         for query in ["session.read", "run.status", "run.result", "send.status", "role.describe"] {
-            assert_eq!(kind(query), "query", "{query}: {text}");
+            assert_eq!(kind(query), Some(ManagementOperationKind::Query), "{query}");
         }
-        assert!(text.contains("session.subscribe") && text.contains("watch"), "{text}");
-    }
-
-    /// The operations array wherever the manifest's serde shape puts it.
-    fn find_ops(v: &serde_json::Value) -> Option<&serde_json::Value> {
-        match v {
-            serde_json::Value::Object(map) => map.get("operations").or_else(|| map.values().find_map(find_ops)),
-            serde_json::Value::Array(items) => items.iter().find_map(find_ops),
-            _ => None,
-        }
+        assert_eq!(manifest.operation_delivery.get("session.subscribe"), Some(&OperationDelivery::Watch));
     }
 }
