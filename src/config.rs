@@ -25,7 +25,7 @@ use serde_json::Value;
 use crate::state_root::{Placement, StateRoot};
 
 /// The file name inside the state root.
-pub const FILE_NAME: &str = "broca.jsonc";
+pub use crate::state_root::CONFIG_FILE_NAME as FILE_NAME;
 
 /// The session classes backed up when `broca.jsonc` does not say.
 const DEFAULT_BACKUP_CLASSES: &[&str] = &["head"];

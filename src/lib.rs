@@ -13,6 +13,7 @@ pub mod ops;
 pub mod pool;
 pub mod provider;
 pub mod record;
+pub mod replay;
 pub mod serve;
 pub mod session_key;
 pub mod state_root;

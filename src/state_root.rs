@@ -104,6 +104,9 @@ pub struct StateRoot {
     root: PathBuf,
 }
 
+/// The operator's configuration file inside the state root (`broca.jsonc`).
+pub const CONFIG_FILE_NAME: &str = "broca.jsonc";
+
 const SUBDIRS: &[&str] = &["wal", "wal-durable", "wal-ephemeral", "wal-archive", "leases", "catalog"];
 
 fn holds_data(dir: &Path) -> bool {
@@ -175,9 +178,9 @@ impl StateRoot {
         self.root.join(placement.dir_name()).join(format!("{}.wal", key.addr()))
     }
 
-    /// `broca.jsonc`, the operator's configuration (read by [`crate::config::BrocaConfig::load`]).
+    /// `broca.jsonc`, the operator's configuration (the config layer reads it).
     pub fn config_path(&self) -> PathBuf {
-        self.root.join(crate::config::FILE_NAME)
+        self.root.join(CONFIG_FILE_NAME)
     }
 
     pub fn lease_path(&self, key: &SessionKey) -> PathBuf {

@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use broca::lineage::projection::{self, ControlUnit, Cursor};
 use broca::lineage::read;
 use broca::lineage::reader::Reader;
-use broca::lineage::replay::{Effect, Replay, Resolution};
+use broca::replay::{Effect, Replay, Resolution};
 use broca::lineage::{Lineage, LineageError, RetractOutcome, Shared};
 use broca::message::{Message, Part, Role, StepUsage};
 use broca::record::{

@@ -7,7 +7,7 @@ use std::path::Path;
 use broca::lineage::projection::Cursor;
 use broca::lineage::read;
 use broca::lineage::reader::Reader;
-use broca::lineage::replay::Resolution;
+use broca::replay::Resolution;
 use broca::lineage::{Lineage, RetractOutcome, Shared};
 use broca::message::Message;
 use broca::record::{FinishReason, Record, RequestIdentity};

@@ -14,7 +14,7 @@ use std::time::Duration;
 use broca::agent::{self, DisplayEvent, LoopOptions, NoTools, Output, RunCommand, ToolDispatcher, TurnOutcome};
 use broca::catalog::route::{self, ModelRequest, RouteOverrides};
 use broca::catalog::Catalog;
-use broca::lineage::replay::Resolution;
+use broca::replay::Resolution;
 use broca::lineage::{read, Shared};
 use broca::message::{Message, RunUsage};
 use broca::provider::client::HttpClient;

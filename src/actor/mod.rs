@@ -20,7 +20,7 @@ use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, SendTimeoutError, S
 use parking_lot::Mutex;
 
 use crate::agent::{self, LineageJob, LoopOptions, Output, RunCommand, ToolDispatcher};
-use crate::lineage::replay::Resolution;
+use crate::replay::Resolution;
 use crate::lineage::{Lineage, LineageError, Shared};
 use crate::provider::client::ModelClient;
 use crate::provider::config::RenderConfig;

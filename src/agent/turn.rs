@@ -13,7 +13,7 @@ use super::tools::dispatch_batch;
 use super::tools::{Cancel, ToolOutcome};
 use super::{DisplayEvent, LoopOptions, Output, RunCommand, ToolCall, ToolDispatcher, ToolOutput};
 use crate::lineage::projection::{self, ControlUnit};
-use crate::lineage::replay::{EpisodeStatus, Resolution};
+use crate::replay::{EpisodeStatus, Resolution};
 use crate::lineage::{Lineage, LineageError};
 use crate::message::{Message, Part, Role, StepUsage};
 use crate::provider::client::{now_ms, Attempt, AttemptEvent, ModelClient};

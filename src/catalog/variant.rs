@@ -10,16 +10,9 @@ use serde_json::Value;
 
 use super::ModelRow;
 use crate::provider::event::Family;
+pub use crate::provider::wire::Setting;
 use crate::provider::wire::wire;
 
-/// What a variant name means, before it is rendered for a family.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Setting {
-    Effort(String),
-    ToggleOff,
-    ToggleOn,
-    Budget(u64),
-}
 
 /// The largest thinking budget a `max` variant asks for.
 const BUDGET_CEILING: u64 = 31_999;

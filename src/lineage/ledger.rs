@@ -6,7 +6,7 @@
 use serde_json::Value;
 
 use super::read::TranscriptPage;
-use super::replay::{Effect, EpisodeStatus, RunState, SendFate};
+use crate::replay::{Effect, EpisodeStatus, RunState, SendFate};
 use crate::message::RunUsage;
 use crate::record::{FinishReason, PauseReason, ProviderError};
 use crate::store::{Fate, SendLookup, SendRow, Store, StoreError};

@@ -12,7 +12,7 @@ pub mod ledger;
 pub mod projection;
 pub mod read;
 pub mod reader;
-pub mod replay;
+
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,7 +32,7 @@ use crate::wal::{
 use crate::wire::{Refusal, RefusalCode};
 use ends::{Durable, DurableEnds, WriterEnd};
 use projection::{ControlUnit, Cursor};
-use replay::{Replay, ReplayError, Resolution};
+use crate::replay::{self, Replay, ReplayError, Resolution};
 
 /// Derived effects held before the store is written (bounds memory during a long replay).
 const FLUSH_EFFECTS: usize = 512;

@@ -15,15 +15,10 @@ use cortexkit_role_llm_runner::live::{LiveEvent, MessageEvent, RunEnded, RunStar
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::replay::{Effect, Replay, ReplayError};
+use crate::replay::{Effect, Replay, ReplayError};
 use crate::record::{CallOutcome, Record, ORPHAN_PROVIDER_CODE};
 
-/// A durable control-stream position. Ordered by `(wal_seq, sub_index)`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct Cursor {
-    pub wal_seq: u64,
-    pub sub_index: u32,
-}
+pub use crate::replay::Cursor;
 
 /// One durable unit of the control stream.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -6,7 +6,7 @@
 
 use super::projection::{ControlUnit, Cursor};
 use super::reader::{Reader, Sink, Start};
-use super::replay::{Effect, Replay, Resolution};
+use crate::replay::{Effect, Replay, Resolution};
 use super::{LineageError, Shared};
 use crate::message::{Message, Role};
 use crate::session_key::SessionKey;

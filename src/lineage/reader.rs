@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use super::ends::DurableEnds;
 use super::projection::{self, ControlUnit};
-use super::replay::{Effect, Replay};
+use crate::replay::{Effect, Replay};
 use super::{decode, LineageError, Shared};
 use crate::record::{self, Record};
 use crate::session_key::SessionKey;
@@ -94,8 +94,8 @@ impl From<LineageError> for Halt {
     }
 }
 
-impl From<super::replay::ReplayError> for Halt {
-    fn from(e: super::replay::ReplayError) -> Self {
+impl From<crate::replay::ReplayError> for Halt {
+    fn from(e: crate::replay::ReplayError) -> Self {
         Halt::Failed(e.into())
     }
 }

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use super::send::{cancel_run, store_refusal};
 use super::{invalid_params, strict, Ops, Reply, ReplyOnce};
 use crate::lineage::ledger;
-use crate::lineage::replay::Resolution;
+use crate::replay::Resolution;
 use crate::lineage::{Lineage, RetractOutcome};
 use crate::record::CancelAt;
 use crate::session_key::SessionKey;

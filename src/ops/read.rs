@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use super::{invalid_params, strict, Ops};
 use crate::lineage::read;
 use crate::lineage::reader::{Reader, Sink, Start};
-use crate::lineage::replay::Resolution;
+use crate::replay::Resolution;
 use crate::record::{Frozen, Record};
 use crate::session_key::SessionKey;
 use crate::wire::{Refusal, RefusalCode};

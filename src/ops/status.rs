@@ -10,7 +10,7 @@ use super::{invalid_params, strict, Ops};
 use crate::lineage::ledger::{self, RunFacts, RunPhase};
 use crate::lineage::read::{self, TranscriptPage};
 use crate::lineage::reader::Reader;
-use crate::lineage::replay::Resolution;
+use crate::replay::Resolution;
 use crate::message::{Part, Role};
 use crate::record::{pause_name, PauseReason, ProviderError};
 use crate::session_key::SessionKey;

@@ -8,9 +8,17 @@ use serde_json::{json, Value};
 use super::config::RenderConfig;
 use super::event::{Family, StreamDecoder};
 use super::{anthropic, errors, openai_chat, openai_responses};
-use crate::catalog::variant::Setting;
 use crate::message::Message;
 use crate::record::ProviderError;
+
+/// What a variant name means, before it is rendered for a family.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Setting {
+    Effort(String),
+    ToggleOff,
+    ToggleOn,
+    Budget(u64),
+}
 
 /// One provider wire family.
 pub trait WireFamily: Sync {

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use parking_lot::Mutex;
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::lineage::replay::{Effect, Replay, RunState, SendFate};
+use crate::replay::{Effect, Replay, RunState, SendFate};
 use crate::message::Message;
 use crate::session_key::SessionKey;
 
@@ -340,7 +340,7 @@ impl Store {
         for row in rows {
             let (root, harness, session, replay) = row?;
             let Ok(replay) = serde_json::from_str::<Replay>(&replay) else { continue };
-            use crate::lineage::replay::Resolution;
+            use crate::replay::Resolution;
             use crate::record::PauseReason;
             let open = matches!(
                 replay.resolution(),

@@ -24,7 +24,7 @@ use crate::agent;
 use crate::catalog::route::{self, AdmissionError, ModelRequest, RouteOverrides};
 use crate::lineage::ledger::{self, RunPhase};
 use crate::lineage::read::TranscriptPage;
-use crate::lineage::replay::Resolution;
+use crate::replay::Resolution;
 use crate::lineage::{Lineage, LineageError};
 use crate::message::Message;
 use crate::provider::client::now_ms;

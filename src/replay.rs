@@ -20,11 +20,17 @@ use std::collections::VecDeque;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::projection::Cursor;
 use crate::message::{Message, Part, Role, RunUsage};
 use crate::record::{
     CancelAt, Delivery, FinishReason, Frozen, PauseReason, ProviderError, Record, RequestIdentity, RunStarted,
 };
+
+/// A durable control-stream position. Ordered by `(wal_seq, sub_index)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Cursor {
+    pub wal_seq: u64,
+    pub sub_index: u32,
+}
 
 /// A send durably queued and not yet consumed or retracted.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
