@@ -7,15 +7,16 @@ use std::time::Duration;
 
 use parking_lot::RwLock;
 
-use crate::actor::{Readmit, Registry, RunDeps};
+use crate::actor::{Admission, Readmit, Registry, RunDeps};
 use crate::agent::{LoopOptions, NoTools, ToolDispatcher};
-use crate::catalog::route::{self, ModelRequest, RouteOverrides};
+use crate::catalog::route::RouteOverrides;
 use crate::catalog::{Catalog, CatalogError};
 use crate::config::BrocaConfig;
 use crate::fanout::Hub;
 use crate::lineage::{LineageError, Shared};
 use crate::ops::Ops;
 use crate::provider::client::{HttpClient, ModelClient};
+use crate::provider::config::AuthSource;
 use crate::state_root::StateRoot;
 use crate::wal::{FileStorage, Storage};
 
@@ -113,16 +114,21 @@ impl ModuleBuilder {
 
     pub fn build(self) -> Result<Module, LineageError> {
         let shared = Arc::new(Shared::open_with(self.root, self.storage)?);
-        let catalog = self.catalog.unwrap_or_else(|| Catalog::load_lkg(&shared.root.catalog_path()));
-        let catalog = Arc::new(RwLock::new(catalog));
+        let lkg = shared.root.catalog_path();
+        let catalog = self.catalog.unwrap_or_else(|| Catalog::load_lkg(&lkg));
+        let overrides = RouteOverrides { base_url_override: self.base_url_override, auth: AuthSource::None };
+        let admission =
+            Arc::new(Admission { catalog: Arc::new(RwLock::new(catalog)), config: self.config, overrides, lkg });
         let hub = Hub::new();
         let readmit = if self.readmit_from_catalog {
-            Some(readmit_from(Arc::clone(&catalog), &shared, self.base_url_override.clone()))
+            let admission = Arc::clone(&admission);
+            Some(Arc::new(move |config: &_| admission.readmit(config)) as Readmit)
         } else {
             self.readmit
         };
         let (publish_hub, observed_hub) = (Arc::clone(&hub), Arc::clone(&hub));
         let deps = RunDeps {
+            admission: Arc::clone(&admission),
             client: self.client,
             tools: self.tools,
             opts: self.opts,
@@ -135,31 +141,7 @@ impl ModuleBuilder {
             readmit,
         };
         let registry = Registry::new(shared, deps);
-        let ops = Arc::new(Ops {
-            registry: Arc::clone(&registry),
-            catalog,
-            base_url_override: self.base_url_override,
-            config: self.config,
-        });
+        let ops = Arc::new(Ops { registry: Arc::clone(&registry), admission });
         Ok(Module { ops, hub, registry })
     }
-}
-
-/// A restart-paused run resumes only if its recorded model still resolves in the catalog.
-fn readmit_from(
-    catalog: Arc<RwLock<Result<Catalog, CatalogError>>>,
-    shared: &Shared,
-    base_url_override: Option<String>,
-) -> Readmit {
-    let lkg = shared.root.catalog_path();
-    Arc::new(move |config| {
-        let request = ModelRequest {
-            model: format!("{}/{}", config.provider, config.model),
-            variant: config.variant.clone(),
-            ..ModelRequest::default()
-        };
-        let overrides = RouteOverrides { base_url_override: base_url_override.clone(), auth: config.auth.clone() };
-        let catalog = catalog.read();
-        route::resolve(catalog.as_ref(), lkg.clone(), &request, &overrides).map(drop).map_err(|e| e.refusal().message)
-    })
 }

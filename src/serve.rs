@@ -118,11 +118,7 @@ impl Server {
             streams.lock().insert((route, corr), sub);
             // A subscription (re)opens the session's actor, which then holds the lease while
             // observers remain. A lease held by another process leaves the stream read-only.
-            let opened = if registry.shared().wal_path(&key).exists() {
-                registry.submit(&key, Box::new(|_| Vec::new()))
-            } else {
-                Ok(())
-            };
+            let opened = if registry.shared().wal_path(&key).exists() { registry.open(&key) } else { Ok(()) };
             if let Err(e) = opened {
                 log::info!("subscribe on {}: the session stays closed here ({e})", key.addr());
             }

@@ -42,7 +42,8 @@ impl Rig {
     fn command(&self, lane: &str, args: &[&str]) -> Command {
         let mut c = Command::new(BIN);
         c.arg("--state-root").arg(self.root()).arg("--base-url").arg(self.mock.base_url(Some(lane)));
-        c.args(["--project-root", "/work/proj"]).args(args);
+        // A real project directory: a CLI turn refuses a missing project root as the module does.
+        c.arg("--project-root").arg(self.dir.path()).args(args);
         c.env_remove("BROCA_PROVIDER_BASE_URL").stdin(Stdio::null());
         c
     }
@@ -229,6 +230,20 @@ fn admission_refusals_are_typed_and_write_nothing() {
         r["message"].as_str().unwrap().contains("mock/no-route") && r["message"].as_str().unwrap().contains("wire.api"),
         "{r}"
     );
+    // The module's admission, not a CLI shortcut: a project root that is gone is refused by name.
+    let gone = rig.dir.path().join("gone");
+    let r = refused(&[
+        "--project-root",
+        gone.to_str().unwrap(),
+        "--model",
+        "mock/echo-chat",
+        "--session",
+        "e",
+        "--json",
+        "hi",
+    ]);
+    assert_eq!(r["code"], "invalid_project_root", "{r}");
+    assert_eq!(r["detail"], json!({"path": gone.to_str().unwrap()}));
     std::fs::remove_file(rig.root().join("catalog/fusiform-lkg.json")).unwrap();
     let r = refused(&["--model", "mock/echo-chat", "--session", "d", "--json", "hi"]);
     let msg = r["message"].as_str().unwrap();

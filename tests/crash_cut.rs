@@ -42,13 +42,13 @@ use std::time::{Duration, Instant};
 use broca::lineage::projection::{self, ControlUnit, Cursor};
 use broca::lineage::read;
 use broca::lineage::reader::Reader;
-use broca::replay::{Effect, Replay, Resolution};
 use broca::lineage::{Lineage, LineageError, RetractOutcome, Shared};
 use broca::message::{Message, Part, Role, StepUsage};
 use broca::record::{
     self, CancelAt, ErrorClass, FinishReason, Origin, PauseReason, ProviderError, Record, RequestIdentity, RunStarted,
     FEATURE_RUN_CANCEL_AT, ORPHAN_PROVIDER_CODE,
 };
+use broca::replay::{Effect, Replay, Resolution};
 use broca::session_key::SessionKey;
 use broca::state_root::StateRoot;
 use broca::wal::{self, FrameKind, WalError};

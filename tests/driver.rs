@@ -631,7 +631,7 @@ fn admission_failures_answer_open_failed_with_their_class() {
     let e = rig.call("session.send", cached).unwrap_err();
     assert_golden("open_failed_permanent.json", &e.to_json(), None);
     // No catalog in memory: transient (seed it, or let broca reach fusiform).
-    *rig.ops.catalog.write() = broca::catalog::Catalog::load_lkg(&rig.dir.path().join("absent.json"));
+    *rig.ops.admission.catalog.write() = broca::catalog::Catalog::load_lkg(&rig.dir.path().join("absent.json"));
     let e = rig.call("session.send", keyed("x", "o-2")).unwrap_err();
     assert_golden("open_failed_transient.json", &e.to_json(), Some(rig.dir.path().to_str().unwrap()));
     assert!(!rig.ops.registry.shared().wal_path(&key()).exists(), "admission refusals write nothing");

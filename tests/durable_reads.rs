@@ -115,7 +115,7 @@ fn a_subscriber_attached_before_the_open_receives_the_orphan_seal() {
     let live = attach(&hub, &shared, From::Live);
     let from_start = attach(&hub, &shared, From::Start);
     std::thread::sleep(Duration::from_millis(100));
-    registry.submit(&key(), Box::new(|_| Vec::new())).unwrap();
+    registry.open(&key()).unwrap();
     assert_eq!(unit_types(&live, Duration::from_millis(500)), ["error", "run_finished"], "live");
     let all = unit_types(&from_start, Duration::from_millis(500));
     assert_eq!(all.iter().filter(|t| *t == "run_finished").count(), 1, "start: the seal once: {all:?}");

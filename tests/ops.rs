@@ -277,30 +277,34 @@ fn io_fault_a_failed_fsync_mid_run_refuses_sends_then_recovers() {
 /// dropped, so the registry holds only sessions in use.
 #[test]
 fn a_full_mailbox_is_refused_transiently_and_a_closed_session_leaves_the_registry() {
-    let rig = rig(Duration::from_millis(200));
+    use broca::wal::storage::crash::CrashStorage;
+    let storage = CrashStorage::new();
+    let dir = tempfile::tempdir().unwrap();
+    let mock = crate::mock::MockServer::start("127.0.0.1:0").unwrap();
+    let ops =
+        inproc::ops_on(dir.path(), mock.base_url(None), Duration::from_millis(200), None, Arc::new(storage.clone()));
+    let rig = inproc::Rig { dir, mock, ops };
+    rig.script(json!({"responses": [reply_script("answer", 300)]}));
     let registry = &rig.ops.registry;
-    let (release_tx, release) = crossbeam_channel::bounded::<()>(1);
-    // Hold the actor in a job so commands pile up behind it.
-    registry
-        .submit(
-            &key(),
-            Box::new(move |_| {
-                let _ = release.recv_timeout(Duration::from_secs(10));
-                Vec::new()
-            }),
-        )
-        .unwrap();
+    rig.call("session.send", send("one")).unwrap();
+    // The device stops answering: the actor waits inside its next commit, so commands pile up.
+    let hold = storage.hold_syncs();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while hold.waiting() == 0 {
+        assert!(Instant::now() < deadline, "the run never reached a commit");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let mut refused = None;
     for _ in 0..=broca::actor::MAILBOX {
-        if let Err(e) = registry.submit(&key(), Box::new(|_| Vec::new())) {
+        if let Err(e) = registry.open(&key()) {
             refused = Some(e);
             break;
         }
     }
+    drop(hold);
     let refusal = refused.expect("the mailbox filled").refusal();
     assert_eq!(refusal.code, "open_failed", "{refusal:?}");
     assert_eq!(refusal.detail.as_ref().and_then(|d| d.get("class")).cloned(), Some(json!("transient")));
-    release_tx.send(()).unwrap();
     let until = Instant::now() + Duration::from_secs(10);
     while registry.slots() > 0 {
         assert!(Instant::now() < until, "the closed session's slot stayed in the registry");

@@ -11,18 +11,22 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use broca::actor::admission::{Admission, Arrival};
+use broca::actor::decide;
 use broca::agent::{self, DisplayEvent, LoopOptions, NoTools, Output, RunCommand, ToolDispatcher, TurnOutcome};
-use broca::catalog::route::{self, ModelRequest, RouteOverrides};
+use broca::catalog::route::RouteOverrides;
 use broca::catalog::Catalog;
-use broca::replay::Resolution;
 use broca::lineage::{read, Shared};
 use broca::message::{Message, RunUsage};
 use broca::provider::client::HttpClient;
 use broca::provider::config::{AuthSource, RenderConfig};
 use broca::record::{CancelAt, FinishReason};
+use broca::replay::Resolution;
 use broca::session_key::SessionKey;
 use broca::state_root::{RootEnv, StateRoot};
+use broca::wire::send::{ModelChoice, SendParams};
 use broca::wire::Refusal;
+use parking_lot::RwLock;
 
 mod cli;
 mod demo;
@@ -78,14 +82,25 @@ fn run(mut args: Args) -> u8 {
     if args.read {
         return read_transcript(&args, &shared, &key);
     }
-    // A new session is resolved before anything is created, so a refusal writes nothing.
-    let mut config = None;
+    let admission = match admission(&args, &shared) {
+        Ok(a) => a,
+        Err(refusal) => return refuse(&args, &refusal),
+    };
+    // A new session is checked (its model resolved) before anything is created, so a refusal
+    // writes nothing.
+    let mut checked = None;
     if !shared.wal_path(&key).exists() {
         if args.model.is_none() {
             return fail(&args, EXIT_REFUSED, "--model PROVIDER/MODEL is required for a new session");
         }
-        match resolve_config(&args, &shared) {
-            Ok(c) => config = Some(c),
+        let prompt = match prompt_text(&args) {
+            Ok(p) => p,
+            Err(e) => return fail(&args, EXIT_REFUSED, &e),
+        };
+        match turn_send(&args, &key, &prompt)
+            .and_then(|send| precheck(&admission, &key, &send, false).map(|r| (send, r)))
+        {
+            Ok(c) => checked = Some(c),
             Err(refusal) => return refuse(&args, &refusal),
         }
     }
@@ -95,10 +110,10 @@ fn run(mut args: Args) -> u8 {
     };
     let mut out = Printer::new(&args);
     if !matches!(lineage.state().resolution(), Resolution::Paused { .. }) {
-        let prompt = match prompt_text(&args) {
-            Ok(p) => p,
-            Err(e) => return fail(&args, EXIT_REFUSED, &e),
-        };
+        if !lineage.state().queue.is_empty() {
+            let why = "the session has sends queued by the module; let the module run them first";
+            return fail(&args, EXIT_REFUSED, why);
+        }
         if args.model.is_none() {
             // A continued session keeps the model (and variant) of its last turn.
             match lineage.state().last.as_ref().map(|e| e.config.config()) {
@@ -113,22 +128,28 @@ fn run(mut args: Args) -> u8 {
                 None => return fail(&args, EXIT_REFUSED, "--model PROVIDER/MODEL is required for a new session"),
             }
         }
-        let mut config = match config.map(Ok).unwrap_or_else(|| resolve_config(&args, &shared)) {
-            Ok(c) => c,
-            Err(refusal) => return refuse(&args, &refusal),
+        let (send, resolved) = match checked {
+            Some(c) => c,
+            None => {
+                let prompt = match prompt_text(&args) {
+                    Ok(p) => p,
+                    Err(e) => return fail(&args, EXIT_REFUSED, &e),
+                };
+                match turn_send(&args, &key, &prompt).and_then(|s| precheck(&admission, &key, &s, true).map(|r| (s, r)))
+                {
+                    Ok(c) => c,
+                    Err(refusal) => return refuse(&args, &refusal),
+                }
+            }
         };
-        // The session policy is decided as the module decides it (frozen facts checked, the
-        // rest inherited), before anything is written.
-        config.policy = match turn_policy(&shared, &lineage, &key, &prompt) {
-            Ok(p) => p,
+        // Admitted as the module admits a send (frozen facts checked, the rest inherited), and
+        // written only once every check passed.
+        let mut units = Vec::new();
+        match decide::send(&admission, &shared.store, &mut lineage, send, resolved, &mut units) {
+            Ok(reply) => out.session(&args.session, reply.run_id.as_deref().unwrap_or_default()),
             Err(refusal) => return refuse(&args, &refusal),
-        };
-        let run_id = format!("run-{}", uuid::Uuid::new_v4().simple());
-        out.session(&args.session, &run_id);
-        match agent::admit(&mut lineage, &run_id, None, &config, Message::user_text(prompt), None) {
-            Ok(units) => out.emit(Output::Control(units)),
-            Err(e) => return refuse(&args, &e.refusal()),
         }
+        out.emit(Output::Control(units));
     }
     let commands = watch_sigint();
     let opts = LoopOptions {
@@ -146,40 +167,44 @@ fn run(mut args: Args) -> u8 {
     }
 }
 
-/// The policy this turn runs under, through the module's own admission rule
-/// (`ops::send::session_policy`); `broca.jsonc` is read as the module reads it.
-fn turn_policy(
-    shared: &Shared,
-    lineage: &broca::lineage::Lineage,
-    key: &SessionKey,
-    prompt: &str,
-) -> Result<broca::provider::config::RunPolicy, Refusal> {
-    use broca::ops::send::{parse, session_policy};
+/// The rules this turn is admitted by: the module's own ([`Admission`]), over the state root's
+/// LKG catalog and `broca.jsonc`.
+fn admission(args: &Args, shared: &Shared) -> Result<Admission, Refusal> {
     let broca_config = broca::config::BrocaConfig::load(&shared.root).map_err(|e| {
         let detail = Some(broca::detail!("class" => "permanent"));
         Refusal::new(broca::wire::RefusalCode::InvalidParams, format!("broca.jsonc: {e}"), detail)
     })?;
-    let send = parse::parse(&serde_json::json!({"prompt": prompt}), key)?;
-    let frozen = lineage.state().last.as_ref().and_then(|e| e.config.config());
-    session_policy(&broca_config, lineage, &send, frozen)
-}
-
-/// Admission: the model, its route, variant and limits, resolved against the catalog.
-fn resolve_config(args: &Args, shared: &Shared) -> Result<RenderConfig, Refusal> {
-    let catalog = Catalog::load_lkg(&shared.root.catalog_path());
-    let request = ModelRequest {
-        model: args.model.clone().unwrap_or_default(),
-        variant: args.variant.clone(),
-        system: args.system.clone(),
-        max_output_tokens: args.max_output_tokens,
-        max_steps: args.max_steps,
-        tools: Vec::new(),
-    };
+    let lkg = shared.root.catalog_path();
     let overrides = RouteOverrides {
         base_url_override: args.base_url.clone().or_else(|| std::env::var("BROCA_PROVIDER_BASE_URL").ok()),
         auth: if args.auth_bearer.is_some() { AuthSource::Bearer } else { AuthSource::None },
     };
-    route::resolve(catalog.as_ref(), shared.root.catalog_path(), &request, &overrides).map_err(|e| e.refusal())
+    Ok(Admission {
+        catalog: Arc::new(RwLock::new(Catalog::load_lkg(&lkg))),
+        config: Arc::new(broca_config),
+        overrides,
+        lkg,
+    })
+}
+
+/// The turn as the send a client would make: the prompt, and the model and limits the flags name.
+fn turn_send(args: &Args, key: &SessionKey, prompt: &str) -> Result<SendParams, Refusal> {
+    let mut send = broca::wire::send::parse(&serde_json::json!({ "prompt": prompt }), key)?;
+    send.model = args.model.clone().map(|id| ModelChoice { id, variant: args.variant.clone() });
+    send.system = args.system.clone();
+    send.max_output_tokens = args.max_output_tokens;
+    send.max_steps = args.max_steps;
+    Ok(send)
+}
+
+/// The module's pre-check, for a CLI turn (never scoped, never shutting down).
+fn precheck(
+    admission: &Admission,
+    key: &SessionKey,
+    send: &SendParams,
+    exists: bool,
+) -> Result<Option<RenderConfig>, Refusal> {
+    admission.precheck(send, Arrival { key, scoped: false, sealing: false, exists })
 }
 
 fn prompt_text(args: &Args) -> Result<String, String> {

@@ -1,6 +1,7 @@
 //! Lineage actors (spec §12): one OS thread per open session owns its [`Lineage`] (lease, WAL
 //! writer, replay state, queue) and runs its turns. Every write to a session goes through its
-//! actor as a job; reads that need no writer go around it.
+//! actor as a [`SessionCommand`] ([`command`]), decided there ([`decide`], under the rules of
+//! [`admission`] and [`policy`]); reads that need no writer go around it.
 //!
 //! Registry invariants:
 //! - each key has one slot (`Mutex<Option<Actor>>`); opening happens under the slot's lock, so
@@ -19,12 +20,17 @@ use std::time::Duration;
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, SendTimeoutError, Sender, TrySendError};
 use parking_lot::Mutex;
 
-use crate::agent::{self, LineageJob, LoopOptions, Output, RunCommand, ToolDispatcher};
-use crate::replay::Resolution;
+pub mod admission;
+pub mod command;
+pub mod decide;
+pub mod policy;
+
+use crate::agent::{self, LoopOptions, Mailbox, Output, ToolDispatcher};
 use crate::lineage::{Lineage, LineageError, Shared};
 use crate::provider::client::ModelClient;
 use crate::provider::config::RenderConfig;
 use crate::record::{CancelAt, FinishReason, Frozen, PauseReason, ProviderError};
+use crate::replay::Resolution;
 use crate::session_key::SessionKey;
 use crate::state_root::Placement;
 
@@ -37,8 +43,13 @@ const CONTROL_WAIT: Duration = Duration::from_secs(2);
 /// session's fan-out publisher, or nowhere).
 pub type Publish = Arc<dyn Fn(&SessionKey) -> Box<dyn FnMut(Output) + Send> + Send + Sync>;
 
+pub use admission::Admission;
+pub use command::{Answer, SessionCommand};
+
 /// What every actor needs to run turns.
 pub struct RunDeps {
+    /// The rules a send is admitted by (the catalog, `broca.jsonc`).
+    pub admission: Arc<Admission>,
     pub client: Arc<dyn ModelClient>,
     pub tools: Arc<dyn ToolDispatcher>,
     pub opts: LoopOptions,
@@ -57,7 +68,7 @@ pub struct RunDeps {
 pub type Readmit = Arc<dyn Fn(&RenderConfig) -> Result<(), String> + Send + Sync>;
 
 struct Actor {
-    tx: Sender<RunCommand>,
+    tx: Sender<SessionCommand>,
 }
 
 type Slot = Arc<Mutex<Option<Actor>>>;
@@ -118,22 +129,22 @@ impl Registry {
         Arc::clone(self.slots.lock().entry(key.clone()).or_default())
     }
 
-    /// Runs `job` on the session's actor, opening it first if needed. Blocks only while
-    /// opening (lease and replay); call it from a worker, never from the io thread.
-    pub fn submit(self: &Arc<Self>, key: &SessionKey, job: LineageJob) -> Result<(), LineageError> {
-        self.send(key, Placement::Standard, RunCommand::Exec(job))
-    }
-
-    /// [`Registry::submit`], except that a session not yet open is opened with `placement`: a
-    /// NEW session's WAL is created in that tree (an existing WAL stays where it is, and an
-    /// actor already open is used as is).
-    pub fn submit_placed(
+    /// Hands `cmd` to the session's actor, opening it first if needed (a NEW session's WAL is
+    /// created in `placement`'s tree; an existing WAL stays where it is). Blocks only while
+    /// opening (lease and replay): call it from a worker, never from the io thread. A full
+    /// mailbox is [`LineageError::MailboxFull`]; the command is dropped with its answer.
+    pub fn command(
         self: &Arc<Self>,
         key: &SessionKey,
         placement: Placement,
-        job: LineageJob,
+        cmd: SessionCommand,
     ) -> Result<(), LineageError> {
-        self.send(key, placement, RunCommand::Exec(job))
+        self.send(key, placement, cmd)
+    }
+
+    /// Opens the session's actor (nothing else): orphans are sealed and the queue drains.
+    pub fn open(self: &Arc<Self>, key: &SessionKey) -> Result<(), LineageError> {
+        self.send(key, Placement::Standard, SessionCommand::Open)
     }
 
     /// Asks the session's running turn to cancel. Returns false when no actor is open (so no
@@ -141,14 +152,14 @@ impl Registry {
     pub fn cancel(&self, key: &SessionKey, at: CancelAt) -> bool {
         let slot = self.slot(key);
         let guard = slot.lock();
-        guard.as_ref().is_some_and(|a| a.tx.send_timeout(RunCommand::Cancel(at), CONTROL_WAIT).is_ok())
+        guard.as_ref().is_some_and(|a| a.tx.send_timeout(SessionCommand::CancelRunning(at), CONTROL_WAIT).is_ok())
     }
 
     /// Draining (spec: graceful restart): no new turn starts, and every running turn finishes
     /// its current step and batch, then seals `interrupted` at its next step-entry boundary.
     pub fn drain(&self) {
         self.sealing.store(true, Ordering::Release);
-        self.tell_all(|| RunCommand::SealAtBoundary);
+        self.tell_all(|| SessionCommand::SealAtBoundary);
     }
 
     /// Shutdown: drains, waits up to `grace` for turns to reach their boundary, then seals the
@@ -159,11 +170,11 @@ impl Registry {
         if self.wait_idle(grace) == 0 {
             return 0;
         }
-        self.tell_all(|| RunCommand::Seal);
+        self.tell_all(|| SessionCommand::Seal);
         self.wait_idle(grace)
     }
 
-    fn tell_all(&self, cmd: impl Fn() -> RunCommand) {
+    fn tell_all(&self, cmd: impl Fn() -> SessionCommand) {
         let slots: Vec<Slot> = self.slots.lock().values().cloned().collect();
         for slot in slots {
             if let Some(actor) = slot.lock().as_ref() {
@@ -197,7 +208,7 @@ impl Registry {
                 return 0;
             }
         };
-        let opened = |key: &&SessionKey| match self.submit(key, Box::new(|_| Vec::new())) {
+        let opened = |key: &&SessionKey| match self.open(key) {
             Ok(()) => true,
             Err(e) => {
                 // A newer writer's WAL (or any unopenable one) is left untouched; others go on.
@@ -220,7 +231,7 @@ impl Registry {
 
     /// Hands `cmd` to the session's actor, opening one (with `placement` for a new WAL) if none
     /// is open or the open one died.
-    fn send(self: &Arc<Self>, key: &SessionKey, placement: Placement, cmd: RunCommand) -> Result<(), LineageError> {
+    fn send(self: &Arc<Self>, key: &SessionKey, placement: Placement, cmd: SessionCommand) -> Result<(), LineageError> {
         let slot = self.slot(key);
         let mut guard = slot.lock();
         if let Some(actor) = guard.as_ref() {
@@ -243,7 +254,7 @@ impl Registry {
         placement: Placement,
         slot: &Slot,
         guard: &mut Option<Actor>,
-        first: RunCommand,
+        first: SessionCommand,
     ) -> Result<(), LineageError> {
         self.gauges.opening.fetch_add(1, Ordering::Relaxed);
         let opened = self.shared.open_lineage_placed(key, placement);
@@ -266,7 +277,7 @@ impl Registry {
 
     /// The actor thread: jobs, then turns (a resumed run or the next queued send), then an idle
     /// wait that ends in closing.
-    fn actor_main(self: Arc<Self>, mut lineage: Lineage, rx: Receiver<RunCommand>, slot: Slot) {
+    fn actor_main(self: Arc<Self>, mut lineage: Lineage, rx: Receiver<SessionCommand>, slot: Slot) {
         let key = lineage.key().clone();
         // Declared after `lineage`, so it is dropped first (even on a panic): the next actor of
         // this session can take the session's rings as soon as the lease is free.
@@ -278,10 +289,7 @@ impl Registry {
         }
         loop {
             while let Ok(cmd) = rx.try_recv() {
-                let units = agent::handle_command(&mut lineage, cmd);
-                if !units.is_empty() {
-                    publish(Output::Control(units));
-                }
+                self.handle(&mut lineage, cmd, &mut publish);
             }
             match self.next_turn(&mut lineage, &rx, &mut publish) {
                 Ok(true) => continue,
@@ -296,10 +304,7 @@ impl Registry {
             }
             match rx.recv_timeout(self.deps.idle_ttl) {
                 Ok(cmd) => {
-                    let units = agent::handle_command(&mut lineage, cmd);
-                    if !units.is_empty() {
-                        publish(Output::Control(units));
-                    }
+                    self.handle(&mut lineage, cmd, &mut publish);
                 }
                 Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {
                     let mut guard = slot.lock();
@@ -315,6 +320,14 @@ impl Registry {
                     }
                 }
             }
+        }
+    }
+
+    /// Handles a command between turns (a signal finds no run to act on).
+    fn handle(&self, lineage: &mut Lineage, cmd: SessionCommand, publish: &mut dyn FnMut(Output)) {
+        let handled = command::handle(&self.deps.admission, &self.shared.store, lineage, cmd);
+        if !handled.units.is_empty() {
+            publish(Output::Control(handled.units));
         }
     }
 
@@ -335,10 +348,10 @@ impl Registry {
         self.slots.lock().len()
     }
 
-    fn close(&self, slot: &Slot, rx: &Receiver<RunCommand>) {
+    fn close(&self, slot: &Slot, rx: &Receiver<SessionCommand>) {
         let mut guard = slot.lock();
         *guard = None;
-        // Jobs that can no longer run are dropped; their callers see their reply channel close.
+        // Commands that can no longer run are dropped; their answers say the session closed.
         while rx.try_recv().is_ok() {}
     }
 
@@ -346,7 +359,7 @@ impl Registry {
     fn next_turn(
         &self,
         lineage: &mut Lineage,
-        rx: &Receiver<RunCommand>,
+        rx: &Receiver<SessionCommand>,
         publish: &mut dyn FnMut(Output),
     ) -> Result<bool, LineageError> {
         if self.sealing.load(Ordering::Acquire) {
@@ -401,7 +414,10 @@ impl Registry {
         }
         let d = &self.deps;
         self.gauges.runs_in_flight.fetch_add(1, Ordering::Relaxed);
-        let driven = agent::drive(lineage, d.client.as_ref(), &d.tools, rx, &d.opts, &mut |o| publish(o));
+        let (admission, store) = (&d.admission, &self.shared.store);
+        let mut handle = |lineage: &mut Lineage, cmd| command::handle(admission, store, lineage, cmd);
+        let mailbox = Mailbox { rx, handle: &mut handle };
+        let driven = agent::drive_with(lineage, d.client.as_ref(), &d.tools, mailbox, &d.opts, &mut |o| publish(o));
         self.gauges.runs_in_flight.fetch_sub(1, Ordering::Relaxed);
         driven?;
         Ok(true)

@@ -16,10 +16,11 @@ mod turn;
 
 use std::time::Duration;
 
+use crossbeam_channel::Receiver;
 use serde_json::Value;
 
 pub use tools::{Cancel, NoTools, ToolCall, ToolDispatcher, ToolOutcome, ToolOutput};
-pub use turn::handle_command;
+pub use turn::drive_with;
 pub use turn::{admit, drive, TurnOutcome};
 
 use crate::lineage::projection::ControlUnit;
@@ -65,15 +66,11 @@ pub enum Output {
     Control(Vec<ControlUnit>),
 }
 
-/// Work for the lineage's owner, run between the loop's events (an op that needs the writer
-/// while a run is going: queue a send, retract, read a snapshot). Returns the control units it
-/// made durable, which the loop publishes like its own.
-pub type LineageJob = Box<dyn FnOnce(&mut crate::lineage::Lineage) -> Vec<ControlUnit> + Send>;
-
-/// Commands the loop accepts while it runs.
+/// Signals the loop acts on while it runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RunCommand {
+    /// Record a cancel of the running run (`now` or at its next step boundary).
     Cancel(CancelAt),
-    Exec(LineageJob),
     /// The process is shutting down: stop now and seal the run `interrupted` (a graceful seal,
     /// without the crash diagnostic); calls still in flight get unknown-outcome results.
     Seal,
@@ -82,15 +79,21 @@ pub enum RunCommand {
     SealAtBoundary,
 }
 
-impl std::fmt::Debug for RunCommand {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RunCommand::Cancel(at) => write!(f, "Cancel({at:?})"),
-            RunCommand::Exec(_) => write!(f, "Exec(..)"),
-            RunCommand::Seal => write!(f, "Seal"),
-            RunCommand::SealAtBoundary => write!(f, "SealAtBoundary"),
-        }
-    }
+/// What handling one owner command gave the loop: units it made durable (published like the
+/// loop's own), and a signal for the run, if any. A command that recorded a cancel (an
+/// interrupting send, `run.cancel`) needs no signal: the loop sees the cancel in the state.
+#[derive(Debug, Default)]
+pub struct Handled {
+    pub units: Vec<ControlUnit>,
+    pub signal: Option<RunCommand>,
+}
+
+/// The owner's mailbox as the loop sees it: commands arrive on `rx` and `handle` runs each on
+/// the lineage between the loop's events (never inside a step, or between a tool call and its
+/// result).
+pub struct Mailbox<'a, C> {
+    pub rx: &'a Receiver<C>,
+    pub handle: &'a mut dyn FnMut(&mut crate::lineage::Lineage, C) -> Handled,
 }
 
 /// How transient failures are retried.

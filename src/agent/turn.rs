@@ -11,9 +11,8 @@ use sha2::{Digest, Sha256};
 use super::attempt::Assembler;
 use super::tools::dispatch_batch;
 use super::tools::{Cancel, ToolOutcome};
-use super::{DisplayEvent, LoopOptions, Output, RunCommand, ToolCall, ToolDispatcher, ToolOutput};
+use super::{DisplayEvent, Handled, LoopOptions, Mailbox, Output, RunCommand, ToolCall, ToolDispatcher, ToolOutput};
 use crate::lineage::projection::{self, ControlUnit};
-use crate::replay::{EpisodeStatus, Resolution};
 use crate::lineage::{Lineage, LineageError};
 use crate::message::{Message, Part, Role, StepUsage};
 use crate::provider::client::{now_ms, Attempt, AttemptEvent, ModelClient};
@@ -24,6 +23,7 @@ use crate::record::{
     AttemptFinished, CallOutcome, CancelAt, ErrorClass, FinishReason, Frozen, Origin, PauseReason, ProviderError,
     Record, RunStarted,
 };
+use crate::replay::{EpisodeStatus, Resolution};
 
 /// How often the loop wakes to check its watchdog while a stream is quiet.
 const TICK: Duration = Duration::from_millis(25);
@@ -91,11 +91,12 @@ enum AttemptEnd {
     Watchdog(Telemetry),
 }
 
-struct Driver<'a> {
+struct Driver<'a, C> {
     lineage: &'a mut Lineage,
     client: &'a dyn ModelClient,
     tools: &'a Arc<dyn ToolDispatcher>,
-    commands: Receiver<RunCommand>,
+    commands: Receiver<C>,
+    handle: &'a mut dyn FnMut(&mut Lineage, C) -> Handled,
     opts: &'a LoopOptions,
     out: &'a mut dyn FnMut(Output),
     run_id: String,
@@ -107,22 +108,28 @@ struct Driver<'a> {
     seal_at_boundary: bool,
 }
 
-/// Handles a command that arrived while no run is being driven: a job runs at once; a cancel
-/// finds nothing active (the caller answers `not_active`).
-pub fn handle_command(lineage: &mut Lineage, cmd: RunCommand) -> Vec<ControlUnit> {
-    match cmd {
-        RunCommand::Exec(job) => job(lineage),
-        RunCommand::Cancel(_) | RunCommand::Seal | RunCommand::SealAtBoundary => Vec::new(),
-    }
-}
-
 /// Runs the lineage's last episode (open, or paused and now resumed) until it finishes or
 /// pauses. Every record goes through `lineage`; every network wait is on helper threads.
+/// Its only commands are the run's signals (`broca-run`, tests); [`drive_with`] takes an
+/// owner's mailbox.
 pub fn drive(
     lineage: &mut Lineage,
     client: &dyn ModelClient,
     tools: &Arc<dyn ToolDispatcher>,
     commands: &Receiver<RunCommand>,
+    opts: &LoopOptions,
+    out: &mut dyn FnMut(Output),
+) -> Result<TurnOutcome, LineageError> {
+    let mut signal = |_: &mut Lineage, cmd: RunCommand| Handled { units: Vec::new(), signal: Some(cmd) };
+    drive_with(lineage, client, tools, Mailbox { rx: commands, handle: &mut signal }, opts, out)
+}
+
+/// [`drive`], handling the owner's commands from `mailbox` while the run goes.
+pub fn drive_with<C>(
+    lineage: &mut Lineage,
+    client: &dyn ModelClient,
+    tools: &Arc<dyn ToolDispatcher>,
+    mailbox: Mailbox<'_, C>,
     opts: &LoopOptions,
     out: &mut dyn FnMut(Output),
 ) -> Result<TurnOutcome, LineageError> {
@@ -155,7 +162,8 @@ pub fn drive(
         lineage,
         client,
         tools,
-        commands: commands.clone(),
+        commands: mailbox.rx.clone(),
+        handle: mailbox.handle,
         opts,
         out,
         run_id,
@@ -167,7 +175,7 @@ pub fn drive(
     d.run()
 }
 
-impl Driver<'_> {
+impl<C> Driver<'_, C> {
     fn commit(&mut self) -> Result<(), LineageError> {
         let units = self.lineage.commit()?;
         if !units.is_empty() {
@@ -307,34 +315,34 @@ impl Driver<'_> {
     }
 
     /// Handles one command (or the channel's end); returns the cancel mode it asked for.
-    fn command(&mut self, cmd: Result<RunCommand, RecvError>) -> Result<Option<CancelAt>, LineageError> {
-        match cmd {
-            Ok(RunCommand::Cancel(at)) => {
+    fn command(&mut self, cmd: Result<C, RecvError>) -> Result<Option<CancelAt>, LineageError> {
+        let Ok(cmd) = cmd else {
+            // Nobody can send commands any more: stop selecting on a channel that is always ready.
+            self.commands = crossbeam_channel::never();
+            return Ok(None);
+        };
+        let before = self.cancel_requested();
+        let handled = (self.handle)(self.lineage, cmd);
+        if !handled.units.is_empty() {
+            (self.out)(Output::Control(handled.units));
+        }
+        match handled.signal {
+            Some(RunCommand::Cancel(at)) => {
                 self.request_cancel(at)?;
                 Ok(Some(at))
             }
-            Ok(RunCommand::Seal) => {
+            Some(RunCommand::Seal) => {
                 self.sealing = true;
                 Ok(Some(CancelAt::Now))
             }
-            Ok(RunCommand::SealAtBoundary) => {
+            Some(RunCommand::SealAtBoundary) => {
                 self.seal_at_boundary = true;
                 Ok(None)
             }
-            Ok(RunCommand::Exec(job)) => {
-                let before = self.cancel_requested();
-                let units = job(self.lineage);
-                if !units.is_empty() {
-                    (self.out)(Output::Control(units));
-                }
-                // A job may have recorded a cancel (run.cancel, an interrupting send): act on it.
+            None => {
+                // The command may have recorded a cancel (run.cancel, an interrupting send).
                 let after = self.cancel_requested();
                 Ok(if after != before { after } else { None })
-            }
-            // Nobody can send commands any more: stop selecting on a channel that is always ready.
-            Err(RecvError) => {
-                self.commands = crossbeam_channel::never();
-                Ok(None)
             }
         }
     }

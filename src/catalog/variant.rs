@@ -10,9 +10,8 @@ use serde_json::Value;
 
 use super::ModelRow;
 use crate::provider::event::Family;
-pub use crate::provider::wire::Setting;
 use crate::provider::wire::wire;
-
+pub use crate::provider::wire::Setting;
 
 /// The largest thinking budget a `max` variant asks for.
 const BUDGET_CEILING: u64 = 31_999;

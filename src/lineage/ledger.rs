@@ -6,10 +6,13 @@
 use serde_json::Value;
 
 use super::read::TranscriptPage;
-use crate::replay::{Effect, EpisodeStatus, RunState, SendFate};
 use crate::message::RunUsage;
+use crate::record::Delivery;
 use crate::record::{FinishReason, PauseReason, ProviderError};
+use crate::replay::Resolution;
+use crate::replay::{Effect, EpisodeStatus, RunState, SendFate};
 use crate::store::{Fate, SendLookup, SendRow, Store, StoreError};
+use crate::wire::answers::SendReply;
 
 /// A send's row with the tail applied.
 pub fn send(
@@ -174,4 +177,34 @@ pub fn run(store: &Store, lineage: &str, page: &TranscriptPage, run_id: &str) ->
         }
     }
     Ok(Some(facts))
+}
+
+/// What a send's durable fate answers (a keyed re-send and `send.status` alike).
+pub fn fate(store: &Store, lineage: &str, page: &TranscriptPage, row: &SendRow) -> Result<SendReply, StoreError> {
+    let run_state = |run_id: &str| -> Result<SendReply, StoreError> {
+        Ok(match run(store, lineage, page, run_id)?.map(|f| f.phase) {
+            Some(RunPhase::Active) | None => SendReply::active(run_id, None),
+            Some(RunPhase::Paused { reason }) => SendReply::paused(run_id, reason),
+            Some(RunPhase::Finished { reason }) => SendReply::finished(run_id, reason),
+        })
+    };
+    match (row.fate, &row.run_id) {
+        (Fate::Started, Some(run_id)) => {
+            let mut answer = run_state(run_id)?;
+            if answer.state == crate::wire::answers::SendState::Active {
+                answer.submission_id = Some(row.submission_id.clone());
+            }
+            Ok(answer)
+        }
+        (Fate::Delivered, Some(run_id)) => Ok(run_state(run_id)?.delivered_into(run_id.as_str())),
+        (Fate::Retracted, _) => Ok(SendReply::retracted(row.submission_id.as_str())),
+        _ => {
+            // Still queued. A steer waiting for its run's next boundary answers that run.
+            let target = row.request.target_run.as_deref().filter(|_| row.request.delivery() == Delivery::Steer);
+            match target.filter(|t| matches!(&page.resolution, Resolution::Resume { run_id } if run_id == t)) {
+                Some(run_id) => Ok(SendReply::active(run_id, None)),
+                None => Ok(SendReply::pending(row.submission_id.as_str())),
+            }
+        }
+    }
 }

@@ -13,7 +13,6 @@ pub mod projection;
 pub mod read;
 pub mod reader;
 
-
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -22,6 +21,7 @@ use serde_json::json;
 
 use crate::message::Message;
 use crate::record::{self, CancelAt, FinishReason, ProviderError, Record, RequestIdentity};
+use crate::replay::{self, Replay, ReplayError, Resolution};
 use crate::session_key::SessionKey;
 use crate::state_root::{Placement, StateRoot};
 use crate::store::writer::{FlushMark, StoreWriter};
@@ -32,7 +32,6 @@ use crate::wal::{
 use crate::wire::{Refusal, RefusalCode};
 use ends::{Durable, DurableEnds, WriterEnd};
 use projection::{ControlUnit, Cursor};
-use crate::replay::{self, Replay, ReplayError, Resolution};
 
 /// Derived effects held before the store is written (bounds memory during a long replay).
 const FLUSH_EFFECTS: usize = 512;

@@ -15,8 +15,8 @@ use cortexkit_role_llm_runner::live::{LiveEvent, MessageEvent, RunEnded, RunStar
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::replay::{Effect, Replay, ReplayError};
 use crate::record::{CallOutcome, Record, ORPHAN_PROVIDER_CODE};
+use crate::replay::{Effect, Replay, ReplayError};
 
 pub use crate::replay::Cursor;
 

@@ -6,9 +6,9 @@
 
 use super::projection::{ControlUnit, Cursor};
 use super::reader::{Reader, Sink, Start};
-use crate::replay::{Effect, Replay, Resolution};
 use super::{LineageError, Shared};
 use crate::message::{Message, Role};
+use crate::replay::{Effect, Replay, Resolution};
 use crate::session_key::SessionKey;
 
 /// A page of the conversation.

@@ -12,9 +12,9 @@ use std::sync::Arc;
 
 use super::ends::DurableEnds;
 use super::projection::{self, ControlUnit};
-use crate::replay::{Effect, Replay};
 use super::{decode, LineageError, Shared};
 use crate::record::{self, Record};
+use crate::replay::{Effect, Replay};
 use crate::session_key::SessionKey;
 use crate::store::{Checkpoint, Store};
 use crate::wal::{self, ScannedFrame, Storage, WalError};

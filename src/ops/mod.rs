@@ -1,27 +1,27 @@
-//! The session ops: requests mapped to actor jobs (writes) or direct reads. Transport-free: a
-//! caller (the subc module, a test) hands in the bound session, the method and its params, and
-//! gets exactly one answer through `reply`, possibly from another thread.
+//! The session ops: requests decoded ([`crate::wire`]) and mapped to actor commands (writes)
+//! or direct reads, answers mapped to bodies, and nothing else. Transport-free: a caller (the
+//! subc module, a test) hands in the bound session, the method and its params, and gets
+//! exactly one answer through `reply`, possibly from another thread.
 //!
 //! Leniency is per operation (spec §15): `session.send` tolerates unknown members (logged once
-//! per key); `session.read` and `run.status` are strict and refuse unknown members by name.
-//! Every refusal is decided before anything is written.
+//! per key); every other op is strict and refuses unknown members by name. Every refusal is
+//! decided before anything is written.
 
 mod driver;
 mod read;
-pub mod send;
+mod send;
 mod status;
 pub mod table;
 
-use std::collections::BTreeSet;
-use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
 use serde_json::Value;
 
-use crate::actor::Registry;
-use crate::catalog::{Catalog, CatalogError};
+use crate::actor::{Admission, Registry};
 use crate::session_key::SessionKey;
+use crate::wire::requests::{
+    CancelRequest, Empty, ReadRequest, ResultRequest, RetractRequest, SendStatusRequest, StatusRequest,
+};
 use crate::wire::{Refusal, RefusalCode};
 
 /// What an op knows of the route it came on: the bound session, and whether the daemon
@@ -32,100 +32,51 @@ pub struct Route {
     pub scoped: bool,
 }
 
-/// One answer, delivered once.
+/// One answer, delivered once (possibly from another thread).
 pub type Reply = Box<dyn FnOnce(Result<Value, Refusal>) + Send>;
 
-/// A reply that is answered exactly once: by the first `answer`, or, if it is dropped
-/// unanswered (a job that never ran), with a transient refusal, so no request is left hanging.
-pub struct ReplyOnce(Mutex<Option<Reply>>);
-
-impl ReplyOnce {
-    pub fn new(reply: Reply) -> Arc<ReplyOnce> {
-        Arc::new(ReplyOnce(Mutex::new(Some(reply))))
-    }
-
-    pub fn answer(&self, result: Result<Value, Refusal>) {
-        if let Some(reply) = self.0.lock().take() {
-            reply(result);
-        }
-    }
-}
-
-impl Drop for ReplyOnce {
-    fn drop(&mut self) {
-        if let Some(reply) = self.0.get_mut().take() {
-            let detail = Some(crate::detail!("class" => "transient"));
-            reply(Err(Refusal::new(
-                RefusalCode::OpenFailed,
-                "open failed: the session closed before answering",
-                detail,
-            )));
-        }
-    }
-}
-
-/// What the ops need.
+/// What the ops need: the sessions' actors and the rules a send is admitted by.
 pub struct Ops {
     pub registry: Arc<Registry>,
-    pub catalog: Arc<RwLock<Result<Catalog, CatalogError>>>,
-    /// `BROCA_PROVIDER_BASE_URL`: mock providers, credential-free.
-    pub base_url_override: Option<String>,
-    /// `broca.jsonc`, read once at boot: backup classes and context-management defaults.
-    pub config: Arc<crate::config::BrocaConfig>,
+    pub admission: Arc<Admission>,
 }
 
-pub fn invalid_params(field: &str, why: &str) -> Refusal {
-    Refusal::new(
-        RefusalCode::InvalidParams,
-        format!("invalid params: {field}: {why}"),
-        Some(crate::detail!("field" => field)),
-    )
+/// A typed answer as the JSON body served.
+fn body<T: serde::Serialize>(answer: T) -> Value {
+    serde_json::to_value(answer).expect("answers serialize")
 }
 
-/// Refuses members outside `known` (strict ops).
-fn strict(params: &Value, known: &[&str]) -> Result<(), Refusal> {
-    match params {
-        Value::Null => Ok(()),
-        Value::Object(map) => match map.keys().find(|k| !known.contains(&k.as_str())) {
-            Some(k) => Err(invalid_params(k, "unknown member")),
-            None => Ok(()),
-        },
-        _ => Err(invalid_params("params", "must be an object")),
-    }
-}
-
-/// Logs an unread `session.send` member once per key per process.
-fn note_unread(key: &str, harness: &str) {
-    static SEEN: OnceLock<Mutex<BTreeSet<String>>> = OnceLock::new();
-    if SEEN.get_or_init(Default::default).lock().insert(key.to_string()) {
-        log::warn!(target: "broca.wire", "session.send member {key:?} (from harness {harness:?}) is not read by this build");
-    }
-}
+pub use crate::wire::{invalid_params, strict};
 
 impl Ops {
-    pub fn lkg_path(&self) -> PathBuf {
-        self.registry.shared().root.catalog_path()
-    }
-
     /// Serves `method` for the session `key`. Blocking work (opening a lineage, reading the
     /// store) happens here: call it from a worker thread.
     pub fn handle(self: &Arc<Self>, key: &SessionKey, method: &str, params: Value, reply: Reply) {
         self.handle_on(&Route { key: key.clone(), scoped: false }, method, params, reply)
     }
 
-    /// [`Ops::handle`] for a route whose bind carried the daemon's stamped work scope.
+    /// [`Ops::handle`] for a route whose bind carried the daemon's stamped work scope. Each op's
+    /// request is decoded (strict ops refuse unknown members by name) before it is served.
     pub fn handle_on(self: &Arc<Self>, route: &Route, method: &str, params: Value, reply: Reply) {
         let key = &route.key;
         match method {
-            "role.describe" => reply(strict(&params, &[]).map(|()| describe(&self.config))),
+            "role.describe" => reply(Empty::decode(&params).map(|Empty| describe(&self.admission.config))),
             "session.send" => send::session_send(self, route, params, reply),
-            "session.retract" => driver::session_retract(self, key, params, reply),
-            "run.cancel" => driver::run_cancel(self, key, params, reply),
-            "session.read" => reply(read::session_read(self, key, &params)),
-            "run.status" => reply(status::run_status(self, key, &params)),
-            "run.result" => reply(status::run_result(self, key, &params)),
-            "send.status" | "session.send_status" => reply(status::send_status(self, key, &params)),
-            "session.baseline" => reply(read::session_baseline(self, key, &params)),
+            "session.retract" => match RetractRequest::decode(&params, key) {
+                Ok(request) => driver::session_retract(self, key, request, reply),
+                Err(r) => reply(Err(r)),
+            },
+            "run.cancel" => match CancelRequest::decode(&params) {
+                Ok(request) => driver::run_cancel(self, key, request, reply),
+                Err(r) => reply(Err(r)),
+            },
+            "session.read" => reply(ReadRequest::decode(&params).and_then(|r| read::session_read(self, key, r))),
+            "run.status" => reply(StatusRequest::decode(&params, key).and_then(|r| status::run_status(self, key, r))),
+            "run.result" => reply(ResultRequest::decode(&params).and_then(|r| status::run_result(self, key, r))),
+            "send.status" | "session.send_status" => {
+                reply(SendStatusRequest::decode(&params).and_then(|r| status::send_status(self, key, r)))
+            }
+            "session.baseline" => reply(Empty::decode(&params).and_then(|Empty| read::session_baseline(self, key))),
             other => {
                 let detail = Some(crate::detail!("method" => other));
                 reply(Err(Refusal::new(RefusalCode::UnknownMethod, format!("unknown method {other:?}"), detail)))

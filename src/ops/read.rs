@@ -4,20 +4,19 @@
 
 use serde_json::{json, Value};
 
-use super::{invalid_params, strict, Ops};
+use super::Ops;
 use crate::lineage::read;
 use crate::lineage::reader::{Reader, Sink, Start};
-use crate::replay::Resolution;
 use crate::record::{Frozen, Record};
+use crate::replay::Resolution;
 use crate::session_key::SessionKey;
+use crate::wire::requests::ReadRequest;
 use crate::wire::{Refusal, RefusalCode};
 
 /// The page byte cap (spec §4: default and maximum 3 MiB of serialized reply body).
 pub const MAX_BYTES: u64 = 3 << 20;
-const DEFAULT_LIMIT: u64 = 100;
 /// Bytes reserved for the page's envelope (`result`, state, cursors) within `MAX_BYTES`.
 const PAGE_OVERHEAD: usize = 512;
-const MAX_LIMIT: u64 = 1000;
 
 fn state_name(r: &Resolution) -> &'static str {
     match r {
@@ -28,21 +27,8 @@ fn state_name(r: &Resolution) -> &'static str {
     }
 }
 
-fn count(params: &Value, field: &str) -> Result<Option<u64>, Refusal> {
-    match params.get(field) {
-        None => Ok(None),
-        Some(v) => v.as_u64().map(Some).ok_or_else(|| invalid_params(field, "a non-negative integer is required")),
-    }
-}
-
-pub(super) fn session_read(ops: &Ops, key: &SessionKey, params: &Value) -> Result<Value, Refusal> {
-    strict(params, &["from_ordinal", "limit"])?;
-    let limit = match count(params, "limit")? {
-        Some(0) => return Err(invalid_params("limit", "must be at least 1")),
-        Some(n) => n.min(MAX_LIMIT),
-        None => DEFAULT_LIMIT,
-    };
-    let from = count(params, "from_ordinal")?;
+pub(super) fn session_read(ops: &Ops, key: &SessionKey, request: ReadRequest) -> Result<Value, Refusal> {
+    let ReadRequest { from_ordinal: from, limit } = request;
     let Some(reader) = Reader::open(ops.registry.shared(), key) else {
         return Ok(json!({"messages": [], "lineage_state": "empty"}));
     };
@@ -102,9 +88,8 @@ pub(super) fn session_read(ops: &Ops, key: &SessionKey, params: &Value) -> Resul
 /// `session.baseline` (spec §4): sessions are admitted without a fetch plan, so `items` is empty
 /// and `composition_digest` absent; `tool_names` are the first episode's tools; both generations
 /// are 0. `not_yet` until the session has an episode.
-pub(super) fn session_baseline(ops: &Ops, key: &SessionKey, params: &Value) -> Result<Value, Refusal> {
+pub(super) fn session_baseline(ops: &Ops, key: &SessionKey) -> Result<Value, Refusal> {
     use cortexkit_role_llm_runner::baseline::{Baseline, BaselineReply};
-    strict(params, &[])?;
     let not_yet = || serde_json::to_value(BaselineReply::not_yet()).expect("baselines serialize");
     let Some(reader) = Reader::open(ops.registry.shared(), key) else { return Ok(not_yet()) };
     let Some(frozen) = first_episode_config(&reader).map_err(|e| e.refusal())? else { return Ok(not_yet()) };

@@ -5,37 +5,21 @@
 
 use serde_json::{json, Value};
 
-use super::send::{fate_reply, store_refusal};
-use super::{invalid_params, strict, Ops};
+use super::Ops;
 use crate::lineage::ledger::{self, RunFacts, RunPhase};
 use crate::lineage::read::{self, TranscriptPage};
 use crate::lineage::reader::Reader;
-use crate::replay::Resolution;
 use crate::message::{Part, Role};
 use crate::record::{pause_name, PauseReason, ProviderError};
+use crate::replay::Resolution;
 use crate::session_key::SessionKey;
 use crate::store::{Fate, SendLookup};
+use crate::wire::requests::{ResultRequest, SendStatusRequest, StatusRequest};
 use crate::wire::{Refusal, RefusalCode};
 
 /// The session's durable snapshot, `None` when it has no WAL.
 fn snapshot(ops: &Ops, key: &SessionKey) -> Result<Option<TranscriptPage>, Refusal> {
     read::snapshot(ops.registry.shared(), key).map_err(|e| e.refusal())
-}
-
-fn session_member(params: &Value, key: &SessionKey) -> Result<(), Refusal> {
-    match params.get("session") {
-        None => Ok(()),
-        Some(Value::String(s)) if *s == key.session => Ok(()),
-        Some(_) => Err(invalid_params("session", "does not match the route's bound session")),
-    }
-}
-
-fn string_member(params: &Value, field: &str) -> Result<Option<String>, Refusal> {
-    match params.get(field) {
-        None => Ok(None),
-        Some(Value::String(s)) if !s.is_empty() => Ok(Some(s.clone())),
-        Some(_) => Err(invalid_params(field, "a non-empty string is required")),
-    }
 }
 
 /// A run error as the role spells it (`provider_code` always present).
@@ -89,10 +73,8 @@ fn run_body(ops: &Ops, facts: &RunFacts) -> Value {
     out
 }
 
-pub(super) fn run_status(ops: &Ops, key: &SessionKey, params: &Value) -> Result<Value, Refusal> {
-    strict(params, &["run_id", "session"])?;
-    session_member(params, key)?;
-    let run_id = string_member(params, "run_id")?;
+pub(super) fn run_status(ops: &Ops, key: &SessionKey, request: StatusRequest) -> Result<Value, Refusal> {
+    let run_id = request.run_id;
     let Some(mut page) = snapshot(ops, key)? else {
         return Ok(match run_id {
             Some(id) => json!({"run_id": id, "state": "unknown"}),
@@ -103,7 +85,7 @@ pub(super) fn run_status(ops: &Ops, key: &SessionKey, params: &Value) -> Result<
         // An open run with no actor here was left by a previous process: opening the session
         // seals it (interrupted, with its diagnostic) before this answers. Another process
         // holding the lease keeps it active.
-        if ops.registry.submit(key, Box::new(|_| Vec::new())).is_ok() {
+        if ops.registry.open(key).is_ok() {
             page = snapshot(ops, key)?.unwrap_or(page);
         }
     }
@@ -117,20 +99,20 @@ pub(super) fn run_status(ops: &Ops, key: &SessionKey, params: &Value) -> Result<
                 run_id.clone()
             }
         };
-        let facts = ledger::run(store, &addr, &page, &last).map_err(store_refusal)?;
+        let facts = ledger::run(store, &addr, &page, &last).map_err(|e| e.refusal())?;
         return Ok(facts.map_or_else(|| json!({"state": "idle"}), |f| run_body(ops, &f)));
     };
-    if let Some(facts) = ledger::run(store, &addr, &page, &run_id).map_err(store_refusal)? {
+    if let Some(facts) = ledger::run(store, &addr, &page, &run_id).map_err(|e| e.refusal())? {
         return Ok(run_body(ops, &facts));
     }
     // A queued send's provisional run id (`run-` + its submission id): its fate, from the WAL.
     if let Some(submission) = run_id.strip_prefix("run-").filter(|s| s.starts_with("sub-")) {
         if let Some(row) =
-            ledger::send(store, &addr, &page, SendLookup::Submission(submission)).map_err(store_refusal)?
+            ledger::send(store, &addr, &page, SendLookup::Submission(submission)).map_err(|e| e.refusal())?
         {
             return Ok(match (row.fate, &row.run_id) {
                 (Fate::Delivered, Some(x)) | (Fate::Started, Some(x)) => {
-                    let facts = ledger::run(store, &addr, &page, x).map_err(store_refusal)?;
+                    let facts = ledger::run(store, &addr, &page, x).map_err(|e| e.refusal())?;
                     let mut body =
                         facts.map_or_else(|| json!({"run_id": x, "state": "unknown"}), |f| run_body(ops, &f));
                     if row.fate == Fate::Delivered {
@@ -147,9 +129,8 @@ pub(super) fn run_status(ops: &Ops, key: &SessionKey, params: &Value) -> Result<
 }
 
 /// `run.result {run_id}`: state, usage, reason, error and the final assistant message's text.
-pub(super) fn run_result(ops: &Ops, key: &SessionKey, params: &Value) -> Result<Value, Refusal> {
-    strict(params, &["run_id"])?;
-    let Some(run_id) = string_member(params, "run_id")? else { return Err(invalid_params("run_id", "required")) };
+pub(super) fn run_result(ops: &Ops, key: &SessionKey, request: ResultRequest) -> Result<Value, Refusal> {
+    let run_id = request.run_id;
     // The role's answer for a run this session does not know (its vector `run-result.json`).
     let unknown = || {
         let detail = Some(crate::detail!("class" => "permanent"));
@@ -157,7 +138,7 @@ pub(super) fn run_result(ops: &Ops, key: &SessionKey, params: &Value) -> Result<
     };
     let Some(page) = snapshot(ops, key)? else { return Err(unknown()) };
     let shared = ops.registry.shared();
-    let Some(facts) = ledger::run(&shared.store, &key.addr(), &page, &run_id).map_err(store_refusal)? else {
+    let Some(facts) = ledger::run(&shared.store, &key.addr(), &page, &run_id).map_err(|e| e.refusal())? else {
         return Err(unknown());
     };
     let status = run_body(ops, &facts);
@@ -198,9 +179,8 @@ pub(super) fn run_result(ops: &Ops, key: &SessionKey, params: &Value) -> Result<
 
 /// `send.status {send_id}` (alias `session.send_status`): what an identical re-send would be
 /// answered, computed from durable state, writing nothing.
-pub(super) fn send_status(ops: &Ops, key: &SessionKey, params: &Value) -> Result<Value, Refusal> {
-    strict(params, &["send_id"])?;
-    let Some(send_id) = string_member(params, "send_id")? else { return Err(invalid_params("send_id", "required")) };
+pub(super) fn send_status(ops: &Ops, key: &SessionKey, request: SendStatusRequest) -> Result<Value, Refusal> {
+    let send_id = request.send_id;
     let unknown = || {
         let message = format!("no send with send_id {send_id:?} is recorded for this session");
         Refusal::new(RefusalCode::UnknownSend, message, Some(crate::detail!("class" => "permanent")))
@@ -208,7 +188,7 @@ pub(super) fn send_status(ops: &Ops, key: &SessionKey, params: &Value) -> Result
     let Some(page) = snapshot(ops, key)? else { return Err(unknown()) };
     let store = &ops.registry.shared().store;
     let addr = key.addr();
-    let row = ledger::send(store, &addr, &page, SendLookup::SendId(&send_id)).map_err(store_refusal)?;
+    let row = ledger::send(store, &addr, &page, SendLookup::SendId(&send_id)).map_err(|e| e.refusal())?;
     let Some(row) = row else { return Err(unknown()) };
-    fate_reply(store, &addr, &page, &row)
+    ledger::fate(store, &addr, &page, &row).map(super::body).map_err(|e| e.refusal())
 }

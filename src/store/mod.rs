@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 use parking_lot::Mutex;
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::replay::{Effect, Replay, RunState, SendFate};
 use crate::message::Message;
+use crate::replay::{Effect, Replay, RunState, SendFate};
 use crate::session_key::SessionKey;
 
 /// Bumped when derived tables change shape.
@@ -137,6 +137,14 @@ impl std::fmt::Display for StoreError {
 }
 
 impl std::error::Error for StoreError {}
+
+impl StoreError {
+    /// How an op answers a failed index read: transient (the WAL is the truth; retry).
+    pub fn refusal(&self) -> crate::wire::Refusal {
+        let detail = Some(crate::detail!("class" => "transient"));
+        crate::wire::Refusal::new(crate::wire::RefusalCode::OpenFailed, format!("open failed: {self}"), detail)
+    }
+}
 
 impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> Self {
@@ -340,8 +348,8 @@ impl Store {
         for row in rows {
             let (root, harness, session, replay) = row?;
             let Ok(replay) = serde_json::from_str::<Replay>(&replay) else { continue };
-            use crate::replay::Resolution;
             use crate::record::PauseReason;
+            use crate::replay::Resolution;
             let open = matches!(
                 replay.resolution(),
                 Resolution::Resume { .. } | Resolution::Paused { reason: PauseReason::Restart, .. }

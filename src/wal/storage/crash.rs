@@ -10,13 +10,16 @@
 //! every later write and fsync fails too until [`CrashStorage::clear`] — like a device that
 //! went away. A failed write of `Enospc` kind writes a prefix of its buffer first (a short
 //! write), an `Eio` one writes nothing; a failed fsync makes nothing durable.
+//!
+//! [`CrashStorage::hold_syncs`] stalls every fsync until its hold is dropped — a device that
+//! stopped answering — so a test can hold a writer inside a commit.
 
 use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use super::{FileStorage, Storage, WalFile, WalRead};
 
@@ -99,6 +102,43 @@ impl State {
 #[derive(Clone, Debug, Default)]
 pub struct CrashStorage {
     state: Arc<Mutex<State>>,
+    gate: Arc<Gate>,
+}
+
+/// The fsync stall of [`CrashStorage::hold_syncs`].
+#[derive(Debug, Default)]
+struct Gate {
+    /// `(held, fsyncs waiting)`.
+    state: Mutex<(bool, u64)>,
+    released: Condvar,
+}
+
+impl Gate {
+    fn pass(&self) {
+        let mut state = self.state.lock();
+        state.1 += 1;
+        while state.0 {
+            self.released.wait(&mut state);
+        }
+        state.1 -= 1;
+    }
+}
+
+/// While it lives, every fsync through its storage waits.
+pub struct SyncHold(Arc<Gate>);
+
+impl SyncHold {
+    /// fsyncs waiting on this hold now.
+    pub fn waiting(&self) -> u64 {
+        self.0.state.lock().1
+    }
+}
+
+impl Drop for SyncHold {
+    fn drop(&mut self) {
+        self.0.state.lock().0 = false;
+        self.0.released.notify_all();
+    }
 }
 
 impl CrashStorage {
@@ -115,6 +155,12 @@ impl CrashStorage {
     /// Whether a fault has tripped.
     pub fn tripped(&self) -> bool {
         self.state.lock().fault.as_ref().is_some_and(|f| f.tripped)
+    }
+
+    /// Every fsync from now on waits until the returned hold is dropped.
+    pub fn hold_syncs(&self) -> SyncHold {
+        self.gate.state.lock().0 = true;
+        SyncHold(Arc::clone(&self.gate))
     }
 
     /// The device works again.
@@ -166,7 +212,8 @@ impl Storage for CrashStorage {
         let len = inner.size()?;
         // A file this storage has not seen was written before the test's crash model began.
         self.state.lock().durable.entry(path.to_path_buf()).or_insert(len);
-        Ok(Box::new(CrashFile { inner, path: path.to_path_buf(), state: Arc::clone(&self.state) }))
+        let (state, gate) = (Arc::clone(&self.state), Arc::clone(&self.gate));
+        Ok(Box::new(CrashFile { inner, path: path.to_path_buf(), state, gate }))
     }
 
     fn create(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
@@ -183,6 +230,7 @@ struct CrashFile {
     inner: Box<dyn WalFile>,
     path: PathBuf,
     state: Arc<Mutex<State>>,
+    gate: Arc<Gate>,
 }
 
 impl WalRead for CrashFile {
@@ -210,6 +258,7 @@ impl WalFile for CrashFile {
     }
 
     fn sync_data(&mut self) -> io::Result<()> {
+        self.gate.pass();
         let mut state = self.state.lock();
         if let Some(kind) = state.check(FaultOp::Sync) {
             return Err(kind.error());

@@ -1,8 +1,21 @@
-//! Refusal bodies: `{code, message, detail?}` (subc `ErrorBody`). Every field other than `code`
-//! and `message` goes inside `detail`. The served bytes of each refusal are pinned by a golden
-//! file under `testdata/golden/`, so `detail` keeps its members in the order the spec writes
-//! them (a plain JSON map would sort them).
+//! The wire layer: what broca's ops accept and answer, decoded and encoded without I/O.
+//!
+//! - [`send`]: `session.send` (lenient: an unread member is logged once per key);
+//! - [`requests`]: every other op's request, strict (an unknown member is refused by name);
+//! - [`answers`]: the typed answers the session actor gives (send, retract, cancel);
+//! - here: refusal bodies, `{code, message, detail?}` (subc `ErrorBody`). Every field other
+//!   than `code` and `message` goes inside `detail`. The served bytes of each refusal are pinned
+//!   by a golden file under `testdata/golden/`, so `detail` keeps its members in the order the
+//!   spec writes them (a plain JSON map would sort them).
 
+pub mod answers;
+pub mod requests;
+pub mod send;
+
+use std::collections::BTreeSet;
+use std::sync::OnceLock;
+
+use parking_lot::Mutex;
 use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};
 use serde_json::Value;
@@ -176,5 +189,34 @@ impl Refusal {
     /// The exact bytes served.
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("refusals serialize")
+    }
+}
+
+/// `invalid_params` naming the member at fault.
+pub fn invalid_params(field: &str, why: &str) -> Refusal {
+    Refusal::new(
+        RefusalCode::InvalidParams,
+        format!("invalid params: {field}: {why}"),
+        Some(crate::detail!("field" => field)),
+    )
+}
+
+/// Refuses members outside `known` (strict ops).
+pub fn strict(params: &Value, known: &[&str]) -> Result<(), Refusal> {
+    match params {
+        Value::Null => Ok(()),
+        Value::Object(map) => match map.keys().find(|k| !known.contains(&k.as_str())) {
+            Some(k) => Err(invalid_params(k, "unknown member")),
+            None => Ok(()),
+        },
+        _ => Err(invalid_params("params", "must be an object")),
+    }
+}
+
+/// Logs an unread `session.send` member once per key per process.
+pub(crate) fn note_unread(key: &str, harness: &str) {
+    static SEEN: OnceLock<Mutex<BTreeSet<String>>> = OnceLock::new();
+    if SEEN.get_or_init(Default::default).lock().insert(key.to_string()) {
+        log::warn!(target: "broca.wire", "session.send member {key:?} (from harness {harness:?}) is not read by this build");
     }
 }

@@ -7,10 +7,9 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-use crate::ops::{invalid_params, note_unread};
+use super::{invalid_params, note_unread, Refusal};
 use crate::provider::config::ToolSpec;
 use crate::session_key::SessionKey;
-use crate::wire::Refusal;
 
 /// Top-level members this build reads.
 const READ: &[&str] = &[

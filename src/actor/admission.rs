@@ -1,0 +1,151 @@
+//! Admission (spec §4): what a send must pass before anything is written, for the module and
+//! `broca-run` alike. [`Admission::precheck`] runs before the session is opened (the model is
+//! resolved against the catalog, shutdown and scoped-tool rules are applied); the rest is
+//! decided on the session's actor against its durable state ([`super::decide::send`]).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use crate::catalog::route::{self, AdmissionError, ModelRequest, RouteOverrides};
+use crate::catalog::{Catalog, CatalogError};
+use crate::config::BrocaConfig;
+use crate::provider::config::RenderConfig;
+use crate::provider::event::Family;
+use crate::record::Delivery;
+use crate::session_key::SessionKey;
+use crate::wire::send::SendParams;
+use crate::wire::{invalid_params, Refusal, RefusalCode};
+
+/// The catalog a module serves from: swapped whole when a newer one is loaded.
+pub type SharedCatalog = Arc<RwLock<Result<Catalog, CatalogError>>>;
+
+/// What admission reads: the catalog, `broca.jsonc`, and how routes are overridden.
+pub struct Admission {
+    pub catalog: SharedCatalog,
+    /// `broca.jsonc`, read once at boot: backup classes and context-management defaults.
+    pub config: Arc<BrocaConfig>,
+    /// `BROCA_PROVIDER_BASE_URL` (mock providers) and the auth a new send's route uses.
+    pub overrides: RouteOverrides,
+    /// The LKG catalog file, named in catalog refusals.
+    pub lkg: PathBuf,
+}
+
+/// Where a send arrives: the facts of its front-end that admission weighs.
+#[derive(Clone, Copy, Debug)]
+pub struct Arrival<'a> {
+    pub key: &'a SessionKey,
+    /// The daemon stamped a work scope on the route (tools come only from a fetch plan).
+    pub scoped: bool,
+    /// The module is shutting down.
+    pub sealing: bool,
+    /// The session already has a WAL.
+    pub exists: bool,
+}
+
+impl Admission {
+    /// The checks made before the session is opened; the model resolved when the send names
+    /// one (`None`: it inherits the session's frozen model, decided on the actor).
+    pub fn precheck(&self, send: &SendParams, at: Arrival<'_>) -> Result<Option<RenderConfig>, Refusal> {
+        // Tool providers need a per-call preset on scoped routes, which only a fetch plan gives:
+        // legacy direct tools cannot run there (broca has no fetch plans yet).
+        if at.scoped && send.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+            let message =
+                "session.send: tools on a scoped session must come from a fetch plan; legacy tools are refused";
+            let detail = Some(crate::detail!("class" => "permanent"));
+            return Err(Refusal::new(RefusalCode::ScopedToolsRequirePlan, message, detail));
+        }
+        if at.sealing {
+            let detail = Some(crate::detail!("class" => "transient"));
+            return Err(Refusal::new(
+                RefusalCode::ModuleReloading,
+                "broca is shutting down; send again shortly",
+                detail,
+            ));
+        }
+        project_root_present(at.key)?;
+        // "none" is the only mode this build serves: any other value is refused by name before
+        // the session is even opened (whatever it bound, the send cannot run).
+        if let Some(mode) = send.context_management.as_ref().filter(|m| **m != "none") {
+            return Err(super::policy::context_unavailable(mode));
+        }
+        // A named model resolves before the session is opened; an omitted one needs the
+        // session's frozen config, so only a session with history can omit it.
+        match &send.model {
+            Some(_) => self.resolve(send, None).map(Some),
+            None if !at.exists => {
+                Err(invalid_params("model", "required: the session has no episode to inherit it from"))
+            }
+            // Only a steer or an interrupt takes the session's frozen model; a plain send names one.
+            None if send.delivery == Delivery::Queue && send.send_id.is_none() => Err(inherit_refused()),
+            None => Ok(None),
+        }
+    }
+
+    /// Resolves the send's model (or the inherited one) against the catalog.
+    pub fn resolve(&self, send: &SendParams, inherited: Option<&RenderConfig>) -> Result<RenderConfig, Refusal> {
+        let (model, variant) = match (&send.model, inherited) {
+            (Some(m), _) => (m.id.clone(), m.variant.clone()),
+            (None, Some(c)) => (format!("{}/{}", c.provider, c.model), c.variant.clone()),
+            (None, None) => return Err(invalid_params("model", "required")),
+        };
+        let request = ModelRequest {
+            model,
+            variant,
+            system: send.system.clone(),
+            max_output_tokens: send.max_output_tokens.or(inherited.and_then(|c| c.max_output_tokens)),
+            max_steps: send.max_steps.or(inherited.and_then(|c| c.max_steps)),
+            tools: send.tools.clone().or_else(|| inherited.map(|c| c.tools.clone())).unwrap_or_default(),
+        };
+        let catalog = self.catalog.read();
+        let config =
+            route::resolve(catalog.as_ref(), self.lkg.clone(), &request, &self.overrides).map_err(|e| e.refusal())?;
+        if send.cache.as_ref().and_then(|c| c.get("ttl")).and_then(serde_json::Value::as_str) == Some("24h")
+            && !openai_api_route(&config)
+        {
+            let e = AdmissionError::RouteUnsupported {
+                model: format!("{}/{}", config.provider, config.model),
+                what: "cache ttl \"24h\" is served only on OpenAI's own API-key routes".into(),
+            };
+            return Err(e.refusal());
+        }
+        Ok(config)
+    }
+
+    /// A restart-paused run resumes only if its recorded model still resolves; `Err` carries
+    /// the refusal's message.
+    pub fn readmit(&self, config: &RenderConfig) -> Result<(), String> {
+        let request = ModelRequest {
+            model: format!("{}/{}", config.provider, config.model),
+            variant: config.variant.clone(),
+            ..ModelRequest::default()
+        };
+        let overrides =
+            RouteOverrides { base_url_override: self.overrides.base_url_override.clone(), auth: config.auth.clone() };
+        let catalog = self.catalog.read();
+        route::resolve(catalog.as_ref(), self.lkg.clone(), &request, &overrides)
+            .map(drop)
+            .map_err(|e| e.refusal().message)
+    }
+}
+
+/// A plain send that names no model.
+pub(super) fn inherit_refused() -> Refusal {
+    invalid_params("model", "required: only a steer or an interrupt inherits the session's model")
+}
+
+/// §10.1: writes refuse a session whose project root is gone (reads still work).
+fn project_root_present(key: &SessionKey) -> Result<(), Refusal> {
+    let root = std::path::Path::new(&key.project_root);
+    if root.is_dir() {
+        return Ok(());
+    }
+    let message =
+        format!("invalid project root: {} does not exist; recreate it to continue this session", key.project_root);
+    Err(Refusal::new(RefusalCode::InvalidProjectRoot, message, Some(crate::detail!("path" => key.project_root))))
+}
+
+fn openai_api_route(config: &RenderConfig) -> bool {
+    config.provider == "openai" && matches!(config.family, Family::OpenaiChat | Family::OpenaiResponses)
+}

@@ -1,0 +1,136 @@
+//! What a session's actor is asked to do. Every write to a session arrives as a
+//! [`SessionCommand`] in its bounded mailbox; the actor handles it between the loop's events
+//! (never inside a step, or between a tool call and its result) and answers through the
+//! command's [`Answer`].
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::decide;
+use crate::agent::{Handled, RunCommand};
+use crate::lineage::Lineage;
+use crate::provider::config::RenderConfig;
+use crate::record::CancelAt;
+use crate::store::Store;
+use crate::wire::answers::{CancelReply, RetractReply, SendReply};
+use crate::wire::requests::{CancelRequest, RetractRequest};
+use crate::wire::send::SendParams;
+use crate::wire::{Refusal, RefusalCode};
+
+pub enum SessionCommand {
+    /// Open the session and nothing else: opening seals an orphaned run and drains the queue
+    /// (boot recovery, `run.status` on a run left open), and an observer holds the lease.
+    Open,
+    /// Admit a send: `resolved` is the model the pre-check resolved, if the send named one.
+    Send {
+        send: Box<SendParams>,
+        resolved: Option<Box<RenderConfig>>,
+        answer: Answer<SendReply>,
+    },
+    Retract {
+        request: RetractRequest,
+        answer: Answer<RetractReply>,
+    },
+    /// `run.cancel` of a named run.
+    Cancel {
+        request: CancelRequest,
+        answer: Answer<CancelReply>,
+    },
+    /// Cancel whatever run is going (no answer; nothing when none is).
+    CancelRunning(CancelAt),
+    /// Shutdown: stop now and seal the running run `interrupted`.
+    Seal,
+    /// Draining: seal the running run `interrupted` at its next step-entry boundary.
+    SealAtBoundary,
+}
+
+impl std::fmt::Debug for SessionCommand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SessionCommand::Open => write!(f, "Open"),
+            SessionCommand::Send { send, .. } => write!(f, "Send({:?})", send.delivery),
+            SessionCommand::Retract { request, .. } => write!(f, "Retract({})", request.submission_id),
+            SessionCommand::Cancel { request, .. } => write!(f, "Cancel({}, {:?})", request.run_id, request.at),
+            SessionCommand::CancelRunning(at) => write!(f, "CancelRunning({at:?})"),
+            SessionCommand::Seal => write!(f, "Seal"),
+            SessionCommand::SealAtBoundary => write!(f, "SealAtBoundary"),
+        }
+    }
+}
+
+/// Handles one command on the session's owner. The signals (cancel, seal) mean something only
+/// to a run in progress; between runs they find nothing to act on.
+pub(super) fn handle(
+    admission: &super::admission::Admission,
+    store: &Store,
+    lineage: &mut Lineage,
+    cmd: SessionCommand,
+) -> Handled {
+    match cmd {
+        SessionCommand::Open => Handled::default(),
+        SessionCommand::Send { send, resolved, answer } => {
+            let mut units = Vec::new();
+            answer.send(decide::send(admission, store, lineage, *send, resolved.map(|c| *c), &mut units));
+            Handled { units, signal: None }
+        }
+        SessionCommand::Retract { request, answer } => {
+            let (reply, units) = split(decide::retract(store, lineage, &request.submission_id));
+            answer.send(reply);
+            Handled { units, signal: None }
+        }
+        SessionCommand::Cancel { request, answer } => {
+            let (reply, units) = split(decide::cancel(lineage, &request.run_id, request.at));
+            answer.send(reply);
+            Handled { units, signal: None }
+        }
+        SessionCommand::CancelRunning(at) => Handled { units: Vec::new(), signal: Some(RunCommand::Cancel(at)) },
+        SessionCommand::Seal => Handled { units: Vec::new(), signal: Some(RunCommand::Seal) },
+        SessionCommand::SealAtBoundary => Handled { units: Vec::new(), signal: Some(RunCommand::SealAtBoundary) },
+    }
+}
+
+/// A decision's answer and the units it made durable (none when it refused).
+fn split<T>(decided: Result<(T, decide::Units), Refusal>) -> (Result<T, Refusal>, decide::Units) {
+    match decided {
+        Ok((reply, units)) => (Ok(reply), units),
+        Err(r) => (Err(r), Vec::new()),
+    }
+}
+
+type Respond<T> = Box<dyn FnOnce(Result<T, Refusal>) + Send>;
+
+/// A reply given exactly once: by the first [`Answer::send`], or, if every handle is dropped
+/// unanswered (the session closed before the command ran), with a transient refusal, so no
+/// request is left hanging. Clones share the one reply.
+pub struct Answer<T>(Arc<Once<T>>);
+
+struct Once<T>(Mutex<Option<Respond<T>>>);
+
+impl<T> Clone for Answer<T> {
+    fn clone(&self) -> Self {
+        Answer(Arc::clone(&self.0))
+    }
+}
+
+impl<T> Answer<T> {
+    pub fn new(respond: impl FnOnce(Result<T, Refusal>) + Send + 'static) -> Answer<T> {
+        Answer(Arc::new(Once(Mutex::new(Some(Box::new(respond))))))
+    }
+
+    pub fn send(&self, result: Result<T, Refusal>) {
+        if let Some(respond) = self.0 .0.lock().take() {
+            respond(result);
+        }
+    }
+}
+
+impl<T> Drop for Once<T> {
+    fn drop(&mut self) {
+        if let Some(respond) = self.0.get_mut().take() {
+            let detail = Some(crate::detail!("class" => "transient"));
+            let message = "open failed: the session closed before answering";
+            respond(Err(Refusal::new(RefusalCode::OpenFailed, message, detail)));
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! The decisions a session's writer makes against its durable state (spec §4, §11, §13): a
+//! send's admission and delivery, a retract, a cancel. Each runs on the lineage's owner (the
+//! actor thread, or `broca-run`'s own thread), decides everything before it appends, and
+//! returns the control units it made durable for the caller to publish.
+//!
+//! - a keyed re-send answers its recorded fate (or is refused `send_id_reuse` naming the first
+//!   differing member); an auth-paused run's own re-send resumes it;
+//! - frozen session facts (class, context management, input-token cap) are checked;
+//! - delivery: on an idle session the send is queued and consumed by its `RunStarted` in one
+//!   barrier (`active`); behind a running turn `queue` waits in the FIFO (`pending`), `steer`
+//!   joins the running run at its next step boundary (`active` naming that run), `interrupt`
+//!   is queued first, then cancels the running run and starts ahead of plain sends (`pending`).
+
+use super::admission::{inherit_refused, Admission};
+use super::policy::session_policy;
+use crate::agent;
+use crate::lineage::ledger::{self, RunPhase};
+use crate::lineage::projection::ControlUnit;
+use crate::lineage::read::TranscriptPage;
+use crate::lineage::{Lineage, LineageError, RetractOutcome};
+use crate::message::Message;
+use crate::provider::client::now_ms;
+use crate::provider::config::RenderConfig;
+use crate::record::{CancelAt, Delivery, FinishReason, Frozen, PauseReason, Record, RequestIdentity};
+use crate::replay::Resolution;
+use crate::store::{Fate, SendLookup, SendRow, Store};
+use crate::wire::answers::{CancelReply, RetractMiss, RetractReply, SendReply};
+use crate::wire::send::{differing_field, SendParams};
+use crate::wire::{Refusal, RefusalCode};
+
+/// Units a decision made durable.
+pub type Units = Vec<ControlUnit>;
+
+/// Admits `send` on its session. `resolved` is the model [`Admission::precheck`] resolved (when
+/// the send named one). Durable before it answers.
+pub fn send(
+    admission: &Admission,
+    store: &Store,
+    lineage: &mut Lineage,
+    send: SendParams,
+    resolved: Option<RenderConfig>,
+    units: &mut Units,
+) -> Result<SendReply, Refusal> {
+    if let Some(send_id) = send.send_id.clone() {
+        if let Some(row) = recorded_send(store, lineage, &send_id)? {
+            if let Some(field) = differing_field(&row.request.identity, &send.identity) {
+                let message = format!("send_id {send_id:?} was already used by a send with a different {field}");
+                return Err(Refusal::new(RefusalCode::SendIdReuse, message, Some(crate::detail!("field" => field))));
+            }
+            let page = lineage.transcript(u64::MAX, 0).map_err(|e| e.refusal())?;
+            let addr = lineage.key().addr();
+            let row = ledger::send(store, &addr, &page, SendLookup::Submission(&row.submission_id))
+                .map_err(|e| e.refusal())?
+                .unwrap_or(row);
+            return resend(store, lineage, &page, &row, units);
+        }
+    }
+    if send.model.is_none() && send.delivery == Delivery::Queue {
+        return Err(inherit_refused());
+    }
+    let state = lineage.state();
+    let frozen: Option<RenderConfig> = state.last.as_ref().and_then(|e| e.config.config()).cloned();
+    if let Resolution::Paused { run_id, reason: PauseReason::AuthRequired } = state.resolution() {
+        if send.delivery != Delivery::Interrupt {
+            return Err(run_paused(&run_id, "auth_required"));
+        }
+    }
+    let mut config = match resolved {
+        Some(c) => c,
+        None => admission.resolve(&send, frozen.as_ref())?,
+    };
+    config.policy = session_policy(&admission.config, lineage, &send, frozen.as_ref())?;
+    deliver(lineage, send, config, units).map_err(|e| e.refusal())
+}
+
+/// Records the admitted send and delivers it by its mode against the session's running run.
+fn deliver(
+    lineage: &mut Lineage,
+    send: SendParams,
+    config: RenderConfig,
+    units: &mut Units,
+) -> Result<SendReply, LineageError> {
+    let submission_id = format!("sub-{}", uuid::Uuid::new_v4().simple());
+    let running = match lineage.state().resolution() {
+        Resolution::Resume { run_id } => Some((run_id, None)),
+        Resolution::Paused { run_id, reason } => Some((run_id, Some(reason))),
+        Resolution::Empty | Resolution::Idle { .. } => None,
+    };
+    // A steer into a run that is not going is a plain send.
+    let delivery = if running.is_some() { send.delivery } else { Delivery::Queue };
+    let request = RequestIdentity {
+        send_id: send.send_id.clone(),
+        principal: None,
+        harness: Some(lineage.key().harness.clone()),
+        received_at_ms: now_ms(),
+        config: Some(Frozen::new(config.clone())),
+        delivery: (send.delivery != Delivery::Queue).then_some(send.delivery),
+        target_run: match (&running, delivery) {
+            (Some((run_id, _)), Delivery::Steer) => Some(run_id.clone()),
+            _ => None,
+        },
+        identity: send.identity.clone(),
+        title: send.title.clone(),
+    };
+    let message = Message::user_text(send.prompt.clone());
+    lineage.append(&Record::Queued { submission_id: submission_id.clone(), message: message.clone(), request })?;
+    match (running, delivery) {
+        (None, _) if lineage.state().queue.len() > 1 => {
+            // Older sends still wait (the actor drains them in order): this one queues too.
+            units.extend(lineage.commit()?);
+            Ok(SendReply::pending(submission_id))
+        }
+        (None, _) => {
+            // Queued and consumed in one barrier: durable before the reply says "active".
+            let run_id = format!("run-{submission_id}");
+            units.extend(agent::admit(lineage, &run_id, Some(&submission_id), &config, message, send.title)?);
+            Ok(SendReply::active(run_id, Some(submission_id)))
+        }
+        (Some((run_id, _)), Delivery::Steer) => {
+            units.extend(lineage.commit()?);
+            Ok(SendReply::active(run_id, None))
+        }
+        (Some((run_id, paused)), Delivery::Interrupt) => {
+            // Queued first (above), then the running run is cancelled through the cancel path.
+            units.extend(cancel_run(lineage, &run_id, CancelAt::Now, paused.is_some())?);
+            Ok(SendReply::pending(submission_id))
+        }
+        (Some(_), Delivery::Queue) => {
+            units.extend(lineage.commit()?);
+            Ok(SendReply::pending(submission_id))
+        }
+    }
+}
+
+/// The send recorded under `send_id`, looked up the cheap way (a new send is the common case):
+/// a pending send is in the replay state; anything older is in the store, which holds every
+/// committed send once the run-index writer has caught up (each commit that changes a send
+/// hands its rows to the writer; `settle` waits for them).
+fn recorded_send(store: &Store, lineage: &Lineage, send_id: &str) -> Result<Option<SendRow>, Refusal> {
+    let pending = lineage.state().queue.iter().rev().find(|p| p.request.send_id.as_deref() == Some(send_id));
+    if let Some(p) = pending {
+        let row = SendRow {
+            submission_id: p.submission_id.clone(),
+            request: p.request.clone(),
+            fate: Fate::Pending,
+            run_id: None,
+        };
+        return Ok(Some(row));
+    }
+    let addr = lineage.key().addr();
+    if !lineage.store_current() {
+        // The store stopped at an older checkpoint: read its rows plus the WAL tail after it.
+        let page = lineage.transcript(u64::MAX, 0).map_err(|e| e.refusal())?;
+        return ledger::send(store, &addr, &page, SendLookup::SendId(send_id)).map_err(|e| e.refusal());
+    }
+    lineage.settle();
+    store.send(&addr, SendLookup::SendId(send_id)).map_err(|e| e.refusal())
+}
+
+/// The answer a keyed re-send gets: its recorded fate, never a second run. An auth-paused
+/// run's own re-send resumes it (the owner drives it after this decision).
+fn resend(
+    store: &Store,
+    lineage: &mut Lineage,
+    page: &TranscriptPage,
+    row: &SendRow,
+    units: &mut Units,
+) -> Result<SendReply, Refusal> {
+    let addr = lineage.key().addr();
+    if let (Fate::Started, Some(run_id)) = (row.fate, &row.run_id) {
+        let facts = ledger::run(store, &addr, page, run_id).map_err(|e| e.refusal())?;
+        if facts.is_some_and(|f| f.is_last && f.phase == (RunPhase::Paused { reason: PauseReason::AuthRequired })) {
+            let resumed = lineage.append_commit(&Record::RunResumed { run_id: run_id.clone() });
+            units.extend(resumed.map_err(|e| e.refusal())?.1);
+            return Ok(SendReply::active(run_id.as_str(), Some(row.submission_id.clone())));
+        }
+    }
+    ledger::fate(store, &addr, page, row).map_err(|e| e.refusal())
+}
+
+/// Retracts a pending send; a send no longer pending says why (spec §11).
+pub fn retract(store: &Store, lineage: &mut Lineage, submission_id: &str) -> Result<(RetractReply, Units), Refusal> {
+    let (outcome, units) = lineage.retract(submission_id).map_err(|e| e.refusal())?;
+    if outcome == RetractOutcome::Retracted {
+        return Ok((RetractReply::RETRACTED, units));
+    }
+    // Not pending: consumed into a run (or delivered as a steer), or never queued here.
+    let page = lineage.transcript(u64::MAX, 0).map_err(|e| e.refusal())?;
+    let row = ledger::send(store, &lineage.key().addr(), &page, SendLookup::Submission(submission_id))
+        .map_err(|e| e.refusal())?;
+    let reason = match row.as_ref().map(|r| r.fate) {
+        Some(Fate::Started | Fate::Delivered) => RetractMiss::AlreadyStarted,
+        _ => RetractMiss::NotPending,
+    };
+    Ok((RetractReply::missed(reason), units))
+}
+
+/// `run.cancel` of `run_id`: recorded when it is the session's running or paused run.
+pub fn cancel(lineage: &mut Lineage, run_id: &str, at: CancelAt) -> Result<(CancelReply, Units), Refusal> {
+    let paused = match lineage.state().resolution() {
+        Resolution::Resume { run_id: r } if r == run_id => false,
+        Resolution::Paused { run_id: r, .. } if r == run_id => true,
+        // Finished, another run, or a queued submission's id: nothing active to cancel.
+        _ => return Ok((CancelReply::NotActive, Vec::new())),
+    };
+    let units = cancel_run(lineage, run_id, at, paused).map_err(|e| e.refusal())?;
+    Ok((CancelReply::Ack, units))
+}
+
+/// Records a cancel of the session's running (or paused) run. A paused run is at a boundary
+/// already: it ends `cancelled` at once, without another model step. Durable when returned.
+fn cancel_run(lineage: &mut Lineage, run_id: &str, at: CancelAt, paused: bool) -> Result<Units, LineageError> {
+    let current = lineage.state().last.as_ref().and_then(|e| e.cancel);
+    // A duplicate boundary request is idempotent; a later `now` escalates one.
+    let needed =
+        !matches!((current, at), (Some(CancelAt::Now), _) | (Some(CancelAt::StepBoundary), CancelAt::StepBoundary));
+    if needed {
+        lineage.append(&Record::RunCancelRequested { run_id: run_id.into(), at })?;
+    }
+    if paused {
+        lineage.finish_run(run_id, FinishReason::Cancelled, None, vec![])?;
+    }
+    lineage.commit()
+}
+
+/// The refusal a send to a paused run gets.
+pub fn run_paused(run_id: &str, reason: &str) -> Refusal {
+    let message = format!("run {run_id} is paused ({reason}): re-authenticate and resend its own send_id, cancel it, or send with delivery \"interrupt\"");
+    Refusal::new(
+        RefusalCode::RunPaused,
+        message,
+        Some(crate::detail!("kind" => "run_paused", "run_id" => run_id, "reason" => reason)),
+    )
+}

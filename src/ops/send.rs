@@ -1,0 +1,59 @@
+//! `session.send` (spec §4, §10, §11): the params decoded ([`crate::wire::send`]), the send
+//! pre-checked before its session is opened ([`Admission::precheck`]), then handed to the
+//! session's actor, which decides it against the durable state ([`crate::actor::decide::send`]).
+//! Every refusal is decided before anything is written.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::{Ops, Reply};
+use crate::actor::admission::Arrival;
+use crate::actor::{Answer, SessionCommand};
+use crate::lineage::read;
+use crate::lineage::LineageError;
+use crate::replay::Resolution;
+use crate::session_key::SessionKey;
+use crate::wal::LeaseError;
+use crate::wire::{send, Refusal, RefusalCode};
+
+pub(super) fn session_send(ops: &Arc<Ops>, route: &super::Route, params: Value, reply: Reply) {
+    let key = &route.key;
+    let send = match send::parse(&params, key) {
+        Ok(s) => s,
+        Err(r) => return reply(Err(r)),
+    };
+    let shared = ops.registry.shared();
+    let arrival = Arrival {
+        key,
+        scoped: route.scoped,
+        sealing: ops.registry.is_sealing(),
+        exists: shared.wal_path(key).exists(),
+    };
+    let resolved = match ops.admission.precheck(&send, arrival) {
+        Ok(r) => r,
+        Err(r) => return reply(Err(r)),
+    };
+    let placement = ops.admission.config.placement_for(send.session_class.as_deref(), send.retention.is_some());
+    let answer = Answer::new(move |r| reply(r.map(super::body)));
+    let cmd = SessionCommand::Send { send: Box::new(send), resolved: resolved.map(Box::new), answer: answer.clone() };
+    if let Err(e) = ops.registry.command(key, placement, cmd) {
+        answer.send(Err(open_refusal(ops, key, e)));
+    }
+}
+
+/// An open failure as a send answers it: another process holding the session's lease is
+/// `session_busy` naming the run it is driving and its state (spec §14), distinct from
+/// `lease_stale`.
+fn open_refusal(ops: &Ops, key: &SessionKey, e: LineageError) -> Refusal {
+    let LineageError::Lease(LeaseError::Busy { .. }) = &e else { return e.refusal() };
+    let snapshot = read::snapshot(ops.registry.shared(), key);
+    let (run_id, state) = match snapshot.map(|p| p.map(|p| p.resolution)) {
+        Ok(Some(Resolution::Resume { run_id })) => (Some(run_id), "active"),
+        Ok(Some(Resolution::Paused { run_id, .. })) => (Some(run_id), "paused"),
+        Ok(Some(Resolution::Idle { run_id, .. })) => (Some(run_id), "idle"),
+        _ => (None, "leased"),
+    };
+    let message = format!("session busy: another broca process holds this session ({e})");
+    Refusal::new(RefusalCode::SessionBusy, message, Some(crate::detail!("run_id" => run_id, "state" => state)))
+}
