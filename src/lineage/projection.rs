@@ -15,7 +15,7 @@ use cortexkit_role_llm_runner::live::{LiveEvent, MessageEvent, RunEnded, RunStar
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::record::{CallOutcome, Record, ORPHAN_PROVIDER_CODE};
+use crate::record::{self, CallOutcome, Record, ORPHAN_PROVIDER_CODE};
 use crate::replay::{Effect, Replay, ReplayError};
 
 pub use crate::replay::Cursor;
@@ -106,36 +106,16 @@ fn reason_of(unit: &Value) -> String {
     unit["reason"].as_str().unwrap_or_default().to_string()
 }
 
+/// A record's unit bodies, each with its live event. One function per record kind with more
+/// than a line to say; the rest are spelled here.
 fn unit_bodies(record: &Record, context: &Context) -> Vec<(Value, Option<LiveEvent>)> {
     let assistant_mid = context.assistant.map(mid);
     match record {
-        Record::RunStarted(r) => {
-            let mut started = json!({"type": "run_started", "run_id": r.run_id});
-            let mut units = Vec::with_capacity(3);
-            if let Some(sub) = &r.submission_id {
-                started["submission_id"] = json!(sub);
-                units.push((json!({"type": "submission_started", "submission_id": sub, "run_id": r.run_id}), None));
-            }
-            units.insert(0, (started, Some(LiveEvent::RunStarted(RunStarted::new(&r.run_id)))));
-            units.push(message_unit(
-                json!({"type": "user_message", "run_id": r.run_id, "message": r.input}),
-                context.message,
-            ));
-            units
-        }
+        Record::RunStarted(r) => run_started(r, context),
         Record::StepStarted { run_id, step, .. } => {
             vec![(json!({"type": "step_started", "run_id": run_id, "step": step}), None)]
         }
-        Record::ModelAttemptFinished(a) => {
-            let mut unit = json!({"type": "model_attempt_finished", "run_id": a.run_id, "step": a.step, "attempt": a.attempt, "outcome": a.outcome});
-            if let Some(e) = &a.error {
-                unit["error"] = json!(e);
-            }
-            for (k, v) in &a.telemetry {
-                unit[k] = v.clone();
-            }
-            vec![(unit, None)]
-        }
+        Record::ModelAttemptFinished(a) => vec![(attempt_finished(a), None)],
         Record::ModelStepFinished { run_id, step, finish_reason, usage, message, .. } => vec![message_unit(
             json!({
                 "type": "assistant_message", "run_id": run_id, "step": step, "finish_reason": finish_reason,
@@ -144,30 +124,11 @@ fn unit_bodies(record: &Record, context: &Context) -> Vec<(Value, Option<LiveEve
             context.message,
         )],
         Record::ToolDispatchIntent { run_id, tool_call_id, tool_name, module_id, arguments, .. } => {
-            let mut unit =
-                json!({"type": "tool_started", "run_id": run_id, "tool_call_id": tool_call_id, "name": tool_name});
-            if let Some(m) = module_id {
-                unit["module"] = json!(m);
-            }
-            let event = assistant_mid.map(|m| {
-                unit["mid"] = json!(m);
-                let mut started = ToolStarted::new(m, tool_call_id, tool_name, &Value::Null, None, None);
-                started.arguments = arguments.clone().unwrap_or_else(|| "{}".into());
-                LiveEvent::ToolStarted(started)
-            });
-            vec![(unit, event)]
+            let call = StartedCall { run_id, tool_call_id, tool_name, module_id: module_id.as_deref(), arguments };
+            vec![tool_started(&call, assistant_mid.as_deref())]
         }
         Record::ToolResult { tool_call_id, output, is_error, outcome, .. } => {
-            let mut unit = json!({
-                "type": "tool_result", "result": {"tool_call_id": tool_call_id, "output": output, "is_error": is_error},
-            });
-            let event = assistant_mid.map(|m| {
-                unit["mid"] = json!(m);
-                let outcome = outcome.unwrap_or(if *is_error { CallOutcome::Error } else { CallOutcome::Ok }).as_str();
-                let bytes = serde_json::to_string(output).map_or(0, |t| t.len() as u64);
-                LiveEvent::ToolFinished(ToolFinished::new(m, tool_call_id, outcome, bytes, None))
-            });
-            vec![(unit, event)]
+            vec![tool_result(tool_call_id, output, *is_error, *outcome, assistant_mid.as_deref())]
         }
         Record::RunCancelRequested { run_id, at } => {
             vec![(json!({"type": "run_cancel_requested", "run_id": run_id, "at": at}), None)]
@@ -181,34 +142,7 @@ fn unit_bodies(record: &Record, context: &Context) -> Vec<(Value, Option<LiveEve
             vec![(unit, Some(event))]
         }
         Record::RunResumed { run_id } => vec![(json!({"type": "run_resumed", "run_id": run_id}), None)],
-        Record::RunFinished {
-            run_id,
-            reason,
-            error,
-            usage,
-            retries_used,
-            final_step_finish_reason,
-            indeterminate_tool_calls,
-            ..
-        } => {
-            let mut units = Vec::with_capacity(2);
-            if let Some(e) = error.as_ref().filter(|e| e.provider_code.as_deref() == Some(ORPHAN_PROVIDER_CODE)) {
-                units.push((json!({"type": "error", "run_id": run_id, "error": e}), None));
-            }
-            let mut unit = json!({"type": "run_finished", "run_id": run_id, "reason": reason, "usage": usage, "retries_used": retries_used});
-            if let Some(f) = final_step_finish_reason {
-                unit["final_step_finish_reason"] = json!(f);
-            }
-            if !indeterminate_tool_calls.is_empty() {
-                unit["indeterminate_tool_calls"] = json!(indeterminate_tool_calls);
-            }
-            if let Some(e) = error {
-                unit["error"] = json!(e);
-            }
-            let event = LiveEvent::RunFinished(RunEnded::new(run_id, reason_of(&unit)));
-            units.push((unit, Some(event)));
-            units
-        }
+        Record::RunFinished { .. } => run_finished(record),
         Record::Queued { submission_id, .. } => {
             vec![(json!({"type": "submission_queued", "submission_id": submission_id}), None)]
         }
@@ -221,4 +155,106 @@ fn unit_bodies(record: &Record, context: &Context) -> Vec<(Value, Option<LiveEve
         )],
         Record::CacheWarmed { .. } | Record::Unknown(_) => Vec::new(),
     }
+}
+
+/// `run_started`, then `submission_started` for a send's run, then the user message.
+fn run_started(r: &record::RunStarted, context: &Context) -> Vec<(Value, Option<LiveEvent>)> {
+    let mut started = json!({"type": "run_started", "run_id": r.run_id});
+    let mut units = Vec::with_capacity(3);
+    if let Some(sub) = &r.submission_id {
+        started["submission_id"] = json!(sub);
+        units.push((json!({"type": "submission_started", "submission_id": sub, "run_id": r.run_id}), None));
+    }
+    units.insert(0, (started, Some(LiveEvent::RunStarted(RunStarted::new(&r.run_id)))));
+    units.push(message_unit(json!({"type": "user_message", "run_id": r.run_id, "message": r.input}), context.message));
+    units
+}
+
+fn attempt_finished(a: &record::AttemptFinished) -> Value {
+    let mut unit = json!({"type": "model_attempt_finished", "run_id": a.run_id, "step": a.step, "attempt": a.attempt, "outcome": a.outcome});
+    if let Some(e) = &a.error {
+        unit["error"] = json!(e);
+    }
+    for (k, v) in &a.telemetry {
+        unit[k] = v.clone();
+    }
+    unit
+}
+
+/// The members of a dispatch intent its unit shows.
+struct StartedCall<'a> {
+    run_id: &'a str,
+    tool_call_id: &'a str,
+    tool_name: &'a str,
+    module_id: Option<&'a str>,
+    arguments: &'a Option<String>,
+}
+
+/// `tool_started`; inside a batch it carries the batch's assistant `mid` and its live event.
+fn tool_started(call: &StartedCall<'_>, assistant_mid: Option<&str>) -> (Value, Option<LiveEvent>) {
+    let mut unit = json!({"type": "tool_started", "run_id": call.run_id, "tool_call_id": call.tool_call_id, "name": call.tool_name});
+    if let Some(m) = call.module_id {
+        unit["module"] = json!(m);
+    }
+    let event = assistant_mid.map(|m| {
+        unit["mid"] = json!(m);
+        let mut started = ToolStarted::new(m, call.tool_call_id, call.tool_name, &Value::Null, None, None);
+        started.arguments = call.arguments.clone().unwrap_or_else(|| "{}".into());
+        LiveEvent::ToolStarted(started)
+    });
+    (unit, event)
+}
+
+/// `tool_result`; inside a batch it carries the batch's assistant `mid` and its live event.
+fn tool_result(
+    tool_call_id: &str,
+    output: &Value,
+    is_error: bool,
+    outcome: Option<CallOutcome>,
+    assistant_mid: Option<&str>,
+) -> (Value, Option<LiveEvent>) {
+    let mut unit = json!({
+        "type": "tool_result", "result": {"tool_call_id": tool_call_id, "output": output, "is_error": is_error},
+    });
+    let event = assistant_mid.map(|m| {
+        unit["mid"] = json!(m);
+        let outcome = outcome.unwrap_or(if is_error { CallOutcome::Error } else { CallOutcome::Ok }).as_str();
+        let bytes = serde_json::to_string(output).map_or(0, |t| t.len() as u64);
+        LiveEvent::ToolFinished(ToolFinished::new(m, tool_call_id, outcome, bytes, None))
+    });
+    (unit, event)
+}
+
+/// An orphan seal's `error` unit first (the crash diagnostic), then `run_finished`.
+fn run_finished(record: &Record) -> Vec<(Value, Option<LiveEvent>)> {
+    let Record::RunFinished {
+        run_id,
+        reason,
+        error,
+        usage,
+        retries_used,
+        final_step_finish_reason,
+        indeterminate_tool_calls,
+        ..
+    } = record
+    else {
+        return Vec::new();
+    };
+    let mut units = Vec::with_capacity(2);
+    if let Some(e) = error.as_ref().filter(|e| e.provider_code.as_deref() == Some(ORPHAN_PROVIDER_CODE)) {
+        units.push((json!({"type": "error", "run_id": run_id, "error": e}), None));
+    }
+    let mut unit = json!({"type": "run_finished", "run_id": run_id, "reason": reason, "usage": usage, "retries_used": retries_used});
+    if let Some(f) = final_step_finish_reason {
+        unit["final_step_finish_reason"] = json!(f);
+    }
+    if !indeterminate_tool_calls.is_empty() {
+        unit["indeterminate_tool_calls"] = json!(indeterminate_tool_calls);
+    }
+    if let Some(e) = error {
+        unit["error"] = json!(e);
+    }
+    let event = LiveEvent::RunFinished(RunEnded::new(run_id, reason_of(&unit)));
+    units.push((unit, Some(event)));
+    units
 }

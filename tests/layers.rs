@@ -1,0 +1,97 @@
+//! The layers import downward only (DESIGN.md §3): among the library's top-level modules, the
+//! graph of `crate::<module>` references has no cycle. Read from the sources, so a new import
+//! that closes a cycle fails here with the cycle named.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The top-level modules `text` names as `crate::<m>` (in paths and in `use crate::{…}`).
+fn references(text: &str) -> BTreeSet<String> {
+    let ident = |s: &str| s.chars().take_while(|c| c.is_ascii_lowercase() || *c == '_').collect::<String>();
+    let mut out = BTreeSet::new();
+    for (i, _) in text.match_indices("crate::") {
+        let rest = &text[i + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let group = &group[..group.find('}').unwrap_or(group.len())];
+            out.extend(group.split(',').map(|item| ident(item.trim())).filter(|m| !m.is_empty()));
+        } else {
+            out.insert(ident(rest));
+        }
+    }
+    out
+}
+
+/// A cycle through `start`, if the graph has one.
+fn cycle_from(graph: &BTreeMap<String, BTreeSet<String>>, start: &str) -> Option<Vec<String>> {
+    fn walk(
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        at: &str,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|m| m == at) {
+            let mut cycle = path[i..].to_vec();
+            cycle.push(at.to_string());
+            return Some(cycle);
+        }
+        if !done.insert(at.to_string()) {
+            return None;
+        }
+        path.push(at.to_string());
+        for next in graph.get(at).into_iter().flatten() {
+            if let Some(c) = walk(graph, next, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        None
+    }
+    walk(graph, start, &mut Vec::new(), &mut BTreeSet::new())
+}
+
+#[test]
+fn top_level_modules_import_without_cycles() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in &files {
+        let rel = file.strip_prefix(&src).unwrap();
+        let top = rel.components().next().unwrap().as_os_str().to_string_lossy().trim_end_matches(".rs").to_string();
+        if top == "lib" {
+            continue;
+        }
+        let text = std::fs::read_to_string(file).unwrap();
+        let modules = src.read_dir().unwrap().filter_map(|e| {
+            let name = e.ok()?.file_name().to_string_lossy().trim_end_matches(".rs").to_string();
+            Some(name)
+        });
+        let known: BTreeSet<String> = modules.collect();
+        let deps: Vec<String> = references(&text).into_iter().filter(|m| *m != top && known.contains(m)).collect();
+        graph.entry(top).or_default().extend(deps);
+    }
+    assert!(graph.len() > 10, "the source walk found the modules: {graph:?}");
+    for module in graph.keys() {
+        if let Some(cycle) = cycle_from(&graph, module) {
+            panic!("an import cycle among top-level modules: {}", cycle.join(" -> "));
+        }
+    }
+}
+
+#[test]
+fn the_reference_scan_reads_paths_and_groups() {
+    let text = "use crate::wire::Refusal;\nuse crate::{agent, lineage::Lineage};\nlet x = crate::store::f();";
+    let found: Vec<String> = references(text).into_iter().collect();
+    assert_eq!(found, ["agent", "lineage", "store", "wire"]);
+}
