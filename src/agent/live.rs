@@ -5,23 +5,8 @@
 use std::collections::HashMap;
 
 use parking_lot::Mutex;
-use serde::Serialize;
 
-/// One in-flight model step. Timestamps are Unix milliseconds; `attempt` is zero-based and
-/// its content progress resets on reissue. The gap fields need two content events.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct StepSnapshot {
-    pub step_id: String,
-    pub started_at_ms: u64,
-    pub attempt: u32,
-    pub attempt_started_at_ms: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_content_at_ms: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_content_gap_ms: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_content_gap_ended_at_ms: Option<u64>,
-}
+pub use crate::wire::status::StepSnapshot;
 
 /// Run id → its step in flight.
 #[derive(Debug, Default)]

@@ -11,6 +11,7 @@ use crate::record::{Frozen, Record};
 use crate::replay::Resolution;
 use crate::session_key::SessionKey;
 use crate::wire::requests::ReadRequest;
+use crate::wire::status::{PageItem, ReadPage};
 use crate::wire::{Refusal, RefusalCode};
 
 /// The page byte cap (spec §4: default and maximum 3 MiB of serialized reply body).
@@ -30,7 +31,12 @@ fn state_name(r: &Resolution) -> &'static str {
 pub(super) fn session_read(ops: &Ops, key: &SessionKey, request: ReadRequest) -> Result<Value, Refusal> {
     let ReadRequest { from_ordinal: from, limit } = request;
     let Some(reader) = Reader::open(ops.registry.shared(), key) else {
-        return Ok(json!({"messages": [], "lineage_state": "empty"}));
+        return Ok(super::body(ReadPage {
+            messages: Vec::new(),
+            lineage_state: "empty",
+            next_from_ordinal: None,
+            head: None,
+        }));
     };
     // The newest page needs the length first; a forward page does not.
     let start = match from {
@@ -41,8 +47,8 @@ pub(super) fn session_read(ops: &Ops, key: &SessionKey, request: ReadRequest) ->
         }
     };
     let page = read::transcript(&reader, start, limit).map_err(|e| e.refusal())?;
-    let items: Vec<Value> =
-        page.messages.iter().map(|(o, m)| json!({"ordinal": o, "mid": format!("m{o}"), "message": m})).collect();
+    let items: Vec<PageItem> =
+        page.messages.iter().map(|(o, m)| PageItem { ordinal: *o, mid: format!("m{o}"), message: m }).collect();
     // The byte cap: a forward page keeps its first messages, the newest page its last ones; one
     // message always stays whole.
     let sizes: Vec<usize> = items.iter().map(|i| serde_json::to_vec(i).map_or(0, |b| b.len() + 1)).collect();
@@ -63,15 +69,13 @@ pub(super) fn session_read(ops: &Ops, key: &SessionKey, request: ReadRequest) ->
         }
     };
     let first = start + skip as u64;
-    let kept: Vec<Value> = items.into_iter().skip(skip).take(take).collect();
-    let mut answer = json!({"messages": kept, "lineage_state": state_name(&page.resolution)});
     let end = first + take as u64;
-    if end < page.prompt_len {
-        answer["next_from_ordinal"] = json!(end);
-    }
-    if let Some(head) = page.head {
-        answer["head"] = json!(head);
-    }
+    let answer = ReadPage {
+        messages: items.into_iter().skip(skip).take(take).collect(),
+        lineage_state: state_name(&page.resolution),
+        next_from_ordinal: (end < page.prompt_len).then_some(end),
+        head: page.head,
+    };
     // An indivisible message whose frame would cross the transport limit is refused by name.
     let frame = serde_json::to_vec(&json!({"result": &answer})).map_or(0, |b| b.len()) + subc_protocol::HEADER_LEN;
     if frame > subc_protocol::MAX_DELIVERED_FRAME_LEN {
@@ -82,7 +86,7 @@ pub(super) fn session_read(ops: &Ops, key: &SessionKey, request: ReadRequest) ->
             format!("session.read: message m{first} alone makes a {frame}-byte reply, over the transport limit");
         return Err(Refusal::new(RefusalCode::ReplyTooLarge, message, Some(detail)));
     }
-    Ok(answer)
+    Ok(super::body(answer))
 }
 
 /// `session.baseline` (spec §4): sessions are admitted without a fetch plan, so `items` is empty

@@ -10,11 +10,12 @@ use crate::lineage::ledger::{self, RunFacts, RunPhase};
 use crate::lineage::read::{self, TranscriptPage};
 use crate::lineage::reader::Reader;
 use crate::message::{Part, Role};
-use crate::record::{pause_name, PauseReason, ProviderError};
 use crate::replay::Resolution;
 use crate::session_key::SessionKey;
 use crate::store::{Fate, SendLookup};
+use crate::wire::answers::Delivered;
 use crate::wire::requests::{ResultRequest, SendStatusRequest, StatusRequest};
+use crate::wire::status::{FinalMessage, RunResult, RunState, RunStatus, WireError};
 use crate::wire::{Refusal, RefusalCode};
 
 /// The session's durable snapshot, `None` when it has no WAL.
@@ -22,63 +23,40 @@ fn snapshot(ops: &Ops, key: &SessionKey) -> Result<Option<TranscriptPage>, Refus
     read::snapshot(ops.registry.shared(), key).map_err(|e| e.refusal())
 }
 
-/// A run error as the role spells it (`provider_code` always present).
-pub(super) fn wire_error(e: &ProviderError) -> Value {
-    let class = serde_json::to_value(e.class).unwrap_or(Value::Null);
-    let code = e.provider_code.clone().map_or(class.clone(), Value::String);
-    let mut out = json!({"class": class, "message": e.message, "provider_code": code});
-    if let Some(status) = e.http_status {
-        out["status"] = json!(status);
-    }
-    out
-}
-
-/// A known run's status body.
-fn run_body(ops: &Ops, facts: &RunFacts) -> Value {
-    let mut out = json!({"run_id": facts.run_id});
-    match &facts.phase {
-        RunPhase::Active => out["state"] = json!("active"),
-        RunPhase::Paused { reason } => {
-            out["state"] = json!("paused");
-            out["reason"] = json!(pause_name(*reason));
-            if *reason == PauseReason::Restart {
-                out["pause_reason"] = json!("restart");
-            }
-        }
-        RunPhase::Finished { reason } => out["state"] = json!(reason.as_str()),
-    }
-    if let Some(e) = &facts.error {
-        out["error"] = wire_error(e);
-    }
-    if let Some(d) = &facts.detail {
-        out["detail"] = d.clone();
-    }
-    out["usage"] = serde_json::to_value(&facts.usage).expect("usage serializes");
-    if let Some(t) = &facts.title {
-        out["title"] = json!(t);
-    }
-    if let Some(id) = facts.auth_selection.as_ref().and_then(|a| a.get("credential_id")) {
-        out["auth_selection"] = id.clone();
-    }
+/// A known run's status.
+fn run_body(ops: &Ops, facts: &RunFacts) -> RunStatus {
+    let run_id = Some(facts.run_id.clone());
+    let mut out = match &facts.phase {
+        RunPhase::Active => RunStatus::bare(run_id, RunState::Active),
+        RunPhase::Paused { reason } => RunStatus::paused(facts.run_id.clone(), *reason),
+        RunPhase::Finished { reason } => RunStatus::bare(run_id, RunState::Finished(*reason)),
+    };
+    out.error = facts.error.as_ref().map(WireError::from);
+    out.detail = facts.detail.clone();
+    out.usage = Some(facts.usage.clone());
+    out.title = facts.title.clone();
+    out.auth_selection = facts.auth_selection.as_ref().and_then(|a| a.get("credential_id")).cloned();
     if matches!(facts.phase, RunPhase::Finished { .. }) {
         // Every acknowledged steer reaches the transcript before its run's terminal; these
         // came after the run's last model step, so no model of the run saw them.
-        out["undelivered_steers"] = json!(facts.undelivered_steers);
+        out.undelivered_steers = Some(facts.undelivered_steers.clone());
     }
     if facts.phase == RunPhase::Active {
-        if let Some(step) = ops.registry.steps().get(&facts.run_id) {
-            out["step"] = serde_json::to_value(step).expect("steps serialize");
-        }
+        out.step = ops.registry.steps().get(&facts.run_id);
     }
     out
 }
 
 pub(super) fn run_status(ops: &Ops, key: &SessionKey, request: StatusRequest) -> Result<Value, Refusal> {
-    let run_id = request.run_id;
+    status_of(ops, key, request.run_id).map(super::body)
+}
+
+fn status_of(ops: &Ops, key: &SessionKey, run_id: Option<String>) -> Result<RunStatus, Refusal> {
+    let idle = || RunStatus::bare(None, RunState::Idle);
     let Some(mut page) = snapshot(ops, key)? else {
         return Ok(match run_id {
-            Some(id) => json!({"run_id": id, "state": "unknown"}),
-            None => json!({"state": "idle"}),
+            Some(id) => RunStatus::bare(Some(id), RunState::Unknown),
+            None => idle(),
         });
     };
     if matches!(page.resolution, Resolution::Resume { .. }) && !ops.registry.is_open(key) {
@@ -94,13 +72,13 @@ pub(super) fn run_status(ops: &Ops, key: &SessionKey, request: StatusRequest) ->
     let Some(run_id) = run_id else {
         // Session-level: the last episode.
         let last = match &page.resolution {
-            Resolution::Empty => return Ok(json!({"state": "idle"})),
+            Resolution::Empty => return Ok(idle()),
             Resolution::Idle { run_id, .. } | Resolution::Paused { run_id, .. } | Resolution::Resume { run_id } => {
                 run_id.clone()
             }
         };
         let facts = ledger::run(store, &addr, &page, &last).map_err(|e| e.refusal())?;
-        return Ok(facts.map_or_else(|| json!({"state": "idle"}), |f| run_body(ops, &f)));
+        return Ok(facts.map_or_else(idle, |f| run_body(ops, &f)));
     };
     if let Some(facts) = ledger::run(store, &addr, &page, &run_id).map_err(|e| e.refusal())? {
         return Ok(run_body(ops, &facts));
@@ -113,19 +91,19 @@ pub(super) fn run_status(ops: &Ops, key: &SessionKey, request: StatusRequest) ->
             return Ok(match (row.fate, &row.run_id) {
                 (Fate::Delivered, Some(x)) | (Fate::Started, Some(x)) => {
                     let facts = ledger::run(store, &addr, &page, x).map_err(|e| e.refusal())?;
-                    let mut body =
-                        facts.map_or_else(|| json!({"run_id": x, "state": "unknown"}), |f| run_body(ops, &f));
+                    let unknown = || RunStatus::bare(Some(x.clone()), RunState::Unknown);
+                    let mut body = facts.map_or_else(unknown, |f| run_body(ops, &f));
                     if row.fate == Fate::Delivered {
-                        body["delivered"] = json!({"as": "step", "ref": x});
+                        body.delivered = Some(Delivered { as_: "step", reference: x.clone() });
                     }
                     body
                 }
-                (Fate::Retracted, _) => json!({"state": "retracted"}),
-                _ => json!({"state": "pending"}),
+                (Fate::Retracted, _) => RunStatus::bare(None, RunState::Retracted),
+                _ => RunStatus::bare(None, RunState::Pending),
             });
         }
     }
-    Ok(json!({"run_id": run_id, "state": "unknown"}))
+    Ok(RunStatus::bare(Some(run_id), RunState::Unknown))
 }
 
 /// `run.result {run_id}`: state, usage, reason, error and the final assistant message's text.
@@ -141,15 +119,9 @@ pub(super) fn run_result(ops: &Ops, key: &SessionKey, request: ResultRequest) ->
     let Some(facts) = ledger::run(&shared.store, &key.addr(), &page, &run_id).map_err(|e| e.refusal())? else {
         return Err(unknown());
     };
-    let status = run_body(ops, &facts);
-    let mut out = json!({"run_id": run_id, "state": status["state"], "usage": status["usage"]});
-    for member in ["reason", "pause_reason", "error", "detail", "title", "auth_selection"] {
-        if let Some(v) = status.get(member) {
-            out[member] = v.clone();
-        }
-    }
+    let mut out = RunResult::of(run_id.clone(), run_body(ops, &facts));
     if let RunPhase::Finished { reason } = facts.phase {
-        out["reason"] = json!(reason.as_str());
+        out.finish_reason = Some(reason.as_str());
         let reader = Reader::open(shared, key).ok_or_else(unknown)?;
         let final_message = read::last_message_of_run(&reader, &run_id, Role::Assistant).map_err(|e| e.refusal())?;
         if let Some((ordinal, message)) = final_message {
@@ -161,7 +133,7 @@ pub(super) fn run_result(ops: &Ops, key: &SessionKey, request: ResultRequest) ->
                     _ => None,
                 })
                 .collect();
-            out["final_message"] = json!({"ordinal": ordinal, "mid": format!("m{ordinal}"), "text": text});
+            out.final_message = Some(FinalMessage { ordinal, mid: format!("m{ordinal}"), text });
             let frame = serde_json::to_vec(&json!({"result": &out})).map_or(0, |b| b.len()) + subc_protocol::HEADER_LEN;
             if frame > subc_protocol::MAX_DELIVERED_FRAME_LEN {
                 let subject = json!({"kind": "message", "session": key.session, "ordinal": ordinal});
@@ -174,7 +146,7 @@ pub(super) fn run_result(ops: &Ops, key: &SessionKey, request: ResultRequest) ->
             }
         }
     }
-    Ok(out)
+    Ok(super::body(out))
 }
 
 /// `send.status {send_id}` (alias `session.send_status`): what an identical re-send would be

@@ -3,6 +3,7 @@
 //! - [`send`]: `session.send` (lenient: an unread member is logged once per key);
 //! - [`requests`]: every other op's request, strict (an unknown member is refused by name);
 //! - [`answers`]: the typed answers the session actor gives (send, retract, cancel);
+//! - [`status`]: the read ops' answers (`run.status`, `run.result`, `session.read` pages);
 //! - here: refusal bodies, `{code, message, detail?}` (subc `ErrorBody`). Every field other
 //!   than `code` and `message` goes inside `detail`. The served bytes of each refusal are pinned
 //!   by a golden file under `testdata/golden/`, so `detail` keeps its members in the order the
@@ -11,6 +12,7 @@
 pub mod answers;
 pub mod requests;
 pub mod send;
+pub mod status;
 
 use std::collections::BTreeSet;
 use std::sync::OnceLock;
