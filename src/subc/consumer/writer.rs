@@ -147,3 +147,103 @@ fn write_loop(mut stream: TcpStream, control: &Receiver<Vec<u8>>, data: &Receive
     }
     wire.close();
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::net::TcpListener;
+    use std::os::fd::AsRawFd;
+
+    use subc_protocol::{Flags, FrameType, Priority};
+
+    use super::*;
+    use crate::subc::frame::{self, Decoder};
+
+    fn small_buffer(stream: &TcpStream, option: libc::c_int) {
+        let size: libc::c_int = 16 << 10;
+        // SAFETY: a valid socket descriptor and a correctly sized option value.
+        let rc = unsafe {
+            libc::setsockopt(
+                stream.as_raw_fd(),
+                libc::SOL_SOCKET,
+                option,
+                &size as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(rc, 0);
+    }
+
+    fn encoded(ty: FrameType, corr: u64, body: &[u8]) -> Vec<u8> {
+        frame::encode(ty, Flags::new(false, Priority::Interactive, false), 1, 1, corr, body).unwrap()
+    }
+
+    /// The writer is stuck inside a large write (the peer is not reading and the socket buffers
+    /// are tiny) with more data frames queued; a control frame enqueued then goes out right after
+    /// the frame being written, ahead of the queued ones.
+    #[test]
+    fn a_control_frame_overtakes_the_queued_data_frames() {
+        const QUEUED: u64 = 12;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut peer, _) = listener.accept().unwrap();
+        ours.set_nodelay(true).unwrap();
+        small_buffer(&ours, libc::SO_SNDBUF);
+        small_buffer(&peer, libc::SO_RCVBUF);
+        let lanes = start(ours).unwrap();
+        let body = vec![7u8; 256 << 10];
+        for corr in 0..QUEUED {
+            lanes.data(encoded(FrameType::Request, corr, &body)).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(lanes.queued_frames() as u64 >= QUEUED - 2, "the writer is stuck in the first frames");
+        assert!(lanes.control(encoded(FrameType::Pong, 999, &[])));
+
+        let mut decoder = Decoder::new();
+        let mut order = Vec::new();
+        let mut buf = vec![0u8; 64 << 10];
+        while order.len() < QUEUED as usize + 1 {
+            let n = peer.read(&mut buf).unwrap();
+            assert!(n > 0, "the writer ended early");
+            decoder.feed(&buf[..n]);
+            while let Some(f) = decoder.next_frame().unwrap() {
+                order.push((f.header.ty, f.header.corr));
+            }
+        }
+        let pong_at = order.iter().position(|(ty, _)| *ty == FrameType::Pong).unwrap();
+        assert!(pong_at <= 2, "the PONG went out after {pong_at} data frames: {order:?}");
+        let data: Vec<u64> = order.iter().filter(|(ty, _)| *ty == FrameType::Request).map(|(_, c)| *c).collect();
+        assert_eq!(data, (0..QUEUED).collect::<Vec<_>>(), "data frames keep their order");
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while lanes.wire.queued_bytes.load(Ordering::Acquire) != 0 {
+            assert!(std::time::Instant::now() < until, "every written byte is released");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn a_full_data_lane_is_backpressure_and_a_closed_one_is_closed() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (_peer, _) = listener.accept().unwrap();
+        small_buffer(&ours, libc::SO_SNDBUF);
+        let lanes = start(ours).unwrap();
+        // Past the byte budget (the peer never reads): refused with the counts, nothing queued.
+        let big = vec![0u8; OUTBOUND_QUEUE_BYTES / 4];
+        let mut refused = None;
+        for corr in 0..8 {
+            if let Err(e) = lanes.data(encoded(FrameType::Request, corr, &big)) {
+                refused = Some(e);
+                break;
+            }
+        }
+        match refused {
+            Some(CallError::Backpressure { queued_bytes, .. }) => assert!(queued_bytes > OUTBOUND_QUEUE_BYTES / 2),
+            other => panic!("expected Backpressure, got {other:?}"),
+        }
+        // A header-only frame still fits the frame bound but not the byte budget once over it.
+        lanes.wire.close();
+        assert!(matches!(lanes.data(encoded(FrameType::Cancel, 1, &[])), Err(CallError::Closed)));
+        assert!(!lanes.control(encoded(FrameType::Pong, 1, &[])));
+    }
+}
