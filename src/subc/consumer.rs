@@ -3,9 +3,10 @@
 //! (tool providers, claustrum, fusiform), presenting its consumer identity so targets see broca's
 //! reserved principal, and calls them with deadlines.
 //!
-//! Shape: [`Consumer`] (cloneable) holds the current [`link::Link`], one per TCP connection, and
-//! dials a new one after the old one ended. Each link has a reader thread ([`reader`]), a writer
-//! thread fed by two bounded lanes ([`writer`]), its open calls, and its [`routes::RouteCache`].
+//! Shape: [`Consumer`] (cloneable) holds the current `Link` (`consumer/link.rs`), one per TCP
+//! connection, and dials a new one after the old one ended. Each link has a reader thread
+//! (`consumer/reader.rs`), a writer thread fed by two bounded lanes (`consumer/writer.rs`), its
+//! open calls, and its [`routes::RouteCache`].
 //!
 //! Invariants:
 //! - **no lock is held while the socket is written**: only the writer thread writes, one whole
@@ -50,7 +51,7 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use subc_protocol::{BindIdentity, ErrorBody, RouteTarget};
 
-pub use link::{PendingCall, MAX_PENDING_CALLS};
+pub use link::{PendingCall, MAX_CONCURRENT_ROUTE_OPENS, MAX_PENDING_CALLS};
 pub use writer::{CONTROL_LANE_FRAMES, OUTBOUND_QUEUE_BYTES, OUTBOUND_QUEUE_FRAMES};
 
 use self::link::Link;
@@ -123,6 +124,8 @@ pub enum CallError {
     RouteClosed,
     /// No terminal frame within the deadline; the outcome is unknown.
     Timeout,
+    /// The route did not open within the deadline; nothing was sent on it.
+    OpenTimeout,
     /// The connection ended (or is being re-dialed) before an answer.
     Closed,
     /// The outbound queue is full; nothing was sent.
@@ -155,6 +158,7 @@ impl std::fmt::Display for CallError {
             CallError::NotDelivered(body) => write!(f, "not delivered: {}: {}", body.code, body.message),
             CallError::RouteClosed => write!(f, "the route closed before an answer"),
             CallError::Timeout => write!(f, "no answer within the deadline"),
+            CallError::OpenTimeout => write!(f, "the route did not open within the deadline"),
             CallError::Closed => write!(f, "the consumer connection closed"),
             CallError::Backpressure { queued_frames, queued_bytes } => write!(
                 f,

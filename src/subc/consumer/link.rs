@@ -12,7 +12,10 @@
 //! - locks are taken one at a time (`pending` or `routes`, never both), and never across a
 //!   blocking call: enqueueing is `try_send`, waiting for an answer happens with no lock held;
 //! - every route a link opens is either cached, handed to a caller of [`Link::open_route`]
-//!   (who closes it), or sent its GOODBYE.
+//!   (who closes it), or sent its GOODBYE;
+//! - at most [`MAX_CONCURRENT_ROUTE_OPENS`] `route.open`s are in flight, the daemon's own limit
+//!   per connection (past it the daemon refuses `target_unavailable`); further openers wait for
+//!   a slot within their deadline.
 
 use std::collections::HashMap;
 use std::net::{TcpStream, ToSocketAddrs};
@@ -22,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, Sender};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use subc_protocol::error_codes::is_retryable_route_open;
 use subc_protocol::{BindIdentity, Flags, FrameType, Priority, RouteTarget};
 
@@ -34,6 +37,9 @@ use crate::subc::{connection_file, frame, handshake};
 
 /// Calls (route opens included) that may be open on one connection at once.
 pub const MAX_PENDING_CALLS: usize = 4096;
+/// `route.open`s in flight on one connection: subc-daemon 0.39.3's
+/// `MAX_PENDING_ROUTE_OPENS_PER_CONNECTION`.
+pub const MAX_CONCURRENT_ROUTE_OPENS: usize = 8;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(2);
 /// The pause before the one retry of a `route.open` refused with a retryable code.
@@ -59,6 +65,9 @@ pub(super) struct Link {
     next_corr: AtomicU64,
     identity: Option<ConsumerIdentity>,
     pub totals: Arc<Totals>,
+    /// `route.open`s in flight, and the signal that one ended.
+    opening: Mutex<usize>,
+    open_ended: Condvar,
 }
 
 pub(super) fn data_flags() -> Flags {
@@ -100,6 +109,8 @@ impl Link {
             next_corr: AtomicU64::new(1),
             identity,
             totals,
+            opening: Mutex::new(0),
+            open_ended: Condvar::new(),
         });
         let reading = Arc::clone(&link);
         let started = std::thread::Builder::new()
@@ -210,11 +221,13 @@ impl Link {
         deadline: Instant,
     ) -> Result<ClientRoute, CallError> {
         let body = RouteOpen::new(target, identity, self.identity.as_ref()).to_bytes();
+        let _slot = self.open_slot(deadline)?;
         let call = self.start(self.route(0, 0), false, &body)?;
         self.totals.route_opens.fetch_add(1, Ordering::Relaxed);
         let reply = match call.wait_until(deadline) {
             Ok(reply) => reply,
             Err(CallError::Module(body)) => return Err(CallError::RouteOpen(body)),
+            Err(CallError::Timeout) => return Err(CallError::OpenTimeout),
             Err(e) => return Err(e),
         };
         let opened: RouteOpened = serde_json::from_slice(&reply).map_err(|e| CallError::BadReply(e.to_string()))?;
@@ -222,6 +235,18 @@ impl Link {
             return Err(CallError::BadReply("route.open answered channel 0".into()));
         }
         Ok(self.route(opened.route_channel, opened.route_epoch))
+    }
+
+    /// Waits (until `deadline`) for one of the [`MAX_CONCURRENT_ROUTE_OPENS`] open slots.
+    fn open_slot(&self, deadline: Instant) -> Result<OpenSlot<'_>, CallError> {
+        let mut opening = self.opening.lock();
+        while *opening >= MAX_CONCURRENT_ROUTE_OPENS {
+            if self.open_ended.wait_until(&mut opening, deadline).timed_out() {
+                return Err(CallError::OpenTimeout);
+            }
+        }
+        *opening += 1;
+        Ok(OpenSlot(self))
     }
 
     /// [`Link::open_route`], retried once after a short pause when the refusal is retryable.
@@ -324,6 +349,16 @@ impl Link {
             let _ = pending.tx.send(Err(CallError::Closed));
         }
         self.routes.lock().clear();
+    }
+}
+
+/// A held `route.open` slot; released on drop.
+struct OpenSlot<'a>(&'a Link);
+
+impl Drop for OpenSlot<'_> {
+    fn drop(&mut self) {
+        *self.0.opening.lock() -= 1;
+        self.0.open_ended.notify_one();
     }
 }
 
