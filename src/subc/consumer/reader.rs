@@ -195,3 +195,30 @@ fn send_control(link: &Link, ty: FrameType, flags: Flags, route: ClientRoute, co
         log::warn!(target: "broca::subc", "consumer connection: control lane full; {ty:?} on {}/{} dropped", route.channel, route.epoch);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use subc_protocol::Priority;
+
+    use super::*;
+
+    #[test]
+    fn only_the_daemons_pre_send_refusals_count_as_not_delivered() {
+        let module = Flags::new(false, Priority::Interactive, false);
+        let daemon = module.with_daemon_origin();
+        assert!(not_delivered(daemon, "unknown_channel"));
+        assert!(not_delivered(daemon, "stale_route_epoch"));
+        assert!(not_delivered(daemon, "module_reloading"));
+        // A module may spell any code; only the daemon's module_reloading proves non-delivery.
+        assert!(!not_delivered(module, "module_reloading"));
+        assert!(!not_delivered(daemon, "frame_too_large"), "the module received an oversized-reply request");
+        assert!(!not_delivered(daemon, "cancelled"));
+    }
+
+    #[test]
+    fn the_idle_sweep_ticks_at_half_the_ttl_within_bounds() {
+        assert_eq!(tick(Duration::from_secs(120)), MAX_TICK);
+        assert_eq!(tick(Duration::from_millis(300)), Duration::from_millis(150));
+        assert_eq!(tick(Duration::ZERO), MIN_TICK);
+    }
+}
