@@ -3,60 +3,150 @@
 //! (tool providers, claustrum, fusiform), presenting its consumer identity so targets see broca's
 //! reserved principal, and calls them with deadlines.
 //!
+//! Shape: [`Consumer`] (cloneable) holds the current `Link` (`consumer/link.rs`), one per TCP
+//! connection, and dials a new one after the old one ended. Each link has a reader thread
+//! (`consumer/reader.rs`), a writer thread fed by two bounded lanes (`consumer/writer.rs`), its
+//! open calls, and its [`routes::RouteCache`].
+//!
 //! Invariants:
-//! - one reader thread owns the read half; writers share the write half under a lock, one
-//!   `write` per frame;
-//! - a pending call is keyed by `(channel, corr)` of broca's own Request and resolved only by a
-//!   terminal frame (Response, Error, StreamEnd) from the module; a **reverse Request** a module
-//!   sends toward broca lives in the module's corr space, is answered at once with
-//!   `reverse_request_unhandled` and counted, and never resolves a pending call, even when its
-//!   corr collides;
-//! - when the connection ends, every pending call fails `Closed`.
+//! - **no lock is held while the socket is written**: only the writer thread writes, one whole
+//!   frame per `write_all`; callers enqueue on the bounded data lane and get
+//!   [`CallError::Backpressure`] when it is full; the reader enqueues PONGs and reverse-request
+//!   refusals on the control lane with `try_send`, which the writer always serves first, so a
+//!   large queued write never holds up a PONG by more than the frame being written;
+//! - **routes are cached per (target, bind identity)**, at most [`ConsumerOptions::route_capacity`]
+//!   of them (default [`ROUTE_CACHE_CAPACITY`]): past the bound the least recently used idle
+//!   route is evicted with a GOODBYE, routes idle past [`ConsumerOptions::route_idle_ttl`]
+//!   (default [`ROUTE_IDLE_TTL`]) get their GOODBYE, and a route the module or the daemon closes,
+//!   or that a call proves dead, leaves the cache; the next call opens a fresh one. A route with
+//!   a call in flight is never evicted. So broca holds a bounded number of routes and never
+//!   exhausts the daemon's u16 channel space however many targets and sessions it calls;
+//! - **a call is at most once**: nothing here ever sends a Request twice. A `route.open`
+//!   refused with a retryable code is retried once; a call is not;
+//! - a call resolves only by its own terminal frame on the route it went out on; a **reverse
+//!   Request** a module sends toward broca is answered `reverse_request_unhandled` at once,
+//!   counted, and never resolves a call, even when its corr collides;
+//! - when the connection ends, every open call fails [`CallError::Closed`] and its routes are
+//!   gone with it; a route from an ended connection is never sent on another one. The next call
+//!   dials again, at most once per backoff step (from [`RECONNECT_BACKOFF_MIN`] doubling to
+//!   [`RECONNECT_BACKOFF_MAX`]); calls in between fail `Closed` at once instead of spinning.
+//!
+//! Not here yet: the per-route credit window. The `route.open` reply names no window (it follows
+//! from the target's declared `concurrency`, which only the catalog reports), so calls beyond
+//! it wait inside the daemon, which stops reading this connection meanwhile.
 
-use std::collections::HashMap;
-use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpStream, ToSocketAddrs};
-use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+mod link;
+mod reader;
+pub mod routes;
+mod wire;
+mod writer;
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Sender};
 use parking_lot::Mutex;
-use serde_json::{json, Value};
-use subc_protocol::{BindIdentity, ErrorBody, Flags, Frame, FrameType, Priority, RouteTarget};
+use serde::Serialize;
+use subc_protocol::{BindIdentity, ErrorBody, RouteTarget};
 
-use super::frame::{self, Decoder};
-use super::{connection_file, handshake};
+pub use link::{PendingCall, MAX_CONCURRENT_ROUTE_OPENS, MAX_PENDING_CALLS};
+pub use writer::{CONTROL_LANE_FRAMES, OUTBOUND_QUEUE_BYTES, OUTBOUND_QUEUE_FRAMES};
 
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(2);
+use self::link::Link;
+use super::frame::TooLarge;
+
 /// The code and message a consumer answers a reverse request it has no handler for (the same
 /// reply the subc Rust consumer SDK sends).
 pub const REVERSE_REQUEST_UNHANDLED: &str = "reverse_request_unhandled";
+/// Routes one connection keeps open by default (far below the daemon's 65,535 channels).
+pub const ROUTE_CACHE_CAPACITY: usize = 256;
+/// How long an unused route stays open by default.
+pub const ROUTE_IDLE_TTL: Duration = Duration::from_secs(120);
+/// The first wait before dialing again after a failed dial.
+pub const RECONNECT_BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// The longest wait between dials.
+pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// Who broca is when it opens routes: its module id and the daemon's launch nonce.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize)]
 pub struct ConsumerIdentity {
     pub module_id: String,
     pub launch_nonce: String,
 }
 
-/// A route broca opened.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A route broca opened, in its connection's numbering. Only valid on the connection that
+/// opened it: after a reconnect it is refused with [`CallError::Closed`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ClientRoute {
     pub channel: u16,
     pub epoch: u32,
+    /// The link (connection) the route belongs to.
+    generation: u64,
+}
+
+/// Tunables; [`Default`] gives the named defaults.
+#[derive(Clone, Debug)]
+pub struct ConsumerOptions {
+    /// Cached routes per connection.
+    pub route_capacity: usize,
+    /// An unused cached route is closed after this long.
+    pub route_idle_ttl: Duration,
+    pub reconnect_backoff_min: Duration,
+    pub reconnect_backoff_max: Duration,
+}
+
+impl Default for ConsumerOptions {
+    fn default() -> ConsumerOptions {
+        ConsumerOptions {
+            route_capacity: ROUTE_CACHE_CAPACITY,
+            route_idle_ttl: ROUTE_IDLE_TTL,
+            reconnect_backoff_min: RECONNECT_BACKOFF_MIN,
+            reconnect_backoff_max: RECONNECT_BACKOFF_MAX,
+        }
+    }
 }
 
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum CallError {
-    /// The module (or the daemon) refused: its error body.
+    /// The module (or the daemon) refused the call: its error body. The module may have acted.
     Module(ErrorBody),
+    /// The route could not be opened (the daemon's or the target's refusal); nothing was sent.
+    RouteOpen(ErrorBody),
+    /// The daemon refused the request before forwarding it (`unknown_channel`,
+    /// `stale_route_epoch`, `module_reloading`): the module never received it. The route was
+    /// dropped from the cache; the next call opens a new one.
+    NotDelivered(ErrorBody),
+    /// The route closed (module GOODBYE or the daemon's `route.closed`) with the call open; the
+    /// outcome is unknown.
+    RouteClosed,
     /// No terminal frame within the deadline; the outcome is unknown.
     Timeout,
-    /// The connection ended before an answer.
+    /// The route did not open within the deadline; nothing was sent on it.
+    OpenTimeout,
+    /// The connection ended (or is being re-dialed) before an answer.
     Closed,
+    /// The outbound queue is full; nothing was sent.
+    Backpressure {
+        queued_frames: usize,
+        queued_bytes: usize,
+    },
+    /// [`MAX_PENDING_CALLS`] calls are already open; nothing was sent.
+    TooManyCalls {
+        limit: usize,
+    },
+    /// Every cached route has a call in flight; nothing was sent.
+    RouteCacheFull {
+        capacity: usize,
+    },
+    /// The request body exceeds the frame limit; nothing was sent.
+    TooLarge(TooLarge),
+    /// A control reply did not have its documented shape.
+    BadReply(String),
+    /// The connection could not be made (connection file, handshake).
+    Connect(String),
     Io(io::Error),
 }
 
@@ -64,8 +154,22 @@ impl std::fmt::Display for CallError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CallError::Module(body) => write!(f, "{}: {}", body.code, body.message),
+            CallError::RouteOpen(body) => write!(f, "route.open refused: {}: {}", body.code, body.message),
+            CallError::NotDelivered(body) => write!(f, "not delivered: {}: {}", body.code, body.message),
+            CallError::RouteClosed => write!(f, "the route closed before an answer"),
             CallError::Timeout => write!(f, "no answer within the deadline"),
+            CallError::OpenTimeout => write!(f, "the route did not open within the deadline"),
             CallError::Closed => write!(f, "the consumer connection closed"),
+            CallError::Backpressure { queued_frames, queued_bytes } => write!(
+                f,
+                "the outbound queue is full ({queued_frames} frames, {queued_bytes} bytes; limits \
+                 {OUTBOUND_QUEUE_FRAMES} frames, {OUTBOUND_QUEUE_BYTES} bytes)"
+            ),
+            CallError::TooManyCalls { limit } => write!(f, "{limit} calls are already open"),
+            CallError::RouteCacheFull { capacity } => write!(f, "all {capacity} cached routes have calls in flight"),
+            CallError::TooLarge(e) => write!(f, "request: {e}"),
+            CallError::BadReply(e) => write!(f, "malformed control reply: {e}"),
+            CallError::Connect(e) => write!(f, "cannot connect: {e}"),
             CallError::Io(e) => write!(f, "consumer connection: {e}"),
         }
     }
@@ -73,201 +177,235 @@ impl std::fmt::Display for CallError {
 
 impl std::error::Error for CallError {}
 
-type Answer = Result<Vec<u8>, CallError>;
-
-struct Inner {
-    writer: Mutex<TcpStream>,
-    pending: Mutex<HashMap<(u16, u64), Sender<Answer>>>,
-    next_corr: AtomicU64,
-    refused: AtomicU64,
-    closed: AtomicBool,
-    identity: Option<ConsumerIdentity>,
+/// Counters over the consumer's life (every connection it made).
+#[derive(Debug, Default)]
+struct Totals {
+    route_opens: AtomicU64,
+    goodbyes_sent: AtomicU64,
+    routes_invalidated: AtomicU64,
+    reverse_requests_refused: AtomicU64,
+    pongs: AtomicU64,
+    control_frames_dropped: AtomicU64,
+    connects: AtomicU64,
 }
 
-/// The consumer connection. Cloneable handles share one socket.
+/// A snapshot of [`Consumer::stats`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ConsumerStats {
+    /// `route.open` requests sent.
+    pub route_opens: u64,
+    /// Route GOODBYEs sent (evictions, idle expiry, closes).
+    pub goodbyes_sent: u64,
+    /// Cached routes dropped because the module or the daemon closed them, or a call found them dead.
+    pub routes_invalidated: u64,
+    pub reverse_requests_refused: u64,
+    pub pongs: u64,
+    /// Control frames (PONG, refusal, GOODBYE) lost to a full control lane.
+    pub control_frames_dropped: u64,
+    /// Successful dials, the first included.
+    pub connects: u64,
+    /// Routes cached on the current connection.
+    pub routes_cached: usize,
+    /// Calls open on the current connection.
+    pub pending_calls: usize,
+    /// Data frames waiting for the writer.
+    pub queued_frames: usize,
+    pub connected: bool,
+}
+
+struct Dial {
+    next_attempt: Instant,
+    backoff: Duration,
+}
+
+struct Inner {
+    conn_file: PathBuf,
+    identity: Option<ConsumerIdentity>,
+    options: ConsumerOptions,
+    totals: Arc<Totals>,
+    link: Mutex<Option<Arc<Link>>>,
+    /// Held while dialing, so one caller dials and the others wait for its result.
+    dial: Mutex<Dial>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(link) = self.link.get_mut().take() {
+            link.end();
+        }
+    }
+}
+
+/// The consumer connection. Cloneable handles share one connection (and its route cache).
 #[derive(Clone)]
 pub struct Consumer {
     inner: Arc<Inner>,
 }
 
-fn flags() -> Flags {
-    Flags::new(false, Priority::Interactive, false)
-}
-
 impl Consumer {
-    /// Connects and authenticates (no HELLO) and starts the reader thread.
+    /// Connects and authenticates (no HELLO) with the default [`ConsumerOptions`].
     pub fn connect(conn_file: &Path, identity: Option<ConsumerIdentity>) -> Result<Consumer, CallError> {
-        let info = connection_file::read(conn_file).map_err(|e| CallError::Io(io::Error::other(e.to_string())))?;
-        let endpoint = &info.endpoints[0];
-        let addr = (endpoint.bare_host(), endpoint.port)
-            .to_socket_addrs()
-            .map_err(CallError::Io)?
-            .next()
-            .ok_or_else(|| CallError::Io(io::Error::other("the connection file names no address")))?;
-        let mut stream = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).map_err(CallError::Io)?;
-        stream.set_nodelay(true).map_err(CallError::Io)?;
-        handshake::authenticate(&mut stream, &info, HANDSHAKE_DEADLINE)
-            .map_err(|e| CallError::Io(io::Error::other(e.to_string())))?;
-        let reader = stream.try_clone().map_err(CallError::Io)?;
-        let inner = Arc::new(Inner {
-            writer: Mutex::new(stream),
-            pending: Mutex::new(HashMap::new()),
-            next_corr: AtomicU64::new(1),
-            refused: AtomicU64::new(0),
-            closed: AtomicBool::new(false),
+        Consumer::connect_with(conn_file, identity, ConsumerOptions::default())
+    }
+
+    /// Connects and authenticates (no HELLO). The first dial must succeed; later ones happen
+    /// on demand after the connection ends.
+    pub fn connect_with(
+        conn_file: &Path,
+        identity: Option<ConsumerIdentity>,
+        options: ConsumerOptions,
+    ) -> Result<Consumer, CallError> {
+        let totals = Arc::new(Totals::default());
+        let link = Link::connect(conn_file, identity.clone(), &options, Arc::clone(&totals))?;
+        totals.connects.fetch_add(1, Ordering::Relaxed);
+        let backoff = options.reconnect_backoff_min;
+        let inner = Inner {
+            conn_file: conn_file.to_owned(),
             identity,
-        });
-        let reading = Arc::clone(&inner);
-        std::thread::Builder::new()
-            .name("broca-consumer".into())
-            .spawn(move || read_loop(reader, &reading))
-            .map_err(CallError::Io)?;
-        Ok(Consumer { inner })
+            options,
+            totals,
+            link: Mutex::new(Some(link)),
+            dial: Mutex::new(Dial { next_attempt: Instant::now(), backoff }),
+        };
+        Ok(Consumer { inner: Arc::new(inner) })
     }
 
-    /// Reverse requests answered `reverse_request_unhandled` so far.
-    pub fn reverse_requests_refused(&self) -> u64 {
-        self.inner.refused.load(Ordering::Relaxed)
+    /// The live link, dialing a new one if the last one ended and the backoff allows.
+    fn link(&self) -> Result<Arc<Link>, CallError> {
+        let live = |slot: &Option<Arc<Link>>| slot.as_ref().filter(|l| l.is_live()).cloned();
+        if let Some(link) = live(&self.inner.link.lock()) {
+            return Ok(link);
+        }
+        let mut dial = self.inner.dial.lock();
+        if let Some(link) = live(&self.inner.link.lock()) {
+            return Ok(link);
+        }
+        let now = Instant::now();
+        if now < dial.next_attempt {
+            return Err(CallError::Closed);
+        }
+        let options = &self.inner.options;
+        match Link::connect(&self.inner.conn_file, self.inner.identity.clone(), options, Arc::clone(&self.inner.totals))
+        {
+            Ok(link) => {
+                self.inner.totals.connects.fetch_add(1, Ordering::Relaxed);
+                dial.backoff = options.reconnect_backoff_min;
+                log::info!(target: "broca::subc", "consumer connection re-established");
+                *self.inner.link.lock() = Some(Arc::clone(&link));
+                Ok(link)
+            }
+            Err(e) => {
+                log::warn!(target: "broca::subc", "consumer connection: dial failed (next in {:?}): {e}", dial.backoff);
+                dial.next_attempt = now + dial.backoff;
+                dial.backoff = (dial.backoff * 2).min(options.reconnect_backoff_max);
+                Err(e)
+            }
+        }
     }
 
-    /// Opens a route to `target` for `identity`, presenting broca's consumer identity.
+    /// The cached route to `target` for `identity`, opened (and cached) on a miss.
+    ///
+    /// The route may be evicted once this returns; [`Consumer::call_on`] holds it for the call.
+    pub fn route_for(
+        &self,
+        target: &RouteTarget,
+        identity: &BindIdentity,
+        timeout: Duration,
+    ) -> Result<ClientRoute, CallError> {
+        let link = self.link()?;
+        let route = link.lease(target, identity, Instant::now() + timeout)?;
+        link.release(route);
+        Ok(route)
+    }
+
+    /// Sends one Request to `target` for `identity` on its cached route (opening it on a miss)
+    /// and returns the call in flight. The call holds the route until it resolves.
+    pub fn start_on(
+        &self,
+        target: &RouteTarget,
+        identity: &BindIdentity,
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<PendingCall, CallError> {
+        let link = self.link()?;
+        let route = link.lease(target, identity, Instant::now() + timeout)?;
+        link.start(route, true, body)
+    }
+
+    /// One call to `target` for `identity` within `timeout` (route open included). Sent at most
+    /// once; see [`CallError`] for what each failure says about delivery.
+    pub fn call_on(
+        &self,
+        target: &RouteTarget,
+        identity: &BindIdentity,
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<u8>, CallError> {
+        let deadline = Instant::now() + timeout;
+        let call = self.start_on(target, identity, body, timeout)?;
+        call.wait_until(deadline)
+    }
+
+    /// Opens an uncached route the caller owns and closes with [`Consumer::close_route`].
     pub fn open_route(
         &self,
         target: &RouteTarget,
         identity: &BindIdentity,
         timeout: Duration,
     ) -> Result<ClientRoute, CallError> {
-        let mut body = json!({"op": "route.open", "target": target, "identity": identity});
-        if let Some(id) = &self.inner.identity {
-            body["consumer_identity"] = json!({"module_id": id.module_id, "launch_nonce": id.launch_nonce});
-        }
-        let reply = self.request(0, 0, &serde_json::to_vec(&body).expect("route.open serializes"), timeout)?;
-        let reply: Value = serde_json::from_slice(&reply).map_err(|e| CallError::Io(io::Error::other(e)))?;
-        let channel = reply["route_channel"].as_u64().and_then(|c| u16::try_from(c).ok());
-        let epoch = reply["route_epoch"].as_u64().and_then(|e| u32::try_from(e).ok());
-        match (channel, epoch) {
-            (Some(channel), Some(epoch)) if channel != 0 => Ok(ClientRoute { channel, epoch }),
-            _ => Err(CallError::Io(io::Error::other(format!("route.open answered {reply}")))),
-        }
+        self.link()?.open_route(target, identity, Instant::now() + timeout)
+    }
+
+    /// Sends one Request on `route`.
+    pub fn start(&self, route: ClientRoute, body: &[u8]) -> Result<PendingCall, CallError> {
+        self.link()?.start(route, false, body)
     }
 
     /// One request on `route`; its terminal frame's body, or the refusal.
     pub fn call(&self, route: ClientRoute, body: &[u8], timeout: Duration) -> Result<Vec<u8>, CallError> {
-        self.request(route.channel, route.epoch, body, timeout)
+        self.start(route, body)?.wait(timeout)
     }
 
-    /// Closes a route broca opened (GOODBYE on its channel and epoch).
+    /// Asks the module to cancel the call `corr` on `route` (a CANCEL frame). The call still
+    /// ends with its one terminal frame.
+    pub fn cancel(&self, route: ClientRoute, corr: u64) -> Result<(), CallError> {
+        self.current().ok_or(CallError::Closed)?.cancel(route, corr)
+    }
+
+    /// Closes `route` (GOODBYE on its channel and epoch) and forgets it if it was cached. Calls
+    /// still queued on it fail `NotDelivered`.
     pub fn close_route(&self, route: ClientRoute) {
-        let bytes = frame::encode(FrameType::Goodbye, flags(), route.channel, route.epoch, 0, &[]).expect("encodes");
-        let _ = self.inner.writer.lock().write_all(&bytes);
-    }
-
-    fn request(&self, channel: u16, epoch: u32, body: &[u8], timeout: Duration) -> Result<Vec<u8>, CallError> {
-        if self.inner.closed.load(Ordering::Acquire) {
-            return Err(CallError::Closed);
-        }
-        let corr = self.inner.next_corr.fetch_add(1, Ordering::Relaxed);
-        let bytes = frame::encode(FrameType::Request, flags(), channel, epoch, corr, body)
-            .map_err(|e| CallError::Io(io::Error::other(e.to_string())))?;
-        let (tx, rx) = bounded(1);
-        self.inner.pending.lock().insert((channel, corr), tx);
-        if let Err(e) = self.inner.writer.lock().write_all(&bytes) {
-            self.inner.pending.lock().remove(&(channel, corr));
-            return Err(CallError::Io(e));
-        }
-        match rx.recv_timeout(timeout) {
-            Ok(answer) => answer,
-            Err(_) => {
-                self.inner.pending.lock().remove(&(channel, corr));
-                Err(CallError::Timeout)
-            }
+        if let Some(link) = self.current() {
+            link.close_route(route);
         }
     }
-}
 
-impl Drop for Inner {
-    fn drop(&mut self) {
-        let _ = self.writer.get_mut().shutdown(Shutdown::Both);
+    fn current(&self) -> Option<Arc<Link>> {
+        self.inner.link.lock().clone()
     }
-}
 
-/// The reader thread: answers, pings and reverse requests until the connection ends.
-fn read_loop(mut stream: TcpStream, inner: &Inner) {
-    let mut decoder = Decoder::new();
-    let mut buf = vec![0u8; 64 << 10];
-    'read: loop {
-        let n = match stream.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => break,
-        };
-        decoder.feed(&buf[..n]);
-        loop {
-            match decoder.next_frame() {
-                Ok(Some(f)) => {
-                    if !on_frame(inner, f) {
-                        break 'read;
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    log::warn!(target: "broca::subc", "consumer connection: undecodable frame: {e}");
-                    break 'read;
-                }
-            }
+    /// Reverse requests answered `reverse_request_unhandled` so far.
+    pub fn reverse_requests_refused(&self) -> u64 {
+        self.inner.totals.reverse_requests_refused.load(Ordering::Relaxed)
+    }
+
+    pub fn stats(&self) -> ConsumerStats {
+        let t = &self.inner.totals;
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let link = self.current();
+        let live = link.as_ref().filter(|l| l.is_live());
+        ConsumerStats {
+            route_opens: load(&t.route_opens),
+            goodbyes_sent: load(&t.goodbyes_sent),
+            routes_invalidated: load(&t.routes_invalidated),
+            reverse_requests_refused: load(&t.reverse_requests_refused),
+            pongs: load(&t.pongs),
+            control_frames_dropped: load(&t.control_frames_dropped),
+            connects: load(&t.connects),
+            routes_cached: live.map_or(0, |l| l.routes.lock().len()),
+            pending_calls: live.map_or(0, |l| l.pending_calls()),
+            queued_frames: live.map_or(0, |l| l.lanes.queued_frames()),
+            connected: live.is_some(),
         }
-    }
-    inner.closed.store(true, Ordering::Release);
-    for (_, tx) in inner.pending.lock().drain() {
-        let _ = tx.send(Err(CallError::Closed));
-    }
-}
-
-/// Handles one frame; false when the connection is over.
-fn on_frame(inner: &Inner, f: Frame) -> bool {
-    let h = f.header;
-    match h.ty {
-        FrameType::Ping => write(inner, FrameType::Pong, h.flags, h.channel, h.epoch, h.corr, &[]),
-        FrameType::Goodbye if h.channel == 0 => return false,
-        FrameType::Request if h.channel != 0 => refuse_reverse(inner, &f),
-        FrameType::Response | FrameType::StreamEnd => answer(inner, h.channel, h.corr, Ok(f.body)),
-        FrameType::Error => {
-            let body = serde_json::from_slice::<ErrorBody>(&f.body).unwrap_or_else(|_| {
-                ErrorBody::new(
-                    crate::wire::RefusalCode::InvalidError.as_str(),
-                    String::from_utf8_lossy(&f.body).into_owned(),
-                )
-            });
-            answer(inner, h.channel, h.corr, Err(CallError::Module(body)));
-        }
-        ty => log::debug!(target: "broca::subc", "consumer connection: ignoring {ty:?} on channel {}", h.channel),
-    }
-    true
-}
-
-fn answer(inner: &Inner, channel: u16, corr: u64, result: Answer) {
-    if let Some(tx) = inner.pending.lock().remove(&(channel, corr)) {
-        let _ = tx.send(result);
-    }
-}
-
-/// A module's reverse request: broca fronts no person who could answer one.
-fn refuse_reverse(inner: &Inner, f: &Frame) {
-    let h = f.header;
-    let family = serde_json::from_slice::<Value>(&f.body)
-        .ok()
-        .and_then(|v| v.get("method").and_then(Value::as_str).map(|m| m.split('/').next().unwrap_or(m).to_owned()))
-        .unwrap_or_default();
-    let body =
-        ErrorBody::new(REVERSE_REQUEST_UNHANDLED, format!("no reverse-request handler is registered for {family}"));
-    let bytes = serde_json::to_vec(&body).expect("ErrorBody serializes");
-    write(inner, FrameType::Error, flags(), h.channel, h.epoch, h.corr, &bytes);
-    inner.refused.fetch_add(1, Ordering::Relaxed);
-}
-
-fn write(inner: &Inner, ty: FrameType, flags: Flags, channel: u16, epoch: u32, corr: u64, body: &[u8]) {
-    if let Ok(bytes) = frame::encode(ty, flags, channel, epoch, corr, body) {
-        let _ = inner.writer.lock().write_all(&bytes);
     }
 }

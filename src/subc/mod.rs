@@ -7,7 +7,8 @@
 //! - `io`: the io thread (one `mio::Poll` loop owning the socket);
 //! - [`outbound`]: the cloneable [`Outbound`] handle other threads reply through;
 //! - [`routes`]: the `(channel, epoch)` table and open requests;
-//! - [`consumer`]: the second connection broca opens routes to other modules on.
+//! - [`consumer`]: the second connection broca opens routes to other modules on (a bounded
+//!   route cache per target and identity, a writer thread, reconnect on loss).
 //!
 //! This layer knows frames, routes and requests, never what an operation means. The wire facts
 //! it relies on are in `reference/subc-wire.md`.
