@@ -339,15 +339,16 @@ fn calls(rig: &Rig) {
     let alive = open(rig, "s1", keep);
     let mut pushes = rig.consumer().push_events(&alive.handle).unwrap();
     let started = Instant::now();
-    let slept = alive.ok(request("sleep", json!({"ms": 600})));
-    assert!(started.elapsed() >= Duration::from_millis(600), "{:?}", started.elapsed());
-    assert_eq!(slept, json!({"ms": 600}));
+    let slept = alive.ok(request("sleep", json!({"ms": 800})));
+    assert!(started.elapsed() >= Duration::from_millis(800), "{:?}", started.elapsed());
+    assert_eq!(slept, json!({"ms": 800}));
     let mut keepalives = 0;
     while let Ok(push) = pushes.try_recv() {
         assert!(is_keepalive(&push.body), "{:?}", String::from_utf8_lossy(&push.body));
         keepalives += 1;
     }
-    assert!(keepalives >= (600 / KEEPALIVE_MS - 2) as usize, "{keepalives} keepalives in 600 ms");
+    // One every 100 ms while the work advances (a loaded machine may stretch the gaps).
+    assert!(keepalives >= (800 / KEEPALIVE_MS / 2) as usize, "{keepalives} keepalives in 800 ms");
     // No keepalives on a route that did not declare them.
     let mut quiet = rig.consumer().push_events(&plain.handle).unwrap();
     assert_eq!(plain.ok(request("sleep", json!({"ms": 300}))), json!({"ms": 300}));
@@ -434,7 +435,7 @@ fn check_the_log(rig: &Rig) {
     assert_eq!(counts.calls_of("call_key:s1:10"), 1, "{counts:?}");
     assert_eq!(counts.calls_of("call_key:s1:20"), 1);
     assert_eq!(counts.calls_of("call_key:s1:30"), 3);
-    assert_eq!(counts.calls_of(r#"args:sleep:{"ms":600}"#), 1);
+    assert_eq!(counts.calls_of(r#"args:sleep:{"ms":800}"#), 1);
     assert_eq!(counts.calls_to("whoami").count(), 1);
     // Every call received counts, refused ones too: `plan` was refused twice and served once.
     let dups: Vec<&str> = counts.duplicates().into_iter().map(|(k, _)| k).collect();
