@@ -35,7 +35,7 @@ use subc_protocol::session::{ModuleControlCommand, ModuleControlRequest, ModuleC
 use subc_protocol::{ErrorBody, Flags, Frame, FrameType, Priority};
 
 use super::frame::{self, Decoder};
-use super::module::{Authorizer, BindRequest, ConnectionEnd, ControlRequest, Handler};
+use super::module::{Authorizer, BindRequest, ConnectionEnd, ControlReply, ControlRequest, Handler};
 use super::outbound::{Out, Shared};
 use super::routes::{Route, RouteTable};
 
@@ -285,8 +285,15 @@ impl<H: Handler, A: Authorizer> Io<H, A> {
             FrameType::Goodbye => return true,
             FrameType::Request => self.on_control_request(h.corr, &f.body),
             FrameType::Push => self.on_control_push(&f.body),
-            FrameType::Response | FrameType::Error => {
-                log::debug!(target: LOG, "ignoring a channel-0 {:?} for corr {}: no such control request", h.ty, h.corr)
+            FrameType::Response => self.handler.on_control_reply(h.corr, ControlReply::Response(f.body)),
+            FrameType::Error => {
+                let body = serde_json::from_slice(&f.body).unwrap_or_else(|_| {
+                    ErrorBody::new(
+                        crate::wire::RefusalCode::InvalidRequest.as_str(),
+                        String::from_utf8_lossy(&f.body).into_owned(),
+                    )
+                });
+                self.handler.on_control_reply(h.corr, ControlReply::Error(body))
             }
             ty => log::warn!(target: LOG, "ignoring an unexpected channel-0 {ty:?} (corr {})", h.corr),
         }

@@ -11,7 +11,7 @@ use crossbeam_channel::{Receiver, Sender};
 use subc_protocol::{ErrorBody, Flags, Frame, FrameType, ModuleHelloAckBody, Principal};
 
 use super::frame::{self, Decoder};
-use super::module::{BindRequest, ConnectionEnd, ControlRequest, Handler, ModuleConn, Running};
+use super::module::{BindRequest, ConnectionEnd, ControlReply, ControlRequest, Handler, ModuleConn, Running};
 use super::outbound::Outbound;
 use super::routes::Route;
 
@@ -24,6 +24,7 @@ enum Seen {
     Cancel(Route, u64),
     Closed(Route),
     Health(u64),
+    ControlReply(u64, ControlReply),
     Shutdown,
 }
 
@@ -54,6 +55,9 @@ impl Handler for Recorder {
         if let ControlRequest::HealthCheck { corr } = request {
             self.seen.send(Seen::Health(corr)).unwrap();
         }
+    }
+    fn on_control_reply(&mut self, corr: u64, reply: ControlReply) {
+        self.seen.send(Seen::ControlReply(corr, reply)).unwrap();
     }
     fn on_shutdown(&mut self) {
         self.seen.send(Seen::Shutdown).unwrap();
@@ -231,6 +235,26 @@ fn one_terminal_per_request_and_replies_to_closed_routes_are_dropped() {
     assert!(matches!(running.join(), ConnectionEnd::Stopped));
     assert!(out.is_closed());
     assert!(matches!(out.reply(r, 1, Vec::new()), Err(super::SendError::Closed)));
+}
+
+#[test]
+fn a_control_request_goes_out_on_channel_zero_and_its_answers_come_back_by_corr() {
+    let (running, mut d, seen, out) = start();
+    out.control_request(2, br#"{"op":"scope.sync","generation":1,"scopes":[]}"#.to_vec()).unwrap();
+    let req = d.expect(FrameType::Request, 2);
+    assert_eq!((req.header.channel, req.header.epoch, req.header.flags.0), (0, 0, 0));
+    assert_eq!(req.body, br#"{"op":"scope.sync","generation":1,"scopes":[]}"#);
+    d.send(FrameType::Response, 0, 0, 0, 2, br#"{"op":"scope.sync","generation":1,"results":[]}"#);
+    let answer = br#"{"op":"scope.sync","generation":1,"results":[]}"#.to_vec();
+    assert_eq!(next(&seen), Seen::ControlReply(2, ControlReply::Response(answer)));
+    d.send(FrameType::Error, 0, 0, 0, 3, br#"{"code":"stale_generation","message":"older"}"#);
+    let refused = ErrorBody::new("stale_generation", "older");
+    assert_eq!(next(&seen), Seen::ControlReply(3, ControlReply::Error(refused)));
+    out.shutdown();
+    d.expect(FrameType::Goodbye, 0);
+    assert!(d.recv().is_none());
+    drop(d);
+    assert!(matches!(running.join(), ConnectionEnd::Stopped));
 }
 
 #[test]

@@ -26,8 +26,8 @@ pub mod routes;
 
 pub use io::CLOSE_DRAIN;
 pub use module::{
-    connect, health_ok, Authorizer, BindRequest, ConnectError, ConnectionEnd, ControlRequest, Handler, ModuleConn,
-    Running,
+    connect, health_ok, Authorizer, BindRequest, ConnectError, ConnectionEnd, ControlReply, ControlRequest, Handler,
+    ModuleConn, Running,
 };
 pub use outbound::{Outbound, SendError};
 pub use routes::Route;

@@ -72,6 +72,17 @@ pub enum ControlRequest {
     Draining { reason: RouteCloseReason, deadline_ms: u64 },
 }
 
+/// The daemon's answer to a control request the module sent with
+/// [`Outbound::control_request`](super::Outbound::control_request), by the request's corr.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum ControlReply {
+    /// A channel-0 Response: the op's answer body (JSON, tagged by `op`).
+    Response(Vec<u8>),
+    /// A channel-0 Error: an `ErrorBody` (undecodable bytes come as the message).
+    Error(ErrorBody),
+}
+
 /// What the io thread hands to the module. Every method runs on the io thread and must not block.
 pub trait Handler: Send + 'static {
     /// A route was authorized and acknowledged.
@@ -85,6 +96,11 @@ pub trait Handler: Send + 'static {
     fn on_route_closed(&mut self, route: Route);
     /// A control request or command (`health.check`, `module.draining`).
     fn on_control(&mut self, request: ControlRequest);
+    /// The answer to a control request this module sent (`scope.sync`, …). By default the
+    /// answer is logged and dropped, as for any module that sends none.
+    fn on_control_reply(&mut self, corr: u64, reply: ControlReply) {
+        log::debug!(target: "broca::subc", "ignoring a channel-0 answer for corr {corr}: {reply:?}");
+    }
     /// The connection is ending (daemon GOODBYE, EOF, reset, error or our own shutdown). Called
     /// once; nothing more is delivered after it.
     fn on_shutdown(&mut self);

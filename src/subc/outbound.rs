@@ -166,6 +166,14 @@ impl Outbound {
         self.terminal(Route::CONTROL, corr, FrameType::Response, control_flags(), body)
     }
 
+    /// Sends a module-originated control request on channel 0 (`scope.sync`, `catalog.update`,
+    /// …) with a corr from the module's own space (not [`HELLO_CORR`](super::module::HELLO_CORR)).
+    /// The daemon's answer reaches [`Handler::on_control_reply`](super::Handler::on_control_reply).
+    pub fn control_request(&self, corr: u64, body: Vec<u8>) -> Result<(), SendError> {
+        frame::check_delivered(body.len()).map_err(|too_large| SendError::TooLarge { too_large, answered: false })?;
+        self.queue(Route::CONTROL, corr, FrameType::Request, control_flags(), &body, false)
+    }
+
     /// Closes one route from the module side: a GOODBYE on its `(channel, epoch)`.
     pub fn close_route(&self, route: Route) -> Result<(), SendError> {
         self.send(Out::CloseRoute(route), 0, false)
