@@ -10,6 +10,7 @@
 //!   spec writes them (a plain JSON map would sort them).
 
 pub mod answers;
+pub mod plan;
 pub mod requests;
 pub mod send;
 pub mod status;
