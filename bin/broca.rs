@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use broca::agent::LoopOptions;
 use broca::catalog::Catalog;
 use broca::config::BrocaConfig;
 use broca::lineage::read;
@@ -24,6 +25,7 @@ use broca::session_key::SessionKey;
 use broca::state_root::{RootEnv, StateRoot};
 use broca::subc::consumer::{Consumer, ConsumerIdentity};
 use broca::subc::{self, BindRequest, Outbound};
+use broca::tools::ToolPlane;
 use broca::wal::{self, ScannedFrame};
 
 const USAGE: &str = "\
@@ -158,12 +160,18 @@ fn serve(conn_file: &Path) -> ExitCode {
         log::warn!("broca: {e}; sends are refused until a catalog is seeded");
     }
     let base_url_override = std::env::var("BROCA_PROVIDER_BASE_URL").ok().filter(|u| !u.is_empty());
-    let built = ModuleBuilder::new(root)
+    // The consumer connection carries every route broca opens to other modules (tools now).
+    let consumer = consumer_connection(conn_file, &module_id);
+    let mut builder = ModuleBuilder::new(root)
         .config(config)
         .catalog(catalog)
         .base_url_override(base_url_override)
         .idle_ttl(IDLE_TTL)
-        .build();
+        .loop_options(loop_options());
+    if let Some(consumer) = &consumer {
+        builder = builder.tool_plane(Arc::new(ToolPlane::new(consumer.clone())));
+    }
+    let built = builder.build();
     let Module { ops, hub, registry } = match built {
         Ok(m) => m,
         Err(e) => {
@@ -173,8 +181,7 @@ fn serve(conn_file: &Path) -> ExitCode {
     };
     let outbound = conn.outbound();
     let (stopped, _stopped_rx) = crossbeam_channel::unbounded();
-    let server =
-        Server::new(ops, hub, outbound.clone(), stopped).with_consumer(consumer_connection(conn_file, &module_id));
+    let server = Server::new(ops, hub, outbound.clone(), stopped).with_consumer(consumer);
     // Binds are decided from the daemon's stamps; owner-only operations arrive with the driver
     // surface.
     let running = match conn.start(server, |bind: &BindRequest| broca::serve::authorize(bind)) {
@@ -209,9 +216,21 @@ fn serve(conn_file: &Path) -> ExitCode {
     }
 }
 
-/// broca's second connection, for routes to other modules, presenting its consumer identity.
-/// Nothing opens routes on it yet (tools, vault and catalog arrive later); it already refuses
-/// reverse requests. Serving goes on without it if it cannot be made.
+/// The loop's options. Debug builds only (a non-shipping test switch): `BROCA_TEST_TOOL_WAIT_MS`
+/// replaces the 120 s default wait for a tool call, so tests can reach a call's bound quickly.
+fn loop_options() -> LoopOptions {
+    let mut opts = LoopOptions::default();
+    if cfg!(debug_assertions) {
+        if let Some(ms) = std::env::var("BROCA_TEST_TOOL_WAIT_MS").ok().and_then(|v| v.parse::<u64>().ok()) {
+            opts.tool_wait = Duration::from_millis(ms);
+        }
+    }
+    opts
+}
+
+/// broca's second connection, for routes to other modules (tool providers; the vault and the
+/// catalog come later), presenting its consumer identity; it refuses reverse requests.
+/// Serving goes on without it if it cannot be made (plans then refuse `fetch_unavailable`).
 fn consumer_connection(conn_file: &Path, module_id: &str) -> Option<Consumer> {
     let nonce = subc_os::launch_nonce::launch_nonce().ok().flatten().map(|n| n.value().to_owned());
     let identity = nonce.map(|launch_nonce| ConsumerIdentity { module_id: module_id.to_owned(), launch_nonce });

@@ -44,6 +44,13 @@ pub struct ToolSpec {
     /// send's own tools. Frozen with the tool, never rendered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub module: Option<String>,
+    /// The plan item's preset, forwarded on every call of this tool (absent: none sent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preset: Option<String>,
+    /// The tool's `schema_pin` (`tp1:<tool>:<schema_digest>:<semantics>`) as fetched: a call
+    /// carries it, so a provider whose definition changed refuses instead of running it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pin: Option<String>,
 }
 
 impl ToolSpec {
@@ -100,6 +107,56 @@ pub struct FrozenConfig {
     /// resume carry it (spec §4); none of it is rendered into a provider request.
     #[serde(default, flatten)]
     pub policy: RunPolicy,
+    /// The session's fetch plan as its first episode fetched it (its tools are in `tools`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<PlanManifest>,
+}
+
+/// A session's frozen fetch plan (spec §4): what its first episode fetched from each tool
+/// provider. Later sends and resumes use it; nothing is ever fetched again for the session.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PlanManifest {
+    /// The plan's identity as sent (the SHA-256 of its JCS bytes): `plan_drift` compares it.
+    pub identity: String,
+    pub items: Vec<ManifestItem>,
+    /// Optional items that did not arrive.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub absent: Vec<AbsentItem>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub composition_digest: Option<String>,
+}
+
+/// One provider's part of a frozen plan.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ManifestItem {
+    pub provider: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preset: Option<String>,
+    pub generation: String,
+    pub catalog_digest: String,
+    /// The session capabilities the provider's catalog declared (`late_results`, …).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<String>,
+    /// The tools it offered, in its catalog's order.
+    pub tool_names: Vec<String>,
+}
+
+impl ManifestItem {
+    pub fn declares(&self, capability: &str) -> bool {
+        self.capabilities.iter().any(|c| c == capability)
+    }
+}
+
+/// An optional plan item admitted without its provider (spec §4, optional plan tools).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AbsentItem {
+    pub provider: String,
+    /// `tool`.
+    pub kind: String,
+    /// `unavailable`, `invalid` or `refused`.
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_code: Option<String>,
 }
 
 /// What a send decided beyond the request bytes. Every member absent when not set, so configs

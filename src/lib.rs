@@ -21,5 +21,6 @@ pub mod store;
 pub mod subc;
 #[doc(hidden)]
 pub mod testkit;
+pub mod tools;
 pub mod wal;
 pub mod wire;

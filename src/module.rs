@@ -18,6 +18,7 @@ use crate::ops::Ops;
 use crate::provider::client::{HttpClient, ModelClient};
 use crate::provider::config::AuthSource;
 use crate::state_root::StateRoot;
+use crate::tools::ToolPlane;
 use crate::wal::{FileStorage, Storage};
 
 /// How long an idle session's actor keeps its lease, unless a builder says otherwise.
@@ -43,6 +44,7 @@ pub struct ModuleBuilder {
     opts: LoopOptions,
     readmit: Option<Readmit>,
     readmit_from_catalog: bool,
+    plane: Option<Arc<ToolPlane>>,
 }
 
 impl ModuleBuilder {
@@ -62,6 +64,7 @@ impl ModuleBuilder {
             opts: LoopOptions::default(),
             readmit: None,
             readmit_from_catalog: true,
+            plane: None,
         }
     }
 
@@ -99,6 +102,14 @@ impl ModuleBuilder {
         self
     }
 
+    /// Tools from other modules: plans are fetched and calls sent through `plane` (broca's
+    /// consumer connection). Replaces [`ModuleBuilder::tools`].
+    pub fn tool_plane(mut self, plane: Arc<ToolPlane>) -> Self {
+        self.tools = Arc::clone(&plane) as Arc<dyn ToolDispatcher>;
+        self.plane = Some(plane);
+        self
+    }
+
     pub fn loop_options(mut self, opts: LoopOptions) -> Self {
         self.opts = opts;
         self
@@ -117,8 +128,13 @@ impl ModuleBuilder {
         let lkg = shared.root.catalog_path();
         let catalog = self.catalog.unwrap_or_else(|| Catalog::load_lkg(&lkg));
         let overrides = RouteOverrides { base_url_override: self.base_url_override, auth: AuthSource::None };
-        let admission =
-            Arc::new(Admission { catalog: Arc::new(RwLock::new(catalog)), config: self.config, overrides, lkg });
+        let admission = Arc::new(Admission {
+            catalog: Arc::new(RwLock::new(catalog)),
+            config: self.config,
+            overrides,
+            lkg,
+            tools: self.plane.clone(),
+        });
         let hub = Hub::new();
         let readmit = if self.readmit_from_catalog {
             let admission = Arc::clone(&admission);

@@ -24,10 +24,19 @@ pub const FEATURE_INPUT_TOKEN_CAP: &str = "input-token-cap/v1";
 pub const FEATURE_TOOL_REPLY: &str = "tool-reply/v1";
 /// The feature a `RunPaused{restart}` frame requires.
 pub const FEATURE_RESTART_PAUSE: &str = "restart-pause/v1";
+/// A config carrying a frozen fetch plan, or tools served by other modules: a reader that
+/// ignored it would run the session without its providers' tools, or call them unpinned.
+pub const FEATURE_FETCH_PLAN: &str = "fetch-plan/v1";
 
 /// Every must-understand feature this build reads.
-pub const KNOWN_FEATURES: &[&str] =
-    &[FEATURE_RUN_CANCEL_AT, FEATURE_SESSION_CLASS, FEATURE_INPUT_TOKEN_CAP, FEATURE_RESTART_PAUSE, FEATURE_TOOL_REPLY];
+pub const KNOWN_FEATURES: &[&str] = &[
+    FEATURE_RUN_CANCEL_AT,
+    FEATURE_SESSION_CLASS,
+    FEATURE_INPUT_TOKEN_CAP,
+    FEATURE_RESTART_PAUSE,
+    FEATURE_TOOL_REPLY,
+    FEATURE_FETCH_PLAN,
+];
 
 /// Where an episode's history comes from.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -208,26 +217,29 @@ impl Frozen {
     /// The must-understand features a record carrying this config requires: derived from the
     /// typed members (a config kept as written is read by its keys).
     pub fn features(&self) -> Vec<&'static str> {
-        let (class, cap, reply) = match self {
+        let (class, cap, reply, plan) = match self {
             Frozen::Config(c) => (
                 c.policy.session_class.is_some(),
                 c.policy.max_input_tokens.is_some(),
                 c.tools.iter().any(|t| t.reply.is_some()),
+                c.plan.is_some() || c.tools.iter().any(|t| t.module.is_some()),
             ),
             Frozen::Unreadable(v) => {
                 let has = |k: &str| v.get(k).is_some_and(|v| !v.is_null());
                 let tools = v.get("tools").and_then(Value::as_array);
-                (
-                    has("session_class"),
-                    has("max_input_tokens"),
-                    tools.is_some_and(|t| t.iter().any(|t| t.get("reply").is_some())),
-                )
+                let any_tool = |member: &str| tools.is_some_and(|t| t.iter().any(|t| t.get(member).is_some()));
+                (has("session_class"), has("max_input_tokens"), any_tool("reply"), has("plan") || any_tool("module"))
             }
         };
-        [(class, FEATURE_SESSION_CLASS), (cap, FEATURE_INPUT_TOKEN_CAP), (reply, FEATURE_TOOL_REPLY)]
-            .into_iter()
-            .filter_map(|(on, f)| on.then_some(f))
-            .collect()
+        [
+            (class, FEATURE_SESSION_CLASS),
+            (cap, FEATURE_INPUT_TOKEN_CAP),
+            (reply, FEATURE_TOOL_REPLY),
+            (plan, FEATURE_FETCH_PLAN),
+        ]
+        .into_iter()
+        .filter_map(|(on, f)| on.then_some(f))
+        .collect()
     }
 
     /// The session-wide input-token cap this config froze.

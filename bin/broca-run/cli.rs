@@ -19,6 +19,9 @@ usage: broca-run [OPTIONS] [PROMPT | -]
                            else ~/.local/share/cortexkit/broca)
   --base-url URL           provider base URL instead of the catalog's (for mocks; needs no credential)
   --auth-bearer TOKEN      bearer credential for the provider (kept in memory, never written)
+  --subc FILE              a subc connection file: tools come from other modules through it
+  --tool-provider M[:P]    a tool-provider module (with preset P) in this turn's fetch plan;
+                           repeatable; needs --subc, and binds on a session's first turn
   --max-steps N            stop the run after N model steps (reason max_steps)
   --max-output-tokens N    output cap per step (bounded by the catalog's output limit)
   --idle-timeout-ms N      provider watchdog: end the attempt `interrupted` after N ms of silence
@@ -56,6 +59,9 @@ pub struct Args {
     pub state_root: Option<PathBuf>,
     pub base_url: Option<String>,
     pub auth_bearer: Option<String>,
+    pub subc: Option<PathBuf>,
+    /// `(module, preset)` per `--tool-provider`.
+    pub tool_providers: Vec<(String, Option<String>)>,
     pub max_steps: Option<u64>,
     pub max_output_tokens: Option<u64>,
     pub idle_timeout_ms: u64,
@@ -90,6 +96,8 @@ pub fn parse(argv: impl Iterator<Item = String>) -> Result<Parsed, String> {
         state_root: None,
         base_url: None,
         auth_bearer: None,
+        subc: None,
+        tool_providers: Vec::new(),
         max_steps: None,
         max_output_tokens: None,
         idle_timeout_ms: 120_000,
@@ -118,6 +126,18 @@ pub fn parse(argv: impl Iterator<Item = String>) -> Result<Parsed, String> {
             "--state-root" => a.state_root = Some(PathBuf::from(value("--state-root")?)),
             "--base-url" => a.base_url = Some(value("--base-url")?),
             "--auth-bearer" => a.auth_bearer = Some(value("--auth-bearer")?),
+            "--subc" => a.subc = Some(PathBuf::from(value("--subc")?)),
+            "--tool-provider" => {
+                let v = value("--tool-provider")?;
+                let (module, preset) = match v.split_once(':') {
+                    Some((m, p)) => (m.to_string(), Some(p.to_string())),
+                    None => (v, None),
+                };
+                if module.is_empty() || preset.as_deref() == Some("") {
+                    return Err("--tool-provider takes MODULE or MODULE:PRESET".into());
+                }
+                a.tool_providers.push((module, preset));
+            }
             "--max-steps" => a.max_steps = Some(positive("--max-steps", &value("--max-steps")?)?),
             "--max-output-tokens" => {
                 a.max_output_tokens = Some(positive("--max-output-tokens", &value("--max-output-tokens")?)?)
@@ -140,6 +160,9 @@ pub fn parse(argv: impl Iterator<Item = String>) -> Result<Parsed, String> {
             _ if a.prompt.is_none() => a.prompt = Some(arg),
             _ => return Err("only one PROMPT may be given (quote it)".into()),
         }
+    }
+    if !a.tool_providers.is_empty() && a.subc.is_none() {
+        return Err("--tool-provider needs --subc (tool providers are reached through the subc daemon)".into());
     }
     if a.session.is_empty() {
         if a.read {

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use broca::actor::admission::{Admission, Arrival};
+use broca::actor::admission::{Admission, Arrival, Checked};
 use broca::actor::decide;
 use broca::agent::{self, DisplayEvent, LoopOptions, NoTools, Output, RunCommand, ToolDispatcher, TurnOutcome};
 use broca::catalog::route::RouteOverrides;
@@ -19,11 +19,13 @@ use broca::catalog::Catalog;
 use broca::lineage::{read, Shared};
 use broca::message::{Message, RunUsage};
 use broca::provider::client::HttpClient;
-use broca::provider::config::{AuthSource, RenderConfig};
+use broca::provider::config::AuthSource;
 use broca::record::{CancelAt, FinishReason};
 use broca::replay::Resolution;
 use broca::session_key::SessionKey;
 use broca::state_root::{RootEnv, StateRoot};
+use broca::subc::consumer::Consumer;
+use broca::tools::ToolPlane;
 use broca::wire::send::{ModelChoice, SendParams};
 use broca::wire::Refusal;
 use parking_lot::RwLock;
@@ -82,7 +84,15 @@ fn run(mut args: Args) -> u8 {
     if args.read {
         return read_transcript(&args, &shared, &key);
     }
-    let admission = match admission(&args, &shared) {
+    // Tools from other modules: through the subc daemon named by --subc (none without it).
+    let plane = match &args.subc {
+        None => None,
+        Some(file) => match Consumer::connect(file, None) {
+            Ok(consumer) => Some(Arc::new(ToolPlane::new(consumer))),
+            Err(e) => return fail(&args, EXIT_RUN_ERROR, &format!("cannot reach the subc daemon: {e}")),
+        },
+    };
+    let admission = match admission(&args, &shared, plane.clone()) {
         Ok(a) => a,
         Err(refusal) => return refuse(&args, &refusal),
     };
@@ -98,7 +108,7 @@ fn run(mut args: Args) -> u8 {
             Err(e) => return fail(&args, EXIT_REFUSED, &e),
         };
         match turn_send(&args, &key, &prompt)
-            .and_then(|send| precheck(&admission, &key, &send, false).map(|r| (send, r)))
+            .and_then(|send| precheck(&admission, &key, &send, false, false).map(|r| (send, r)))
         {
             Ok(c) => checked = Some(c),
             Err(refusal) => return refuse(&args, &refusal),
@@ -128,14 +138,16 @@ fn run(mut args: Args) -> u8 {
                 None => return fail(&args, EXIT_REFUSED, "--model PROVIDER/MODEL is required for a new session"),
             }
         }
-        let (send, resolved) = match checked {
+        let has_episode = lineage.state().last.is_some();
+        let (send, checked) = match checked {
             Some(c) => c,
             None => {
                 let prompt = match prompt_text(&args) {
                     Ok(p) => p,
                     Err(e) => return fail(&args, EXIT_REFUSED, &e),
                 };
-                match turn_send(&args, &key, &prompt).and_then(|s| precheck(&admission, &key, &s, true).map(|r| (s, r)))
+                match turn_send(&args, &key, &prompt)
+                    .and_then(|s| precheck(&admission, &key, &s, true, has_episode).map(|r| (s, r)))
                 {
                     Ok(c) => c,
                     Err(refusal) => return refuse(&args, &refusal),
@@ -145,7 +157,7 @@ fn run(mut args: Args) -> u8 {
         // Admitted as the module admits a send (frozen facts checked, the rest inherited), and
         // written only once every check passed.
         let mut units = Vec::new();
-        match decide::send(&admission, &shared.store, &mut lineage, send, resolved, &mut units) {
+        match decide::send(&admission, &shared.store, &mut lineage, send, checked, &mut units) {
             Ok(reply) => out.session(&args.session, reply.run_id.as_deref().unwrap_or_default()),
             Err(refusal) => return refuse(&args, &refusal),
         }
@@ -157,7 +169,10 @@ fn run(mut args: Args) -> u8 {
         bearer: args.auth_bearer.clone(),
         ..LoopOptions::default()
     };
-    let tools: Arc<dyn ToolDispatcher> = Arc::new(NoTools);
+    let tools: Arc<dyn ToolDispatcher> = match plane {
+        Some(plane) => plane,
+        None => Arc::new(NoTools),
+    };
     let outcome = agent::drive(&mut lineage, &HttpClient::default(), &tools, &commands, &opts, &mut |o| out.emit(o));
     let usage = lineage.state().last.as_ref().map(|e| e.usage.clone()).unwrap_or_default();
     drop(lineage);
@@ -169,7 +184,7 @@ fn run(mut args: Args) -> u8 {
 
 /// The rules this turn is admitted by: the module's own ([`Admission`]), over the state root's
 /// LKG catalog and `broca.jsonc`.
-fn admission(args: &Args, shared: &Shared) -> Result<Admission, Refusal> {
+fn admission(args: &Args, shared: &Shared, tools: Option<Arc<ToolPlane>>) -> Result<Admission, Refusal> {
     let broca_config = broca::config::BrocaConfig::load(&shared.root).map_err(|e| {
         let detail = Some(broca::detail!("class" => "permanent"));
         Refusal::new(broca::wire::RefusalCode::InvalidParams, format!("broca.jsonc: {e}"), detail)
@@ -184,6 +199,7 @@ fn admission(args: &Args, shared: &Shared) -> Result<Admission, Refusal> {
         config: Arc::new(broca_config),
         overrides,
         lkg,
+        tools,
     })
 }
 
@@ -194,6 +210,17 @@ fn turn_send(args: &Args, key: &SessionKey, prompt: &str) -> Result<SendParams, 
     send.system = args.system.clone();
     send.max_output_tokens = args.max_output_tokens;
     send.max_steps = args.max_steps;
+    if !args.tool_providers.is_empty() {
+        let items: Vec<serde_json::Value> = args
+            .tool_providers
+            .iter()
+            .map(|(module, preset)| match preset {
+                Some(p) => serde_json::json!({"provider": module, "preset": p, "params": {}}),
+                None => serde_json::json!({"provider": module, "params": {}}),
+            })
+            .collect();
+        send.plan = Some(broca::wire::plan::decode(&serde_json::json!({ "tool_items": items }))?);
+    }
     Ok(send)
 }
 
@@ -203,8 +230,9 @@ fn precheck(
     key: &SessionKey,
     send: &SendParams,
     exists: bool,
-) -> Result<Option<RenderConfig>, Refusal> {
-    admission.precheck(send, Arrival { key, scoped: false, sealing: false, exists })
+    has_episode: bool,
+) -> Result<Checked, Refusal> {
+    admission.precheck(send, Arrival { key, scoped: false, sealing: false, exists, has_episode })
 }
 
 fn prompt_text(args: &Args) -> Result<String, String> {

@@ -15,6 +15,8 @@ use crate::provider::config::RenderConfig;
 use crate::provider::event::Family;
 use crate::record::Delivery;
 use crate::session_key::SessionKey;
+use crate::tools::fetch::{self, FetchedPlan};
+use crate::tools::ToolPlane;
 use crate::wire::send::SendParams;
 use crate::wire::{invalid_params, Refusal, RefusalCode};
 
@@ -30,6 +32,17 @@ pub struct Admission {
     pub overrides: RouteOverrides,
     /// The LKG catalog file, named in catalog refusals.
     pub lkg: PathBuf,
+    /// The tool plane plan fetches go through (`None`: no consumer connection, so every plan
+    /// provider is unreachable).
+    pub tools: Option<Arc<ToolPlane>>,
+}
+
+/// What the pre-check settled: the named model's route, and the plan a session's first
+/// episode fetched.
+#[derive(Clone, Debug, Default)]
+pub struct Checked {
+    pub resolved: Option<RenderConfig>,
+    pub fetched: Option<FetchedPlan>,
 }
 
 /// Where a send arrives: the facts of its front-end that admission weighs.
@@ -42,12 +55,39 @@ pub struct Arrival<'a> {
     pub sealing: bool,
     /// The session already has a WAL.
     pub exists: bool,
+    /// The session has run an episode (so a plan is checked against its frozen one, never
+    /// fetched).
+    pub has_episode: bool,
 }
 
 impl Admission {
-    /// The checks made before the session is opened; the model resolved when the send names
-    /// one (`None`: it inherits the session's frozen model, decided on the actor).
-    pub fn precheck(&self, send: &SendParams, at: Arrival<'_>) -> Result<Option<RenderConfig>, Refusal> {
+    /// The checks made before the session is opened: the model resolved when the send names
+    /// one (otherwise it inherits the session's frozen model, decided on the actor), and a
+    /// first episode's plan fetched.
+    pub fn precheck(&self, send: &SendParams, at: Arrival<'_>) -> Result<Checked, Refusal> {
+        let resolved = self.check_model(send, at)?;
+        let fetched = match &send.plan {
+            Some(plan) if !at.has_episode => Some(self.fetch_plan(at.key, plan)?),
+            _ => None,
+        };
+        Ok(Checked { resolved, fetched })
+    }
+
+    /// Fetches a first episode's plan through the tool plane.
+    fn fetch_plan(&self, key: &SessionKey, plan: &crate::wire::plan::Plan) -> Result<FetchedPlan, Refusal> {
+        match &self.tools {
+            Some(plane) => fetch::fetch(plane, &key.addr(), plan),
+            None => {
+                let provider = plan.tool_items.first().map_or("", |i| i.provider.as_str());
+                let message =
+                    format!("fetch unavailable: broca has no consumer connection to reach tool provider {provider:?}");
+                let detail = Some(crate::detail!("provider" => provider, "class" => "transient"));
+                Err(Refusal::new(RefusalCode::FetchUnavailable, message, detail))
+            }
+        }
+    }
+
+    fn check_model(&self, send: &SendParams, at: Arrival<'_>) -> Result<Option<RenderConfig>, Refusal> {
         // Tool providers need a per-call preset on scoped routes, which only a fetch plan gives:
         // legacy direct tools cannot run there (broca has no fetch plans yet).
         if at.scoped && send.tools.as_ref().is_some_and(|t| !t.is_empty()) {

@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::admission::Checked;
 use super::decide;
 use crate::agent::{Handled, RunCommand};
 use crate::lineage::Lineage;
-use crate::provider::config::RenderConfig;
 use crate::record::CancelAt;
 use crate::store::Store;
 use crate::wire::answers::{CancelReply, RetractReply, SendReply};
@@ -22,10 +22,10 @@ pub enum SessionCommand {
     /// Open the session and nothing else: opening seals an orphaned run and drains the queue
     /// (boot recovery, `run.status` on a run left open), and an observer holds the lease.
     Open,
-    /// Admit a send: `resolved` is the model the pre-check resolved, if the send named one.
+    /// Admit a send with what its pre-check settled (the named model, a first plan's fetch).
     Send {
         send: Box<SendParams>,
-        resolved: Option<Box<RenderConfig>>,
+        checked: Box<Checked>,
         answer: Answer<SendReply>,
     },
     Retract {
@@ -69,9 +69,9 @@ pub(super) fn handle(
 ) -> Handled {
     match cmd {
         SessionCommand::Open => Handled::default(),
-        SessionCommand::Send { send, resolved, answer } => {
+        SessionCommand::Send { send, checked, answer } => {
             let mut units = Vec::new();
-            answer.send(decide::send(admission, store, lineage, *send, resolved.map(|c| *c), &mut units));
+            answer.send(decide::send(admission, store, lineage, *send, *checked, &mut units));
             Handled { units, signal: None }
         }
         SessionCommand::Retract { request, answer } => {

@@ -11,9 +11,10 @@
 //!   joins the running run at its next step boundary (`active` naming that run), `interrupt`
 //!   is queued first, then cancels the running run and starts ahead of plain sends (`pending`).
 
-use super::admission::{inherit_refused, Admission};
+use super::admission::{inherit_refused, Admission, Checked};
 use super::policy::session_policy;
 use crate::agent;
+use crate::frozen::{PlanManifest, ToolSpec};
 use crate::lineage::ledger::{self, RunPhase};
 use crate::lineage::projection::ControlUnit;
 use crate::lineage::read::TranscriptPage;
@@ -24,6 +25,7 @@ use crate::provider::config::RenderConfig;
 use crate::record::{CancelAt, Delivery, FinishReason, Frozen, PauseReason, Record, RequestIdentity};
 use crate::replay::Resolution;
 use crate::store::{Fate, SendLookup, SendRow, Store};
+use crate::tools::fetch::FetchedPlan;
 use crate::wire::answers::{CancelReply, RetractMiss, RetractReply, SendReply};
 use crate::wire::send::{differing_field, SendParams};
 use crate::wire::{Refusal, RefusalCode};
@@ -31,14 +33,14 @@ use crate::wire::{Refusal, RefusalCode};
 /// Units a decision made durable.
 pub type Units = Vec<ControlUnit>;
 
-/// Admits `send` on its session. `resolved` is the model [`Admission::precheck`] resolved (when
-/// the send named one). Durable before it answers.
+/// Admits `send` on its session with what [`Admission::precheck`] settled (the named model's
+/// route, a first episode's fetched plan). Durable before it answers.
 pub fn send(
     admission: &Admission,
     store: &Store,
     lineage: &mut Lineage,
     send: SendParams,
-    resolved: Option<RenderConfig>,
+    checked: Checked,
     units: &mut Units,
 ) -> Result<SendReply, Refusal> {
     if let Some(send_id) = send.send_id.clone() {
@@ -65,12 +67,55 @@ pub fn send(
             return Err(run_paused(&run_id, "auth_required"));
         }
     }
-    let mut config = match resolved {
+    let plan = plan_for(&send, state.last.is_some(), frozen.as_ref(), checked.fetched)?;
+    let mut config = match checked.resolved {
         Some(c) => c,
         None => admission.resolve(&send, frozen.as_ref())?,
     };
     config.policy = session_policy(&admission.config, lineage, &send, frozen.as_ref())?;
+    if let Some((manifest, tools)) = plan {
+        config.plan = Some(manifest);
+        config.tools = tools;
+    }
     deliver(lineage, send, config, units).map_err(|e| e.refusal())
+}
+
+/// The plan a send runs under (spec §4): a session's first episode freezes the plan it
+/// fetched; every later send runs under the frozen one, and may repeat it but never change it
+/// (`plan_drift`), nor bring tools of its own (`invalid_params {field: "tools"}`).
+fn plan_for(
+    send: &SendParams,
+    had_episode: bool,
+    frozen: Option<&RenderConfig>,
+    fetched: Option<FetchedPlan>,
+) -> Result<Option<(PlanManifest, Vec<ToolSpec>)>, Refusal> {
+    let frozen_plan = frozen.and_then(|c| c.plan.as_ref());
+    if !had_episode {
+        return Ok(fetched.map(|f| (f.manifest, f.tools)));
+    }
+    if let Some(sent) = &send.plan {
+        if frozen_plan.map(|p| p.identity.as_str()) != Some(sent.identity.as_str()) {
+            let frozen_identity = frozen_plan.map(|p| p.identity.clone());
+            let message = match &frozen_identity {
+                Some(f) => format!("plan drift: the session runs under plan {f}; this send names {}", sent.identity),
+                None => format!(
+                    "plan drift: the session's first episode ran without a plan; this send names {}",
+                    sent.identity
+                ),
+            };
+            let detail = match frozen_identity {
+                Some(f) => crate::detail!("frozen" => f, "sent" => sent.identity),
+                None => crate::detail!("sent" => sent.identity),
+            };
+            return Err(Refusal::new(RefusalCode::PlanDrift, message, Some(detail)));
+        }
+    }
+    let (Some(manifest), Some(config)) = (frozen_plan, frozen) else { return Ok(None) };
+    if send.tools.is_some() {
+        return Err(crate::wire::invalid_params("tools", "the session's tools come from its frozen plan"));
+    }
+    let tools = config.tools.iter().filter(|t| t.module.is_some()).cloned().collect();
+    Ok(Some((manifest.clone(), tools)))
 }
 
 /// Records the admitted send and delivers it by its mode against the session's running run.

@@ -440,5 +440,6 @@ fn unreadable() -> RenderConfig {
         tools: vec![],
         auth: Default::default(),
         policy: Default::default(),
+        plan: None,
     }
 }

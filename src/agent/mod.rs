@@ -19,7 +19,7 @@ use std::time::Duration;
 use crossbeam_channel::Receiver;
 use serde_json::Value;
 
-pub use tools::{Cancel, NoTools, ToolCall, ToolDispatcher, ToolOutcome, ToolOutput};
+pub use tools::{CallTarget, Cancel, NoTools, ToolCall, ToolDispatcher, ToolOutcome, ToolOutput};
 pub use turn::drive_with;
 pub use turn::{admit, drive, TurnOutcome};
 

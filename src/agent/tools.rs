@@ -23,6 +23,32 @@ pub struct ToolCall {
     /// `<lineage>:<seq of the call's ToolDispatchIntent>`: the call's identity, for
     /// at-most-once on the provider side.
     pub call_key: String,
+    /// The provider module serving the tool, from the session's frozen plan; `None` for a
+    /// send's own (legacy) tools.
+    pub target: Option<CallTarget>,
+    /// How long this call may take (its tool's frozen reply bound, never below the default).
+    pub wait: std::time::Duration,
+}
+
+impl ToolCall {
+    /// The session's lineage id: the call key is `<lineage id>:<seq>`, and a lineage id (hex)
+    /// holds no `:`.
+    pub fn lineage(&self) -> &str {
+        self.call_key.rsplit_once(':').map_or(self.call_key.as_str(), |(lineage, _)| lineage)
+    }
+}
+
+/// Where a call goes, as the session's frozen plan says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallTarget {
+    pub module: String,
+    /// Forwarded on the call (absent: none sent).
+    pub preset: Option<String>,
+    /// The tool's frozen `schema_pin`.
+    pub pin: Option<String>,
+    /// The provider's frozen catalog declares `late_results`: the call carries its `call_key`
+    /// (spec §4; other providers never see it).
+    pub send_call_key: bool,
 }
 
 /// A call's result, in the runner's output shape (`{"kind":"text",…}` or `{"kind":"error",…}`).

@@ -283,16 +283,25 @@ impl<C> Driver<'_, C> {
         for (id, name, arguments) in calls {
             let call_key = format!("{lineage_id}:{}", self.lineage.next_seq());
             let text = serde_json::to_string(&arguments).unwrap_or_else(|_| "{}".into());
+            let (target, wait) = call_target(&self.config, &name, &arguments, self.opts.tool_wait);
             self.lineage.append(&Record::ToolDispatchIntent {
                 run_id: self.run_id.clone(),
                 step,
                 tool_call_id: id.clone(),
                 tool_name: name.clone(),
-                module_id: None,
+                module_id: target.as_ref().map(|t| t.module.clone()),
                 call_key: call_key.clone(),
                 arguments: Some(text),
             })?;
-            batch.push(ToolCall { run_id: self.run_id.clone(), tool_call_id: id, name, arguments, call_key });
+            batch.push(ToolCall {
+                run_id: self.run_id.clone(),
+                tool_call_id: id,
+                name,
+                arguments,
+                call_key,
+                target,
+                wait,
+            });
         }
         Ok(batch)
     }
@@ -645,17 +654,7 @@ impl<C> Driver<'_, C> {
         self.commit()?;
         let ids: Vec<String> = batch.iter().map(|c| c.tool_call_id.clone()).collect();
         // The batch waits as long as its slowest-bounded call may take.
-        let wait = batch
-            .iter()
-            .map(|c| {
-                self.config
-                    .tools
-                    .iter()
-                    .find(|t| t.name == c.name)
-                    .map_or(self.opts.tool_wait, |t| t.wait(self.opts.tool_wait))
-            })
-            .max()
-            .unwrap_or(self.opts.tool_wait);
+        let wait = batch.iter().map(|c| c.wait).max().unwrap_or(self.opts.tool_wait);
         let deadline = Instant::now() + wait;
         let cancel = Cancel::default();
         let rx = dispatch_batch(self.tools, batch, deadline, &cancel);
@@ -727,6 +726,31 @@ impl<C> Driver<'_, C> {
         self.history.push(Message { role: Role::Tool, content: parts, origin: None });
         Ok(timed_out || indeterminate)
     }
+}
+
+/// Where a call of `name` goes and how long it may take, from the frozen config: a plan tool
+/// names its provider (with the plan item's preset, the tool's pin, and whether the provider
+/// takes call keys); every tool's wait is its reply bound (for a plan tool computed with the
+/// call's hold argument, tool-provider's rule), never below `default`.
+fn call_target(
+    config: &RenderConfig,
+    name: &str,
+    arguments: &serde_json::Value,
+    default: std::time::Duration,
+) -> (Option<super::CallTarget>, std::time::Duration) {
+    let Some(spec) = config.tools.iter().find(|t| t.name == name) else { return (None, default) };
+    let Some(module) = spec.module.clone() else { return (None, spec.wait(default)) };
+    let send_call_key = config.plan.as_ref().is_some_and(|p| {
+        p.items.iter().any(|i| {
+            i.provider == module
+                && i.declares(cortexkit_role_tool_provider::catalog::session_capabilities::LATE_RESULTS)
+        })
+    });
+    let reply = spec.reply.as_ref().and_then(|r| serde_json::from_value(r.clone()).ok());
+    let fallback = u64::try_from(default.as_millis()).unwrap_or(u64::MAX);
+    let wait = cortexkit_role_tool_provider::catalog::reply_deadline_ms(reply.as_ref(), arguments, fallback);
+    let target = super::CallTarget { module, preset: spec.preset.clone(), pin: spec.pin.clone(), send_call_key };
+    (Some(target), std::time::Duration::from_millis(wait))
 }
 
 /// The tool calls of an assistant message, in planned order: `(id, name, arguments)`.

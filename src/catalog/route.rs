@@ -215,6 +215,7 @@ pub fn resolve(
             overrides.auth.clone()
         },
         policy: Default::default(),
+        plan: None,
     })
 }
 

@@ -106,6 +106,8 @@ pub fn describe(config: &crate::config::BrocaConfig) -> Value {
         cap::SEND_STATUS,
         "send_tool_reply_bound",
         "session_class",
+        cap::PLANS,
+        "fetch-plan-optional-tools/v1",
     ];
     let describe = RoleDescribe::new(
         vec![Major::new(cortexkit_role_llm_runner::PROVIDES, ops, "alpha")],

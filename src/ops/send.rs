@@ -24,19 +24,19 @@ pub(super) fn session_send(ops: &Arc<Ops>, route: &super::Route, params: Value, 
         Err(r) => return reply(Err(r)),
     };
     let shared = ops.registry.shared();
-    let arrival = Arrival {
-        key,
-        scoped: route.scoped,
-        sealing: ops.registry.is_sealing(),
-        exists: shared.wal_path(key).exists(),
-    };
-    let resolved = match ops.admission.precheck(&send, arrival) {
-        Ok(r) => r,
+    let exists = shared.wal_path(key).exists();
+    // Only a plan send needs to know whether the session ran an episode (it fetches only then).
+    let has_episode = send.plan.is_some()
+        && exists
+        && read::snapshot(shared, key).ok().flatten().is_some_and(|page| page.state.last.is_some());
+    let arrival = Arrival { key, scoped: route.scoped, sealing: ops.registry.is_sealing(), exists, has_episode };
+    let checked = match ops.admission.precheck(&send, arrival) {
+        Ok(c) => c,
         Err(r) => return reply(Err(r)),
     };
     let placement = ops.admission.config.placement_for(send.session_class.as_deref(), send.retention.is_some());
     let answer = Answer::new(move |r| reply(r.map(super::body)));
-    let cmd = SessionCommand::Send { send: Box::new(send), resolved: resolved.map(Box::new), answer: answer.clone() };
+    let cmd = SessionCommand::Send { send: Box::new(send), checked: Box::new(checked), answer: answer.clone() };
     if let Err(e) = ops.registry.command(key, placement, cmd) {
         answer.send(Err(open_refusal(ops, key, e)));
     }

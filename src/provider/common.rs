@@ -112,7 +112,8 @@ pub(crate) fn usage_from_total(
 
 /// The model-facing text of a tool result and whether it reports an error.
 ///
-/// `{"kind":"text","text":…}` gives its text. `{"kind":"error",…}` is rendered as the
+/// `{"kind":"text","text":…}` gives its text, `{"kind":"json","json":…}` its compact JSON.
+/// `{"kind":"error",…}` is rendered as the
 /// llm-runner contract §8.3 prescribes: `message`, then one line per present member in the order
 /// `module: …`, `code: …`, `detail: …`, `nothing was sent`, `retry: …`, joined by `\n`. A bare
 /// string is itself; any other value is its compact JSON.
@@ -120,6 +121,8 @@ pub(crate) fn tool_output(output: &Value, is_error: bool) -> (String, bool) {
     match str_at(output, &["kind"]) {
         Some("text") => (str_at(output, &["text"]).unwrap_or_default().to_string(), is_error),
         Some("error") => (error_output_text(output), true),
+        // A provider's non-string legacy body, kept as the JSON it sent.
+        Some("json") => (at(output, &["json"]).map(compact).unwrap_or_default(), is_error),
         _ => match output {
             Value::String(s) => (s.clone(), is_error),
             other => (compact(other), is_error),

@@ -230,6 +230,7 @@ fn config(family: Family, provider: &str, wire_model: &str) -> RenderConfig {
         tools: vec![],
         auth: AuthSource::None,
         policy: Default::default(),
+        plan: None,
     }
 }
 
@@ -240,6 +241,8 @@ fn stat_tool() -> ToolSpec {
         input_schema: json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
         reply: None,
         module: None,
+        preset: None,
+        pin: None,
     }
 }
 
@@ -250,6 +253,8 @@ fn read_tool() -> ToolSpec {
         input_schema: json!({"type": "object", "properties": {"path": {"type": "string"}, "limit": {"type": "integer"}}}),
         reply: None,
         module: None,
+        preset: None,
+        pin: None,
     }
 }
 

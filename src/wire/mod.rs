@@ -114,6 +114,14 @@ pub enum RefusalCode {
     InvalidError,
     /// A peer's hello frame does not decode (subc layer).
     InvalidHello,
+    /// A later send names a plan other than the session's frozen one (`detail {frozen?, sent}`).
+    PlanDrift,
+    /// A required plan provider could not be fetched (`detail {provider, class}`).
+    FetchUnavailable,
+    /// Two plan providers offer a tool of the same name (`detail {name, providers}`).
+    ToolNameCollision,
+    /// A provider's catalog answer is unusable (`detail {provider, reason}`).
+    PlanStale,
 }
 
 impl RefusalCode {
@@ -148,6 +156,10 @@ impl RefusalCode {
             RefusalCode::RouteRejected => "route_rejected",
             RefusalCode::InvalidError => "invalid_error",
             RefusalCode::InvalidHello => "invalid_hello",
+            RefusalCode::PlanDrift => "plan_drift",
+            RefusalCode::FetchUnavailable => "fetch_unavailable",
+            RefusalCode::ToolNameCollision => "tool_name_collision",
+            RefusalCode::PlanStale => "plan_stale",
         }
     }
 }

@@ -31,6 +31,7 @@ const READ: &[&str] = &[
     "title",
     "on_restart",
     "tools",
+    "plan",
 ];
 
 /// Members that make up a send's identity, in the order a `send_id_reuse` names the first
@@ -53,6 +54,7 @@ const IDENTITY: &[&str] = &[
     "seed_from",
     "tools",
     "tool_providers",
+    "plan",
 ];
 
 pub use crate::record::Delivery;
@@ -87,6 +89,8 @@ pub struct SendParams {
     pub conversation_key: Option<String>,
     /// Legacy direct tools; `None` when omitted (inherit).
     pub tools: Option<Vec<ToolSpec>>,
+    /// The session's fetch plan (decided against the frozen one on the actor).
+    pub plan: Option<super::plan::Plan>,
     /// Field → SHA-256 of its canonical JSON, for keyed re-sends.
     pub identity: BTreeMap<String, String>,
 }
@@ -205,6 +209,13 @@ pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
         None | Some(Value::Null) => None,
         Some(t) => Some(tools(t)?),
     };
+    let plan = match obj.get("plan") {
+        None | Some(Value::Null) => None,
+        Some(p) => Some(super::plan::decode(p)?),
+    };
+    if plan.is_some() && tools.is_some() {
+        return Err(invalid_params("tools", "a send with a fetch plan takes its tools from the plan"));
+    }
     let system = obj.get("system").and_then(text).filter(|s| !s.trim().is_empty());
     let identity = identity(obj, delivery);
     Ok(SendParams {
@@ -224,6 +235,7 @@ pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
         on_restart,
         conversation_key,
         tools,
+        plan,
         identity,
     })
 }
@@ -316,6 +328,8 @@ fn tools(t: &Value) -> Result<Vec<ToolSpec>, Refusal> {
             input_schema: tool.get("input_schema").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"})),
             reply: tool.get("reply").cloned(),
             module: None,
+            preset: None,
+            pin: None,
         });
     }
     Ok(out)

@@ -100,6 +100,8 @@ pub struct Options {
     /// backoff_ms, max_backoff_ms}`); `None`: the daemon's default (3 crash restarts per 10 min,
     /// backoff 100 ms ×10 each time).
     pub restart: Option<Value>,
+    /// More modules in the daemon's table, by id (e.g. broca-mock as a tool provider).
+    pub modules: Vec<(String, Value)>,
 }
 
 impl Default for Options {
@@ -112,6 +114,7 @@ impl Default for Options {
             test_writer: true,
             prefix: "bsm".into(),
             restart: None,
+            modules: Vec::new(),
         }
     }
 }
@@ -195,7 +198,11 @@ impl Harness {
         if let Some(restart) = &opts.restart {
             module["restart"] = restart.clone();
         }
-        let config = json!({"version": 1, "modules": {MODULE_ID: module}});
+        let mut modules = json!({MODULE_ID: module});
+        for (id, extra) in &opts.modules {
+            modules[id] = extra.clone();
+        }
+        let config = json!({"version": 1, "modules": modules});
         fs::write(root.join("config/cortexkit/subc.jsonc"), config.to_string()).unwrap();
         let conn_file = root.join("runtime/subc-connection.json");
         let daemon_config = BootstrapConfig::new(conn_file.clone(), 0)

@@ -394,6 +394,12 @@ impl PendingCall {
         self.wait_until(Instant::now() + timeout)
     }
 
+    /// Waits until `until` for the terminal frame and keeps the call open when none came (a
+    /// caller that checks for its own cancellation between waits).
+    pub fn poll_until(&self, until: Instant) -> Option<Answer> {
+        self.rx.recv_deadline(until).ok()
+    }
+
     /// Waits until `deadline` for the terminal frame. On `Timeout` the outcome is unknown.
     pub fn wait_until(self, deadline: Instant) -> Result<Vec<u8>, CallError> {
         match self.rx.recv_deadline(deadline) {

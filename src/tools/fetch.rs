@@ -1,0 +1,242 @@
+//! Fetching a session's plan at admission (spec §4; llm-runner 0.8.0 §10.1): every tool item's
+//! provider is asked `role.describe` (it must serve `tool.catalog` under `tool-provider/v1`),
+//! then `tool.catalog` with the item's params, preset and the plan's composition — all items in
+//! one parallel round inside [`PLAN_FETCH_WITHIN`]. The answers become the session's frozen
+//! tools and plan manifest; nothing is written when a required item fails.
+//!
+//! - a required item that cannot be reached is `fetch_unavailable {provider, class:
+//!   "transient"}`; one its provider refuses is `fetch_unavailable {…, class: "permanent",
+//!   provider_code}`; an unusable answer is `plan_stale {provider, reason}`;
+//! - an optional item has [`OPTIONAL_FETCH_WITHIN`] and, when it fails, is admitted absent
+//!   (one [`AbsentItem`] with a flat reason);
+//! - two items offering one tool name is `tool_name_collision {name, providers}`.
+
+use std::time::{Duration, Instant};
+
+use cortexkit_role_tool_provider::call::SchemaPin;
+use cortexkit_role_tool_provider::catalog::{self, CatalogAnswer, CatalogTool};
+use cortexkit_role_tool_provider::describe;
+use serde_json::{json, Value};
+
+use super::ToolPlane;
+use crate::frozen::{AbsentItem, ManifestItem, PlanManifest, ToolSpec};
+use crate::subc::consumer::CallError;
+use crate::wire::plan::{Plan, ToolItem};
+use crate::wire::{Refusal, RefusalCode};
+
+/// The admission deadline for a plan's whole fetch round.
+pub const PLAN_FETCH_WITHIN: Duration = Duration::from_secs(10);
+/// An optional item's budget inside the round (spec: five seconds).
+pub const OPTIONAL_FETCH_WITHIN: Duration = Duration::from_secs(5);
+/// The `tool-provider/v1` major a provider's `role.describe` must list.
+const TOOL_PROVIDER_MAJOR: &str = "tool-provider/v1";
+
+/// A fetched plan: the tools it offers and the manifest frozen with them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FetchedPlan {
+    pub manifest: PlanManifest,
+    pub tools: Vec<ToolSpec>,
+}
+
+/// Why one item did not arrive.
+#[derive(Debug)]
+enum Fault {
+    /// Not reached (route, transport, deadline).
+    Unavailable(String),
+    /// Its provider refused the fetch.
+    Refused { code: String, message: String },
+    /// Its answer is unusable.
+    Invalid(String),
+}
+
+impl Fault {
+    fn reason(&self) -> &'static str {
+        match self {
+            Fault::Unavailable(_) => "unavailable",
+            Fault::Refused { .. } => "refused",
+            Fault::Invalid(_) => "invalid",
+        }
+    }
+
+    fn refusal(self, provider: &str) -> Refusal {
+        match self {
+            Fault::Unavailable(why) => Refusal::new(
+                RefusalCode::FetchUnavailable,
+                format!("fetch unavailable: tool provider {provider:?} could not be reached: {why}"),
+                Some(crate::detail!("provider" => provider, "class" => "transient")),
+            ),
+            Fault::Refused { code, message } => Refusal::new(
+                RefusalCode::FetchUnavailable,
+                format!("fetch unavailable: tool provider {provider:?} refused its catalog: {code}: {message}"),
+                Some(crate::detail!("provider" => provider, "class" => "permanent", "provider_code" => code)),
+            ),
+            Fault::Invalid(why) => Refusal::new(
+                RefusalCode::PlanStale,
+                format!("plan stale: tool provider {provider:?} answered an unusable catalog: {why}"),
+                Some(crate::detail!("provider" => provider, "reason" => why)),
+            ),
+        }
+    }
+}
+
+/// One item's usable catalog.
+struct Fetched {
+    answer: CatalogAnswer,
+}
+
+/// Fetches every tool item of `plan` for the session `lineage` (its route identity).
+pub fn fetch(plane: &ToolPlane, lineage: &str, plan: &Plan) -> Result<FetchedPlan, Refusal> {
+    if let Some(item) = plan.system_text_items.first() {
+        let message = format!(
+            "plan.system_text_items: system text from provider {:?} is not served by this build yet",
+            item.provider
+        );
+        return Err(crate::wire::invalid_params("plan.system_text_items", &message));
+    }
+    let started = Instant::now();
+    let results: Vec<Result<Fetched, Fault>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = plan
+            .tool_items
+            .iter()
+            .map(|item| {
+                let within = if item.optional { OPTIONAL_FETCH_WITHIN } else { PLAN_FETCH_WITHIN };
+                let deadline = started + within;
+                scope.spawn(move || fetch_item(plane, lineage, plan, item, deadline))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(Fault::Invalid("the fetch panicked".into()))))
+            .collect()
+    });
+    let mut items = Vec::new();
+    let mut absent = Vec::new();
+    let mut tools: Vec<ToolSpec> = Vec::new();
+    let mut offered_by: Vec<(String, String)> = Vec::new();
+    for (item, result) in plan.tool_items.iter().zip(results) {
+        let fetched = match result {
+            Ok(f) => f,
+            Err(fault) if item.optional => {
+                log::info!(target: "broca.tools", "optional tool provider {:?} admitted absent: {fault:?}", item.provider);
+                let provider_code = match &fault {
+                    Fault::Refused { code, .. } => Some(code.clone()),
+                    _ => None,
+                };
+                let reason = fault.reason().to_owned();
+                absent.push(AbsentItem { provider: item.provider.clone(), kind: "tool".into(), reason, provider_code });
+                continue;
+            }
+            Err(fault) => return Err(fault.refusal(&item.provider)),
+        };
+        for tool in &fetched.answer.tools {
+            offered_by.push((tool.name.clone(), item.provider.clone()));
+            tools.push(spec(item, tool));
+        }
+        items.push(manifest_item(item, &fetched.answer));
+    }
+    collisions(&offered_by)?;
+    let manifest = PlanManifest {
+        identity: plan.identity.clone(),
+        items,
+        absent,
+        composition_digest: plan.composition_digest.clone(),
+    };
+    Ok(FetchedPlan { manifest, tools })
+}
+
+/// `role.describe`, then `tool.catalog`, for one item.
+fn fetch_item(
+    plane: &ToolPlane,
+    lineage: &str,
+    plan: &Plan,
+    item: &ToolItem,
+    deadline: Instant,
+) -> Result<Fetched, Fault> {
+    let described = plane.role_op(&item.provider, lineage, "role.describe", json!({}), deadline).map_err(fault)?;
+    let described: Value =
+        serde_json::from_slice(&described).map_err(|e| Fault::Invalid(format!("role.describe: {e}")))?;
+    let described = describe::check_describe(&described)
+        .map_err(|problems| Fault::Invalid(format!("role.describe: {problems:?}")))?;
+    let serves_catalog = described.major(TOOL_PROVIDER_MAJOR).is_some_and(|m| m.serves("tool.catalog"));
+    if !serves_catalog {
+        return Err(Fault::Invalid(format!("role.describe lists no {TOOL_PROVIDER_MAJOR} tool.catalog")));
+    }
+    let mut request = json!({"params": item.params});
+    if let Some(preset) = &item.preset {
+        request["preset"] = json!(preset);
+    }
+    if let Some(composition) = &plan.composition {
+        request["composition"] = json!(composition);
+    }
+    let answer = plane.role_op(&item.provider, lineage, "tool.catalog", request, deadline).map_err(fault)?;
+    let answer: CatalogAnswer =
+        serde_json::from_slice(&answer).map_err(|e| Fault::Invalid(format!("tool.catalog: {e}")))?;
+    check(&answer)?;
+    Ok(Fetched { answer })
+}
+
+/// The catalog checks a consumer makes (tool-provider §3.3): valid reply and mode metadata,
+/// schema digests, unique names.
+fn check(answer: &CatalogAnswer) -> Result<(), Fault> {
+    let mut names: Vec<&str> = answer.tools.iter().map(|t| t.name.as_str()).collect();
+    names.sort_unstable();
+    if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+        return Err(Fault::Invalid(format!("tool {:?} is listed twice", w[0])));
+    }
+    for tool in &answer.tools {
+        if tool.name.is_empty() {
+            return Err(Fault::Invalid("a tool has an empty name".into()));
+        }
+        if !catalog::is_schema_digest(&tool.schema_digest) {
+            return Err(Fault::Invalid(format!("tool {:?}: schema_digest is malformed", tool.name)));
+        }
+        catalog::check_reply(tool).map_err(|p| Fault::Invalid(format!("tool {:?}: reply: {p:?}", tool.name)))?;
+        catalog::check_modes(tool).map_err(|p| Fault::Invalid(format!("tool {:?}: modes: {p:?}", tool.name)))?;
+    }
+    Ok(())
+}
+
+fn fault(e: CallError) -> Fault {
+    match e {
+        CallError::Module(body) => Fault::Refused { code: body.code, message: body.message },
+        other => Fault::Unavailable(other.to_string()),
+    }
+}
+
+/// A fetched tool as the session freezes it.
+fn spec(item: &ToolItem, tool: &CatalogTool) -> ToolSpec {
+    ToolSpec {
+        name: tool.name.clone(),
+        description: tool.description.clone().unwrap_or_default(),
+        input_schema: tool.input_schema.clone(),
+        reply: tool.reply.as_ref().and_then(|r| serde_json::to_value(r).ok()),
+        module: Some(item.provider.clone()),
+        preset: item.preset.clone(),
+        pin: SchemaPin::new(&tool.name, &tool.schema_digest, tool.semantics).encode().ok(),
+    }
+}
+
+fn manifest_item(item: &ToolItem, answer: &CatalogAnswer) -> ManifestItem {
+    let capabilities = answer.capabilities.iter().filter(|(_, v)| **v == Value::Bool(true)).map(|(k, _)| k.clone());
+    ManifestItem {
+        provider: item.provider.clone(),
+        preset: item.preset.clone(),
+        generation: answer.generation.clone(),
+        catalog_digest: answer.catalog_digest.clone(),
+        capabilities: capabilities.collect(),
+        tool_names: answer.tools.iter().map(|t| t.name.clone()).collect(),
+    }
+}
+
+/// The first model-facing name two providers offer.
+fn collisions(offered_by: &[(String, String)]) -> Result<(), Refusal> {
+    for (i, (name, _)) in offered_by.iter().enumerate() {
+        if offered_by[..i].iter().any(|(n, _)| n == name) {
+            let providers: Vec<&str> = offered_by.iter().filter(|(n, _)| n == name).map(|(_, p)| p.as_str()).collect();
+            let message = format!("tool name collision: {name:?} is offered by {}", providers.join(", "));
+            let detail = crate::detail!("name" => name, "providers" => providers);
+            return Err(Refusal::new(RefusalCode::ToolNameCollision, message, Some(detail)));
+        }
+    }
+    Ok(())
+}

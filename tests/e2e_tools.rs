@@ -1,0 +1,303 @@
+//! Tools from other modules, end to end: the real subc daemon supervises broca and broca-mock
+//! as a `tool-provider/v1` module (`broca-mock --subc`), broca-mock also plays the model, and
+//! the official consumer SDK drives sessions with fetch plans. Every call is counted at the
+//! provider (its call log, outside broca's state root).
+
+#[allow(dead_code)]
+#[path = "../bin/broca-mock/tools/call_log.rs"]
+mod call_log;
+#[allow(dead_code, unused_imports)]
+#[path = "../bin/broca-mock/mock/mod.rs"]
+mod mock;
+mod support;
+
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::{Harness, Options, Session};
+
+const HARNESS: &str = "tools-e2e";
+const TOOLS: &str = "mock-tools";
+/// broca's default tool wait in this rig (`BROCA_TEST_TOOL_WAIT_MS`, a debug-build switch).
+const TOOL_WAIT_MS: u64 = 1500;
+
+type Scenario = (&'static str, fn(&Harness, &Path));
+
+const SCENARIOS: &[Scenario] = &[
+    ("a plan is fetched once, frozen, and a differing later plan is plan_drift", plan_frozen_and_drift),
+    ("a parallel batch answered out of order lands in planned order", parallel_batch_in_planned_order),
+    ("a provider refusal and an oversized result are model-visible errors", refusals_and_oversize),
+    ("a call past its bound is indeterminate and the run ends interrupted", call_past_its_bound),
+    ("run.cancel mid-call sends CANCEL and records an unknown outcome", cancel_mid_call),
+    ("admission refuses unreachable providers and admits optional ones absent", unreachable_and_optional),
+];
+
+fn plan(items: Value) -> Value {
+    json!({"tool_items": items})
+}
+
+fn tools_item() -> Value {
+    json!({"provider": TOOLS, "params": {}})
+}
+
+/// A plan send on the mock model.
+fn plan_send(prompt: &str, plan: Value) -> Value {
+    let mut p = support::send_params(prompt);
+    p["plan"] = plan;
+    p
+}
+
+fn call_step(calls: &[(&str, &str, Value)]) -> Value {
+    let mut events: Vec<Value> = calls
+        .iter()
+        .map(|(id, name, args)| json!({"tool_call": {"id": id, "name": name, "arguments": args}}))
+        .collect();
+    events.push(json!({"finish": "tool_calls"}));
+    json!({"events": events})
+}
+
+fn text_step(text: &str) -> Value {
+    json!({"events": [{"text": text}, {"usage": {"input": 5, "output": 2}}, {"finish": "stop"}]})
+}
+
+fn counts(log: &Path) -> call_log::Counts {
+    call_log::read(log).unwrap_or_else(|e| panic!("the provider's call log: {e:?}"))
+}
+
+/// The session's messages.
+fn messages(s: &Session) -> Vec<Value> {
+    s.ok("session.read", json!({"limit": 1000}))["messages"].as_array().cloned().unwrap_or_default()
+}
+
+/// The tool-role message's results as `(tool_call_id, output)`, in order.
+fn tool_results(s: &Session) -> Vec<(String, Value)> {
+    let msgs = messages(s);
+    let tool = msgs.iter().rev().find(|m| m["message"]["role"] == "tool").expect("a tool message");
+    tool["message"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["tool_call_id"].as_str().unwrap().to_string(), p["output"].clone()))
+        .collect()
+}
+
+fn run_id(reply: &Value) -> String {
+    reply["run_id"].as_str().unwrap_or_else(|| panic!("no run id in {reply}")).to_string()
+}
+
+fn plan_frozen_and_drift(h: &Harness, log: &Path) {
+    let s = h.session(HARNESS, &h.unique("frozen"), None);
+    let fetches = |c: &call_log::Counts| {
+        c.entries.iter().filter(|e| matches!(e, call_log::Entry::Role(r) if r.op == "tool.catalog")).count()
+    };
+    let before = fetches(&counts(log));
+    h.install(json!({"responses": [text_step("one"), text_step("two"), text_step("three")]}));
+    let first = s.ok("session.send", plan_send("hello", plan(json!([tools_item()]))));
+    s.wait_run(&run_id(&first), "completed");
+    assert_eq!(fetches(&counts(log)), before + 1, "the first episode fetched the catalog once");
+    let baseline = s.ok("session.baseline", json!({}));
+    assert_eq!(baseline["state"], "ready", "{baseline}");
+    let names = baseline["baseline"]["tool_names"].as_array().unwrap();
+    assert!(names.iter().any(|n| n == "echo") && names.iter().any(|n| n == "hang"), "{baseline}");
+    // The same plan again is a no-op; no plan inherits the frozen one. Neither fetches.
+    let again = s.ok("session.send", plan_send("again", plan(json!([tools_item()]))));
+    s.wait_run(&run_id(&again), "completed");
+    let plain = s.ok("session.send", support::send_params("plain"));
+    s.wait_run(&run_id(&plain), "completed");
+    assert_eq!(fetches(&counts(log)), before + 1, "later sends never refetch");
+    // The model saw the plan's tools on every request.
+    let requests = h.mock.requests("default");
+    let last: Value = serde_json::from_slice(&requests.last().unwrap().body).unwrap();
+    assert!(last["tools"].as_array().is_some_and(|t| t.len() >= 6), "{last}");
+    // A different plan is refused by identity, and writes nothing.
+    let wal_len = std::fs::metadata(s.wal_path()).unwrap().len();
+    let (code, body) = s.refused(
+        "session.send",
+        plan_send("drift", plan(json!([{"provider": TOOLS, "preset": "worker", "params": {}}]))),
+    );
+    assert_eq!(code, "plan_drift", "{body}");
+    assert!(body["detail"]["frozen"].is_string() && body["detail"]["sent"].is_string(), "{body}");
+    assert_eq!(std::fs::metadata(s.wal_path()).unwrap().len(), wal_len, "a refused send wrote nothing");
+    // Legacy tools on a plan session are refused by name.
+    let mut with_tools = support::send_params("tools");
+    with_tools["tools"] = json!([{"name": "x", "input_schema": {"type": "object"}}]);
+    let (code, body) = s.refused("session.send", with_tools);
+    assert_eq!((code.as_str(), body["detail"]["field"].as_str()), ("invalid_params", Some("tools")), "{body}");
+}
+
+fn parallel_batch_in_planned_order(h: &Harness, log: &Path) {
+    let s = h.session(HARNESS, &h.unique("batch"), None);
+    let tag = h.unique("b");
+    let slow = json!({"ms": 600, "tag": tag});
+    let mid = json!({"ms": 300, "tag": tag});
+    let fast = json!({"tag": tag, "n": 3});
+    h.install(json!({"responses": [
+        call_step(&[("c1", "sleep", slow.clone()), ("c2", "sleep", mid.clone()), ("c3", "echo", fast.clone())]),
+        text_step("done"),
+    ]}));
+    let reply = s.ok("session.send", plan_send("batch", plan(json!([tools_item()]))));
+    s.wait_run(&run_id(&reply), "completed");
+    let results = tool_results(&s);
+    let ids: Vec<&str> = results.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids, ["c1", "c2", "c3"], "one tool message, in planned order");
+    assert_eq!(results[2].1["json"], fast, "echo answered its arguments: {:?}", results[2].1);
+    let c = counts(log);
+    for (tool, args) in [("sleep", &slow), ("sleep", &mid), ("echo", &fast)] {
+        let key = call_log::call_key_of(None, tool, args);
+        assert_eq!(c.calls_of(&key), 1, "{key} ran exactly once");
+    }
+    // Each result came back after the one planned after it (out of order at the provider).
+    let replies: Vec<String> = c
+        .entries
+        .iter()
+        .filter_map(|e| match e {
+            call_log::Entry::Reply(r) if r.key.contains(&tag) => Some(r.key.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(replies.first().map(|k| k.contains("\"n\":3")), Some(true), "echo answered first: {replies:?}");
+}
+
+fn refusals_and_oversize(h: &Harness, log: &Path) {
+    let s = h.session(HARNESS, &h.unique("errors"), None);
+    let tag = h.unique("e");
+    let big = json!({"bytes": 70 * 1024, "tag": tag});
+    h.install(json!({"responses": [
+        call_step(&[("f1", "fail", json!({"tag": tag})), ("b1", "big", big.clone())]),
+        text_step("noted"),
+    ]}));
+    let reply = s.ok("session.send", plan_send("errors", plan(json!([tools_item()]))));
+    s.wait_run(&run_id(&reply), "completed");
+    let results = tool_results(&s);
+    let refused = &results[0].1;
+    assert_eq!(
+        (refused["kind"].as_str(), refused["code"].as_str()),
+        (Some("error"), Some("tool_unavailable")),
+        "{refused}"
+    );
+    assert_eq!(refused["module"], TOOLS, "{refused}");
+    let oversized = &results[1].1;
+    assert_eq!(oversized["code"], "tool_result_too_large", "{oversized}");
+    let detail: Value = serde_json::from_str(oversized["detail"].as_str().unwrap()).unwrap();
+    assert_eq!(detail["limit"], 65536, "{detail}");
+    assert!(detail["bytes"].as_u64().unwrap() > 65536, "{detail}");
+    assert_eq!(
+        counts(log).calls_of(&call_log::call_key_of(None, "big", &big)),
+        1,
+        "the big call ran once, never again"
+    );
+    // The model saw the error text, not the discarded output.
+    let requests = h.mock.requests("default");
+    let last = String::from_utf8_lossy(&requests.last().unwrap().body).into_owned();
+    assert!(last.contains("tool_result_too_large") && !last.contains(&"x".repeat(1000)), "the model's view");
+}
+
+fn call_past_its_bound(h: &Harness, log: &Path) {
+    let s = h.session(HARNESS, &h.unique("bound"), None);
+    let args = json!({"tag": h.unique("h")});
+    h.install(json!({"responses": [call_step(&[("h1", "hang", args.clone())])]}));
+    let reply = s.ok("session.send", plan_send("hang", plan(json!([tools_item()]))));
+    let status = s.wait_run(&run_id(&reply), "interrupted");
+    assert!(status["state"] == "interrupted", "{status}");
+    let results = tool_results(&s);
+    assert!(results[0].1["message"].as_str().unwrap().contains("unknown"), "{:?}", results[0]);
+    let key = call_log::call_key_of(None, "hang", &args);
+    let until = Instant::now() + support::STEP;
+    loop {
+        let c = counts(log);
+        let cancelled = c.entries.iter().any(|e| matches!(e, call_log::Entry::Cancel(x) if x.key == key));
+        if cancelled {
+            assert_eq!(c.calls_of(&key), 1);
+            break;
+        }
+        assert!(Instant::now() < until, "the provider never saw the CANCEL");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn cancel_mid_call(h: &Harness, log: &Path) {
+    let s = h.session(HARNESS, &h.unique("cancel"), None);
+    let args = json!({"ms": 5000, "tag": h.unique("c")});
+    h.install(json!({"responses": [call_step(&[("s1", "sleep", args.clone())])]}));
+    let reply = s.ok("session.send", plan_send("cancel", plan(json!([tools_item()]))));
+    let run = run_id(&reply);
+    let key = call_log::call_key_of(None, "sleep", &args);
+    let until = Instant::now() + support::STEP;
+    while counts(log).calls_of(&key) == 0 {
+        assert!(Instant::now() < until, "the call never reached the provider");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(s.ok("run.cancel", json!({"run_id": run, "at": "now"})), json!("ack"));
+    s.wait_run(&run, "cancelled");
+    let results = tool_results(&s);
+    assert!(results[0].1["message"].as_str().unwrap().contains("outcome is unknown"), "{:?}", results[0]);
+    let until = Instant::now() + support::STEP;
+    while !counts(log).entries.iter().any(|e| matches!(e, call_log::Entry::Cancel(x) if x.key == key)) {
+        assert!(Instant::now() < until, "the provider never saw the CANCEL");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(counts(log).calls_of(&key), 1);
+}
+
+fn unreachable_and_optional(h: &Harness, _log: &Path) {
+    let s = h.session(HARNESS, &h.unique("absent"), None);
+    let (code, body) =
+        s.refused("session.send", plan_send("hi", plan(json!([{"provider": "no-such-module", "params": {}}]))));
+    assert_eq!(code, "fetch_unavailable", "{body}");
+    assert_eq!(body["detail"]["provider"], "no-such-module", "{body}");
+    assert!(!s.wal_path().exists(), "a refused first send created no session");
+    h.install(json!({"responses": [text_step("fine")]}));
+    let items = json!([tools_item(), {"provider": "no-such-module", "params": {}, "optional": true}]);
+    let reply = s.ok("session.send", plan_send("hi", plan(items)));
+    s.wait_run(&run_id(&reply), "completed");
+    let baseline = s.ok("session.baseline", json!({}));
+    let absent = &baseline["baseline"]["absent_items"];
+    assert_eq!(absent[0]["provider"], "no-such-module", "{baseline}");
+}
+
+/// Waits until the daemon routes to the tool provider (it registers after broca).
+fn wait_provider(h: &Harness) {
+    use broca::subc::consumer::Consumer;
+    let consumer = Consumer::connect(&h.connection_file(), None).expect("a probe connection");
+    let target = subc_protocol::RouteTarget::ToolProvider { module_id: TOOLS.into() };
+    let identity = subc_protocol::BindIdentity::new("runner", "probe");
+    let body = serde_json::to_vec(&json!({"name": "role.describe", "arguments": {}})).unwrap();
+    let until = Instant::now() + support::STEP;
+    while let Err(e) = consumer.call_on(&target, &identity, &body, Duration::from_secs(1)) {
+        assert!(Instant::now() < until, "the tool provider never answered: {e}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn tools_from_other_modules() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("calls.jsonl");
+    let mock = std::fs::canonicalize(env!("CARGO_BIN_EXE_broca-mock")).unwrap();
+    let module = json!({"program": mock, "args": ["--call-log", log], "env": {"CK_LOG": "info"},
+                        "enabled": true, "reserved": true});
+    let opts = Options {
+        modules: vec![(TOOLS.to_string(), module)],
+        env: vec![("BROCA_TEST_TOOL_WAIT_MS".into(), TOOL_WAIT_MS.to_string())],
+        ..Options::default()
+    };
+    let h = Harness::start_with(opts);
+    wait_provider(&h);
+    let mut failed = Vec::new();
+    for (name, scenario) in SCENARIOS {
+        let started = Instant::now();
+        // A failed scenario's unread model script must not answer the next one.
+        h.mock.reset("default");
+        if let Err(e) = catch_unwind(AssertUnwindSafe(|| scenario(&h, &log))) {
+            eprintln!("scenario {name:?} failed after {:?}\n{}", started.elapsed(), h.broca_log_tail(40));
+            failed.push((name, e));
+        }
+    }
+    h.stop();
+    if let Some((name, e)) = failed.into_iter().next() {
+        eprintln!("first failure: {name}");
+        resume_unwind(e);
+    }
+}
