@@ -62,6 +62,9 @@ pub enum EpisodeStatus {
 pub struct BatchCall {
     pub tool_call_id: String,
     pub tool_name: String,
+    /// The module the intent dispatched it to (absent for a send's own tools).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
     /// `(output, is_error)` once its `ToolResult` is recorded.
     pub result: Option<(Value, bool)>,
 }
@@ -386,10 +389,11 @@ impl Replay {
                 self.spend_input(usage);
                 self.push_message(seq, message.clone(), sink);
             }
-            Record::ToolDispatchIntent { tool_call_id, tool_name, .. } => {
+            Record::ToolDispatchIntent { tool_call_id, tool_name, module_id, .. } => {
                 self.episode_mut().batch.push(BatchCall {
                     tool_call_id: tool_call_id.clone(),
                     tool_name: tool_name.clone(),
+                    module: module_id.clone(),
                     result: None,
                 });
             }
@@ -568,6 +572,12 @@ impl Replay {
         if !content.is_empty() {
             self.push_message(seq, Message { role: Role::Tool, content, origin: None }, sink);
         }
+    }
+
+    /// The module the open batch's call `tool_call_id` was dispatched to.
+    pub fn dispatched_to(&self, tool_call_id: &str) -> Option<&str> {
+        let e = self.last.as_ref()?;
+        e.batch.iter().find(|c| c.tool_call_id == tool_call_id).and_then(|c| c.module.as_deref())
     }
 
     /// Calls of the open batch with an intent and no result: their outcome is unknown.

@@ -158,6 +158,37 @@ fn parallel_batch_in_planned_order(h: &Harness, log: &Path) {
         })
         .collect();
     assert_eq!(replies.first().map(|k| k.contains("\"n\":3")), Some(true), "echo answered first: {replies:?}");
+    // The transcript carries each call's dispatch facts on the message that asked for it.
+    let msgs = messages(&s);
+    let asked = msgs.iter().find(|m| m["tool_calls"].is_array()).expect("the assistant message's tool_calls");
+    let facts = asked["tool_calls"].as_array().unwrap();
+    let ids: Vec<&str> = facts.iter().map(|f| f["tool_call_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["c1", "c2", "c3"], "{asked}");
+    for f in facts {
+        assert_eq!((f["dispatched_to"].as_str(), f["indeterminate"].as_bool()), (Some(TOOLS), Some(false)), "{f}");
+        assert!(f["call_key"].as_str().is_some_and(|k| k.contains(':')), "{f}");
+    }
+    // run.tool_calls pages them in dispatch order.
+    let run = run_id(&reply);
+    let first = s.ok("run.tool_calls", json!({"run_id": run, "limit": 2}));
+    assert_eq!(first["calls"].as_array().unwrap().len(), 2, "{first}");
+    let rest = s.ok("run.tool_calls", json!({"run_id": run, "after": first["next"]}));
+    assert!(rest.get("next").is_none(), "{rest}");
+    let all: Vec<Value> =
+        first["calls"].as_array().unwrap().iter().chain(rest["calls"].as_array().unwrap()).cloned().collect();
+    let ordinal = asked["ordinal"].as_u64().unwrap();
+    for (i, call) in all.iter().enumerate() {
+        assert_eq!(call["outcome"], "succeeded", "{call}");
+        assert_eq!((call["ordinal"].as_u64(), call["position"].as_u64()), (Some(ordinal), Some(i as u64)), "{call}");
+        assert_eq!(call["result_ordinal"].as_u64(), Some(ordinal + 1), "{call}");
+        assert_eq!(call["dispatched_to"], TOOLS, "{call}");
+        assert!(call["result_bytes"].as_u64().unwrap() > 0, "{call}");
+    }
+    assert_eq!(all[2]["args"], fast);
+    let (code, body) = s.refused("run.tool_calls", json!({"run_id": run, "after": "c99"}));
+    assert_eq!((code.as_str(), body["detail"]["field"].as_str()), ("invalid_params", Some("after")), "{body}");
+    let (code, _) = s.refused("run.tool_calls", json!({"run_id": "run-nope"}));
+    assert_eq!(code, "unknown_run");
 }
 
 fn refusals_and_oversize(h: &Harness, log: &Path) {
@@ -203,6 +234,10 @@ fn call_past_its_bound(h: &Harness, log: &Path) {
     assert!(status["state"] == "interrupted", "{status}");
     let results = tool_results(&s);
     assert!(results[0].1["message"].as_str().unwrap().contains("unknown"), "{:?}", results[0]);
+    let listed = s.ok("run.tool_calls", json!({"run_id": run_id(&reply)}));
+    assert_eq!(listed["calls"][0]["outcome"], "indeterminate", "{listed}");
+    let asked = messages(&s).into_iter().find(|m| m["tool_calls"].is_array()).unwrap();
+    assert_eq!(asked["tool_calls"][0]["indeterminate"], true, "{asked}");
     let key = call_log::call_key_of(None, "hang", &args);
     let until = Instant::now() + support::STEP;
     loop {

@@ -7,6 +7,7 @@
 //! and nothing is written. Control units become visible (are returned by [`Lineage::commit`])
 //! only after the fsync that makes them durable.
 
+pub mod calls;
 pub mod ends;
 pub mod ledger;
 pub mod projection;

@@ -31,13 +31,15 @@ pub struct ControlUnit {
 }
 
 /// What the replay knows at a record that its units name: message ordinals.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Context {
     /// The ordinal of the last message the record added to the conversation (a `RunStarted`'s
     /// input, a `Steered` message, a `ModelStepFinished` answer).
     pub message: Option<u64>,
     /// The ordinal of the assistant message whose tool calls the current batch runs.
     pub assistant: Option<u64>,
+    /// The module a `ToolResult`'s call was dispatched to.
+    pub dispatched_to: Option<String>,
 }
 
 /// The message id (`mid`) of the message at `ordinal`, as the role spells it.
@@ -61,7 +63,11 @@ pub fn apply(
         }
         sink(e)
     })?;
-    let context = Context { message, assistant: replay.batch_assistant() };
+    let dispatched_to = match record {
+        Record::ToolResult { tool_call_id, .. } => replay.dispatched_to(tool_call_id).map(String::from),
+        _ => None,
+    };
+    let context = Context { message, assistant: replay.batch_assistant(), dispatched_to };
     let units = project(seq, record, &context);
     replay.note_units(seq, units.len());
     Ok(units)
@@ -128,7 +134,11 @@ fn unit_bodies(record: &Record, context: &Context) -> Vec<(Value, Option<LiveEve
             vec![tool_started(&call, assistant_mid.as_deref())]
         }
         Record::ToolResult { tool_call_id, output, is_error, outcome, .. } => {
-            vec![tool_result(tool_call_id, output, *is_error, *outcome, assistant_mid.as_deref())]
+            let mut unit = tool_result(tool_call_id, output, *is_error, *outcome, assistant_mid.as_deref());
+            if let Some(m) = &context.dispatched_to {
+                unit.0["dispatched_to"] = json!(m);
+            }
+            vec![unit]
         }
         Record::RunCancelRequested { run_id, at } => {
             vec![(json!({"type": "run_cancel_requested", "run_id": run_id, "at": at}), None)]
@@ -195,6 +205,7 @@ fn tool_started(call: &StartedCall<'_>, assistant_mid: Option<&str>) -> (Value, 
     let mut unit = json!({"type": "tool_started", "run_id": call.run_id, "tool_call_id": call.tool_call_id, "name": call.tool_name});
     if let Some(m) = call.module_id {
         unit["module"] = json!(m);
+        unit["dispatched_to"] = json!(m);
     }
     let event = assistant_mid.map(|m| {
         unit["mid"] = json!(m);

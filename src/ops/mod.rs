@@ -7,6 +7,7 @@
 //! per key); every other op is strict and refuses unknown members by name. Every refusal is
 //! decided before anything is written.
 
+mod calls;
 mod driver;
 mod read;
 mod send;
@@ -21,6 +22,7 @@ use crate::actor::{Admission, Registry};
 use crate::session_key::SessionKey;
 use crate::wire::requests::{
     CancelRequest, Empty, ReadRequest, ResultRequest, RetractRequest, SendStatusRequest, StatusRequest,
+    ToolCallsRequest,
 };
 use crate::wire::{Refusal, RefusalCode};
 
@@ -76,6 +78,9 @@ impl Ops {
             "send.status" | "session.send_status" => {
                 reply(SendStatusRequest::decode(&params).and_then(|r| status::send_status(self, key, r)))
             }
+            "run.tool_calls" => {
+                reply(ToolCallsRequest::decode(&params).and_then(|r| calls::run_tool_calls(self, key, r)))
+            }
             "session.baseline" => reply(Empty::decode(&params).and_then(|Empty| read::session_baseline(self, key))),
             other => {
                 let detail = Some(crate::detail!("method" => other));
@@ -107,6 +112,8 @@ pub fn describe(config: &crate::config::BrocaConfig) -> Value {
         "send_tool_reply_bound",
         "session_class",
         cap::PLANS,
+        cap::RUN_TOOL_CALLS,
+        cap::DISPATCH_ATTRIBUTION,
         "fetch-plan-optional-tools/v1",
     ];
     let describe = RoleDescribe::new(

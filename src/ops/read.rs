@@ -11,7 +11,7 @@ use crate::record::{Frozen, Record};
 use crate::replay::Resolution;
 use crate::session_key::SessionKey;
 use crate::wire::requests::ReadRequest;
-use crate::wire::status::{PageItem, ReadPage};
+use crate::wire::status::{PageItem, ReadPage, ReadToolCall};
 use crate::wire::{Refusal, RefusalCode};
 
 /// The page byte cap (spec §4: default and maximum 3 MiB of serialized reply body).
@@ -47,8 +47,12 @@ pub(super) fn session_read(ops: &Ops, key: &SessionKey, request: ReadRequest) ->
         }
     };
     let page = read::transcript(&reader, start, limit).map_err(|e| e.refusal())?;
-    let items: Vec<PageItem> =
-        page.messages.iter().map(|(o, m)| PageItem { ordinal: *o, mid: format!("m{o}"), message: m }).collect();
+    let mut calls = dispatch_facts(&reader, &page.messages)?;
+    let items: Vec<PageItem> = page
+        .messages
+        .iter()
+        .map(|(o, m)| PageItem { ordinal: *o, mid: format!("m{o}"), message: m, tool_calls: calls.remove(o) })
+        .collect();
     // The byte cap: a forward page keeps its first messages, the newest page its last ones; one
     // message always stays whole.
     let sizes: Vec<usize> = items.iter().map(|i| serde_json::to_vec(i).map_or(0, |b| b.len() + 1)).collect();
@@ -87,6 +91,34 @@ pub(super) fn session_read(ops: &Ops, key: &SessionKey, request: ReadRequest) ->
         return Err(Refusal::new(RefusalCode::ReplyTooLarge, message, Some(detail)));
     }
     Ok(super::body(answer))
+}
+
+/// The dispatch facts of the page's assistant messages that asked for tools, by ordinal (one
+/// WAL pass, only when the page has such a message).
+fn dispatch_facts(
+    reader: &Reader,
+    messages: &[(u64, crate::message::Message)],
+) -> Result<std::collections::HashMap<u64, Vec<ReadToolCall>>, Refusal> {
+    use crate::message::{Part, Role};
+    let asks = |m: &crate::message::Message| {
+        m.role == Role::Assistant && m.content.iter().any(|p| matches!(p, Part::ToolCall { .. }))
+    };
+    let wanted: Vec<u64> = messages.iter().filter(|(_, m)| asks(m)).map(|(o, _)| *o).collect();
+    let mut out = std::collections::HashMap::new();
+    let Some(&last) = wanted.last() else { return Ok(out) };
+    for fact in crate::lineage::calls::facts(reader, None, Some(last)).map_err(|e| e.refusal())? {
+        if !wanted.contains(&fact.ordinal) {
+            continue;
+        }
+        let call = ReadToolCall {
+            indeterminate: fact.indeterminate(),
+            tool_call_id: fact.tool_call_id,
+            call_key: fact.call_key,
+            dispatched_to: fact.dispatched_to,
+        };
+        out.entry(fact.ordinal).or_insert_with(Vec::new).push(call);
+    }
+    Ok(out)
 }
 
 /// `session.baseline` (spec §4): the first episode's frozen plan — one item per fetched

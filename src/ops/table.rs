@@ -41,6 +41,7 @@ pub const OPS: &[OpSpec] = &[
     op("run.status", OpKind::Query),
     op("run.result", OpKind::Query),
     op("run.cancel", OpKind::Write),
+    op("run.tool_calls", OpKind::Query),
     op("send.status", OpKind::Query),
     op("session.send_status", OpKind::Query),
     op("session.subscribe", OpKind::Stream),

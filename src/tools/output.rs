@@ -11,7 +11,7 @@ use subc_protocol::ErrorBody;
 use crate::agent::ToolOutput;
 
 /// The code of the result that replaces an oversized one.
-pub const TOOL_RESULT_TOO_LARGE: &str = "tool_result_too_large";
+pub use cortexkit_role_llm_runner::errors::tool_result_reasons::TOOL_RESULT_TOO_LARGE;
 /// The code of a held reply on a route that never declared `held-reply/v1`.
 pub const MALFORMED_HELD_REPLY: &str = "malformed_provider_held_reply";
 /// The code of an answer that is not JSON.

@@ -52,6 +52,16 @@ pub struct SendStatusRequest {
     pub send_id: String,
 }
 
+/// `run.tool_calls {run_id, after?, limit?}`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolCallsRequest {
+    pub run_id: String,
+    /// The opaque cursor a previous page returned as `next`.
+    pub after: Option<String>,
+    /// Clamped to [`READ_MAX_LIMIT`]; never 0.
+    pub limit: u64,
+}
+
 /// An op without members (`role.describe`, `session.baseline`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Empty;
@@ -118,6 +128,20 @@ impl SendStatusRequest {
         strict(params, &["send_id"])?;
         let send_id = optional_string(params, "send_id")?.ok_or_else(|| invalid_params("send_id", "required"))?;
         Ok(SendStatusRequest { send_id })
+    }
+}
+
+impl ToolCallsRequest {
+    pub fn decode(params: &Value) -> Result<Self, Refusal> {
+        strict(params, &["run_id", "after", "limit"])?;
+        let run_id = optional_string(params, "run_id")?.ok_or_else(|| invalid_params("run_id", "required"))?;
+        let after = optional_string(params, "after")?;
+        let limit = match count(params, "limit")? {
+            Some(0) => return Err(invalid_params("limit", "must be at least 1")),
+            Some(n) => n.min(READ_MAX_LIMIT),
+            None => READ_DEFAULT_LIMIT,
+        };
+        Ok(ToolCallsRequest { run_id, after, limit })
     }
 }
 

@@ -205,6 +205,20 @@ pub struct PageItem<'a> {
     pub ordinal: u64,
     pub mid: String,
     pub message: &'a Message,
+    /// An assistant message's dispatch facts, one per tool call in planned order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ReadToolCall>>,
+}
+
+/// A tool call's dispatch facts on the message that asked for it (spec §4).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ReadToolCall {
+    pub tool_call_id: String,
+    pub call_key: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dispatched_to: Option<String>,
+    /// The call may have run and no answer is known.
+    pub indeterminate: bool,
 }
 
 /// A `session.read` page.
