@@ -9,6 +9,7 @@ mod call_log;
 #[allow(dead_code, unused_imports)]
 #[path = "../bin/broca-mock/mock/mod.rs"]
 mod mock;
+mod pin;
 mod support;
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -20,6 +21,8 @@ use support::{Harness, Options, Session};
 
 const HARNESS: &str = "tools-e2e";
 const TOOLS: &str = "mock-tools";
+/// A second provider serving the same built-in tools (for name collisions).
+const TWIN: &str = "mock-tools-2";
 /// broca's default tool wait in this rig (`BROCA_TEST_TOOL_WAIT_MS`, a debug-build switch).
 const TOOL_WAIT_MS: u64 = 1500;
 
@@ -32,6 +35,9 @@ const SCENARIOS: &[Scenario] = &[
     ("a call past its bound is indeterminate and the run ends interrupted", call_past_its_bound),
     ("run.cancel mid-call sends CANCEL and records an unknown outcome", cancel_mid_call),
     ("admission refuses unreachable providers and admits optional ones absent", unreachable_and_optional),
+    ("two providers offering one name are refused tool_name_collision", name_collision),
+    ("a provider that restarts mid-session is reached again on a new route", provider_restart),
+    ("broca-run --subc --tool-provider runs a turn with the provider's tools", cli_turn_with_tools),
 ];
 
 fn plan(items: Value) -> Value {
@@ -118,6 +124,7 @@ fn plan_frozen_and_drift(h: &Harness, log: &Path) {
         plan_send("drift", plan(json!([{"provider": TOOLS, "preset": "worker", "params": {}}]))),
     );
     assert_eq!(code, "plan_drift", "{body}");
+    pin::assert_golden("plan_drift.json", &body.to_string(), None);
     assert!(body["detail"]["frozen"].is_string() && body["detail"]["sent"].is_string(), "{body}");
     assert_eq!(std::fs::metadata(s.wal_path()).unwrap().len(), wal_len, "a refused send wrote nothing");
     // Legacy tools on a plan session are refused by name.
@@ -211,6 +218,7 @@ fn refusals_and_oversize(h: &Harness, log: &Path) {
     assert_eq!(refused["module"], TOOLS, "{refused}");
     let oversized = &results[1].1;
     assert_eq!(oversized["code"], "tool_result_too_large", "{oversized}");
+    pin::assert_golden("tool_result_too_large.output.json", &oversized.to_string(), None);
     let detail: Value = serde_json::from_str(oversized["detail"].as_str().unwrap()).unwrap();
     assert_eq!(detail["limit"], 65536, "{detail}");
     assert!(detail["bytes"].as_u64().unwrap() > 65536, "{detail}");
@@ -281,6 +289,7 @@ fn unreachable_and_optional(h: &Harness, _log: &Path) {
     let (code, body) =
         s.refused("session.send", plan_send("hi", plan(json!([{"provider": "no-such-module", "params": {}}]))));
     assert_eq!(code, "fetch_unavailable", "{body}");
+    pin::assert_golden("fetch_unavailable.json", &body.to_string(), None);
     assert_eq!(body["detail"]["provider"], "no-such-module", "{body}");
     assert!(!s.wal_path().exists(), "a refused first send created no session");
     h.install(json!({"responses": [text_step("fine")]}));
@@ -292,11 +301,97 @@ fn unreachable_and_optional(h: &Harness, _log: &Path) {
     assert_eq!(absent[0]["provider"], "no-such-module", "{baseline}");
 }
 
-/// Waits until the daemon routes to the tool provider (it registers after broca).
-fn wait_provider(h: &Harness) {
+fn name_collision(h: &Harness, _log: &Path) {
+    let s = h.session(HARNESS, &h.unique("collide"), None);
+    let items = json!([tools_item(), {"provider": TWIN, "params": {}}]);
+    let (code, body) = s.refused("session.send", plan_send("hi", plan(items)));
+    assert_eq!(code, "tool_name_collision", "{body}");
+    assert_eq!(body["detail"], json!({"name": "echo", "providers": [TOOLS, TWIN]}), "{body}");
+    pin::assert_golden("tool_name_collision.json", &body.to_string(), None);
+    assert!(!s.wal_path().exists(), "nothing was written");
+}
+
+fn provider_restart(h: &Harness, log: &Path) {
+    let s = h.session(HARNESS, &h.unique("restart"), None);
+    let before = json!({"tag": h.unique("r1")});
+    let after = json!({"tag": h.unique("r2")});
+    h.install(json!({"responses": [call_step(&[("r1", "echo", before.clone())]), text_step("one")]}));
+    let first = s.ok("session.send", plan_send("first", plan(json!([tools_item()]))));
+    s.wait_run(&run_id(&first), "completed");
+    // The provider goes away (a real SIGKILL) and the daemon starts it again.
+    let pid = provider_pid(h, TOOLS);
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+    }
+    let until = Instant::now() + support::STEP;
+    while provider_pid_opt(h, TOOLS).is_none_or(|p| p == pid) {
+        assert!(Instant::now() < until, "the daemon never restarted the provider");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    wait_provider(h, TOOLS);
+    h.install(json!({"responses": [call_step(&[("r2", "echo", after.clone())]), text_step("two")]}));
+    let second = s.ok("session.send", support::send_params("second"));
+    s.wait_run(&run_id(&second), "completed");
+    let results = tool_results(&s);
+    assert_eq!(results[0].1["json"], after, "the call after the restart was answered: {:?}", results[0]);
+    let c = counts(log);
+    assert_eq!(c.calls_of(&call_log::call_key_of(None, "echo", &after)), 1);
+    assert_eq!(c.calls_of(&call_log::call_key_of(None, "echo", &before)), 1);
+}
+
+fn cli_turn_with_tools(h: &Harness, log: &Path) {
+    let args = json!({"tag": h.unique("cli")});
+    h.install(json!({"responses": [call_step(&[("k1", "echo", args.clone())]), text_step("cli done")]}));
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("catalog")).unwrap();
+    let lkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json");
+    std::fs::copy(lkg, root.path().join("catalog/fusiform-lkg.json")).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_broca-run"))
+        .arg("--state-root")
+        .arg(root.path())
+        .arg("--project-root")
+        .arg(root.path())
+        .arg("--base-url")
+        .arg(h.mock.base_url(None))
+        .arg("--subc")
+        .arg(h.connection_file())
+        .args(["--tool-provider", TOOLS, "--model", "mock/echo-chat", "--json", "use the tool"])
+        .env_remove("BROCA_PROVIDER_BASE_URL")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "broca-run failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("cli done"), "{stdout}");
+    assert_eq!(counts(log).calls_of(&call_log::call_key_of(None, "echo", &args)), 1, "the CLI's call ran once");
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_broca-run"))
+        .args(["--tool-provider", TOOLS, "hi"])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2), "--tool-provider without --subc is a usage error");
+}
+
+/// The pid of a module the daemon runs, from the process table (its call log's name is in its
+/// command line).
+fn provider_pid_opt(h: &Harness, module: &str) -> Option<i32> {
+    let _ = h;
+    let marker = format!("/{module}.calls.jsonl");
+    std::fs::read_dir("/proc").ok()?.filter_map(Result::ok).find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        cmdline.contains(&marker).then_some(pid)
+    })
+}
+
+fn provider_pid(h: &Harness, module: &str) -> i32 {
+    provider_pid_opt(h, module).unwrap_or_else(|| panic!("no process runs {module}"))
+}
+
+/// Waits until the daemon routes to the tool provider `module` (it registers after broca).
+fn wait_provider(h: &Harness, module: &str) {
     use broca::subc::consumer::Consumer;
     let consumer = Consumer::connect(&h.connection_file(), None).expect("a probe connection");
-    let target = subc_protocol::RouteTarget::ToolProvider { module_id: TOOLS.into() };
+    let target = subc_protocol::RouteTarget::ToolProvider { module_id: module.into() };
     let identity = subc_protocol::BindIdentity::new("runner", "probe");
     let body = serde_json::to_vec(&json!({"name": "role.describe", "arguments": {}})).unwrap();
     let until = Instant::now() + support::STEP;
@@ -308,18 +403,24 @@ fn wait_provider(h: &Harness) {
 
 #[test]
 fn tools_from_other_modules() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("calls.jsonl");
     let mock = std::fs::canonicalize(env!("CARGO_BIN_EXE_broca-mock")).unwrap();
-    let module = json!({"program": mock, "args": ["--call-log", log], "env": {"CK_LOG": "info"},
-                        "enabled": true, "reserved": true});
+    let base = tempfile::Builder::new().prefix("bto").tempdir_in("/tmp").unwrap();
+    let module = |id: &str| {
+        let log = base.path().join(format!("{id}.calls.jsonl"));
+        let entry = json!({"program": mock, "args": ["--call-log", log], "env": {"CK_LOG": "info"},
+                           "enabled": true, "reserved": true,
+                           "restart": {"max_restarts": 20, "window_secs": 600, "backoff_ms": 50, "max_backoff_ms": 200}});
+        (id.to_string(), entry)
+    };
     let opts = Options {
-        modules: vec![(TOOLS.to_string(), module)],
+        modules: vec![module(TOOLS), module(TWIN)],
         env: vec![("BROCA_TEST_TOOL_WAIT_MS".into(), TOOL_WAIT_MS.to_string())],
         ..Options::default()
     };
     let h = Harness::start_with(opts);
-    wait_provider(&h);
+    let log = base.path().join(format!("{TOOLS}.calls.jsonl"));
+    wait_provider(&h, TOOLS);
+    wait_provider(&h, TWIN);
     let mut failed = Vec::new();
     for (name, scenario) in SCENARIOS {
         let started = Instant::now();
