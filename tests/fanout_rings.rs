@@ -20,9 +20,10 @@ fn key() -> SessionKey {
     SessionKey::new("/work/proj", "rings", "s1")
 }
 
-/// Holds its first frame until released, then forwards everything.
+/// Holds its first frame until released (saying when it holds), then forwards everything.
 struct Gate {
     release: Receiver<()>,
+    holding: Sender<()>,
     held: bool,
     out: Sender<Result<Value, Option<Refusal>>>,
 }
@@ -31,6 +32,7 @@ impl StreamSink for Gate {
     fn frame(&mut self, event: &Value) -> Result<(), SinkError> {
         if !self.held {
             self.held = true;
+            let _ = self.holding.send(());
             let _ = self.release.recv_timeout(Duration::from_secs(20));
         }
         self.out.send(Ok(event.clone())).map_err(|_| SinkError::Closed)
@@ -46,6 +48,8 @@ struct Gated {
     hub: Arc<Hub>,
     publisher: Publisher,
     release: Sender<()>,
+    /// Signalled once the subscriber holds its first frame.
+    holding: Receiver<()>,
     frames: Receiver<Result<Value, Option<Refusal>>>,
 }
 
@@ -56,9 +60,10 @@ fn gated() -> Gated {
     let publisher = hub.publisher(&key());
     let (release, gate) = bounded(1);
     let (out, frames) = unbounded();
-    hub.attach(&shared, &key(), From::Live, Gate { release: gate, held: false, out });
+    let (holding_tx, holding) = bounded(1);
+    hub.attach(&shared, &key(), From::Live, Gate { release: gate, holding: holding_tx, held: false, out });
     std::thread::sleep(Duration::from_millis(100));
-    Gated { _dir: dir, hub, publisher, release, frames }
+    Gated { _dir: dir, hub, publisher, release, holding, frames }
 }
 
 fn delta(i: usize) -> Output {
@@ -71,9 +76,12 @@ fn unit(seq: u64) -> ControlUnit {
 
 #[test]
 fn an_overtaken_display_reader_gets_one_exact_display_gap() {
-    let Gated { _dir, hub, mut publisher, release: release_tx, frames } = gated();
+    let Gated { _dir, hub, mut publisher, release: release_tx, holding, frames } = gated();
     let total = DISPLAY_LANE * 3;
-    for i in 0..total {
+    // The first delta reaches the subscriber, which holds it; the rest overtake it.
+    publisher.publish(delta(0));
+    holding.recv_timeout(Duration::from_secs(10)).expect("the subscriber holds its first frame");
+    for i in 1..total {
         publisher.publish(delta(i));
     }
     std::thread::sleep(Duration::from_millis(50));
@@ -94,7 +102,7 @@ fn an_overtaken_display_reader_gets_one_exact_display_gap() {
 
 #[test]
 fn an_overtaken_control_reader_is_detached_lagged_never_skipped_ahead() {
-    let Gated { _dir, hub: _hub, mut publisher, release: release_tx, frames } = gated();
+    let Gated { _dir, hub: _hub, mut publisher, release: release_tx, holding: _, frames } = gated();
     let total = CONTROL_LANE as u64 * 2;
     for seq in 1..=total {
         publisher.publish(Output::Control(vec![unit(seq)]));

@@ -36,6 +36,10 @@ impl ToolDispatcher for ToolPlane {
         }
         let body = serde_json::to_vec(&request).expect("calls serialize");
         let lineage = call.lineage();
+        let _pass = match self.enter(lineage, &call.tool_call_id) {
+            Ok(pass) => pass,
+            Err(why) => return ToolOutcome::Error(format!("{why} ({module})")),
+        };
         let deadline = deadline.min(Instant::now() + call.wait);
         let open_within = super::ROUTE_OPEN_WITHIN.min(deadline.saturating_duration_since(Instant::now()));
         let pending =
