@@ -124,6 +124,22 @@ pub struct PlanManifest {
     pub absent: Vec<AbsentItem>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub composition_digest: Option<String>,
+    /// The system-text items fetched, in plan order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub texts: Vec<TextItem>,
+    /// Their texts joined (a blank line between): rendered before the send's own system prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_text: Option<String>,
+}
+
+/// A fetched system-text item.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TextItem {
+    pub provider: String,
+    pub preset: String,
+    /// SHA-256 of the exact text.
+    pub item_digest: String,
+    pub preflight_digest: String,
 }
 
 /// One provider's part of a frozen plan.

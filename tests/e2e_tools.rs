@@ -36,6 +36,7 @@ const SCENARIOS: &[Scenario] = &[
     ("run.cancel mid-call sends CANCEL and records an unknown outcome", cancel_mid_call),
     ("admission refuses unreachable providers and admits optional ones absent", unreachable_and_optional),
     ("two providers offering one name are refused tool_name_collision", name_collision),
+    ("system text from a plan goes before the send's own system prompt", system_text_items),
     ("a provider that restarts mid-session is reached again on a new route", provider_restart),
     ("broca-run --subc --tool-provider runs a turn with the provider's tools", cli_turn_with_tools),
 ];
@@ -299,6 +300,28 @@ fn unreachable_and_optional(h: &Harness, _log: &Path) {
     let baseline = s.ok("session.baseline", json!({}));
     let absent = &baseline["baseline"]["absent_items"];
     assert_eq!(absent[0]["provider"], "no-such-module", "{baseline}");
+}
+
+fn system_text_items(h: &Harness, _log: &Path) {
+    let s = h.session(HARNESS, &h.unique("text"), None);
+    let preset_less = json!({"tool_items": [tools_item()], "system_text_items": [{"provider": TOOLS, "params": {}}]});
+    let (code, body) = s.refused("session.send", plan_send("hi", preset_less));
+    assert_eq!(body["detail"]["field"], "plan.system_text_items[0].preset", "{code}: {body}");
+    h.install(json!({"responses": [text_step("ok")]}));
+    let with_text = json!({"tool_items": [{"provider": TOOLS, "preset": "default", "params": {}}],
+                           "system_text_items": [{"provider": TOOLS, "preset": "default", "params": {}}]});
+    let mut send = plan_send("hi", with_text);
+    send["system"] = json!("Be brief.");
+    let reply = s.ok("session.send", send);
+    s.wait_run(&run_id(&reply), "completed");
+    let request: Value = serde_json::from_slice(&h.mock.requests("default").last().unwrap().body).unwrap();
+    let rendered = request.to_string();
+    let text_at = rendered.find("broca-mock system text (default)").expect("the plan's text was rendered");
+    let own_at = rendered.find("Be brief.").expect("the send's own system prompt was rendered");
+    assert!(text_at < own_at, "the plan's text comes first: {rendered}");
+    let baseline = s.ok("session.baseline", json!({}));
+    let items = baseline["baseline"]["items"].as_array().unwrap();
+    assert!(items.iter().any(|i| i["item"] == "system_text" && i["provider"] == TOOLS), "{baseline}");
 }
 
 fn name_collision(h: &Harness, _log: &Path) {

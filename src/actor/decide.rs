@@ -74,6 +74,13 @@ pub fn send(
     };
     config.policy = session_policy(&admission.config, lineage, &send, frozen.as_ref())?;
     if let Some((manifest, tools)) = plan {
+        // The plan's system text comes first, then the send's own system prompt.
+        if let Some(text) = &manifest.system_text {
+            config.system = Some(match config.system.take() {
+                Some(own) => format!("{text}\n\n{own}"),
+                None => text.clone(),
+            });
+        }
         config.plan = Some(manifest);
         config.tools = tools;
     }

@@ -152,8 +152,13 @@ pub fn baseline_of(config: &crate::frozen::FrozenConfig) -> cortexkit_role_llm_r
     use cortexkit_role_llm_runner::baseline::{AbsentItem, Baseline, BaselineItem};
     let tool_names: Vec<String> = config.tools.iter().map(|t| t.name.clone()).collect();
     let Some(plan) = &config.plan else { return Baseline::plan_less(tool_names) };
-    let items =
-        plan.items.iter().map(|i| BaselineItem::new(&i.provider, &i.catalog_digest).with_item("tools")).collect();
+    let tool_items = plan.items.iter().map(|i| BaselineItem::new(&i.provider, &i.catalog_digest).with_item("tools"));
+    let text_items = plan.texts.iter().map(|t| {
+        BaselineItem::new(&t.provider, &t.item_digest)
+            .with_item("system_text")
+            .with_preflight_digest(&t.preflight_digest)
+    });
+    let items = tool_items.chain(text_items).collect();
     let absent = plan
         .absent
         .iter()

@@ -9,7 +9,10 @@
 //!   provider_code}`; an unusable answer is `plan_stale {provider, reason}`;
 //! - an optional item has [`OPTIONAL_FETCH_WITHIN`] and, when it fails, is admitted absent
 //!   (one [`AbsentItem`] with a flat reason);
-//! - two items offering one tool name is `tool_name_collision {name, providers}`.
+//! - two items offering one tool name is `tool_name_collision {name, providers}`;
+//! - a system-text item is fetched in the same round; its text must match its digest and name
+//!   exactly the tools its provider offered (`plan_stale` with `text_tool_names` otherwise);
+//!   the texts, joined, go before the send's own system prompt.
 
 use std::time::{Duration, Instant};
 
@@ -19,9 +22,9 @@ use cortexkit_role_tool_provider::describe;
 use serde_json::{json, Value};
 
 use super::ToolPlane;
-use crate::frozen::{AbsentItem, ManifestItem, PlanManifest, ToolSpec};
+use crate::frozen::{AbsentItem, ManifestItem, PlanManifest, TextItem, ToolSpec};
 use crate::subc::consumer::CallError;
-use crate::wire::plan::{Plan, ToolItem};
+use crate::wire::plan::{Plan, SystemTextItem, ToolItem};
 use crate::wire::{Refusal, RefusalCode};
 
 /// The admission deadline for a plan's whole fetch round.
@@ -84,18 +87,11 @@ struct Fetched {
     answer: CatalogAnswer,
 }
 
-/// Fetches every tool item of `plan` for the session `lineage` (its route identity).
+/// Fetches every item of `plan` for the session `lineage` (its route identity), in one round.
 pub fn fetch(plane: &ToolPlane, lineage: &str, plan: &Plan) -> Result<FetchedPlan, Refusal> {
-    if let Some(item) = plan.system_text_items.first() {
-        let message = format!(
-            "plan.system_text_items: system text from provider {:?} is not served by this build yet",
-            item.provider
-        );
-        return Err(crate::wire::invalid_params("plan.system_text_items", &message));
-    }
     let started = Instant::now();
-    let results: Vec<Result<Fetched, Fault>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = plan
+    let (results, texts) = std::thread::scope(|scope| {
+        let tools: Vec<_> = plan
             .tool_items
             .iter()
             .map(|item| {
@@ -104,10 +100,17 @@ pub fn fetch(plane: &ToolPlane, lineage: &str, plan: &Plan) -> Result<FetchedPla
                 scope.spawn(move || fetch_item(plane, lineage, plan, item, deadline))
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(Fault::Invalid("the fetch panicked".into()))))
-            .collect()
+        let texts: Vec<_> = plan
+            .system_text_items
+            .iter()
+            .map(|item| scope.spawn(move || fetch_text(plane, lineage, plan, item, started + PLAN_FETCH_WITHIN)))
+            .collect();
+        let join = |h: std::thread::ScopedJoinHandle<'_, Result<Fetched, Fault>>| {
+            h.join().unwrap_or_else(|_| Err(Fault::Invalid("the fetch panicked".into())))
+        };
+        let tools: Vec<Result<Fetched, Fault>> = tools.into_iter().map(join).collect();
+        let texts: Vec<Result<Fetched, Fault>> = texts.into_iter().map(join).collect();
+        (tools, texts)
     });
     let mut items = Vec::new();
     let mut absent = Vec::new();
@@ -135,13 +138,87 @@ pub fn fetch(plane: &ToolPlane, lineage: &str, plan: &Plan) -> Result<FetchedPla
         items.push(manifest_item(item, &fetched.answer));
     }
     collisions(&offered_by)?;
+    let mut text_items = Vec::new();
+    let mut text = Vec::new();
+    for (item, result) in plan.system_text_items.iter().zip(texts) {
+        let fetched = result.map_err(|fault| fault.refusal(&item.provider))?;
+        let offered: Vec<&str> =
+            offered_by.iter().filter(|(_, p)| *p == item.provider).map(|(n, _)| n.as_str()).collect();
+        let (entry, body) = text_item(item, &fetched.answer, &offered).map_err(|f| f.refusal(&item.provider))?;
+        text_items.push(entry);
+        text.push(body);
+    }
     let manifest = PlanManifest {
         identity: plan.identity.clone(),
         items,
         absent,
         composition_digest: plan.composition_digest.clone(),
+        texts: text_items,
+        system_text: (!text.is_empty()).then(|| text.join("\n\n")),
     };
     Ok(FetchedPlan { manifest, tools })
+}
+
+/// `role.describe`, then `tool.catalog` asking for one system-text item.
+fn fetch_text(
+    plane: &ToolPlane,
+    lineage: &str,
+    plan: &Plan,
+    item: &SystemTextItem,
+    deadline: Instant,
+) -> Result<Fetched, Fault> {
+    describe_provider(plane, lineage, &item.provider, deadline)?;
+    let mut request = json!({"params": item.params, "system_text": {"preset": item.preset, "params": item.params}});
+    // The catalog variant is the provider's tool item's preset, when the plan has one.
+    if let Some(preset) = plan.tool_items.iter().find(|t| t.provider == item.provider).and_then(|t| t.preset.as_ref()) {
+        request["preset"] = json!(preset);
+    }
+    if let Some(composition) = &plan.composition {
+        request["composition"] = json!(composition);
+    }
+    let answer = plane.role_op(&item.provider, lineage, "tool.catalog", request, deadline).map_err(fault)?;
+    let answer: CatalogAnswer =
+        serde_json::from_slice(&answer).map_err(|e| Fault::Invalid(format!("tool.catalog: {e}")))?;
+    Ok(Fetched { answer })
+}
+
+/// A fetched system text, checked: its text is present and matches its digest, and its
+/// `tool_names` are the tools the same provider offered in this plan.
+fn text_item(item: &SystemTextItem, answer: &CatalogAnswer, offered: &[&str]) -> Result<(TextItem, String), Fault> {
+    let text = answer.system_text.as_ref().ok_or_else(|| Fault::Invalid("no system_text in the answer".into()))?;
+    let body = text.text.clone().ok_or_else(|| Fault::Invalid("system_text carries no text".into()))?;
+    if catalog::system_text_digest(&body) != text.item_digest {
+        return Err(Fault::Invalid("system_text.item_digest does not match its text".into()));
+    }
+    let mut named: Vec<&str> = text.tool_names.iter().flatten().map(String::as_str).collect();
+    let mut offered = offered.to_vec();
+    named.sort_unstable();
+    offered.sort_unstable();
+    if named != offered {
+        return Err(Fault::Invalid(format!(
+            "text_tool_names: the text names {named:?}, the plan's tools are {offered:?}"
+        )));
+    }
+    let entry = TextItem {
+        provider: item.provider.clone(),
+        preset: item.preset.clone(),
+        item_digest: text.item_digest.clone(),
+        preflight_digest: text.preflight_digest.clone(),
+    };
+    Ok((entry, body))
+}
+
+/// The provider serves `tool.catalog` under `tool-provider/v1`.
+fn describe_provider(plane: &ToolPlane, lineage: &str, provider: &str, deadline: Instant) -> Result<(), Fault> {
+    let described = plane.role_op(provider, lineage, "role.describe", json!({}), deadline).map_err(fault)?;
+    let described: Value =
+        serde_json::from_slice(&described).map_err(|e| Fault::Invalid(format!("role.describe: {e}")))?;
+    let described = describe::check_describe(&described)
+        .map_err(|problems| Fault::Invalid(format!("role.describe: {problems:?}")))?;
+    if !described.major(TOOL_PROVIDER_MAJOR).is_some_and(|m| m.serves("tool.catalog")) {
+        return Err(Fault::Invalid(format!("role.describe lists no {TOOL_PROVIDER_MAJOR} tool.catalog")));
+    }
+    Ok(())
 }
 
 /// `role.describe`, then `tool.catalog`, for one item.
@@ -152,15 +229,7 @@ fn fetch_item(
     item: &ToolItem,
     deadline: Instant,
 ) -> Result<Fetched, Fault> {
-    let described = plane.role_op(&item.provider, lineage, "role.describe", json!({}), deadline).map_err(fault)?;
-    let described: Value =
-        serde_json::from_slice(&described).map_err(|e| Fault::Invalid(format!("role.describe: {e}")))?;
-    let described = describe::check_describe(&described)
-        .map_err(|problems| Fault::Invalid(format!("role.describe: {problems:?}")))?;
-    let serves_catalog = described.major(TOOL_PROVIDER_MAJOR).is_some_and(|m| m.serves("tool.catalog"));
-    if !serves_catalog {
-        return Err(Fault::Invalid(format!("role.describe lists no {TOOL_PROVIDER_MAJOR} tool.catalog")));
-    }
+    describe_provider(plane, lineage, &item.provider, deadline)?;
     let mut request = json!({"params": item.params});
     if let Some(preset) = &item.preset {
         request["preset"] = json!(preset);

@@ -19,7 +19,7 @@
 //! | `name` | answer |
 //! |---|---|
 //! | `role.describe` | `{majors: [{version: "tool-provider/v1", ops, stability: "alpha"}], implementation_version, capabilities: []}` |
-//! | `tool.catalog` | `CatalogAnswer` for the request's `preset` and the route's stamped scope; `digest_only` carries the same `catalog_digest`; `composition` gets its `composition_digest`; `presets` listed only without a preset; any `params` key, a `system_text` item or an unlisted preset is refused `invalid_request {field}` |
+//! | `tool.catalog` | `CatalogAnswer` for the request's `preset` and the route's stamped scope; `digest_only` carries the same `catalog_digest`; `composition` gets its `composition_digest`; `presets` listed only without a preset; a `system_text` item with a listed preset gets one scripted line naming the preset and its tools (`tool_names` sorted); any `params` key, a preset-less `system_text` or an unlisted preset is refused `invalid_request {field}` |
 //! | `late_results`, `late_results.ack` | only with `"late_results": true`: an always-empty log (`{entries: [], cursor: {provider_incarnation, seq: 0}, more: false}`; a cursor of another incarnation is `cursor_incarnation_changed`) |
 //! | a tool's name | the tool's scripted behaviour, after the role's checks: `call_key` and `schema_pin` shapes (`invalid_request`), an unlisted `preset`, or none on a scoped route (`invalid_request {field: "preset"}`), a tool the route's catalog does not list (`unknown_tool`), a pin naming another digest or semantics (`tool_schema_changed` / `tool_semantics_changed`) |
 //!

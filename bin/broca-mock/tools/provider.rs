@@ -24,7 +24,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use broca::pool::Pool;
 use broca::subc::{health_ok, BindRequest, ControlReply, ControlRequest, Handler, Outbound, Route};
 use cortexkit_role_tool_provider::call::{check_call, ToolCallRequest};
-use cortexkit_role_tool_provider::catalog::CatalogRequest;
+use cortexkit_role_tool_provider::catalog::{CatalogAnswer, CatalogRequest};
 use cortexkit_role_tool_provider::describe::{Major, RoleDescribe};
 use cortexkit_role_tool_provider::late_results::{
     check_since, AckRequest, Cursor, LateResultsReply, LateResultsRequest,
@@ -386,23 +386,44 @@ fn catalog(script: &ToolScript, bound: &Bound, arguments: Value) -> Result<Vec<u
     if let Some(key) = request.params.keys().next() {
         return Err(errors::invalid_request(&format!("params.{key}"), "broca-mock documents no catalog params"));
     }
-    if request.system_text.is_some() {
-        return Err(errors::invalid_request("system_text", "broca-mock serves no system text"));
-    }
     if let Some(p) = request.preset.as_deref() {
         if !script.lists_preset(p) {
             return Err(errors::invalid_request(PRESET_FIELD, format!("no preset named {p:?}")));
         }
     }
+    // System text needs a preset the script lists (tool-provider 0.10.4 has no default).
+    let text_preset = match &request.system_text {
+        None => None,
+        Some(item) => match item.preset.as_deref() {
+            Some(p) if script.lists_preset(p) => Some(p.to_owned()),
+            Some(p) => return Err(errors::invalid_request("system_text.preset", format!("no preset named {p:?}"))),
+            None => return Err(errors::invalid_request("system_text.preset", "broca-mock needs a system-text preset")),
+        },
+    };
     let digest_only = request.digest_only == Some(true);
-    let answer =
+    let mut answer =
         script.catalog(request.preset.as_deref(), bound.scope_class(), request.composition.as_ref(), digest_only)?;
+    if let Some(preset) = text_preset {
+        answer.system_text = Some(system_text(&preset, &answer));
+    }
     if digest_only {
         // Exactly `{generation, catalog_digest}` (catalog-answers.json), not an empty tool list.
         let digest = json!({"generation": answer.generation, "catalog_digest": answer.catalog_digest});
         return Ok(digest.to_string().into_bytes());
     }
     Ok(serde_json::to_vec(&answer).expect("catalog answers serialize"))
+}
+
+/// The scripted system text of `preset`: one line naming the preset and the tools it lists.
+fn system_text(preset: &str, answer: &CatalogAnswer) -> cortexkit_role_tool_provider::catalog::SystemTextAnswer {
+    use cortexkit_role_tool_provider::catalog::{system_text_digest, SystemTextAnswer};
+    let mut names: Vec<String> = answer.tools.iter().map(|t| t.name.clone()).collect();
+    names.sort();
+    let text = format!("broca-mock system text ({preset}): the tools are {}.", names.join(", "));
+    let digest = system_text_digest(&text);
+    let mut out = SystemTextAnswer::new(digest.clone(), digest).with_text(text).with_tool_names(names);
+    out.composition_digest = answer.composition_digest.clone();
+    out
 }
 
 /// `late_results`: the mock holds no call past its reply, so its log is always empty.
