@@ -2,143 +2,26 @@
 //! handshake, `tools/list` and each tool's argument refusal pinned as goldens
 //! (`testdata/golden/mcp.*.json`, `BROCA_BLESS=1` rewrites them), and invalid, oversize and
 //! fuzzed lines, each of which must get its JSON-RPC error (or none, for a notification)
-//! without the process crashing or stalling. Every read is bounded by [`STEP`].
+//! without the process crashing or stalling. Every read is bounded by `mcp_client::STEP`.
 
+mod mcp_client;
 mod pin;
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::time::{Duration, Instant};
+use std::path::Path;
 
+use mcp_client::{error_code, Mcp};
 use pin::assert_golden;
 use serde_json::{json, Value};
 
-/// The longest wait for one answer.
-const STEP: Duration = Duration::from_secs(10);
 /// The adapter's input line bound.
 const MAX_LINE: usize = 1 << 20;
 /// A connection file that does not exist: tool calls that get past their arguments fail to
 /// connect, a transport failure.
 const NO_DAEMON: &str = "/nonexistent/broca-mcp-test/subc-connection.json";
 
-struct Mcp {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: Receiver<String>,
-}
-
-impl Mcp {
-    fn start() -> Mcp {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_broca-mcp"))
-            .args(["--subc", NO_DAEMON])
-            .env_remove("SUBC_CONNECTION_FILE")
-            .env("CK_LOG", "warn")
-            .current_dir("/")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn broca-mcp");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let stdin = child.stdin.take();
-        Mcp { child, stdin, lines }
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        let stdin = self.stdin.as_mut().unwrap();
-        stdin.write_all(bytes).unwrap();
-        stdin.write_all(b"\n").unwrap();
-        stdin.flush().unwrap();
-    }
-
-    fn send(&mut self, v: Value) {
-        self.write(v.to_string().as_bytes());
-    }
-
-    /// The next line on stdout, as JSON (stdout carries nothing else).
-    fn recv(&self) -> Value {
-        match self.lines.recv_timeout(STEP) {
-            Ok(line) => serde_json::from_str(&line).unwrap_or_else(|e| panic!("stdout is not JSON-RPC ({e}): {line}")),
-            Err(RecvTimeoutError::Timeout) => panic!("no answer within {STEP:?}"),
-            Err(RecvTimeoutError::Disconnected) => panic!("broca-mcp closed stdout"),
-        }
-    }
-
-    /// The answer to request `id`, with every other message read before it.
-    fn answer(&self, id: &Value) -> (Value, Vec<Value>) {
-        let until = Instant::now() + STEP;
-        let mut others = Vec::new();
-        loop {
-            assert!(Instant::now() < until, "no answer to {id} within {STEP:?}");
-            let msg = self.recv();
-            if &msg["id"] == id && msg.get("method").is_none() {
-                return (msg, others);
-            }
-            others.push(msg);
-        }
-    }
-
-    fn request(&mut self, id: u64, method: &str, params: Value) -> Value {
-        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
-        let (answer, others) = self.answer(&json!(id));
-        assert!(others.is_empty(), "unexpected messages before the answer to {id}: {others:?}");
-        answer
-    }
-
-    fn tool(&mut self, id: u64, name: &str, arguments: Value) -> Value {
-        self.request(id, "tools/call", json!({"name": name, "arguments": arguments}))
-    }
-
-    /// Proves the process still answers, in order: a ping's answer is the next message.
-    fn alive(&mut self, id: u64) {
-        let answer = self.request(id, "ping", json!({}));
-        assert_eq!(answer, json!({"jsonrpc": "2.0", "id": id, "result": {}}));
-    }
-
-    fn initialize(&mut self, version: &str) -> Value {
-        let params = json!({"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}});
-        self.request(1, "initialize", params)
-    }
-
-    /// Closes stdin and expects a clean exit.
-    fn finish(mut self) {
-        self.stdin.take();
-        let until = Instant::now() + STEP;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                assert!(status.success(), "broca-mcp exited {status}");
-                return;
-            }
-            assert!(Instant::now() < until, "broca-mcp did not exit after stdin closed");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Mcp {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn error_code(msg: &Value) -> i64 {
-    msg["error"]["code"].as_i64().unwrap_or_else(|| panic!("not an error: {msg}"))
-}
-
 #[test]
 fn initialize_negotiates_the_version_and_tools_list_is_pinned() {
-    let mut m = Mcp::start();
+    let mut m = Mcp::start(&["--subc", NO_DAEMON], Path::new("/"));
     let init = m.initialize("2025-06-18");
     assert_eq!(init["result"]["protocolVersion"], "2025-06-18");
     assert_eq!(init["result"]["capabilities"], json!({"tools": {"listChanged": false}}));
@@ -163,7 +46,7 @@ fn initialize_negotiates_the_version_and_tools_list_is_pinned() {
 
 #[test]
 fn tool_argument_refusals_and_transport_failures_are_pinned() {
-    let mut m = Mcp::start();
+    let mut m = Mcp::start(&["--subc", NO_DAEMON], Path::new("/"));
     m.initialize("2025-11-25");
     let cases = [
         ("broca_send", json!({"session": "s"}), "mcp.broca_send.invalid_arguments.json"),
@@ -198,7 +81,7 @@ fn tool_argument_refusals_and_transport_failures_are_pinned() {
 
 #[test]
 fn invalid_lines_get_their_json_rpc_errors_and_the_server_goes_on() {
-    let mut m = Mcp::start();
+    let mut m = Mcp::start(&["--subc", NO_DAEMON], Path::new("/"));
     let null = Value::Null;
     let cases: Vec<(&[u8], i64, Value)> = vec![
         (b"{", -32700, null.clone()),
@@ -245,7 +128,7 @@ fn invalid_lines_get_their_json_rpc_errors_and_the_server_goes_on() {
 
 #[test]
 fn oversize_lines_are_refused_and_the_next_line_is_read_whole() {
-    let mut m = Mcp::start();
+    let mut m = Mcp::start(&["--subc", NO_DAEMON], Path::new("/"));
     let ping_with_pad = |id: u64, total: usize| {
         let head = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping","params":{{"pad":""#);
         let tail = r#""}}"#;
@@ -329,7 +212,7 @@ fn fuzz_line(rng: &mut Rng) -> Vec<u8> {
 
 #[test]
 fn fuzzed_lines_never_crash_or_stall_the_adapter() {
-    let mut m = Mcp::start();
+    let mut m = Mcp::start(&["--subc", NO_DAEMON], Path::new("/"));
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let allowed = [-32700, -32600, -32601, -32602, -32000, -32001];
     for i in 0..400u64 {
