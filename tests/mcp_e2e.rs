@@ -6,10 +6,10 @@
 //!
 //! One test fn, because stopping the in-process daemon means SIGTERM to this process.
 
+mod mcp_client;
 #[allow(dead_code, unused_imports)]
 #[path = "../bin/broca-mock/mock/mod.rs"]
 mod mock;
-mod mcp_client;
 mod pin;
 mod support;
 
@@ -85,8 +85,13 @@ fn mcp_tools_drive_and_watch_a_real_broca() {
     assert_eq!(same.run_status(&run_id)["state"], "completed");
 
     // A retry with the reported send_id answers the recorded fate.
-    let again = ok(&mut m, 12, "broca_send", json!({"session": "s1", "prompt": "count", "model": "mock/echo-chat",
-                                                    "send_id": sent["send_id"]}));
+    let again = ok(
+        &mut m,
+        12,
+        "broca_send",
+        json!({"session": "s1", "prompt": "count", "model": "mock/echo-chat",
+                                                    "send_id": sent["send_id"]}),
+    );
     assert_eq!(again["run_id"], run_id.as_str(), "{again}");
 
     let page = ok(&mut m, 13, "broca_read", json!({"session": "s1", "from_ordinal": 0, "limit": "1"}));
@@ -111,7 +116,11 @@ fn mcp_tools_drive_and_watch_a_real_broca() {
 
     // Each tool's broca refusal, verbatim.
     let cases = [
-        ("broca_send", json!({"session": "s1", "prompt": "x", "model": "mock/echo-chat", "title": " "}), "mcp.broca_send.refusal.json"),
+        (
+            "broca_send",
+            json!({"session": "s1", "prompt": "x", "model": "mock/echo-chat", "title": " "}),
+            "mcp.broca_send.refusal.json",
+        ),
         ("broca_wait", json!({"session": " ", "run_id": "r"}), "mcp.broca_wait.refusal.json"),
         ("broca_read", json!({"session": "s1", "limit": 0}), "mcp.broca_read.refusal.json"),
         ("broca_status", json!({"session": "s1", "run_id": ""}), "mcp.broca_status.refusal.json"),

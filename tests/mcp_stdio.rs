@@ -38,7 +38,11 @@ fn initialize_negotiates_the_version_and_tools_list_is_pinned() {
         assert_eq!(schema["type"], "object");
         assert_eq!(schema["additionalProperties"], false);
         for (name, prop) in schema["properties"].as_object().unwrap() {
-            assert!(prop["description"].as_str().is_some_and(|d| d.len() > 20), "{}.{name}: no description", tool["name"]);
+            assert!(
+                prop["description"].as_str().is_some_and(|d| d.len() > 20),
+                "{}.{name}: no description",
+                tool["name"]
+            );
         }
     }
     m.finish();
@@ -50,10 +54,22 @@ fn tool_argument_refusals_and_transport_failures_are_pinned() {
     m.initialize("2025-11-25");
     let cases = [
         ("broca_send", json!({"session": "s"}), "mcp.broca_send.invalid_arguments.json"),
-        ("broca_wait", json!({"session": "s", "run_id": "r", "timeout_ms": 600001}), "mcp.broca_wait.invalid_arguments.json"),
+        (
+            "broca_wait",
+            json!({"session": "s", "run_id": "r", "timeout_ms": 600001}),
+            "mcp.broca_wait.invalid_arguments.json",
+        ),
         ("broca_read", json!({"session": "s", "from_ordinal": "-1"}), "mcp.broca_read.invalid_arguments.json"),
-        ("broca_status", json!({"session": "s", "project_root": "relative/dir"}), "mcp.broca_status.invalid_arguments.json"),
-        ("broca_cancel", json!({"session": "s", "run_id": "r", "when": "now"}), "mcp.broca_cancel.invalid_arguments.json"),
+        (
+            "broca_status",
+            json!({"session": "s", "project_root": "relative/dir"}),
+            "mcp.broca_status.invalid_arguments.json",
+        ),
+        (
+            "broca_cancel",
+            json!({"session": "s", "run_id": "r", "when": "now"}),
+            "mcp.broca_cancel.invalid_arguments.json",
+        ),
     ];
     for (i, (tool, args, golden)) in cases.into_iter().enumerate() {
         let answer = m.tool(10 + i as u64, tool, args);
@@ -65,7 +81,8 @@ fn tool_argument_refusals_and_transport_failures_are_pinned() {
     }
     // Arguments that map: the call gets as far as connecting, which fails (a JSON-RPC error
     // saying nothing was sent, with the send_id a retry should reuse).
-    let failed = m.tool(20, "broca_send", json!({"session": "s", "prompt": "hi", "model": "mock/echo-chat", "send_id": "k-1"}));
+    let failed =
+        m.tool(20, "broca_send", json!({"session": "s", "prompt": "hi", "model": "mock/echo-chat", "send_id": "k-1"}));
     assert_eq!(error_code(&failed), -32000);
     assert_golden("mcp.transport_error.json", &failed.to_string(), None);
     let minted = m.tool(21, "broca_send", json!({"session": "s", "prompt": "hi"}));
@@ -102,7 +119,11 @@ fn invalid_lines_get_their_json_rpc_errors_and_the_server_goes_on() {
         (br#"{"jsonrpc":"2.0","id":9,"method":"server/discover"}"#, -32601, json!(9)),
         (br#"{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"name":"nope"}}"#, -32602, json!(10)),
         (br#"{"jsonrpc":"2.0","id":11,"method":"tools/call","params":{}}"#, -32602, json!(11)),
-        (br#"{"jsonrpc":"2.0","id":12,"method":"tools/call","params":{"name":"broca_read","arguments":[]}}"#, -32602, json!(12)),
+        (
+            br#"{"jsonrpc":"2.0","id":12,"method":"tools/call","params":{"name":"broca_read","arguments":[]}}"#,
+            -32602,
+            json!(12),
+        ),
     ];
     for (i, (line, code, id)) in cases.iter().enumerate() {
         m.write(line);

@@ -86,11 +86,7 @@ fn target() -> RouteTarget {
 impl Broca {
     /// Connects nothing yet.
     pub fn new(conn_file: Option<PathBuf>) -> Broca {
-        Broca {
-            conn_file,
-            consumer: Mutex::new(None),
-            routes: Mutex::new(Routes { open: HashMap::new(), clock: 0 }),
-        }
+        Broca { conn_file, consumer: Mutex::new(None), routes: Mutex::new(Routes { open: HashMap::new(), clock: 0 }) }
     }
 
     /// The consumer connection, dialed on first use. A failed first dial is tried again by the
@@ -202,7 +198,10 @@ impl Broca {
                         log::debug!(target: "broca_mcp", "{method}: not delivered ({}); on a new route", body.code);
                         continue;
                     }
-                    Err(Failure::Transport { message: format!("not delivered: {}: {}", body.code, body.message), sent: Sent::No })
+                    Err(Failure::Transport {
+                        message: format!("not delivered: {}: {}", body.code, body.message),
+                        sent: Sent::No,
+                    })
                 }
                 Err(e @ CallError::Closed) => {
                     self.forget_all();
@@ -235,7 +234,10 @@ impl Broca {
 /// An answer body: `{"result": …}`.
 fn decode(bytes: &[u8]) -> Result<Value, Failure> {
     let malformed = |why: &str| Failure::Transport {
-        message: format!("broca's answer is malformed ({why}): {}", String::from_utf8_lossy(&bytes[..bytes.len().min(200)])),
+        message: format!(
+            "broca's answer is malformed ({why}): {}",
+            String::from_utf8_lossy(&bytes[..bytes.len().min(200)])
+        ),
         sent: Sent::Unknown,
     };
     let mut v: Value = serde_json::from_slice(bytes).map_err(|_| malformed("not JSON"))?;

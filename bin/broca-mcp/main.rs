@@ -84,7 +84,8 @@ fn parse_args() -> Result<Option<Config>, String> {
             _ => return Err(format!("unknown argument {arg:?} (see --help)")),
         }
     }
-    let conn_file = conn_file.or_else(|| std::env::var_os("SUBC_CONNECTION_FILE").filter(|v| !v.is_empty()).map(PathBuf::from));
+    let conn_file =
+        conn_file.or_else(|| std::env::var_os("SUBC_CONNECTION_FILE").filter(|v| !v.is_empty()).map(PathBuf::from));
     Ok(Some(Config { conn_file, harness }))
 }
 
@@ -108,7 +109,9 @@ impl Server {
     fn handle(&self, incoming: Incoming) {
         match incoming {
             Incoming::Invalid { id, error } => self.out.error(&id, &error),
-            Incoming::Response => log::debug!(target: "broca_mcp", "ignoring a response (this server sends no requests)"),
+            Incoming::Response => {
+                log::debug!(target: "broca_mcp", "ignoring a response (this server sends no requests)")
+            }
             Incoming::Notification { method, params } => self.notification(&method, &params),
             Incoming::Request { id, method, params } => self.request(id, &method, params),
         }
@@ -169,17 +172,25 @@ impl Server {
             None | Some(Value::Null) => Map::new(),
             Some(Value::Object(a)) => a,
             Some(_) => {
-                return self.out.error(&id, &RpcError::new(INVALID_PARAMS, "Invalid params: arguments must be an object"))
+                return self
+                    .out
+                    .error(&id, &RpcError::new(INVALID_PARAMS, "Invalid params: arguments must be an object"))
             }
         };
-        let token = params.get("_meta").and_then(|m| m.get("progressToken")).filter(|t| t.is_string() || t.is_i64() || t.is_u64()).cloned();
+        let token = params
+            .get("_meta")
+            .and_then(|m| m.get("progressToken"))
+            .filter(|t| t.is_string() || t.is_i64() || t.is_u64())
+            .cloned();
         let key = id.to_string();
         let cancel = Arc::new(AtomicBool::new(false));
         {
             let mut in_flight = self.in_flight.lock();
             if in_flight.contains_key(&key) {
                 drop(in_flight);
-                return self.out.error(&id, &RpcError::new(INVALID_REQUEST, "Invalid Request: this id is already in flight"));
+                return self
+                    .out
+                    .error(&id, &RpcError::new(INVALID_REQUEST, "Invalid Request: this id is already in flight"));
             }
             if in_flight.len() >= MAX_IN_FLIGHT {
                 drop(in_flight);
@@ -256,8 +267,11 @@ fn main() -> ExitCode {
         match lines.next_line() {
             Ok(Line::Eof) => break,
             Ok(Line::TooLong(bytes)) => {
-                let e = RpcError::new(INVALID_REQUEST, format!("Invalid Request: the line exceeds {} bytes", rpc::MAX_LINE_BYTES))
-                    .with_data(json!({"limit": rpc::MAX_LINE_BYTES, "bytes": bytes}));
+                let e = RpcError::new(
+                    INVALID_REQUEST,
+                    format!("Invalid Request: the line exceeds {} bytes", rpc::MAX_LINE_BYTES),
+                )
+                .with_data(json!({"limit": rpc::MAX_LINE_BYTES, "bytes": bytes}));
                 server.out.error(&Value::Null, &e);
             }
             Ok(Line::Text(line)) if line.iter().all(u8::is_ascii_whitespace) => {}

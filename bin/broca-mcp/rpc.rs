@@ -122,12 +122,22 @@ impl RpcError {
 /// What one line says.
 #[derive(Debug, PartialEq)]
 pub enum Incoming {
-    Request { id: Value, method: String, params: Map<String, Value> },
-    Notification { method: String, params: Map<String, Value> },
+    Request {
+        id: Value,
+        method: String,
+        params: Map<String, Value>,
+    },
+    Notification {
+        method: String,
+        params: Map<String, Value>,
+    },
     /// A response to a request of ours (we send none): ignored.
     Response,
     /// Answered with this error; `id` is the request's when it could be read, else `null`.
-    Invalid { id: Value, error: RpcError },
+    Invalid {
+        id: Value,
+        error: RpcError,
+    },
 }
 
 /// Classifies one line.
@@ -146,9 +156,7 @@ pub fn classify(line: &[u8]) -> Incoming {
         None => None,
         Some(id @ Value::String(_)) => Some(id),
         Some(Value::Number(n)) if n.is_i64() || n.is_u64() => Some(Value::Number(n)),
-        Some(_) => {
-            return invalid(Value::Null, INVALID_REQUEST, "Invalid Request: id must be a string or an integer")
-        }
+        Some(_) => return invalid(Value::Null, INVALID_REQUEST, "Invalid Request: id must be a string or an integer"),
     };
     let echo = id.clone().unwrap_or(Value::Null);
     if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {

@@ -284,7 +284,10 @@ fn send(args: &Args<'_>, ctx: &Context<'_>) -> Result<Outcome, Refusal> {
     match (model, variant) {
         (Some(m), v) => {
             let Some((provider, model)) = m.split_once('/').filter(|(p, m)| !p.is_empty() && !m.is_empty()) else {
-                return Err(invalid("model", "model: `provider/model` is required, e.g. `anthropic/claude-sonnet-4-5`"));
+                return Err(invalid(
+                    "model",
+                    "model: `provider/model` is required, e.g. `anthropic/claude-sonnet-4-5`",
+                ));
             };
             params["model"] = json!({"provider": provider, "model": model});
             if let Some(v) = v {

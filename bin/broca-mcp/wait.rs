@@ -171,15 +171,8 @@ pub fn wait(
     cancel: &AtomicBool,
 ) -> Result<Waited, Failure> {
     let deadline = Instant::now() + timeout.min(MAX_WAIT);
-    let mut w = Watch {
-        broca,
-        key,
-        run_id,
-        progress,
-        ours: false,
-        deltas_since_message: false,
-        pending_text: String::new(),
-    };
+    let mut w =
+        Watch { broca, key, run_id, progress, ours: false, deltas_since_message: false, pending_text: String::new() };
     // The snapshot's head: the stream starts strictly after it (no gap, no duplicate).
     let head = broca.call(key, "session.read", json!({"limit": 1}))?.get("head").cloned();
     let from = head.filter(Value::is_object).unwrap_or_else(|| json!("live"));

@@ -173,7 +173,9 @@ impl std::fmt::Display for CallError {
             CallError::TooManyCalls { limit } => write!(f, "{limit} calls are already open"),
             CallError::RouteCacheFull { capacity } => write!(f, "all {capacity} cached routes have calls in flight"),
             CallError::TooLarge(e) => write!(f, "request: {e}"),
-            CallError::StreamOverrun { capacity } => write!(f, "the stream's {capacity} buffered frames were not read in time"),
+            CallError::StreamOverrun { capacity } => {
+                write!(f, "the stream's {capacity} buffered frames were not read in time")
+            }
             CallError::BadReply(e) => write!(f, "malformed control reply: {e}"),
             CallError::Connect(e) => write!(f, "cannot connect: {e}"),
             CallError::Io(e) => write!(f, "consumer connection: {e}"),

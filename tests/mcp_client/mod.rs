@@ -98,7 +98,8 @@ impl Mcp {
     }
 
     pub fn initialize(&mut self, version: &str) -> Value {
-        let params = json!({"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}});
+        let params =
+            json!({"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}});
         self.request(1, "initialize", params)
     }
 

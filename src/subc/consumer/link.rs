@@ -62,6 +62,9 @@ pub(super) struct Pending {
     pub tx: Sender<Answer>,
 }
 
+/// One stream call's data buffer: the route it went out on, its sender and its capacity.
+type StreamSlot = (ClientRoute, Sender<Vec<u8>>, usize);
+
 pub(super) struct Link {
     pub generation: u64,
     pub lanes: Lanes,
@@ -69,7 +72,7 @@ pub(super) struct Link {
     pub routes: Mutex<RouteCache>,
     /// The open stream calls' data buffers, by corr: the route each went out on, its sender
     /// and its capacity.
-    streams: Mutex<HashMap<u64, (ClientRoute, Sender<Vec<u8>>, usize)>>,
+    streams: Mutex<HashMap<u64, StreamSlot>>,
     next_corr: AtomicU64,
     identity: Option<ConsumerIdentity>,
     pub totals: Arc<Totals>,
@@ -152,7 +155,12 @@ impl Link {
 
     /// Sends one subscription Request on `route` (not leased: a stream belongs on a route of its
     /// own); its StreamData bodies are buffered, at most `capacity` of them, until read.
-    pub fn start_stream(self: &Arc<Self>, route: ClientRoute, body: &[u8], capacity: usize) -> Result<StreamCall, CallError> {
+    pub fn start_stream(
+        self: &Arc<Self>,
+        route: ClientRoute,
+        body: &[u8],
+        capacity: usize,
+    ) -> Result<StreamCall, CallError> {
         let capacity = capacity.max(1);
         let (tx, data) = bounded(capacity);
         let call = self.start_with(route, false, body, Some((tx, capacity)))?;
