@@ -1,7 +1,7 @@
 # broca: the two commands a newcomer runs are `make demo` (once it exists) and `make test`.
 CARGO ?= cargo
 
-.PHONY: build demo test bench e2e fmt lint check
+.PHONY: build demo test bench e2e mcp-check fmt lint check
 
 build:
 	$(CARGO) build --release --locked
@@ -28,6 +28,12 @@ e2e:
 	set +e; result=$$($(CARGO) run --quiet --locked --example subc-rig-check); status=$$?; \
 	trap - EXIT; scripts/rig down "$$SUBC_CONNECTION_FILE"; \
 	if [ -n "$$result" ]; then printf '%s\n' "$$result"; fi; exit $$status
+
+# broca-mcp through the official MCP Python SDK's stdio client (installed into a venv under the
+# target directory on first use) against a rig like `e2e`'s. On success the last line is
+# `MCP OK <n> checks`; when the SDK cannot be installed, `MCP SKIPPED: <why>` (exit 0).
+mcp-check:
+	@CARGO="$(CARGO)" scripts/mcp-check
 
 # Prints `BENCH <name> <value> <unit>` lines; see README "Benchmarks".
 bench:

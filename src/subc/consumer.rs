@@ -51,7 +51,7 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use subc_protocol::{BindIdentity, ErrorBody, RouteTarget};
 
-pub use link::{PendingCall, MAX_CONCURRENT_ROUTE_OPENS, MAX_PENDING_CALLS};
+pub use link::{PendingCall, StreamCall, StreamEvent, MAX_CONCURRENT_ROUTE_OPENS, MAX_PENDING_CALLS};
 pub use writer::{CONTROL_LANE_FRAMES, OUTBOUND_QUEUE_BYTES, OUTBOUND_QUEUE_FRAMES};
 
 use self::link::Link;
@@ -143,6 +143,11 @@ pub enum CallError {
     },
     /// The request body exceeds the frame limit; nothing was sent.
     TooLarge(TooLarge),
+    /// A stream call's reader left `capacity` frames unread; the stream was ended (and the
+    /// module asked to stop). Frames after the last one read are lost.
+    StreamOverrun {
+        capacity: usize,
+    },
     /// A control reply did not have its documented shape.
     BadReply(String),
     /// The connection could not be made (connection file, handshake).
@@ -168,6 +173,9 @@ impl std::fmt::Display for CallError {
             CallError::TooManyCalls { limit } => write!(f, "{limit} calls are already open"),
             CallError::RouteCacheFull { capacity } => write!(f, "all {capacity} cached routes have calls in flight"),
             CallError::TooLarge(e) => write!(f, "request: {e}"),
+            CallError::StreamOverrun { capacity } => {
+                write!(f, "the stream's {capacity} buffered frames were not read in time")
+            }
             CallError::BadReply(e) => write!(f, "malformed control reply: {e}"),
             CallError::Connect(e) => write!(f, "cannot connect: {e}"),
             CallError::Io(e) => write!(f, "consumer connection: {e}"),
@@ -354,6 +362,26 @@ impl Consumer {
         timeout: Duration,
     ) -> Result<ClientRoute, CallError> {
         self.link()?.open_route(target, identity, Instant::now() + timeout)
+    }
+
+    /// [`Consumer::open_route`] with a project root on the bind: the legacy opener field
+    /// `identity.project_root` (`subc-wire.md` §12.1), which the daemon canonicalizes and binds
+    /// the target with. `None` opens exactly what [`Consumer::open_route`] opens.
+    pub fn open_route_rooted(
+        &self,
+        target: &RouteTarget,
+        identity: &BindIdentity,
+        project_root: Option<&str>,
+        timeout: Duration,
+    ) -> Result<ClientRoute, CallError> {
+        self.link()?.open_route_rooted(target, identity, project_root, Instant::now() + timeout)
+    }
+
+    /// Sends one subscription Request (the SUBSCRIPTION flag; `subc-wire.md` §13) on `route`,
+    /// which should be a route of its own ([`Consumer::open_route`]): its StreamData bodies
+    /// are buffered, at most `capacity` of them, and read with [`StreamCall::next_until`].
+    pub fn subscribe(&self, route: ClientRoute, body: &[u8], capacity: usize) -> Result<StreamCall, CallError> {
+        self.link()?.start_stream(route, body, capacity)
     }
 
     /// Sends one Request on `route`.

@@ -15,7 +15,12 @@
 //!   (who closes it), or sent its GOODBYE;
 //! - at most [`MAX_CONCURRENT_ROUTE_OPENS`] `route.open`s are in flight, the daemon's own limit
 //!   per connection (past it the daemon refuses `target_unavailable`); further openers wait for
-//!   a slot within their deadline.
+//!   a slot within their deadline;
+//! - a **stream call** ([`Link::start_stream`], a Request with the SUBSCRIPTION flag) is an open
+//!   call like any other plus an entry in `streams`, so there are never more streams than
+//!   [`MAX_PENDING_CALLS`]. The reader hands each StreamData body to the caller's bounded
+//!   buffer with `try_send`; a full buffer ends the call [`CallError::StreamOverrun`] and sends
+//!   the module a CANCEL, so a slow caller never stalls the reader.
 
 use std::collections::HashMap;
 use std::net::{TcpStream, ToSocketAddrs};
@@ -24,10 +29,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver, Sender};
+use crossbeam_channel::{bounded, select, Receiver, Sender, TrySendError};
 use parking_lot::{Condvar, Mutex};
 use subc_protocol::error_codes::is_retryable_route_open;
-use subc_protocol::{BindIdentity, Flags, FrameType, Priority, RouteTarget};
+use subc_protocol::{BindIdentity, Flags, FrameType, Priority, RouteTarget, FLAG_SUBSCRIPTION};
 
 use super::routes::{Insert, RouteCache, RouteKey};
 use super::wire::{RouteOpen, RouteOpened};
@@ -57,11 +62,17 @@ pub(super) struct Pending {
     pub tx: Sender<Answer>,
 }
 
+/// One stream call's data buffer: the route it went out on, its sender and its capacity.
+type StreamSlot = (ClientRoute, Sender<Vec<u8>>, usize);
+
 pub(super) struct Link {
     pub generation: u64,
     pub lanes: Lanes,
     pending: Mutex<HashMap<u64, Pending>>,
     pub routes: Mutex<RouteCache>,
+    /// The open stream calls' data buffers, by corr: the route each went out on, its sender
+    /// and its capacity.
+    streams: Mutex<HashMap<u64, StreamSlot>>,
     next_corr: AtomicU64,
     identity: Option<ConsumerIdentity>,
     pub totals: Arc<Totals>,
@@ -106,6 +117,7 @@ impl Link {
             lanes,
             pending: Mutex::new(HashMap::new()),
             routes: Mutex::new(RouteCache::new(options.route_capacity, options.route_idle_ttl)),
+            streams: Mutex::new(HashMap::new()),
             next_corr: AtomicU64::new(1),
             identity,
             totals,
@@ -138,6 +150,30 @@ impl Link {
     /// Sends one Request on `route`; `leased` says whether the caller already holds a lease on
     /// it (which the call then owns). Without one, a cached route is leased here.
     pub fn start(self: &Arc<Self>, route: ClientRoute, leased: bool, body: &[u8]) -> Result<PendingCall, CallError> {
+        self.start_with(route, leased, body, None)
+    }
+
+    /// Sends one subscription Request on `route` (not leased: a stream belongs on a route of its
+    /// own); its StreamData bodies are buffered, at most `capacity` of them, until read.
+    pub fn start_stream(
+        self: &Arc<Self>,
+        route: ClientRoute,
+        body: &[u8],
+        capacity: usize,
+    ) -> Result<StreamCall, CallError> {
+        let capacity = capacity.max(1);
+        let (tx, data) = bounded(capacity);
+        let call = self.start_with(route, false, body, Some((tx, capacity)))?;
+        Ok(StreamCall { call: Some(call), data, end: None })
+    }
+
+    fn start_with(
+        self: &Arc<Self>,
+        route: ClientRoute,
+        leased: bool,
+        body: &[u8],
+        stream: Option<(Sender<Vec<u8>>, usize)>,
+    ) -> Result<PendingCall, CallError> {
         let leased = leased || self.routes.lock().lease_route(route, Instant::now());
         let release = |link: &Link| {
             if leased {
@@ -149,7 +185,10 @@ impl Link {
             return Err(CallError::Closed);
         }
         let corr = self.next_corr.fetch_add(1, Ordering::Relaxed);
-        let flags = if route.channel == 0 { control_flags() } else { data_flags() };
+        let mut flags = if route.channel == 0 { control_flags() } else { data_flags() };
+        if stream.is_some() {
+            flags = Flags(flags.0 | FLAG_SUBSCRIPTION);
+        }
         let bytes = match frame::encode(FrameType::Request, flags, route.channel, route.epoch, corr, body) {
             Ok(bytes) => bytes,
             Err(e) => {
@@ -167,11 +206,41 @@ impl Link {
             }
             pending.insert(corr, Pending { route, leased, tx });
         }
+        if let Some((tx, capacity)) = stream {
+            self.streams.lock().insert(corr, (route, tx, capacity));
+        }
         if let Err(e) = self.lanes.data(bytes) {
             self.finish(corr);
+            self.end_stream(corr);
             return Err(e);
         }
         Ok(PendingCall { corr, route, rx, link: Arc::clone(self) })
+    }
+
+    /// Hands one StreamData body to the stream call `corr` on `route` (the reader's side). A full
+    /// buffer ends the call [`CallError::StreamOverrun`] and asks the module to stop.
+    pub fn stream_data(&self, corr: u64, route: ClientRoute, body: Vec<u8>) {
+        let sent = match self.streams.lock().get(&corr) {
+            Some((r, tx, capacity)) if *r == route => tx.try_send(body).map_err(|e| (e, *capacity)),
+            _ => return,
+        };
+        match sent {
+            Ok(()) => {}
+            Err((TrySendError::Full(_), capacity)) => {
+                log::warn!(target: "broca::subc", "consumer connection: stream {corr} on {}/{}: {capacity} unread frames; ending it", route.channel, route.epoch);
+                if let Some(pending) = self.finish_matching(corr, route) {
+                    let _ = pending.tx.send(Err(CallError::StreamOverrun { capacity }));
+                }
+                self.end_stream(corr);
+                let _ = self.cancel(route, corr);
+            }
+            Err((TrySendError::Disconnected(_), _)) => self.end_stream(corr),
+        }
+    }
+
+    /// Forgets the data buffer of the stream call `corr`, if it has one.
+    pub fn end_stream(&self, corr: u64) {
+        self.streams.lock().remove(&corr);
     }
 
     /// Removes an open call (ending its lease); `None` if it was already resolved.
@@ -220,7 +289,22 @@ impl Link {
         identity: &BindIdentity,
         deadline: Instant,
     ) -> Result<ClientRoute, CallError> {
-        let body = RouteOpen::new(target, identity, self.identity.as_ref()).to_bytes();
+        self.open_route_rooted(target, identity, None, deadline)
+    }
+
+    /// [`Link::open_route`], the bind carrying `project_root` when one is given.
+    pub fn open_route_rooted(
+        self: &Arc<Self>,
+        target: &RouteTarget,
+        identity: &BindIdentity,
+        project_root: Option<&str>,
+        deadline: Instant,
+    ) -> Result<ClientRoute, CallError> {
+        let open = RouteOpen::new(target, identity, self.identity.as_ref());
+        let body = match project_root {
+            Some(root) => open.to_bytes_rooted(root),
+            None => open.to_bytes(),
+        };
         let _slot = self.open_slot(deadline)?;
         let call = self.start(self.route(0, 0), false, &body)?;
         self.totals.route_opens.fetch_add(1, Ordering::Relaxed);
@@ -349,6 +433,7 @@ impl Link {
             let _ = pending.tx.send(Err(CallError::Closed));
         }
         self.routes.lock().clear();
+        self.streams.lock().clear();
     }
 }
 
@@ -416,5 +501,81 @@ impl PendingCall {
 impl Drop for PendingCall {
     fn drop(&mut self) {
         self.link.finish(self.corr);
+    }
+}
+
+/// What a [`StreamCall`] yields, in order: its data frames, then its one terminal.
+#[derive(Debug)]
+pub enum StreamEvent {
+    /// One StreamData body.
+    Data(Vec<u8>),
+    /// The terminal: StreamEnd's body, or why the stream ended (the module's Error, the route or
+    /// the connection closing, [`CallError::StreamOverrun`]).
+    End(Result<Vec<u8>, CallError>),
+}
+
+/// One subscription Request in flight ([`super::Consumer::subscribe`]). Dropping it before its
+/// terminal sends the module a CANCEL.
+pub struct StreamCall {
+    /// `None` once the terminal was taken.
+    call: Option<PendingCall>,
+    data: Receiver<Vec<u8>>,
+    /// The terminal, held back until the frames before it were read.
+    end: Option<Answer>,
+}
+
+impl std::fmt::Debug for StreamCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamCall").field("call", &self.call).field("buffered", &self.data.len()).finish()
+    }
+}
+
+impl StreamCall {
+    /// The next event, waiting until `until`; `None` when nothing came by then, and always once
+    /// the terminal was returned. Data frames always come before the terminal.
+    pub fn next_until(&mut self, until: Instant) -> Option<StreamEvent> {
+        loop {
+            if let Ok(body) = self.data.try_recv() {
+                return Some(StreamEvent::Data(body));
+            }
+            if let Some(end) = self.end.take() {
+                self.close_call();
+                return Some(StreamEvent::End(end));
+            }
+            let call = self.call.as_ref()?;
+            let timeout = until.saturating_duration_since(Instant::now());
+            select! {
+                recv(self.data) -> body => match body {
+                    Ok(body) => return Some(StreamEvent::Data(body)),
+                    // The reader let go of the buffer: the terminal (or the overrun) is already
+                    // on its way to the call.
+                    Err(_) => self.end = Some(call.rx.try_recv().unwrap_or(Err(CallError::Closed))),
+                },
+                recv(call.rx) -> end => self.end = Some(end.unwrap_or(Err(CallError::Closed))),
+                default(timeout) => return None,
+            }
+        }
+    }
+
+    /// The corr broca minted for this Request.
+    pub fn corr(&self) -> Option<u64> {
+        self.call.as_ref().map(PendingCall::corr)
+    }
+
+    fn close_call(&mut self) {
+        if let Some(call) = self.call.take() {
+            call.link.end_stream(call.corr);
+        }
+    }
+}
+
+impl Drop for StreamCall {
+    fn drop(&mut self) {
+        if let Some(call) = self.call.take() {
+            call.link.end_stream(call.corr);
+            if self.end.is_none() && call.link.finish(call.corr).is_some() {
+                let _ = call.link.cancel(call.route, call.corr);
+            }
+        }
     }
 }

@@ -15,6 +15,8 @@
 //! - an Error proving the request never reached the module (`unknown_channel`,
 //!   `stale_route_epoch`, the daemon's `module_reloading`) fails the call `NotDelivered` and
 //!   drops its route from the cache;
+//! - a StreamData frame goes to the stream call open on its exact `(channel, epoch, corr)`
+//!   without blocking (`Link::stream_data`), and is dropped when there is none;
 //! - undecodable input ends the connection; nothing read from the socket can panic this thread;
 //! - every read timeout tick, routes idle past the TTL get their GOODBYE.
 
@@ -106,6 +108,7 @@ fn on_frame(link: &Link, f: Frame) -> bool {
         FrameType::Goodbye => closed_by_module(link, route),
         FrameType::Request if h.channel != 0 => refuse_reverse(link, route, h.corr, &f.body),
         FrameType::Response | FrameType::StreamEnd => answer(link, route, h.corr, Ok(f.body)),
+        FrameType::StreamData if h.channel != 0 => link.stream_data(h.corr, route, f.body),
         FrameType::Error => {
             let body = serde_json::from_slice::<ErrorBody>(&f.body).unwrap_or_else(|_| {
                 ErrorBody::new(
@@ -139,6 +142,7 @@ fn answer(link: &Link, route: ClientRoute, corr: u64, result: Result<Vec<u8>, Ca
         return;
     };
     let _ = pending.tx.send(result);
+    link.end_stream(corr);
 }
 
 /// The module ended `route` (GOODBYE on it): the daemon has released it already.

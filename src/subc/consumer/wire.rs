@@ -34,6 +34,17 @@ impl<'a> RouteOpen<'a> {
         // A struct of strings and string maps always serializes.
         serde_json::to_vec(self).unwrap_or_default()
     }
+
+    /// The request with the legacy opener field `identity.project_root`, which daemon 0.39
+    /// still accepts during the migration to stamped scopes (`subc-wire.md` §12.1): it
+    /// canonicalizes the path and binds the target with it.
+    pub fn to_bytes_rooted(&self, project_root: &str) -> Vec<u8> {
+        let mut value = serde_json::to_value(self).unwrap_or_default();
+        if let Some(identity) = value.get_mut("identity").and_then(serde_json::Value::as_object_mut) {
+            identity.insert("project_root".into(), project_root.into());
+        }
+        serde_json::to_vec(&value).unwrap_or_default()
+    }
 }
 
 /// The `route.open` reply: the route in this connection's numbering.
@@ -100,6 +111,19 @@ mod tests {
         let claimed: serde_json::Value =
             serde_json::from_slice(&RouteOpen::new(&target, &identity, Some(&me)).to_bytes()).unwrap();
         assert_eq!(claimed["consumer_identity"], serde_json::json!({"module_id": "broca", "launch_nonce": "n"}));
+    }
+
+    #[test]
+    fn a_rooted_route_open_adds_the_legacy_project_root_to_the_identity() {
+        let target = RouteTarget::ManagementSurface { module_id: "broca".into() };
+        let identity = BindIdentity::new("h", "s");
+        let rooted: serde_json::Value =
+            serde_json::from_slice(&RouteOpen::new(&target, &identity, None).to_bytes_rooted("/p")).unwrap();
+        assert_eq!(
+            rooted,
+            serde_json::json!({"op": "route.open", "target": {"kind": "management_surface", "module_id": "broca"},
+                               "identity": {"harness": "h", "session": "s", "project_root": "/p"}})
+        );
     }
 
     #[test]
