@@ -41,6 +41,7 @@ bench:
 	$(CARGO) run --release --locked --bin broca-bench
 	$(CARGO) run --release --locked --example fanout-bench
 	$(CARGO) run --release --locked --example send-bench
+	$(CARGO) run --release --locked --example tool-bench
 
 fmt:
 	$(CARGO) fmt --all

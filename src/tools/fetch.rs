@@ -247,20 +247,26 @@ fn fetch_item(
 /// The catalog checks a consumer makes (tool-provider §3.3): valid reply and mode metadata,
 /// schema digests, unique names.
 fn check(answer: &CatalogAnswer) -> Result<(), Fault> {
+    check_catalog(answer).map_err(Fault::Invalid)
+}
+
+/// [`fetch`]'s checks of a decoded `tool.catalog` answer, public for the role's vectors: `Err`
+/// is the `plan_stale` reason a fetch would give.
+pub fn check_catalog(answer: &CatalogAnswer) -> Result<(), String> {
     let mut names: Vec<&str> = answer.tools.iter().map(|t| t.name.as_str()).collect();
     names.sort_unstable();
     if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
-        return Err(Fault::Invalid(format!("tool {:?} is listed twice", w[0])));
+        return Err(format!("tool {:?} is listed twice", w[0]));
     }
     for tool in &answer.tools {
         if tool.name.is_empty() {
-            return Err(Fault::Invalid("a tool has an empty name".into()));
+            return Err("a tool has an empty name".into());
         }
         if !catalog::is_schema_digest(&tool.schema_digest) {
-            return Err(Fault::Invalid(format!("tool {:?}: schema_digest is malformed", tool.name)));
+            return Err(format!("tool {:?}: schema_digest is malformed", tool.name));
         }
-        catalog::check_reply(tool).map_err(|p| Fault::Invalid(format!("tool {:?}: reply: {p:?}", tool.name)))?;
-        catalog::check_modes(tool).map_err(|p| Fault::Invalid(format!("tool {:?}: modes: {p:?}", tool.name)))?;
+        catalog::check_reply(tool).map_err(|p| format!("tool {:?}: reply: {p:?}", tool.name))?;
+        catalog::check_modes(tool).map_err(|p| format!("tool {:?}: modes: {p:?}", tool.name))?;
     }
     Ok(())
 }
@@ -272,8 +278,9 @@ fn fault(e: CallError) -> Fault {
     }
 }
 
-/// A fetched tool as the session freezes it.
-fn spec(item: &ToolItem, tool: &CatalogTool) -> ToolSpec {
+/// A fetched tool as the session freezes it (its pin encoded with `SchemaPin::encode`; none
+/// when the tool's name and digest make no valid pin).
+pub fn spec(item: &ToolItem, tool: &CatalogTool) -> ToolSpec {
     ToolSpec {
         name: tool.name.clone(),
         description: tool.description.clone().unwrap_or_default(),

@@ -13,7 +13,7 @@
 
 pub mod call;
 pub mod fetch;
-mod output;
+pub mod output;
 
 use std::time::{Duration, Instant};
 
