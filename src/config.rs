@@ -231,7 +231,7 @@ fn servable_mode(v: &Value) -> Result<String, String> {
 
 /// Turns JSONC into JSON: comments outside strings become whitespace (newlines kept, so
 /// serde_json's line numbers still point into the file) and trailing commas are dropped.
-fn jsonc_to_json(text: &str) -> Result<String, &'static str> {
+pub fn jsonc_to_json(text: &str) -> Result<String, &'static str> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     Ok(drop_trailing_commas(&strip_comments(text)?))
 }

@@ -176,10 +176,7 @@ fn fetch_text(
     if let Some(composition) = &plan.composition {
         request["composition"] = json!(composition);
     }
-    let answer = plane.role_op(&item.provider, lineage, "tool.catalog", request, deadline).map_err(fault)?;
-    let answer: CatalogAnswer =
-        serde_json::from_slice(&answer).map_err(|e| Fault::Invalid(format!("tool.catalog: {e}")))?;
-    Ok(Fetched { answer })
+    Ok(Fetched { answer: catalog_op(plane, lineage, &item.provider, request, deadline)? })
 }
 
 /// A fetched system text, checked: its text is present and matches its digest, and its
@@ -206,6 +203,18 @@ fn text_item(item: &SystemTextItem, answer: &CatalogAnswer, offered: &[&str]) ->
         preflight_digest: text.preflight_digest.clone(),
     };
     Ok((entry, body))
+}
+
+/// One `tool.catalog` request and its decoded answer.
+fn catalog_op(
+    plane: &ToolPlane,
+    lineage: &str,
+    provider: &str,
+    request: Value,
+    deadline: Instant,
+) -> Result<CatalogAnswer, Fault> {
+    let answer = plane.role_op(provider, lineage, "tool.catalog", request, deadline).map_err(fault)?;
+    serde_json::from_slice(&answer).map_err(|e| Fault::Invalid(format!("tool.catalog: {e}")))
 }
 
 /// The provider serves `tool.catalog` under `tool-provider/v1`.
@@ -237,9 +246,7 @@ fn fetch_item(
     if let Some(composition) = &plan.composition {
         request["composition"] = json!(composition);
     }
-    let answer = plane.role_op(&item.provider, lineage, "tool.catalog", request, deadline).map_err(fault)?;
-    let answer: CatalogAnswer =
-        serde_json::from_slice(&answer).map_err(|e| Fault::Invalid(format!("tool.catalog: {e}")))?;
+    let answer = catalog_op(plane, lineage, &item.provider, request, deadline)?;
     check(&answer)?;
     Ok(Fetched { answer })
 }
