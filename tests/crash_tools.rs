@@ -30,15 +30,17 @@
 //!   ran has a durable `ToolDispatchIntent` (durable before dispatch) with a unique key;
 //! - every intent has exactly one `ToolResult`; a result the tool answered (`ok`) ran exactly
 //!   once; a `nothing_sent` result never ran; a result with an unknown outcome reads as unknown
-//!   in `session.read` and its run is `interrupted` (`run.status`, and its WAL `RunFinished`);
+//!   in `session.read` (its result text, and `tool_calls[].indeterminate` once a build serves
+//!   it), a sealed one is listed in its run's `RunFinished.indeterminate_tool_calls`, and its
+//!   run is `interrupted` (`run.status`, and its WAL `RunFinished`);
 //! - every run started reaches a terminal (`run.status` and the WAL agree), and every tool call
 //!   in the transcript has exactly one result;
 //! - every accepted send is in its session's transcript exactly once.
 //!
 //! Size: `BROCA_SOAK_KILLS` (default 60, `make test`); `make soak` runs 300. `BROCA_SOAK_SECS`
 //! bounds the kill phase (default: 3 s per kill + 60 s); fewer kills than asked fails the test.
-//! `BROCA_CRASH_TOOLS_SEED` replays a run's choices. The last line printed is
-//! `CRASH-TOOLS kills=… calls=… duplicates=0 indeterminate=… violations=0 …`.
+//! `BROCA_CRASH_TOOLS_SEED` replays the campaign's choices (not the machine's timing). It prints
+//! one summary line, `CRASH-TOOLS kills=… calls=… duplicates=0 indeterminate=… violations=0 …`.
 
 #[allow(dead_code)]
 #[path = "../bin/broca-mock/tools/call_log.rs"]
@@ -666,7 +668,14 @@ fn check(h: &Harness, log: &Path, scripted: &Scripted, accepted: &[Accepted], ba
         // Every tool call in the transcript has exactly one result, and unknown outcomes read so.
         let mut results_text: BTreeMap<String, Vec<Value>> = BTreeMap::new();
         let mut calls_seen = BTreeSet::new();
+        // `session.read`'s `tool_calls[].indeterminate` (spec §4), where this build serves it.
+        let mut flagged: BTreeMap<String, bool> = BTreeMap::new();
         for m in &messages {
+            for c in m["tool_calls"].as_array().into_iter().flatten() {
+                if let (Some(id), Some(ind)) = (c["tool_call_id"].as_str(), c["indeterminate"].as_bool()) {
+                    flagged.insert(id.to_string(), ind);
+                }
+            }
             for p in m["message"]["content"].as_array().into_iter().flatten() {
                 match p["type"].as_str() {
                     Some("tool_call") => {
@@ -696,6 +705,11 @@ fn check(h: &Harness, log: &Path, scripted: &Scripted, accepted: &[Accepted], ba
                 bad.push(format!("{session}: intent {id} of {run} has {} results in its WAL", results.len()));
                 continue;
             };
+            if let Some(ind) = flagged.get(id) {
+                if *ind != (*outcome == Some(CallOutcome::Unknown)) {
+                    bad.push(format!("{session}: {id} reads indeterminate={ind} with outcome {outcome:?}"));
+                }
+            }
             match outcome {
                 Some(CallOutcome::Ok) if ran != 1 => {
                     bad.push(format!("{session}: {id} answered ok but ran {ran} times at the provider ({key})"));
