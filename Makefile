@@ -1,7 +1,7 @@
 # broca: the two commands a newcomer runs are `make demo` (once it exists) and `make test`.
 CARGO ?= cargo
 
-.PHONY: build demo test bench e2e mcp-check fmt lint check
+.PHONY: build demo test soak bench e2e mcp-check fmt lint check
 
 build:
 	$(CARGO) build --release --locked
@@ -13,6 +13,17 @@ demo:
 # The whole suite: unit, property, crash-cut (real SIGKILLs) and integration tests.
 test:
 	$(CARGO) test --locked
+
+# The crash campaign at full size (`make test` runs 60 kills of it): broca under the real daemon,
+# SIGKILLed BROCA_SOAK_KILLS times at random moments and at every named fail point while sessions
+# run tool loops; then no call ran twice (broca-mock's call log), every intent without a durable
+# result is unknown and its run interrupted, every run is terminal, every accepted send is in its
+# transcript once. Bounded by BROCA_SOAK_SECS (default 3 s per kill + 60 s). It prints one line
+# `CRASH-TOOLS kills=<n> ... duplicates=0 ... violations=0 ...`.
+BROCA_SOAK_KILLS ?= 300
+soak:
+	BROCA_SOAK_KILLS=$(BROCA_SOAK_KILLS) RUST_LOG=$${RUST_LOG:-error} $(CARGO) test --locked --test crash_tools \
+		-- --nocapture --test-threads=1 tool_calls_are_at_most_once_under_real_kills
 
 # A real subc daemon supervising broca, with broca-mock as its provider (scripts/rig up), the
 # scripted scenario against it through the consumer SDK, and the rig stopped whatever happened

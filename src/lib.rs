@@ -4,6 +4,7 @@ pub mod actor;
 pub mod agent;
 pub mod catalog;
 pub mod config;
+pub mod failpoint;
 pub mod fanout;
 pub mod frozen;
 pub mod lineage;

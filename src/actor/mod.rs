@@ -385,6 +385,7 @@ impl Registry {
             Resolution::Paused { .. } => return Ok(false),
             Resolution::Empty | Resolution::Idle { .. } => {
                 let Some(next) = lineage.state().next_to_start().cloned() else { return Ok(false) };
+                crate::failpoint!("queue.between_queued_and_started");
                 let run_id = format!("run-{}", next.submission_id);
                 let config: RenderConfig = match next.request.config.as_ref().and_then(Frozen::config) {
                     Some(c) => c.clone(),

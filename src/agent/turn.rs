@@ -200,6 +200,7 @@ impl<C> Driver<'_, C> {
         self.deliver_steers(true)?;
         self.lineage.finish_run_with(&self.run_id, reason, error.clone(), vec![], detail)?;
         self.commit()?;
+        crate::failpoint!("run.after_finished_before_index");
         Ok(TurnOutcome { run_id: self.run_id.clone(), reason: Some(reason), paused: None, error })
     }
 
@@ -392,6 +393,7 @@ impl<C> Driver<'_, C> {
                     at_ms: now_ms(),
                 })?;
                 self.commit()?;
+                crate::failpoint!("step.after_started");
                 step + 1
             };
             match self.model_step(step)? {
@@ -569,6 +571,7 @@ impl<C> Driver<'_, C> {
                     last_event = Instant::now();
                     match msg {
                         Ok(AttemptEvent::Stream { events, .. }) => {
+                            crate::failpoint!("step.mid_stream");
                             for event in events {
                                 if let StreamEvent::Error { error } = event {
                                     stop(&cancel);
@@ -652,6 +655,7 @@ impl<C> Driver<'_, C> {
     fn tool_batch(&mut self, step: u64, calls: Vec<(String, String, serde_json::Value)>) -> Result<bool, LineageError> {
         let batch = self.append_intents(step, calls)?;
         self.commit()?;
+        crate::failpoint!("tool.after_intent_fsync");
         let ids: Vec<String> = batch.iter().map(|c| c.tool_call_id.clone()).collect();
         // The batch waits as long as its slowest-bounded call may take.
         let wait = batch.iter().map(|c| c.wait).max().unwrap_or(self.opts.tool_wait);
@@ -667,6 +671,7 @@ impl<C> Driver<'_, C> {
             select! {
                 recv(rx) -> msg => match msg {
                     Ok((i, out)) => {
+                        crate::failpoint!("tool.after_reply");
                         if results[i].replace(out).is_none() {
                             waiting -= 1;
                         }

@@ -398,6 +398,7 @@ impl Store {
         }
         if let Some(cp) = &batch.checkpoint {
             at.put_checkpoint(&tx, cp)?;
+            crate::failpoint!("store.mid_checkpoint");
         }
         tx.execute(
             "UPDATE export_meta SET value = (SELECT COALESCE(MAX(export_seq), 0) FROM export_facts) WHERE key = 'high_water'",

@@ -102,6 +102,10 @@ pub struct Options {
     pub restart: Option<Value>,
     /// More modules in the daemon's table, by id (e.g. broca-mock as a tool provider).
     pub modules: Vec<(String, Value)>,
+    /// A program the daemon starts in broca's place (same args and env), e.g. a script that
+    /// sets per-incarnation environment; it must `exec` broca, so [`Harness::broca_pid`] (which
+    /// looks for the broca binary) finds the process. `None`: broca itself.
+    pub launcher: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -115,6 +119,7 @@ impl Default for Options {
             prefix: "bsm".into(),
             restart: None,
             modules: Vec::new(),
+            launcher: None,
         }
     }
 }
@@ -194,7 +199,8 @@ impl Harness {
         for (k, v) in &opts.env {
             env[k] = json!(v);
         }
-        let mut module = json!({"program": broca, "args": [], "env": env, "enabled": true, "reserved": true});
+        let program = opts.launcher.as_ref().map_or_else(|| broca.clone(), |l| fs::canonicalize(l).unwrap());
+        let mut module = json!({"program": program, "args": [], "env": env, "enabled": true, "reserved": true});
         if let Some(restart) = &opts.restart {
             module["restart"] = restart.clone();
         }

@@ -136,6 +136,7 @@ fn write_loop(mut stream: TcpStream, control: &Receiver<Vec<u8>>, data: &Receive
         };
         let result = stream.write_all(&frame);
         if charged {
+            crate::failpoint!("tool.after_request_sent");
             wire.queued_bytes.fetch_sub(frame.len(), Ordering::AcqRel);
         }
         if let Err(e) = result {
