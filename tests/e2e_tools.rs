@@ -247,6 +247,7 @@ fn call_past_its_bound(h: &Harness, log: &Path) {
     assert_eq!(listed["calls"][0]["outcome"], "indeterminate", "{listed}");
     let asked = messages(&s).into_iter().find(|m| m["tool_calls"].is_array()).unwrap();
     assert_eq!(asked["tool_calls"][0]["indeterminate"], true, "{asked}");
+    assert_eq!(finished_unknown(&s), [vec!["h1".to_string()]], "the terminal lists the call given up on");
     let key = call_log::call_key_of(None, "hang", &args);
     let until = Instant::now() + support::STEP;
     loop {
@@ -259,6 +260,20 @@ fn call_past_its_bound(h: &Harness, log: &Path) {
         assert!(Instant::now() < until, "the provider never saw the CANCEL");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Each `RunFinished`'s `indeterminate_tool_calls`, read from the session's WAL.
+fn finished_unknown(s: &Session) -> Vec<Vec<String>> {
+    use broca::record::Record;
+    let mut out = Vec::new();
+    broca::wal::read(&s.wal_path(), broca::record::KNOWN_FEATURES, None, &mut |f: broca::wal::ScannedFrame<'_>| {
+        if let Ok(Record::RunFinished { indeterminate_tool_calls, .. }) = Record::decode(f.payload) {
+            out.push(indeterminate_tool_calls);
+        }
+        Ok::<(), broca::lineage::LineageError>(())
+    })
+    .unwrap();
+    out
 }
 
 fn cancel_mid_call(h: &Harness, log: &Path) {

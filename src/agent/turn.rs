@@ -106,6 +106,9 @@ struct Driver<'a, C> {
     sealing: bool,
     /// A `SealAtBoundary` arrived: the next step-entry boundary ends the run `interrupted`.
     seal_at_boundary: bool,
+    /// Calls of this run whose outcome is unknown (given up on in flight): the run's terminal
+    /// lists them.
+    unknown_calls: Vec<String>,
 }
 
 /// Runs the lineage's last episode (open, or paused and now resumed) until it finishes or
@@ -171,6 +174,7 @@ pub fn drive_with<C>(
         history,
         sealing: false,
         seal_at_boundary: false,
+        unknown_calls: Vec::new(),
     };
     d.run()
 }
@@ -198,7 +202,8 @@ impl<C> Driver<'_, C> {
         // An acknowledged steer is in the transcript even when the run ends before a step
         // could show it to the model (the next turn sees it as history).
         self.deliver_steers(true)?;
-        self.lineage.finish_run_with(&self.run_id, reason, error.clone(), vec![], detail)?;
+        let unknown = std::mem::take(&mut self.unknown_calls);
+        self.lineage.finish_run_with(&self.run_id, reason, error.clone(), unknown, detail)?;
         self.commit()?;
         crate::failpoint!("run.after_finished_before_index");
         Ok(TurnOutcome { run_id: self.run_id.clone(), reason: Some(reason), paused: None, error })
@@ -718,6 +723,9 @@ impl<C> Driver<'_, C> {
                     CallOutcome::Cancelled,
                 ),
             };
+            if matches!(outcome, CallOutcome::Unknown | CallOutcome::Cancelled) {
+                self.unknown_calls.push(id.clone());
+            }
             self.lineage.append(&Record::ToolResult {
                 run_id: self.run_id.clone(),
                 step,
