@@ -445,7 +445,10 @@ fn tools_from_other_modules() {
     let base = tempfile::Builder::new().prefix("bto").tempdir_in("/tmp").unwrap();
     let module = |id: &str| {
         let log = base.path().join(format!("{id}.calls.jsonl"));
-        let entry = json!({"program": mock, "args": ["--call-log", log], "env": {"CK_LOG": "info"},
+        // The twin declares `serial` concurrency: a credit window of one.
+        let concurrency = if id == TWIN { "serial" } else { "module_managed" };
+        let entry = json!({"program": mock, "args": ["--call-log", log],
+                           "env": {"CK_LOG": "info", "BROCA_MOCK_CONCURRENCY": concurrency},
                            "enabled": true, "reserved": true,
                            "restart": {"max_restarts": 20, "window_secs": 600, "backoff_ms": 50, "max_backoff_ms": 200}});
         (id.to_string(), entry)
@@ -459,6 +462,10 @@ fn tools_from_other_modules() {
     let log = base.path().join(format!("{TOOLS}.calls.jsonl"));
     wait_provider(&h, TOOLS);
     wait_provider(&h, TWIN);
+    // Each provider's credit window comes from its declared concurrency, read from the daemon.
+    let plane =
+        broca::tools::ToolPlane::new(broca::subc::consumer::Consumer::connect(&h.connection_file(), None).unwrap());
+    assert_eq!((plane.window(TOOLS), plane.window(TWIN)), (32, 1), "credit windows from catalog.list");
     let mut failed = Vec::new();
     for (name, scenario) in SCENARIOS {
         let started = Instant::now();

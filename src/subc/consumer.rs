@@ -394,6 +394,12 @@ impl Consumer {
         self.start(route, body)?.wait(timeout)
     }
 
+    /// One control request to the daemon on channel 0 (`catalog.list`, …): its answer body.
+    pub fn control(&self, body: &[u8], timeout: Duration) -> Result<Vec<u8>, CallError> {
+        let link = self.link()?;
+        link.start(link.route(0, 0), false, body)?.wait(timeout)
+    }
+
     /// Asks the module to cancel the call `corr` on `route` (a CANCEL frame). The call still
     /// ends with its one terminal frame.
     pub fn cancel(&self, route: ClientRoute, corr: u64) -> Result<(), CallError> {

@@ -36,11 +36,12 @@ impl ToolDispatcher for ToolPlane {
         }
         let body = serde_json::to_vec(&request).expect("calls serialize");
         let lineage = call.lineage();
-        let _pass = match self.enter(lineage, &call.tool_call_id) {
-            Ok(pass) => pass,
-            Err(why) => return ToolOutcome::Error(format!("{why} ({module})")),
-        };
         let deadline = deadline.min(Instant::now() + call.wait);
+        let window = self.window(module);
+        let _pass = match self.flight.enter(module, lineage, &call.tool_call_id, window, deadline) {
+            Ok(pass) => pass,
+            Err(refused) => return ToolOutcome::Error(format!("{} ({module}); nothing was sent", refused.message())),
+        };
         let open_within = super::ROUTE_OPEN_WITHIN.min(deadline.saturating_duration_since(Instant::now()));
         let pending =
             match self.consumer.start_on(&ToolPlane::target(module), &ToolPlane::identity(lineage), &body, open_within)

@@ -13,6 +13,7 @@
 
 pub mod call;
 pub mod fetch;
+pub mod flight;
 pub mod output;
 
 use std::time::{Duration, Instant};
@@ -27,45 +28,52 @@ pub const RUNNER_HARNESS: &str = "runner";
 /// How long opening a provider's route may take before a call is given up as not sent.
 pub const ROUTE_OPEN_WITHIN: Duration = Duration::from_secs(5);
 
-/// Calls one process may have in flight across every session (the dispatch fence's bound).
-pub const MAX_CALLS_IN_FLIGHT: usize = crate::subc::consumer::MAX_PENDING_CALLS;
+/// Providers whose credit window is remembered (past it the memory starts over).
+pub const MAX_KNOWN_WINDOWS: usize = crate::subc::consumer::ROUTE_CACHE_CAPACITY;
+/// How long asking the daemon for a provider's declared concurrency may take.
+const WINDOW_LOOKUP_WITHIN: Duration = Duration::from_secs(2);
 
-/// broca's side of the tool plane: the consumer connection it calls providers on, and the
-/// dispatch fence.
-///
-/// The fence holds `(lineage, tool_call_id)` of every call in flight: a second dispatch of a
-/// call already in flight (a bug upstream, or a replayed batch racing its first run) is refused
-/// without sending, so no call is in flight twice. Bounded by [`MAX_CALLS_IN_FLIGHT`].
+/// broca's side of the tool plane: the consumer connection it calls providers on, the calls in
+/// flight (dispatch fence and credit windows, [`flight`]) and each provider's window.
 pub struct ToolPlane {
     consumer: Consumer,
-    fence: parking_lot::Mutex<std::collections::HashSet<(String, String)>>,
+    flight: flight::Flight,
+    /// Module id → its credit window, from the daemon's catalog (bounded by [`MAX_KNOWN_WINDOWS`]).
+    windows: parking_lot::Mutex<std::collections::HashMap<String, usize>>,
 }
 
 impl ToolPlane {
     pub fn new(consumer: Consumer) -> ToolPlane {
-        ToolPlane { consumer, fence: parking_lot::Mutex::new(std::collections::HashSet::new()) }
+        ToolPlane { consumer, flight: flight::Flight::default(), windows: Default::default() }
     }
 
-    /// Enters `(lineage, tool_call_id)` into the fence; `Err` says why the call may not go.
-    fn enter(&self, lineage: &str, tool_call_id: &str) -> Result<FencePass<'_>, &'static str> {
-        let mut fence = self.fence.lock();
-        if fence.len() >= MAX_CALLS_IN_FLIGHT {
-            return Err("too many tool calls are in flight in this process");
+    /// `module`'s credit window: its `tool_provider` role's declared concurrency, asked of the
+    /// daemon (`catalog.list`) once and remembered; the default window when it cannot be told.
+    pub fn window(&self, module: &str) -> usize {
+        if let Some(w) = self.windows.lock().get(module) {
+            return *w;
         }
-        let key = (lineage.to_owned(), tool_call_id.to_owned());
-        if !fence.insert(key.clone()) {
-            return Err("this call is already in flight; it is not dispatched twice");
+        let body = br#"{"op":"catalog.list"}"#;
+        let answer = self.consumer.control(body, WINDOW_LOOKUP_WITHIN);
+        let concurrency = answer.ok().and_then(|b| serde_json::from_slice::<Value>(&b).ok()).and_then(|catalog| {
+            let modules = catalog.get("modules")?.as_array()?;
+            let entry = modules.iter().find(|m| m.get("module_id").and_then(Value::as_str) == Some(module))?;
+            let roles = entry.get("roles")?.as_array()?;
+            let role = roles.iter().find(|r| r.get("role").and_then(Value::as_str) == Some("tool_provider"))?;
+            Some(role.get("concurrency").and_then(Value::as_str).map(String::from))
+        });
+        let window = flight::window_of(concurrency.flatten().as_deref());
+        let mut windows = self.windows.lock();
+        if windows.len() >= MAX_KNOWN_WINDOWS {
+            windows.clear();
         }
-        Ok(FencePass { plane: self, key })
-    }
-
-    pub fn consumer(&self) -> &Consumer {
-        &self.consumer
+        windows.insert(module.to_owned(), window);
+        window
     }
 
     /// Calls in flight now.
     pub fn in_flight(&self) -> usize {
-        self.fence.lock().len()
+        self.flight.len()
     }
 
     fn target(module: &str) -> RouteTarget {
@@ -89,17 +97,5 @@ impl ToolPlane {
         let body = serde_json::to_vec(&json!({"name": name, "arguments": arguments})).expect("role ops serialize");
         let within = deadline.saturating_duration_since(Instant::now());
         self.consumer.call_on(&Self::target(module), &Self::identity(lineage), &body, within)
-    }
-}
-
-/// A call's place in the fence, given back when the call ends.
-struct FencePass<'a> {
-    plane: &'a ToolPlane,
-    key: (String, String),
-}
-
-impl Drop for FencePass<'_> {
-    fn drop(&mut self) {
-        self.plane.fence.lock().remove(&self.key);
     }
 }

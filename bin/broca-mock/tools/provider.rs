@@ -732,7 +732,12 @@ pub fn manifest(script: &ToolScript, module_id: &str) -> subc_protocol::manifest
         .provides(vec![ProviderRole::ToolProvider {
             tools,
             identity_scope: Vec::new(),
-            concurrency: Concurrency::ModuleManaged,
+            // `BROCA_MOCK_CONCURRENCY=serial|stateless_parallel` declares another credit window.
+            concurrency: match std::env::var("BROCA_MOCK_CONCURRENCY").as_deref() {
+                Ok("serial") => Concurrency::Serial,
+                Ok("stateless_parallel") => Concurrency::StatelessParallel,
+                _ => Concurrency::ModuleManaged,
+            },
             emits_push: script.keepalive,
             sub_supervises: false,
         }])

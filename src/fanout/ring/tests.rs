@@ -275,8 +275,9 @@ fn stress_one_writer_many_readers() {
         );
     assert!(waits > 0, "readers never slept: the bell was not exercised");
     // A broken wake chain would leave sleepers to their 50 ms timeout after almost every
-    // pause (~390 pauses x several readers); allow a few for scheduling hiccups.
-    assert!(timeouts_with_data <= 10, "timeouts that found new data: {timeouts_with_data}");
+    // pause (~390 pauses x several readers), so nearly every wait would time out with data; a
+    // loaded machine's scheduling hiccups stay a small fraction of the waits.
+    assert!(timeouts_with_data * 10 <= waits, "timeouts that found new data: {timeouts_with_data} of {waits} waits");
     // Rings come ~1 ms apart and a working chain wakes every sleeper within microseconds,
     // so sleeping through a ring is rare; without the chain (one wake per ring, FIFO) most
     // sleepers sleep through several rings.
