@@ -22,5 +22,6 @@ pub mod subc;
 #[doc(hidden)]
 pub mod testkit;
 pub mod tools;
+pub mod vault;
 pub mod wal;
 pub mod wire;

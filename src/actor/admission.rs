@@ -162,7 +162,7 @@ impl Admission {
             ..ModelRequest::default()
         };
         let overrides =
-            RouteOverrides { base_url_override: self.overrides.base_url_override.clone(), auth: config.auth.clone() };
+            RouteOverrides { auth: config.auth.clone(), ..self.overrides.clone() };
         let catalog = self.catalog.read();
         route::resolve(catalog.as_ref(), self.lkg.clone(), &request, &overrides)
             .map(drop)
