@@ -537,7 +537,10 @@ impl<C> Driver<'_, C> {
             let message = format!(
                 "credential '{id}' is read only from the claustrum vault, and this broca has no vault route (no subc consumer connection)"
             );
-            return Ok(Some(StepEnd::Ended(FinishReason::Error, Some(ProviderError::permanent("vault_unavailable", message)))));
+            return Ok(Some(StepEnd::Ended(
+                FinishReason::Error,
+                Some(ProviderError::permanent("vault_unavailable", message)),
+            )));
         };
         for attempt in 0..=VAULT_READ_RETRIES {
             let e = match vault.0.get_scoped(&id, None) {

@@ -10,8 +10,8 @@
 
 use std::time::Duration;
 
-pub use cortexkit_claustrum_client::{CredentialErrorClass, CredentialResolverError as VaultError};
 use cortexkit_claustrum_client::{decode_credential_reply, decode_report_auth_failure_reply, decode_wire_error};
+pub use cortexkit_claustrum_client::{CredentialErrorClass, CredentialResolverError as VaultError};
 use serde_json::{json, Value};
 use subc_protocol::{BindIdentity, RouteTarget};
 
