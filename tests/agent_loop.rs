@@ -22,7 +22,7 @@ use broca::lineage::reader::Reader;
 use broca::lineage::{read, Lineage, Shared};
 use broca::message::{Message, Part, Role};
 use broca::provider::client::HttpClient;
-use broca::provider::config::{AuthSource, RenderConfig};
+use broca::provider::config::RenderConfig;
 use broca::record::{CancelAt, FinishReason, PauseReason, Record};
 use broca::session_key::SessionKey;
 use broca::state_root::StateRoot;
@@ -56,7 +56,7 @@ impl Rig {
         let catalog = Catalog::load_lkg(&lkg).unwrap();
         let req = ModelRequest { model: model.into(), max_steps, ..Default::default() };
         let overrides =
-            RouteOverrides { base_url_override: Some(self.mock.base_url(Some(&self.lane))), auth: AuthSource::None };
+            RouteOverrides { base_url_override: Some(self.mock.base_url(Some(&self.lane))), ..Default::default() };
         route::resolve(Ok(&catalog), lkg, &req, &overrides).unwrap()
     }
 
