@@ -162,12 +162,17 @@ fn serve(conn_file: &Path) -> ExitCode {
     let base_url_override = std::env::var("BROCA_PROVIDER_BASE_URL").ok().filter(|u| !u.is_empty());
     // The consumer connection carries every route broca opens to other modules (tools now).
     let consumer = consumer_connection(conn_file, &module_id);
+    let mut opts = loop_options();
+    // Provider credentials come only from the claustrum vault on the consumer connection.
+    opts.credentials =
+        consumer.as_ref().map(|c| broca::vault::Credentials(Arc::new(broca::vault::SubcVault::new(c.clone()))));
     let mut builder = ModuleBuilder::new(root)
         .config(config)
         .catalog(catalog)
         .base_url_override(base_url_override)
+        .vault_routes(consumer.is_some(), vault_on_mock())
         .idle_ttl(IDLE_TTL)
-        .loop_options(loop_options());
+        .loop_options(opts);
     if let Some(consumer) = &consumer {
         builder = builder.tool_plane(Arc::new(ToolPlane::new(consumer.clone())));
     }
@@ -228,8 +233,16 @@ fn loop_options() -> LoopOptions {
     opts
 }
 
-/// broca's second connection, for routes to other modules (tool providers; the vault and the
-/// catalog come later), presenting its consumer identity; it refuses reverse requests.
+/// Debug builds only (a non-shipping test switch): `BROCA_TEST_VAULT_AUTH=1` keeps vault
+/// credentials on `BROCA_PROVIDER_BASE_URL` routes, so the e2e rig can check that the mock
+/// provider receives the vault's credential. Release builds never read it: a mock route is
+/// credential-free there.
+fn vault_on_mock() -> bool {
+    cfg!(debug_assertions) && std::env::var("BROCA_TEST_VAULT_AUTH").is_ok_and(|v| v == "1")
+}
+
+/// broca's second connection, for routes to other modules (tool providers, the claustrum vault;
+/// the catalog comes later), presenting its consumer identity; it refuses reverse requests.
 /// Serving goes on without it if it cannot be made (plans then refuse `fetch_unavailable`).
 fn consumer_connection(conn_file: &Path, module_id: &str) -> Option<Consumer> {
     let nonce = subc_os::launch_nonce::launch_nonce().ok().flatten().map(|n| n.value().to_owned());

@@ -23,5 +23,6 @@ pub mod subc;
 #[doc(hidden)]
 pub mod testkit;
 pub mod tools;
+pub mod vault;
 pub mod wal;
 pub mod wire;

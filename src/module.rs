@@ -38,6 +38,8 @@ pub struct ModuleBuilder {
     config: Arc<BrocaConfig>,
     catalog: Option<Result<Catalog, CatalogError>>,
     base_url_override: Option<String>,
+    /// Whether catalog routes read their credential from the vault (and on mock routes too).
+    vault: (bool, bool),
     idle_ttl: Duration,
     client: Arc<dyn ModelClient>,
     tools: Arc<dyn ToolDispatcher>,
@@ -58,6 +60,7 @@ impl ModuleBuilder {
             config: Arc::default(),
             catalog: None,
             base_url_override: None,
+            vault: (false, false),
             idle_ttl: IDLE_TTL,
             client: Arc::new(HttpClient::default()),
             tools: Arc::new(NoTools),
@@ -89,6 +92,13 @@ impl ModuleBuilder {
     /// `BROCA_PROVIDER_BASE_URL`: every route goes to this base URL (mock providers).
     pub fn base_url_override(mut self, url: Option<String>) -> Self {
         self.base_url_override = url;
+        self
+    }
+
+    /// broca has a vault route: catalog routes freeze `AuthSource::Vault` (see
+    /// [`RouteOverrides::vault`]); `on_override` keeps that on `base_url_override` routes.
+    pub fn vault_routes(mut self, enabled: bool, on_override: bool) -> Self {
+        self.vault = (enabled, on_override);
         self
     }
 
@@ -127,7 +137,12 @@ impl ModuleBuilder {
         let shared = Arc::new(Shared::open_with(self.root, self.storage)?);
         let lkg = shared.root.catalog_path();
         let catalog = self.catalog.unwrap_or_else(|| Catalog::load_lkg(&lkg));
-        let overrides = RouteOverrides { base_url_override: self.base_url_override, auth: AuthSource::None };
+        let overrides = RouteOverrides {
+            base_url_override: self.base_url_override,
+            auth: AuthSource::None,
+            vault: self.vault.0,
+            vault_on_override: self.vault.1,
+        };
         let admission = Arc::new(Admission {
             catalog: Arc::new(RwLock::new(catalog)),
             config: self.config,

@@ -22,7 +22,7 @@ use broca::lineage::reader::Reader;
 use broca::lineage::{read, Lineage, Shared};
 use broca::message::{Message, Part, Role};
 use broca::provider::client::HttpClient;
-use broca::provider::config::{AuthSource, RenderConfig};
+use broca::provider::config::RenderConfig;
 use broca::record::{CancelAt, FinishReason, PauseReason, Record};
 use broca::session_key::SessionKey;
 use broca::state_root::StateRoot;
@@ -56,7 +56,7 @@ impl Rig {
         let catalog = Catalog::load_lkg(&lkg).unwrap();
         let req = ModelRequest { model: model.into(), max_steps, ..Default::default() };
         let overrides =
-            RouteOverrides { base_url_override: Some(self.mock.base_url(Some(&self.lane))), auth: AuthSource::None };
+            RouteOverrides { base_url_override: Some(self.mock.base_url(Some(&self.lane))), ..Default::default() };
         route::resolve(Ok(&catalog), lkg, &req, &overrides).unwrap()
     }
 
@@ -261,6 +261,26 @@ fn an_error_after_content_fails_the_run_without_a_retry() {
     assert_eq!(outcome.reason, Some(FinishReason::Error));
     assert_eq!(outcome.error.unwrap().message, "Overloaded");
     assert_eq!(r.bodies().len(), 1, "content was delivered: no retry");
+}
+
+/// A provider that echoes the credential back in its error text never gets it onto disk: the
+/// loop cuts every secret it holds out of provider errors before recording them.
+#[test]
+fn a_secret_echoed_by_the_provider_is_never_recorded() {
+    const SECRET: &str = "sk-test-echoed-secret-0123456789";
+    let r = rig("echo-secret");
+    let body = json!({"error": {"message": format!("invalid api key {SECRET}"), "type": "invalid_request_error"}});
+    r.script(json!({"responses": [{"status": 400, "body": body}]}));
+    let mut l = r.shared.open_lineage(&key()).unwrap();
+    let (_tx, rx) = idle();
+    let mut config = r.config("mock/echo-chat", None);
+    config.auth = broca::provider::config::AuthSource::Bearer;
+    let opts = LoopOptions { bearer: Some(SECRET.into()), ..opts() };
+    let (outcome, _) = turn(&mut l, &config, "hi", Arc::new(NoTools), &rx, &opts);
+    let error = outcome.error.expect("the run failed");
+    assert!(error.message.contains("[redacted]") && !error.message.contains(SECRET), "{}", error.message);
+    let wal = std::fs::read(r.shared.wal_path(&key())).unwrap();
+    assert!(!String::from_utf8_lossy(&wal).contains(SECRET), "the secret reached the WAL");
 }
 
 #[test]

@@ -169,7 +169,10 @@ fn http_429_with_retry_after_in_family_shape() {
     let server = MockServer::start("127.0.0.1:0").unwrap();
     let mut reply = HttpReply { status: 429, body: None, headers: Default::default(), delay_ms: 0 };
     reply.headers.insert("retry-after".into(), "1".into());
-    let script = Script { responses: vec![ScriptedResponse::Http(reply.clone()), ScriptedResponse::Http(reply)] };
+    let script = Script {
+        responses: vec![ScriptedResponse::Http(reply.clone()), ScriptedResponse::Http(reply)],
+        authorization: None,
+    };
     server.install("default", script);
     let r = post(server.port(), "/v1/messages", &json!({}));
     assert_eq!(r.status, 429);

@@ -214,7 +214,7 @@ fn boot_recovery_drains_queued_work_left_by_a_previous_process() {
     let req = broca::catalog::route::ModelRequest { model: "mock/echo-chat".into(), ..Default::default() };
     let overrides = broca::catalog::route::RouteOverrides {
         base_url_override: Some(rig.mock.base_url(None)),
-        auth: broca::provider::config::AuthSource::None,
+        ..Default::default()
     };
     let config = broca::catalog::route::resolve(Ok(&catalog), lkg, &req, &overrides).unwrap();
     let mut l = shared.open_lineage(&key()).unwrap();

@@ -47,7 +47,7 @@ use broca::catalog::Catalog;
 use broca::lineage::Shared;
 use broca::message::Message;
 use broca::provider::client::HttpClient;
-use broca::provider::config::{AuthSource, RenderConfig};
+use broca::provider::config::RenderConfig;
 use broca::session_key::SessionKey;
 use broca::state_root::StateRoot;
 use broca::tools::{fetch, output};
@@ -179,7 +179,7 @@ fn reply_deadlines_are_the_waits_broca_gives_its_calls() {
     let model = MockServer::start("127.0.0.1:0").unwrap();
     let lkg = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json");
     let catalog = Catalog::load_lkg(&lkg).unwrap();
-    let overrides = RouteOverrides { base_url_override: Some(model.base_url(Some("rd"))), auth: AuthSource::None };
+    let overrides = RouteOverrides { base_url_override: Some(model.base_url(Some("rd"))), ..Default::default() };
     let request = ModelRequest { model: "mock/echo-chat".into(), ..Default::default() };
     let base: RenderConfig = route::resolve(Ok(&catalog), lkg, &request, &overrides).unwrap();
     let client = HttpClient::default();

@@ -21,7 +21,6 @@ use broca::catalog::Catalog;
 use broca::lineage::reader::{Reader, Sink, Start};
 use broca::lineage::{LineageError, Shared};
 use broca::provider::client::HttpClient;
-use broca::provider::config::AuthSource;
 use broca::record::{self, FinishReason, Record};
 use broca::session_key::SessionKey;
 use broca::state_root::StateRoot;
@@ -287,7 +286,7 @@ fn loop_step_overhead(dir: &Path) -> (f64, f64) {
         serde_json::from_str(include_str!("../../testdata/catalog/fusiform-lkg.json")).expect("lkg");
     let catalog = Catalog::from_response(&lkg["response"]).expect("catalog");
     let req = ModelRequest { model: "mock/echo-chat".into(), ..Default::default() };
-    let overrides = RouteOverrides { base_url_override: Some(mock.base_url(Some("loop"))), auth: AuthSource::None };
+    let overrides = RouteOverrides { base_url_override: Some(mock.base_url(Some("loop"))), ..Default::default() };
     let config = route::resolve(Ok(&catalog), PathBuf::new(), &req, &overrides).expect("route");
     let client = HttpClient::default();
     let mut overheads = Vec::new();

@@ -13,6 +13,7 @@ use std::process::ExitCode;
 #[allow(dead_code, unused_imports)]
 mod mock;
 mod tools;
+mod vault;
 
 use mock::{MockServer, Script};
 use tools::script::{ScopeClass, ToolScript};
@@ -36,6 +37,10 @@ Point a route's base URL at <url>/v1 (lane \"default\") or <url>/lane/<name>/v1.
 
 Control endpoint: POST /_mock/lanes/<lane>/script, GET /_mock/lanes/<lane>/requests,
 DELETE /_mock/lanes/<lane>, GET /_mock/health.
+
+Vault mode: `broca-mock claustrum --vault FILE [--vault-log PATH] --subc FILE` serves a scripted
+claustrum vault (credential.get_scoped, credential.get, credential.report_auth_failure) as the
+subc module `claustrum`; see bin/broca-mock/vault/mod.rs.
 
 Tool-provider mode (--subc, as the subc daemon starts modules): registers with the daemon named
 by the connection file as SUBC_MODULE_ID (default broca-mock-tools) and serves tool-provider/v1:
@@ -204,6 +209,9 @@ fn load_script(path: Option<&PathBuf>, keepalive_ms: Option<u64>) -> Result<Tool
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::new().filter_or("CK_LOG", "warn")).init();
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().is_some_and(|a| a == "claustrum") {
+        return vault::main(&args[1..]);
+    }
     let command = match parse_args(&args) {
         Ok(c) => c,
         Err(e) => {

@@ -193,6 +193,7 @@ fn admission(args: &Args, shared: &Shared, tools: Option<Arc<ToolPlane>>) -> Res
     let overrides = RouteOverrides {
         base_url_override: args.base_url.clone().or_else(|| std::env::var("BROCA_PROVIDER_BASE_URL").ok()),
         auth: if args.auth_bearer.is_some() { AuthSource::Bearer } else { AuthSource::None },
+        ..Default::default()
     };
     Ok(Admission {
         catalog: Arc::new(RwLock::new(Catalog::load_lkg(&lkg))),

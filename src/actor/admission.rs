@@ -161,8 +161,7 @@ impl Admission {
             variant: config.variant.clone(),
             ..ModelRequest::default()
         };
-        let overrides =
-            RouteOverrides { base_url_override: self.overrides.base_url_override.clone(), auth: config.auth.clone() };
+        let overrides = RouteOverrides { auth: config.auth.clone(), ..self.overrides.clone() };
         let catalog = self.catalog.read();
         route::resolve(catalog.as_ref(), self.lkg.clone(), &request, &overrides)
             .map(drop)

@@ -120,6 +120,9 @@ pub struct LoopOptions {
     pub retry: RetryPolicy,
     /// The bearer secret for `AuthSource::Bearer` routes (memory only).
     pub bearer: Option<String>,
+    /// The vault `AuthSource::Vault` routes read their credential from; `None`: such a run ends
+    /// with `vault_unavailable` (there is no other credential store).
+    pub credentials: Option<crate::vault::Credentials>,
     /// Where the loop shows its step in flight (`run.status`'s `step`).
     pub steps: std::sync::Arc<live::StepBoard>,
     /// How long a tool call without a `reply` bound may take (spec: 120 s); a call still
@@ -133,6 +136,7 @@ impl Default for LoopOptions {
             idle_timeout: Duration::from_secs(120),
             retry: RetryPolicy::default(),
             bearer: None,
+            credentials: None,
             steps: Default::default(),
             tool_wait: Duration::from_secs(120),
         }

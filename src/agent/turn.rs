@@ -27,6 +27,8 @@ use crate::replay::{EpisodeStatus, Resolution};
 
 /// How often the loop wakes to check its watchdog while a stream is quiet.
 const TICK: Duration = Duration::from_millis(25);
+/// Retries of a vault read refused transient or transport before the run ends `interrupted`.
+const VAULT_READ_RETRIES: u32 = 3;
 
 /// How a drive ended.
 #[derive(Clone, Debug, PartialEq)]
@@ -109,6 +111,9 @@ struct Driver<'a, C> {
     /// Calls of this run whose outcome is unknown (given up on in flight): the run's terminal
     /// lists them.
     unknown_calls: Vec<String>,
+    /// The vault credential of an `AuthSource::Vault` run, in memory only; read before the
+    /// first attempt and again after a provider refused it.
+    credential: Option<crate::vault::Credential>,
 }
 
 /// Runs the lineage's last episode (open, or paused and now resumed) until it finishes or
@@ -175,6 +180,7 @@ pub fn drive_with<C>(
         sealing: false,
         seal_at_boundary: false,
         unknown_calls: Vec::new(),
+        credential: None,
     };
     d.run()
 }
@@ -457,6 +463,9 @@ impl<C> Driver<'_, C> {
         let body = crate::provider::render_request(&self.config, &self.history);
         let sha = crate::session_key::hex(&Sha256::digest(&body));
         for attempt in 0.. {
+            if let Some(end) = self.ensure_credential()? {
+                return Ok(end);
+            }
             self.opts.steps.attempt(&self.run_id, attempt, now_ms());
             let (outcome, end, error, telemetry, retry_after) = match self.attempt(step, &body)? {
                 AttemptEnd::Done(asm, telemetry) => {
@@ -485,11 +494,17 @@ impl<C> Driver<'_, C> {
                     )
                 }
                 AttemptEnd::Failed { error, delivered, retry_after, telemetry } => {
+                    let error = self.scrub(error);
                     let retry =
                         error.class == ErrorClass::Transient && !delivered && attempt < self.opts.retry.max_retries;
+                    let rejected = matches!(error.http_status, Some(401 | 403));
+                    if rejected {
+                        self.report_rejected(error.http_status.unwrap_or(401));
+                    }
                     let end = match error.class {
                         _ if retry => None,
                         ErrorClass::AuthRequired => Some(StepEnd::Paused(error.clone())),
+                        _ if rejected && self.credential_id().is_some() => Some(StepEnd::Paused(error.clone())),
                         _ => Some(StepEnd::Ended(FinishReason::Error, Some(error.clone()))),
                     };
                     (if retry { "retry" } else { "failed" }, end, Some(error), telemetry, retry_after)
@@ -509,6 +524,117 @@ impl<C> Driver<'_, C> {
             }
         }
         unreachable!("the attempt loop returns")
+    }
+
+    fn credential_id(&self) -> Option<&str> {
+        match &self.config.auth {
+            crate::provider::config::AuthSource::Vault { credential_id } => Some(credential_id),
+            _ => None,
+        }
+    }
+
+    /// Reads the run's vault credential when it has none: `Some(end)` when the read ends or
+    /// pauses the step (the vault's refusal classified as the client crate classifies it).
+    fn ensure_credential(&mut self) -> Result<Option<StepEnd>, LineageError> {
+        use crate::vault::CredentialErrorClass as C;
+        let Some(id) = self.credential_id().map(str::to_owned) else { return Ok(None) };
+        if self.credential.is_some() {
+            return Ok(None);
+        }
+        let Some(vault) = self.opts.credentials.clone() else {
+            let message = format!(
+                "credential '{id}' is read only from the claustrum vault, and this broca has no vault route (no subc consumer connection)"
+            );
+            return Ok(Some(StepEnd::Ended(
+                FinishReason::Error,
+                Some(ProviderError::permanent("vault_unavailable", message)),
+            )));
+        };
+        for attempt in 0..=VAULT_READ_RETRIES {
+            let e = match vault.0.get_scoped(&id, None) {
+                Ok(credential) => {
+                    log::info!(
+                        "run {}: credential '{id}' read from the vault (record_version {})",
+                        self.run_id,
+                        credential.record_version
+                    );
+                    self.credential = Some(credential);
+                    return Ok(None);
+                }
+                Err(e) => e,
+            };
+            log::warn!("run {}: vault read of '{id}' refused: {e}", self.run_id);
+            let error = |class, code: &str, message: String| ProviderError {
+                class,
+                provider_code: Some(code.to_owned()),
+                message,
+                http_status: None,
+            };
+            let end = match e.class {
+                C::AuthRequired | C::Unauthorized => StepEnd::Paused(error(
+                    ErrorClass::AuthRequired,
+                    e.code(),
+                    format!("credential '{id}' needs re-authentication in the vault ({})", e.code()),
+                )),
+                C::CredentialAbsent => StepEnd::Ended(
+                    FinishReason::Error,
+                    Some(ProviderError::permanent(
+                        "credential_absent",
+                        format!("credential '{id}' is not in the vault or not granted to broca (not_found); there is no other credential store"),
+                    )),
+                ),
+                C::Transient | C::Transport if attempt < VAULT_READ_RETRIES => {
+                    if self.wait_backoff(self.backoff(attempt, None))? {
+                        return Ok(Some(StepEnd::Ended(FinishReason::Cancelled, None)));
+                    }
+                    continue;
+                }
+                C::Transient | C::Transport | C::Unavailable => StepEnd::Ended(
+                    FinishReason::Interrupted,
+                    Some(error(
+                        ErrorClass::Transient,
+                        e.code(),
+                        format!("the vault read of credential '{id}' kept failing ({})", e.code()),
+                    )),
+                ),
+                _ => StepEnd::Ended(
+                    FinishReason::Error,
+                    Some(ProviderError::permanent(
+                        e.code(),
+                        format!("the vault read of credential '{id}' was refused ({})", e.code()),
+                    )),
+                ),
+            };
+            return Ok(Some(end));
+        }
+        unreachable!("the vault read loop returns")
+    }
+
+    /// A provider's error with every credential the run holds cut out of its text (providers
+    /// sometimes echo a key back), so no secret reaches the WAL, a log line or an error body.
+    fn scrub(&self, mut error: ProviderError) -> ProviderError {
+        let held = [self.credential.as_ref().map(|c| c.secret.expose()), self.opts.bearer.as_deref()];
+        for secret in held.into_iter().flatten().filter(|s| !s.is_empty()) {
+            error.message = error.message.replace(secret, "[redacted]");
+        }
+        error
+    }
+
+    /// A provider refused the run's vault credential: reported once, fenced on its version, and
+    /// dropped (the run pauses; a resume reads the vault again).
+    fn report_rejected(&mut self, status: u16) {
+        let (Some(id), Some(credential)) = (self.credential_id().map(str::to_owned), self.credential.take()) else {
+            return;
+        };
+        let Some(vault) = self.opts.credentials.clone() else { return };
+        match vault.0.report_auth_failure(&id, status, &credential.record_version) {
+            Ok(accepted) => log::warn!(
+                "run {}: the provider refused credential '{id}' (HTTP {status}); reported at record_version {} (accepted: {accepted})",
+                self.run_id,
+                credential.record_version
+            ),
+            Err(e) => log::warn!("run {}: reporting the refused credential '{id}' failed: {e}", self.run_id),
+        }
     }
 
     fn backoff(&self, attempt: u32, retry_after: Option<Duration>) -> Duration {
@@ -562,7 +688,10 @@ impl<C> Driver<'_, C> {
         let rx = self.client.start(Attempt {
             config: self.config.clone(),
             body: body.to_vec(),
-            bearer: self.opts.bearer.clone(),
+            bearer: match &self.credential {
+                Some(c) => Some(c.secret.expose().to_owned()),
+                None => self.opts.bearer.clone(),
+            },
             read_timeout: self.opts.idle_timeout + Duration::from_secs(1),
             cancel: Arc::clone(&cancel),
         });

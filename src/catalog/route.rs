@@ -30,6 +30,18 @@ pub struct ModelRequest {
 pub struct RouteOverrides {
     pub base_url_override: Option<String>,
     pub auth: AuthSource,
+    /// broca has a vault route (a subc consumer connection): a catalog route with no other
+    /// credential freezes `AuthSource::Vault {credential_id: "apikey:<provider>"}` (spec §1b).
+    pub vault: bool,
+    /// Keep vault auth on `base_url_override` routes too (debug builds' `BROCA_TEST_VAULT_AUTH=1`,
+    /// so the e2e rig checks vault credentials against the mock provider); off, a mock route
+    /// is credential-free.
+    pub vault_on_override: bool,
+}
+
+/// The vault credential a provider's catalog routes read: its API key record.
+pub fn credential_id(provider: &str) -> String {
+    format!("apikey:{provider}")
 }
 
 /// Why a model cannot be admitted. Each maps to a typed refusal.
@@ -173,9 +185,13 @@ pub fn resolve(
         (None, Some(api)) => api.clone(),
         (None, None) => return Err(AdmissionError::RouteFactMissing { model, fact: "wire.api" }),
     };
-    if overrides.base_url_override.is_none() && overrides.auth == AuthSource::None {
-        return Err(AdmissionError::CredentialUnavailable { model });
-    }
+    let mocked = overrides.base_url_override.is_some() && !overrides.vault_on_override;
+    let auth = match &overrides.auth {
+        AuthSource::None if mocked => AuthSource::None,
+        AuthSource::None if overrides.vault => AuthSource::Vault { credential_id: credential_id(&row.provider) },
+        AuthSource::None => return Err(AdmissionError::CredentialUnavailable { model }),
+        other => other.clone(),
+    };
     let max_output_tokens = match (req.max_output_tokens, row.limit_output) {
         (Some(asked), Some(limit)) => Some(asked.min(limit)),
         (asked, limit) => asked.or(limit),
@@ -209,11 +225,7 @@ pub fn resolve(
         max_output_tokens,
         max_steps: req.max_steps,
         tools: req.tools.clone(),
-        auth: if overrides.base_url_override.is_some() && overrides.auth == AuthSource::None {
-            AuthSource::None
-        } else {
-            overrides.auth.clone()
-        },
+        auth,
         policy: Default::default(),
         plan: None,
     })
@@ -230,7 +242,7 @@ mod tests {
     }
 
     fn mock() -> RouteOverrides {
-        RouteOverrides { base_url_override: Some("http://127.0.0.1:9/v1/".into()), auth: AuthSource::None }
+        RouteOverrides { base_url_override: Some("http://127.0.0.1:9/v1/".into()), ..Default::default() }
     }
 
     fn resolve_model(model: &str, variant: Option<&str>) -> Result<RenderConfig, AdmissionError> {
@@ -255,7 +267,7 @@ mod tests {
     #[test]
     fn a_missing_endpoint_is_named_and_never_guessed() {
         let req = ModelRequest { model: "mock/no-route".into(), ..Default::default() };
-        let auth = RouteOverrides { base_url_override: None, auth: AuthSource::Bearer };
+        let auth = RouteOverrides { base_url_override: None, auth: AuthSource::Bearer, ..Default::default() };
         let err = resolve(Ok(&catalog()), PathBuf::from("/lkg"), &req, &auth).unwrap_err();
         assert_eq!(err, AdmissionError::RouteFactMissing { model: "mock/no-route".into(), fact: "wire.api" });
         assert!(err.refusal().message.contains("mock/no-route") && err.refusal().message.contains("wire.api"));

@@ -27,7 +27,8 @@ const READ_CHUNK: usize = 16 << 10;
 pub struct Attempt {
     pub config: RenderConfig,
     pub body: Vec<u8>,
-    /// The secret for `AuthSource::Bearer`, held only in memory.
+    /// The secret for `AuthSource::Bearer` (or the vault credential for `AuthSource::Vault`),
+    /// held only in memory.
     pub bearer: Option<String>,
     /// The longest silence tolerated on the socket before the read fails.
     pub read_timeout: Duration,
@@ -105,7 +106,7 @@ fn request(agent: &ureq::Agent, a: &Attempt) -> ureq::Request {
     for (name, value) in family.headers() {
         req = req.set(name, value);
     }
-    if let (AuthSource::Bearer, Some(token)) = (&a.config.auth, &a.bearer) {
+    if let (AuthSource::Bearer | AuthSource::Vault { .. }, Some(token)) = (&a.config.auth, &a.bearer) {
         req = req.set("authorization", &format!("Bearer {token}"));
     }
     req

@@ -74,7 +74,7 @@ use broca::catalog::Catalog;
 use broca::lineage::Shared;
 use broca::message::Message;
 use broca::provider::client::HttpClient;
-use broca::provider::config::{AuthSource, RenderConfig};
+use broca::provider::config::RenderConfig;
 use broca::record::FinishReason;
 use broca::session_key::SessionKey;
 use broca::state_root::StateRoot;
@@ -398,7 +398,7 @@ fn loop_overhead(h: &Harness, plane: &Arc<ToolPlane>, plan: &Plan, work: &Path) 
     let catalog = Catalog::load_lkg(&lkg).map_err(|e| format!("the catalog: {e:?}"))?;
     let request = ModelRequest { model: "mock/echo-chat".into(), ..Default::default() };
     let overrides =
-        RouteOverrides { base_url_override: Some(h.mock.base_url(Some("tool-loop"))), auth: AuthSource::None };
+        RouteOverrides { base_url_override: Some(h.mock.base_url(Some("tool-loop"))), ..Default::default() };
     let base: RenderConfig =
         route::resolve(Ok(&catalog), lkg, &request, &overrides).map_err(|e| format!("the route: {e:?}"))?;
     let client = HttpClient::default();

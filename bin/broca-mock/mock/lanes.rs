@@ -101,6 +101,8 @@ struct Lane {
     pending: VecDeque<ScriptedResponse>,
     requests: VecDeque<RecordedRequest>,
     dropped: u64,
+    /// The `Authorization` a model request must carry (the script's `authorization`).
+    authorization: Option<String>,
 }
 
 /// All lanes, behind one lock held only for queue operations (never across I/O).
@@ -112,7 +114,20 @@ pub(crate) struct Lanes {
 impl Lanes {
     pub(crate) fn install(&self, lane: &str, script: Script) {
         let mut lanes = self.lanes.lock();
-        lanes.entry(lane.to_string()).or_default().pending.extend(script.responses);
+        let lane = lanes.entry(lane.to_string()).or_default();
+        lane.pending.extend(script.responses);
+        if script.authorization.is_some() {
+            lane.authorization = script.authorization;
+        }
+    }
+
+    /// Whether `header` is what the lane expects (always, when it expects nothing).
+    pub(crate) fn authorized(&self, lane: &str, header: Option<&str>) -> bool {
+        let lanes = self.lanes.lock();
+        match lanes.get(lane).and_then(|l| l.authorization.as_deref()) {
+            Some(expected) => header == Some(expected),
+            None => true,
+        }
     }
 
     pub(crate) fn record(&self, lane: &str, request: RecordedRequest) {
@@ -174,7 +189,7 @@ mod tests {
     fn fifo_pops_in_order_per_lane() {
         let lanes = Lanes::default();
         let reply = |t: &str| ScriptedResponse::Stream(StreamReply::new(vec![Step::Text(t.into())]));
-        lanes.install("a", Script { responses: vec![reply("1"), reply("2")] });
+        lanes.install("a", Script { responses: vec![reply("1"), reply("2")], authorization: None });
         lanes.install("a", Script::one(reply("3")));
         assert_eq!(lanes.pending("a"), 3);
         assert_eq!(lanes.pop("b"), None);

@@ -39,6 +39,11 @@
 //! ]}
 //! ```
 //!
+//! A script's optional `"authorization": "Bearer …"` makes the lane check every later model
+//! request's `Authorization` header against it (the scripted vault credential): a request
+//! without it or with another value is answered 401 (the family's error document) and pops
+//! nothing.
+//!
 //! A response is an **HTTP reply** — `status`, optional `body` (default: the family's own
 //! error document for that status, e.g. Anthropic `{"type":"error","error":{"type":
 //! "rate_limit_error",...}}`, OpenAI `{"error":{"type":"requests","code":
@@ -310,13 +315,19 @@ fn serve(shared: &Shared, mut stream: TcpStream) -> io::Result<()> {
     let family = family_of(rest);
     let is_model = family.is_some() && request.method == "POST";
     let model = model_of(&request);
+    let authorized = shared.lanes.authorized(&lane, request.header("authorization"));
     let Request { method, target, headers, body } = request;
     shared.lanes.record(&lane, RecordedRequest::new(&method, &target, headers, body, family));
     let Some(family) = family.filter(|_| is_model) else {
         let status = if family.is_some() { 405 } else { 404 };
         return http::write_reply(&mut stream, &Reply::refusal(status, "not a model request"));
     };
-    let response = shared.lanes.pop(&lane).unwrap_or_else(|| ScriptedResponse::Stream(default_reply()));
+    let response = if authorized {
+        shared.lanes.pop(&lane).unwrap_or_else(|| ScriptedResponse::Stream(default_reply()))
+    } else {
+        log::info!("broca-mock: lane {lane}: the request's Authorization is not the scripted credential; 401");
+        ScriptedResponse::Http(script::HttpReply { status: 401, body: None, headers: Default::default(), delay_ms: 0 })
+    };
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed).to_string();
     answer(shared, &mut stream, family, model, id, response)
 }

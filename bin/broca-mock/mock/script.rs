@@ -17,6 +17,11 @@ pub const DEFAULT_REPLY_TEXT: &str = "Hello from broca-mock.";
 pub struct Script {
     #[serde(default)]
     pub responses: Vec<ScriptedResponse>,
+    /// The `Authorization` header every model request of the lane must carry from now on
+    /// (e.g. `"Bearer sk-…"`, the scripted vault credential); a request without it, or with
+    /// another value, is answered 401 with the family's own error document and pops nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authorization: Option<String>,
 }
 
 impl Script {
@@ -31,7 +36,7 @@ impl Script {
 
     /// A script of one response.
     pub fn one(response: ScriptedResponse) -> Script {
-        Script { responses: vec![response] }
+        Script { responses: vec![response], authorization: None }
     }
 }
 
