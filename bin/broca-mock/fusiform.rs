@@ -21,7 +21,7 @@
 //! | `duplicate_model_page: n` | page n also carries page one's first model |
 //! | `duplicate_row_page: n` | page n repeats page one's `overridden` rows |
 //! | `pad_bytes: n` | each page carries `n` bytes of padding (an unknown member) |
-//! | `endless: true` | every page has a next token (and repeats the models of page one's size) |
+//! | `endless: true` | every page has a next token; pages after page one carry no models |
 //!
 //! A `page_token` that is not exactly the token last served is refused `bad_request`, so a test
 //! proves tokens are echoed exactly. `--request-log PATH` appends `{attempt, page, arguments,
@@ -295,7 +295,12 @@ fn build(
     let start: usize = if attempt.endless { 0 } else { sizes.iter().take(page - 1).sum() };
     let size = sizes.get(page - 1).copied().unwrap_or(models.len());
     let last = !attempt.endless && (page >= sizes.len() || start + size >= models.len());
-    let take = if last { models.len().saturating_sub(start) } else { size };
+    // Endless pages after page one carry no models (so only the bounds can end the poll).
+    let take = match (attempt.endless, last) {
+        (true, _) if page > 1 => 0,
+        (_, true) => models.len().saturating_sub(start),
+        _ => size,
+    };
     let mut page_models: Map<String, Value> = models.into_iter().skip(start).take(take).collect();
     if attempt.duplicate_model_page == Some(page) {
         if let Some((k, v)) = first_model {

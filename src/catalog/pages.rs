@@ -167,7 +167,7 @@ impl Assembly {
         };
         if let Next::Page(t) = &next {
             if !self.tokens.insert(t.clone()) {
-                return Err(protocol(format!("{NEXT_PAGE_TOKEN} {t:?} repeats an earlier page's")));
+                return Err(protocol(format!("{NEXT_PAGE_TOKEN} repeats an earlier page's")));
             }
         }
         // Qualification rows: distinct across the attempt (checked before anything is merged).

@@ -183,6 +183,8 @@ pub struct HealthState {
     pub last_failure_ms: Option<u64>,
     pub last_failure: Option<Value>,
     pub last_pages: Option<usize>,
+    /// `ok`, or the last poll's failure code.
+    pub last_outcome: Option<String>,
     pub running: bool,
 }
 
@@ -210,6 +212,7 @@ impl CatalogHealth {
             "last_failure_code": s.last_failure.as_ref().map(|f| f["code"].clone()),
             "last_failure": s.last_failure,
             "last_pages": s.last_pages,
+            "last_outcome": s.last_outcome,
             "catalog_version": version,
             "models": models,
         })
@@ -327,6 +330,7 @@ impl Poller {
             Ok(p) => {
                 s.last_success_ms = Some(now_ms());
                 s.last_pages = Some(p.pages);
+                s.last_outcome = Some("ok".into());
                 log::info!(
                     target: "broca.catalog",
                     "catalog poll: catalog_version {} with {} models in {} page(s){}",
@@ -338,6 +342,7 @@ impl Poller {
             }
             Err(e) => {
                 s.failures += 1;
+                s.last_outcome = Some(e.code());
                 s.last_failure_ms = Some(now_ms());
                 let body = e.body();
                 log::warn!(target: "broca.catalog", "{} [{}]; keeping the previous catalog and LKG", body["message"].as_str().unwrap_or(""), e.code());

@@ -102,6 +102,8 @@ pub struct Options {
     pub restart: Option<Value>,
     /// More modules in the daemon's table, by id (e.g. broca-mock as a tool provider).
     pub modules: Vec<(String, Value)>,
+    /// Seed `catalog/fusiform-lkg.json` in the state root (false: a fresh root with no catalog).
+    pub seed_lkg: bool,
 }
 
 impl Default for Options {
@@ -115,6 +117,7 @@ impl Default for Options {
             prefix: "bsm".into(),
             restart: None,
             modules: Vec::new(),
+            seed_lkg: true,
         }
     }
 }
@@ -185,7 +188,9 @@ impl Harness {
             fs::DirBuilder::new().mode(0o700).create(root.join(sub)).unwrap();
         }
         let lkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json");
-        fs::copy(lkg, root.join("state/catalog/fusiform-lkg.json")).unwrap();
+        if opts.seed_lkg {
+            fs::copy(lkg, root.join("state/catalog/fusiform-lkg.json")).unwrap();
+        }
         let mut env = json!({
             "CK_LOG": opts.ck_log,
             "BROCA_STATE_ROOT": root.join("state"),
