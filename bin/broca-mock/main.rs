@@ -10,8 +10,8 @@ use std::process::ExitCode;
 
 // The server uses part of the mock's API; the rest is for the in-process users (`#[path]`
 // includes in broca-run, broca-bench and the tests) and the mock's own unit tests.
-#[allow(dead_code, unused_imports)]
 mod fusiform;
+#[allow(dead_code, unused_imports)]
 mod mock;
 mod tools;
 

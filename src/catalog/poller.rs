@@ -60,7 +60,7 @@ pub enum PollError {
     /// The route or the connection failed; fusiform may not have seen the request.
     Transport { reason: String },
     /// fusiform refused a page request; terminal for this poll (`unavailable` is retried sooner).
-    Refused { refusal: PageRefusal, page: usize, members: Vec<&'static str> },
+    Refused { refusal: Box<PageRefusal>, page: usize, members: Vec<&'static str> },
     /// A malformed page, a duplicate model or qualification row, a repeated token.
     Protocol { reason: String },
     /// A per-poll bound ran out.
@@ -258,8 +258,11 @@ pub fn fetch(source: &dyn CatalogSource) -> Result<(Value, usize, u32), PollErro
             let request = PagedCatalogGet::page(token.as_deref());
             budget.request()?;
             let page = assembly.pages + 1;
-            let refused =
-                |refusal: PageRefusal| PollError::Refused { refusal, page, members: request.paging_members() };
+            let refused = |refusal: PageRefusal| PollError::Refused {
+                refusal: Box::new(refusal),
+                page,
+                members: request.paging_members(),
+            };
             let restart = |restarts: &mut u32, reason: String| {
                 *restarts += 1;
                 if *restarts > MAX_RESTARTS {
