@@ -65,8 +65,9 @@ impl Rig {
         let version_before = self.health()["catalog_version"].clone();
         let (health, polls, failures) = self.under(script);
         assert_eq!(health["last_outcome"], code, "{name}: {health}");
-        // The poll that straddled the write fails too; every poll counts exactly once.
-        assert_eq!(failures, polls, "{name}: one failure per failed poll: {health}");
+        // Every failed poll counts once (a poll with restarts too); only the poll that straddled
+        // the write may have succeeded under the previous script.
+        assert!(failures <= polls && failures + 1 >= polls, "{name}: one failure per failed poll: {health}");
         assert_eq!(health["catalog_version"], version_before, "{name}: the snapshot is kept");
         assert_eq!(health["models"], MODELS);
         assert_eq!(std::fs::read(&self.lkg).unwrap(), lkg_before, "{name}: the LKG is kept");
@@ -126,7 +127,13 @@ fn first_success_serves_a_fresh_root(rig: &Rig) {
     let root = h.state_root().to_string_lossy().into_owned();
     pin::assert_golden("catalog_unavailable.fresh_root.json", &body.to_string(), Some(&root));
     assert!(!rig.lkg.exists());
-    let health = rig.health();
+    // The first poll may still be in flight right after boot.
+    let until = Instant::now() + Duration::from_secs(30);
+    let mut health = rig.health();
+    while health["polls"].as_u64() == Some(0) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+        health = rig.health();
+    }
     assert_eq!((health["last_outcome"].as_str(), health["models"].is_null()), (Some("unavailable"), true), "{health}");
 
     // Three pages; the mock refuses any token that is not exactly the one it served.
