@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use broca::agent::LoopOptions;
+use broca::catalog::poller::{CatalogHealth, Poller, POLL_INTERVAL};
 use broca::catalog::Catalog;
 use broca::config::BrocaConfig;
 use broca::lineage::read;
@@ -157,7 +158,7 @@ fn serve(conn_file: &Path) -> ExitCode {
     };
     let catalog = Catalog::load_lkg(&root.catalog_path());
     if let Err(e) = &catalog {
-        log::warn!("broca: {e}; sends are refused until a catalog is seeded");
+        log::warn!("broca: {e}; sends are refused until the catalog poller reaches fusiform or an LKG is seeded");
     }
     let base_url_override = std::env::var("BROCA_PROVIDER_BASE_URL").ok().filter(|u| !u.is_empty());
     // The consumer connection carries every route broca opens to other modules (tools now).
@@ -186,7 +187,23 @@ fn serve(conn_file: &Path) -> ExitCode {
     };
     let outbound = conn.outbound();
     let (stopped, _stopped_rx) = crossbeam_channel::unbounded();
-    let server = Server::new(ops, hub, outbound.clone(), stopped).with_consumer(consumer);
+    let catalog_health = Arc::new(CatalogHealth::default());
+    if let Some(consumer) = &consumer {
+        let poller = Poller {
+            source: Arc::new(consumer.clone()),
+            catalog: Arc::clone(&ops.admission.catalog),
+            lkg: ops.admission.lkg.clone(),
+            health: Arc::clone(&catalog_health),
+            interval: poll_interval(),
+        };
+        if let Err(e) = poller.spawn() {
+            log::error!("broca: cannot start the catalog poller: {e}");
+        }
+    } else {
+        log::warn!("broca: no consumer connection: the catalog is not polled (serving the LKG only)");
+    }
+    let server =
+        Server::new(ops, hub, outbound.clone(), stopped).with_consumer(consumer).with_catalog_health(catalog_health);
     // Binds are decided from the daemon's stamps; owner-only operations arrive with the driver
     // surface.
     let running = match conn.start(server, |bind: &BindRequest| broca::serve::authorize(bind)) {
@@ -241,8 +258,19 @@ fn vault_on_mock() -> bool {
     cfg!(debug_assertions) && std::env::var("BROCA_TEST_VAULT_AUTH").is_ok_and(|v| v == "1")
 }
 
-/// broca's second connection, for routes to other modules (tool providers, the claustrum vault;
-/// the catalog comes later), presenting its consumer identity; it refuses reverse requests.
+/// The catalog poll interval. Debug builds only (a non-shipping test switch):
+/// `BROCA_TEST_CATALOG_POLL_MS` replaces the 30-minute interval.
+fn poll_interval() -> Duration {
+    if cfg!(debug_assertions) {
+        if let Some(ms) = std::env::var("BROCA_TEST_CATALOG_POLL_MS").ok().and_then(|v| v.parse::<u64>().ok()) {
+            return Duration::from_millis(ms.max(1));
+        }
+    }
+    POLL_INTERVAL
+}
+
+/// broca's second connection, for routes to other modules (tool providers, the claustrum vault
+/// and fusiform's catalog), presenting its consumer identity; it refuses reverse requests.
 /// Serving goes on without it if it cannot be made (plans then refuse `fetch_unavailable`).
 fn consumer_connection(conn_file: &Path, module_id: &str) -> Option<Consumer> {
     let nonce = subc_os::launch_nonce::launch_nonce().ok().flatten().map(|n| n.value().to_owned());

@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 use subc_protocol::Flags;
 
 use crate::actor::Gauges;
+use crate::catalog::poller::CatalogHealth;
 use crate::fanout::{From, Hub, SinkError, StreamSink, Subscription};
 use crate::lineage::projection::Cursor;
 use crate::ops::table::OPS;
@@ -74,6 +75,8 @@ pub struct Server {
     stopped: crossbeam_channel::Sender<()>,
     /// broca's consumer connection, when it could be made.
     consumer: Option<Consumer>,
+    /// The catalog poller's health, reported as `metrics.catalog`.
+    catalog_health: Arc<CatalogHealth>,
 }
 
 impl Server {
@@ -89,7 +92,14 @@ impl Server {
             draining: Arc::new(AtomicBool::new(false)),
             stopped,
             consumer: None,
+            catalog_health: Arc::default(),
         }
+    }
+
+    /// Reports the catalog poller's `health` (it stays "stopped" without one).
+    pub fn with_catalog_health(mut self, health: Arc<CatalogHealth>) -> Server {
+        self.catalog_health = health;
+        self
     }
 
     /// Attaches broca's consumer connection (its reverse-request refusals are reported).
@@ -268,7 +278,8 @@ impl Handler for Server {
         match request {
             ControlRequest::HealthCheck { corr } => {
                 let refused = self.consumer.as_ref().map_or(0, |c| c.reverse_requests_refused());
-                let metrics = self.metrics.snapshot(self.ops.registry.gauges(), refused);
+                let mut metrics = self.metrics.snapshot(self.ops.registry.gauges(), refused);
+                metrics["catalog"] = self.catalog_health.snapshot(&self.ops.admission.catalog);
                 let _ = self.outbound.health(corr, health_ok(metrics));
             }
             ControlRequest::Draining { .. } => {

@@ -10,6 +10,7 @@ use std::process::ExitCode;
 
 // The server uses part of the mock's API; the rest is for the in-process users (`#[path]`
 // includes in broca-run, broca-bench and the tests) and the mock's own unit tests.
+mod fusiform;
 #[allow(dead_code, unused_imports)]
 mod mock;
 mod tools;
@@ -22,6 +23,7 @@ const USAGE: &str = "\
 usage: broca-mock [--bind ADDR] [--script FILE] [--until-stdin-eof]
        broca-mock [--tools FILE] [--call-log PATH] [--call-log-fsync] [--keepalive-ms N]
                   --subc CONNECTION_FILE
+       broca-mock --fusiform-script FILE [--request-log PATH] --subc CONNECTION_FILE
        broca-mock calls --call-log PATH [--json] [--at-most-once]
        broca-mock catalog [--tools FILE] [--preset NAME] [--scope unscoped|head|worker|ephemeral]
 
@@ -55,6 +57,12 @@ malformed answers, oversize results, calls that never answer, CANCEL).
   --keepalive-ms N     the keepalive period (1..=30000), over the script's
   --subc FILE          the daemon's connection file
 
+Fusiform mode (--fusiform-script with --subc): registers as SUBC_MODULE_ID (default fusiform) and
+serves a scripted, paged catalog.get (format in bin/broca-mock/fusiform.rs).
+
+  --fusiform-script FILE  the catalog script (JSON), re-read on every request
+  --request-log PATH      append every catalog.get request and its answer as a JSON line
+
 calls: totals a call log: per key (call_key, else tool + canonical arguments) how many times the
 call ran and was cancelled. --json prints one JSON object; --at-most-once exits 1 when any call
 ran more than once.
@@ -69,6 +77,7 @@ Exit codes: 0 ok, 1 failure (or a call ran twice, with --at-most-once), 2 usage.
 enum Command {
     Http(HttpArgs),
     Tools(ToolArgs),
+    Fusiform(fusiform::Options),
     Calls { call_log: PathBuf, json: bool, at_most_once: bool },
     Catalog { tools: Option<PathBuf>, preset: Option<String>, scope: ScopeClass },
     Help,
@@ -104,6 +113,7 @@ fn parse_args(args: &[String]) -> Result<Command, String> {
     let mut http_flag = None;
     let (mut subc, mut tools, mut call_log, mut fsync, mut keepalive_ms) = (None, None, None, false, None);
     let mut tool_flag = None;
+    let (mut fusiform_script, mut request_log) = (None, None);
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -138,8 +148,20 @@ fn parse_args(args: &[String]) -> Result<Command, String> {
                 keepalive_ms = Some(n.parse().map_err(|_| format!("--keepalive-ms {n:?} is not a number"))?);
                 tool_flag = Some(arg);
             }
+            "--fusiform-script" => fusiform_script = Some(PathBuf::from(value(&mut it, arg, "a file")?)),
+            "--request-log" => request_log = Some(PathBuf::from(value(&mut it, arg, "a path")?)),
             other => return Err(format!("unknown argument `{other}`")),
         }
+    }
+    if let Some(script) = fusiform_script {
+        return match (subc, http_flag.or(tool_flag)) {
+            (Some(conn_file), None) => Ok(Command::Fusiform(fusiform::Options { conn_file, script, request_log })),
+            (None, _) => Err("--fusiform-script needs --subc".into()),
+            (_, Some(flag)) => Err(format!("{flag} is not for the fusiform mode")),
+        };
+    }
+    if request_log.is_some() {
+        return Err("--request-log is for the fusiform mode (--fusiform-script)".into());
     }
     match (subc, http_flag, tool_flag) {
         (Some(_), Some(flag), _) => Err(format!("{flag} is for the model-provider mode, not with --subc")),
@@ -236,6 +258,7 @@ fn main() -> ExitCode {
             let sync = if args.fsync { tools::call_log::Sync::Fsync } else { tools::call_log::Sync::Write };
             return tools::serve(tools::Options { conn_file: args.conn_file, script, call_log: args.call_log, sync });
         }
+        Command::Fusiform(opts) => return fusiform::serve(opts),
         Command::Calls { call_log, json, at_most_once } => match tools::print_calls(&call_log, json, at_most_once) {
             Ok(true) => Ok(()),
             Ok(false) => return ExitCode::from(1),

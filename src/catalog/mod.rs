@@ -6,6 +6,9 @@
 //! the JCS bytes of `response`) must match; a fact that is `null` or absent is *unknown*, never
 //! defaulted.
 
+pub mod lkg;
+pub mod pages;
+pub mod poller;
 pub mod route;
 pub mod variant;
 

@@ -106,6 +106,8 @@ pub struct Options {
     /// sets per-incarnation environment; it must `exec` broca, so [`Harness::broca_pid`] (which
     /// looks for the broca binary) finds the process. `None`: broca itself.
     pub launcher: Option<PathBuf>,
+    /// Seed `catalog/fusiform-lkg.json` in the state root (false: a fresh root with no catalog).
+    pub seed_lkg: bool,
 }
 
 impl Default for Options {
@@ -120,6 +122,7 @@ impl Default for Options {
             restart: None,
             modules: Vec::new(),
             launcher: None,
+            seed_lkg: true,
         }
     }
 }
@@ -190,7 +193,15 @@ impl Harness {
             fs::DirBuilder::new().mode(0o700).create(root.join(sub)).unwrap();
         }
         let lkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json");
-        fs::copy(lkg, root.join("state/catalog/fusiform-lkg.json")).unwrap();
+        if opts.seed_lkg {
+            // Written "now", so broca's catalog poller finds it fresh and does not poll a fusiform
+            // this rig does not run (it still polls every 30 minutes).
+            let mut seeded: Value = serde_json::from_slice(&fs::read(lkg).unwrap()).unwrap();
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+            seeded["written_at_ms"] = json!(now);
+            fs::write(root.join("state/catalog/fusiform-lkg.json"), serde_json::to_vec_pretty(&seeded).unwrap())
+                .unwrap();
+        }
         let mut env = json!({
             "CK_LOG": opts.ck_log,
             "BROCA_STATE_ROOT": root.join("state"),
