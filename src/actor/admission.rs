@@ -6,10 +6,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use parking_lot::RwLock;
-
 use crate::catalog::route::{self, AdmissionError, ModelRequest, RouteOverrides};
-use crate::catalog::{Catalog, CatalogError};
 use crate::config::BrocaConfig;
 use crate::provider::config::RenderConfig;
 use crate::provider::event::Family;
@@ -20,8 +17,7 @@ use crate::tools::ToolPlane;
 use crate::wire::send::SendParams;
 use crate::wire::{invalid_params, Refusal, RefusalCode};
 
-/// The catalog a module serves from: swapped whole when a newer one is loaded.
-pub type SharedCatalog = Arc<RwLock<Result<Catalog, CatalogError>>>;
+pub use crate::catalog::SharedCatalog;
 
 /// What admission reads: the catalog, `broca.jsonc`, and how routes are overridden.
 pub struct Admission {

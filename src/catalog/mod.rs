@@ -19,6 +19,9 @@ use serde::Deserialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+/// The catalog a module serves from: swapped whole when a newer one is loaded (the poller).
+pub type SharedCatalog = std::sync::Arc<parking_lot::RwLock<Result<Catalog, CatalogError>>>;
+
 /// The LKG format this build reads.
 pub const LKG_FORMAT: &str = "broca.fusiform-lkg/v1";
 

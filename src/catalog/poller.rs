@@ -29,7 +29,7 @@ use subc_protocol::{BindIdentity, RouteTarget};
 use super::lkg;
 use super::pages::{self, Assembly, Next, PageFault, PageRefusal, PagedCatalogGet, CATALOG_CHANGED, FUSIFORM_MODULE};
 use super::Catalog;
-use crate::actor::admission::SharedCatalog;
+use super::SharedCatalog;
 use crate::subc::consumer::{CallError, Consumer};
 
 pub const POLL_INTERVAL: Duration = Duration::from_secs(30 * 60);
