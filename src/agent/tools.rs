@@ -110,6 +110,31 @@ impl ToolDispatcher for NoTools {
     }
 }
 
+/// Where a call of `name` goes and how long it may take, from the frozen config: a plan tool
+/// names its provider (with the plan item's preset, the tool's pin, and whether the provider
+/// takes call keys); every tool's wait is its reply bound (for a plan tool computed with the
+/// call's hold argument, tool-provider's rule), never below `default`.
+pub(crate) fn call_target(
+    config: &crate::provider::config::RenderConfig,
+    name: &str,
+    arguments: &serde_json::Value,
+    default: std::time::Duration,
+) -> (Option<CallTarget>, std::time::Duration) {
+    let Some(spec) = config.tools.iter().find(|t| t.name == name) else { return (None, default) };
+    let Some(module) = spec.module.clone() else { return (None, spec.wait(default)) };
+    let send_call_key = config.plan.as_ref().is_some_and(|p| {
+        p.items.iter().any(|i| {
+            i.provider == module
+                && i.declares(cortexkit_role_tool_provider::catalog::session_capabilities::LATE_RESULTS)
+        })
+    });
+    let reply = spec.reply.as_ref().and_then(|r| serde_json::from_value(r.clone()).ok());
+    let fallback = u64::try_from(default.as_millis()).unwrap_or(u64::MAX);
+    let wait = cortexkit_role_tool_provider::catalog::reply_deadline_ms(reply.as_ref(), arguments, fallback);
+    let target = CallTarget { module, preset: spec.preset.clone(), pin: spec.pin.clone(), send_call_key };
+    (Some(target), std::time::Duration::from_millis(wait))
+}
+
 /// The helper threads tool calls run on (shared by every run in the process).
 fn tool_pool() -> &'static crate::pool::Pool {
     static POOL: std::sync::OnceLock<crate::pool::Pool> = std::sync::OnceLock::new();

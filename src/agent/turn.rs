@@ -8,6 +8,8 @@ use crossbeam_channel::{select, Receiver, RecvError};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
+mod credential;
+
 use super::attempt::Assembler;
 use super::tools::dispatch_batch;
 use super::tools::{Cancel, ToolOutcome};
@@ -295,7 +297,7 @@ impl<C> Driver<'_, C> {
         for (id, name, arguments) in calls {
             let call_key = format!("{lineage_id}:{}", self.lineage.next_seq());
             let text = serde_json::to_string(&arguments).unwrap_or_else(|_| "{}".into());
-            let (target, wait) = call_target(&self.config, &name, &arguments, self.opts.tool_wait);
+            let (target, wait) = super::tools::call_target(&self.config, &name, &arguments, self.opts.tool_wait);
             self.lineage.append(&Record::ToolDispatchIntent {
                 run_id: self.run_id.clone(),
                 step,
@@ -524,117 +526,6 @@ impl<C> Driver<'_, C> {
             }
         }
         unreachable!("the attempt loop returns")
-    }
-
-    fn credential_id(&self) -> Option<&str> {
-        match &self.config.auth {
-            crate::provider::config::AuthSource::Vault { credential_id } => Some(credential_id),
-            _ => None,
-        }
-    }
-
-    /// Reads the run's vault credential when it has none: `Some(end)` when the read ends or
-    /// pauses the step (the vault's refusal classified as the client crate classifies it).
-    fn ensure_credential(&mut self) -> Result<Option<StepEnd>, LineageError> {
-        use crate::vault::CredentialErrorClass as C;
-        let Some(id) = self.credential_id().map(str::to_owned) else { return Ok(None) };
-        if self.credential.is_some() {
-            return Ok(None);
-        }
-        let Some(vault) = self.opts.credentials.clone() else {
-            let message = format!(
-                "credential '{id}' is read only from the claustrum vault, and this broca has no vault route (no subc consumer connection)"
-            );
-            return Ok(Some(StepEnd::Ended(
-                FinishReason::Error,
-                Some(ProviderError::permanent("vault_unavailable", message)),
-            )));
-        };
-        for attempt in 0..=VAULT_READ_RETRIES {
-            let e = match vault.0.get_scoped(&id, None) {
-                Ok(credential) => {
-                    log::info!(
-                        "run {}: credential '{id}' read from the vault (record_version {})",
-                        self.run_id,
-                        credential.record_version
-                    );
-                    self.credential = Some(credential);
-                    return Ok(None);
-                }
-                Err(e) => e,
-            };
-            log::warn!("run {}: vault read of '{id}' refused: {e}", self.run_id);
-            let error = |class, code: &str, message: String| ProviderError {
-                class,
-                provider_code: Some(code.to_owned()),
-                message,
-                http_status: None,
-            };
-            let end = match e.class {
-                C::AuthRequired | C::Unauthorized => StepEnd::Paused(error(
-                    ErrorClass::AuthRequired,
-                    e.code(),
-                    format!("credential '{id}' needs re-authentication in the vault ({})", e.code()),
-                )),
-                C::CredentialAbsent => StepEnd::Ended(
-                    FinishReason::Error,
-                    Some(ProviderError::permanent(
-                        "credential_absent",
-                        format!("credential '{id}' is not in the vault or not granted to broca (not_found); there is no other credential store"),
-                    )),
-                ),
-                C::Transient | C::Transport if attempt < VAULT_READ_RETRIES => {
-                    if self.wait_backoff(self.backoff(attempt, None))? {
-                        return Ok(Some(StepEnd::Ended(FinishReason::Cancelled, None)));
-                    }
-                    continue;
-                }
-                C::Transient | C::Transport | C::Unavailable => StepEnd::Ended(
-                    FinishReason::Interrupted,
-                    Some(error(
-                        ErrorClass::Transient,
-                        e.code(),
-                        format!("the vault read of credential '{id}' kept failing ({})", e.code()),
-                    )),
-                ),
-                _ => StepEnd::Ended(
-                    FinishReason::Error,
-                    Some(ProviderError::permanent(
-                        e.code(),
-                        format!("the vault read of credential '{id}' was refused ({})", e.code()),
-                    )),
-                ),
-            };
-            return Ok(Some(end));
-        }
-        unreachable!("the vault read loop returns")
-    }
-
-    /// A provider's error with every credential the run holds cut out of its text (providers
-    /// sometimes echo a key back), so no secret reaches the WAL, a log line or an error body.
-    fn scrub(&self, mut error: ProviderError) -> ProviderError {
-        let held = [self.credential.as_ref().map(|c| c.secret.expose()), self.opts.bearer.as_deref()];
-        for secret in held.into_iter().flatten().filter(|s| !s.is_empty()) {
-            error.message = error.message.replace(secret, "[redacted]");
-        }
-        error
-    }
-
-    /// A provider refused the run's vault credential: reported once, fenced on its version, and
-    /// dropped (the run pauses; a resume reads the vault again).
-    fn report_rejected(&mut self, status: u16) {
-        let (Some(id), Some(credential)) = (self.credential_id().map(str::to_owned), self.credential.take()) else {
-            return;
-        };
-        let Some(vault) = self.opts.credentials.clone() else { return };
-        match vault.0.report_auth_failure(&id, status, &credential.record_version) {
-            Ok(accepted) => log::warn!(
-                "run {}: the provider refused credential '{id}' (HTTP {status}); reported at record_version {} (accepted: {accepted})",
-                self.run_id,
-                credential.record_version
-            ),
-            Err(e) => log::warn!("run {}: reporting the refused credential '{id}' failed: {e}", self.run_id),
-        }
     }
 
     fn backoff(&self, attempt: u32, retry_after: Option<Duration>) -> Duration {
@@ -868,31 +759,6 @@ impl<C> Driver<'_, C> {
         self.history.push(Message { role: Role::Tool, content: parts, origin: None });
         Ok(timed_out || indeterminate)
     }
-}
-
-/// Where a call of `name` goes and how long it may take, from the frozen config: a plan tool
-/// names its provider (with the plan item's preset, the tool's pin, and whether the provider
-/// takes call keys); every tool's wait is its reply bound (for a plan tool computed with the
-/// call's hold argument, tool-provider's rule), never below `default`.
-fn call_target(
-    config: &RenderConfig,
-    name: &str,
-    arguments: &serde_json::Value,
-    default: std::time::Duration,
-) -> (Option<super::CallTarget>, std::time::Duration) {
-    let Some(spec) = config.tools.iter().find(|t| t.name == name) else { return (None, default) };
-    let Some(module) = spec.module.clone() else { return (None, spec.wait(default)) };
-    let send_call_key = config.plan.as_ref().is_some_and(|p| {
-        p.items.iter().any(|i| {
-            i.provider == module
-                && i.declares(cortexkit_role_tool_provider::catalog::session_capabilities::LATE_RESULTS)
-        })
-    });
-    let reply = spec.reply.as_ref().and_then(|r| serde_json::from_value(r.clone()).ok());
-    let fallback = u64::try_from(default.as_millis()).unwrap_or(u64::MAX);
-    let wait = cortexkit_role_tool_provider::catalog::reply_deadline_ms(reply.as_ref(), arguments, fallback);
-    let target = super::CallTarget { module, preset: spec.preset.clone(), pin: spec.pin.clone(), send_call_key };
-    (Some(target), std::time::Duration::from_millis(wait))
 }
 
 /// The tool calls of an assistant message, in planned order: `(id, name, arguments)`.

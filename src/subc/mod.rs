@@ -23,6 +23,7 @@ mod io_tests;
 pub mod module;
 pub mod outbound;
 pub mod routes;
+pub mod sigterm;
 
 pub use io::CLOSE_DRAIN;
 pub use module::{
