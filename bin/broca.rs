@@ -8,7 +8,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,7 +24,7 @@ use broca::serve::Server;
 use broca::session_key::SessionKey;
 use broca::state_root::{RootEnv, StateRoot};
 use broca::subc::consumer::{Consumer, ConsumerIdentity};
-use broca::subc::{self, BindRequest, Outbound};
+use broca::subc::{self, BindRequest};
 use broca::tools::ToolPlane;
 use broca::wal::{self, ScannedFrame};
 
@@ -122,12 +121,6 @@ const DEFAULT_MODULE_ID: &str = "broca";
 /// sooner; a turn cut that way is sealed as an orphan on the next open.)
 const SEAL_WITHIN: Duration = Duration::from_secs(10);
 
-static SIGTERM: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_sigterm(_: libc::c_int) {
-    SIGTERM.store(true, Ordering::SeqCst);
-}
-
 fn serve(conn_file: &Path) -> ExitCode {
     let module_id = std::env::var(subc_protocol::SUBC_MODULE_ID_ENV)
         .ok()
@@ -213,7 +206,7 @@ fn serve(conn_file: &Path) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    watch_sigterm(outbound);
+    broca::subc::sigterm::close_on_sigterm(outbound, "broca");
     // Boot recovery off the startup path: queued sends drain, orphans are sealed.
     let recovering = Arc::clone(&registry);
     let _ = std::thread::Builder::new().name("broca-recover".into()).spawn(move || {
@@ -281,27 +274,5 @@ fn consumer_connection(conn_file: &Path, module_id: &str) -> Option<Consumer> {
             log::warn!("broca: no consumer connection: {e}");
             None
         }
-    }
-}
-
-/// On SIGTERM, end the connection in order (GOODBYE, flush, half-close), then exit 0.
-fn watch_sigterm(outbound: Outbound) {
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGTERM, on_sigterm as *const () as libc::sighandler_t);
-    }
-    let watcher = std::thread::Builder::new().name("sigterm".into()).spawn(move || loop {
-        if SIGTERM.load(Ordering::SeqCst) {
-            log::info!("broca: SIGTERM; closing the subc connection");
-            outbound.shutdown();
-            return;
-        }
-        if outbound.is_closed() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    });
-    if let Err(e) = watcher {
-        log::warn!("broca: no SIGTERM watcher: {e}");
     }
 }

@@ -119,10 +119,8 @@ pub mod script;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
-use broca::subc::{self, Outbound};
+use broca::subc;
 
 use call_log::CallLog;
 use provider::Provider;
@@ -137,12 +135,6 @@ pub struct Options {
     pub script: ToolScript,
     pub call_log: Option<PathBuf>,
     pub sync: call_log::Sync,
-}
-
-static SIGTERM: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_sigterm(_: libc::c_int) {
-    SIGTERM.store(true, Ordering::SeqCst);
 }
 
 /// Serves until the daemon says GOODBYE (or closes, or SIGTERM): exit 0 when the end was
@@ -191,7 +183,7 @@ pub fn serve(opts: Options) -> ExitCode {
         opts.call_log.as_deref().map_or_else(|| "in memory".to_owned(), |p| p.display().to_string())
     );
     Provider::sync_scopes(&script, &outbound);
-    watch_sigterm(outbound);
+    broca::subc::sigterm::close_on_sigterm(outbound, "broca-mock");
     let end = running.join();
     if end.is_clean() {
         log::info!("broca-mock: exiting cleanly: {end}");
@@ -199,28 +191,6 @@ pub fn serve(opts: Options) -> ExitCode {
     } else {
         eprintln!("broca-mock: {end}");
         ExitCode::from(1)
-    }
-}
-
-/// On SIGTERM, end the connection in order (GOODBYE, flush, half-close), then exit.
-fn watch_sigterm(outbound: Outbound) {
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGTERM, on_sigterm as *const () as libc::sighandler_t);
-    }
-    let watcher = std::thread::Builder::new().name("sigterm".into()).spawn(move || loop {
-        if SIGTERM.load(Ordering::SeqCst) {
-            log::info!("broca-mock: SIGTERM; closing the subc connection");
-            outbound.shutdown();
-            return;
-        }
-        if outbound.is_closed() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    });
-    if let Err(e) = watcher {
-        log::warn!("broca-mock: no SIGTERM watcher: {e}");
     }
 }
 
