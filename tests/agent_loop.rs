@@ -92,7 +92,7 @@ fn turn(
 ) -> (agent::TurnOutcome, Vec<Output>) {
     let run_id = format!("run-{}", l.state().episodes + 1);
     let mut seen = Vec::new();
-    seen.push(Output::Control(agent::admit(l, &run_id, None, config, Message::user_text(prompt), None).unwrap()));
+    seen.push(Output::Control(agent::admit(l, &run_id, None, config, Message::user_text(prompt), None, None).unwrap()));
     let outcome = agent::drive(l, &HttpClient::default(), &tools, commands, opts, &mut |o| seen.push(o)).unwrap();
     (outcome, seen)
 }
@@ -330,7 +330,7 @@ fn cancel_now_stops_the_stream() {
     let mut l = r.shared.open_lineage(&key()).unwrap();
     let (tx, rx) = idle();
     let config = r.config("mock/echo-chat", None);
-    agent::admit(&mut l, "run-1", None, &config, Message::user_text("go"), None).unwrap();
+    agent::admit(&mut l, "run-1", None, &config, Message::user_text("go"), None, None).unwrap();
     let tools: Arc<dyn ToolDispatcher> = Arc::new(NoTools);
     let mut sent = false;
     let outcome = agent::drive(&mut l, &HttpClient::default(), &tools, &rx, &opts(), &mut |o| {

@@ -310,7 +310,7 @@ fn loop_step_overhead(dir: &Path) -> (f64, f64) {
         let tools: Arc<dyn ToolDispatcher> = Arc::new(NoTools);
         let (_tx, rx) = crossbeam_channel::unbounded();
         let input = broca::message::Message::user_text("go");
-        agent::admit(&mut lineage, "run-bench", None, &config, input, None).expect("admit");
+        agent::admit(&mut lineage, "run-bench", None, &config, input, None, None).expect("admit");
         let fsyncs_before = lineage.fsyncs();
         let start = Instant::now();
         let outcome =

@@ -84,7 +84,7 @@ pub fn send(
         config.plan = Some(manifest);
         config.tools = tools;
     }
-    deliver(lineage, send, config, units).map_err(|e| e.refusal())
+    deliver(lineage, send, config, admission.credentials.as_ref(), units).map_err(|e| e.refusal())
 }
 
 /// The plan a send runs under (spec §4): a session's first episode freezes the plan it
@@ -130,6 +130,7 @@ fn deliver(
     lineage: &mut Lineage,
     send: SendParams,
     config: RenderConfig,
+    credentials: Option<&crate::vault::Credentials>,
     units: &mut Units,
 ) -> Result<SendReply, LineageError> {
     let submission_id = format!("sub-{}", uuid::Uuid::new_v4().simple());
@@ -165,7 +166,15 @@ fn deliver(
         (None, _) => {
             // Queued and consumed in one barrier: durable before the reply says "active".
             let run_id = format!("run-{submission_id}");
-            units.extend(agent::admit(lineage, &run_id, Some(&submission_id), &config, message, send.title)?);
+            units.extend(agent::admit(
+                lineage,
+                &run_id,
+                Some(&submission_id),
+                &config,
+                message,
+                send.title,
+                credentials,
+            )?);
             Ok(SendReply::active(run_id, Some(submission_id)))
         }
         (Some((run_id, _)), Delivery::Steer) => {

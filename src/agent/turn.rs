@@ -51,7 +51,13 @@ pub fn admit(
     config: &RenderConfig,
     input: Message,
     title: Option<String>,
+    credentials: Option<&crate::vault::Credentials>,
 ) -> Result<Vec<ControlUnit>, LineageError> {
+    use crate::provider::config::AuthSource;
+    let account = match (&config.auth, credentials) {
+        (AuthSource::Vault { credential_id }, Some(vault)) => vault.read_at_admission(run_id, credential_id),
+        _ => None,
+    };
     let rec = Record::RunStarted(Box::new(RunStarted {
         run_id: run_id.into(),
         submission_id: submission_id.map(String::from),
@@ -60,18 +66,26 @@ pub fn admit(
         input,
         title,
         started_at_ms: now_ms(),
-        auth_selection: auth_selection(config),
+        auth_selection: auth_selection(config, account.as_ref()),
     }));
     Ok(lineage.append_commit(&rec)?.1)
 }
 
 /// What admission froze about the credential and the account decision: the vault credential
-/// id (absent on credential-free routes) and the conversation key with its source.
-fn auth_selection(config: &RenderConfig) -> Option<serde_json::Value> {
+/// id (absent on credential-free routes) with the account admission's vault read named
+/// (`account_id`, `record_version`; absent when that read was refused), and the conversation
+/// key with its source.
+fn auth_selection(config: &RenderConfig, account: Option<&crate::vault::AccountIdentity>) -> Option<serde_json::Value> {
     use crate::provider::config::AuthSource;
     let mut sel = serde_json::Map::new();
     if let AuthSource::Vault { credential_id } = &config.auth {
         sel.insert("credential_id".into(), json!(credential_id));
+        if let Some(account) = account {
+            if let Some(id) = &account.account_id {
+                sel.insert("account_id".into(), json!(id));
+            }
+            sel.insert("record_version".into(), json!(account.record_version));
+        }
     }
     if let Some(key) = &config.policy.conversation_key {
         let source = config.policy.conversation_key_source.as_deref().unwrap_or("caller");
