@@ -1,7 +1,7 @@
 # broca: the two commands a newcomer runs are `make demo` (once it exists) and `make test`.
 CARGO ?= cargo
 
-.PHONY: build demo test soak bench e2e mcp-check fmt lint check
+.PHONY: build demo test soak bench e2e mcp-check live fmt lint check
 
 build:
 	$(CARGO) build --release --locked
@@ -45,6 +45,11 @@ e2e:
 # `MCP OK <n> checks`; when the SDK cannot be installed, `MCP SKIPPED: <why>` (exit 0).
 mcp-check:
 	@CARGO="$(CARGO)" scripts/mcp-check
+
+# One broca-run turn on a real provider through your running subc daemon, with a dev-tools
+# handle (README "Real providers"). Skipped (passes, saying so) unless BROCA_LIVE_TESTS=1.
+live:
+	$(CARGO) test --locked --test live -- --nocapture
 
 # Prints `BENCH <name> <value> <unit>` lines; see README "Benchmarks".
 bench:
