@@ -5,6 +5,7 @@
 #[allow(dead_code, unused_imports)]
 #[path = "../bin/broca-mock/mock/mod.rs"]
 mod mock;
+mod pin;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -281,6 +282,20 @@ fn a_secret_echoed_by_the_provider_is_never_recorded() {
     assert!(error.message.contains("[redacted]") && !error.message.contains(SECRET), "{}", error.message);
     let wal = std::fs::read(r.shared.wal_path(&key())).unwrap();
     assert!(!String::from_utf8_lossy(&wal).contains(SECRET), "the secret reached the WAL");
+}
+
+#[test]
+fn a_vault_route_without_a_vault_ends_with_a_named_permanent_error() {
+    let r = rig("no-vault");
+    let mut l = r.shared.open_lineage(&key()).unwrap();
+    let (_tx, rx) = idle();
+    let mut config = r.config("mock/echo-chat", None);
+    config.auth = broca::provider::config::AuthSource::Vault { credential_id: "apikey:mock".into() };
+    let (outcome, _) = turn(&mut l, &config, "hi", Arc::new(NoTools), &rx, &opts());
+    assert_eq!(outcome.reason, Some(FinishReason::Error));
+    let error = outcome.error.expect("a named error");
+    assert!(r.mock.requests(&r.lane).is_empty(), "no model request without a credential");
+    pin::assert_golden("vault_unavailable_run_error.json", &serde_json::to_string(&error).unwrap(), None);
 }
 
 #[test]
