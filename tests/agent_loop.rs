@@ -564,9 +564,10 @@ fn frames_carry_the_llm_runner_live_events_and_every_path_projects_the_same_unit
             ("run_started", Some(LiveEvent::RunStarted(e))) => assert_eq!(json!(e.run_id), unit.unit["run_id"]),
             ("user_message" | "steered" | "assistant_message", Some(LiveEvent::MessageFinished(e))) => {
                 assert_eq!(json!(e.mid), unit.unit["mid"]);
-                let ordinal: usize = e.mid.strip_prefix('m').unwrap().parse().unwrap();
-                let (at, message) = &page.messages[ordinal];
-                assert_eq!(*at as usize, ordinal, "session.read ordinal");
+                // Served ordinals (and mids) count from 1; the transcript's from 0.
+                let served: usize = e.mid.strip_prefix('m').unwrap().parse().unwrap();
+                let (at, message) = &page.messages[served - 1];
+                assert_eq!(*at as usize + 1, served, "session.read ordinal");
                 assert_eq!(serde_json::to_value(message).unwrap(), unit.unit["message"], "{ty} {}", e.mid);
                 if ty == "assistant_message" {
                     assistant_of_step.insert(unit.unit["step"].as_u64().unwrap(), e.mid.clone());
@@ -593,7 +594,7 @@ fn frames_carry_the_llm_runner_live_events_and_every_path_projects_the_same_unit
             other => panic!("unexpected unit/event pair {other:?}"),
         }
     }
-    assert_eq!(finished_mids, ["m0", "m1", "m3"], "user, tool-asking answer, final answer");
+    assert_eq!(finished_mids, ["m1", "m2", "m4"], "user, tool-asking answer, final answer");
 
     // Display frames: the role's deltas, named by the stored message and part they build.
     assert!(displays.iter().any(|d| matches!(d, DisplayEvent::ToolInputDelta { .. })));
@@ -611,8 +612,8 @@ fn frames_carry_the_llm_runner_live_events_and_every_path_projects_the_same_unit
             ) => {
                 assert_eq!(&e.tool_call_id, tool_call_id);
                 assert_eq!((e.mid.as_ref(), e.part.clone()), (Some(mid), Some(part.to_string())));
-                let ordinal: usize = mid.strip_prefix('m').unwrap().parse().unwrap();
-                match &page.messages[ordinal].1.content[*part] {
+                let served: usize = mid.strip_prefix('m').unwrap().parse().unwrap();
+                match &page.messages[served - 1].1.content[*part] {
                     Part::ToolCall { tool_call_id: id, .. } => assert_eq!(id, tool_call_id, "part {part}"),
                     other => panic!("tool_input_delta part {part} is {other:?}"),
                 }
@@ -622,7 +623,7 @@ fn frames_carry_the_llm_runner_live_events_and_every_path_projects_the_same_unit
             other => panic!("unexpected display/event pair {other:?}"),
         };
         assert_eq!(Some(mid), assistant_of_step.get(step), "a delta names its step's message");
-        let ordinal: usize = mid.strip_prefix('m').unwrap().parse().unwrap();
-        assert!(*part < page.messages[ordinal].1.content.len(), "{mid} part {part}");
+        let served: usize = mid.strip_prefix('m').unwrap().parse().unwrap();
+        assert!(*part < page.messages[served - 1].1.content.len(), "{mid} part {part}");
     }
 }

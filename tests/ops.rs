@@ -45,7 +45,81 @@ fn an_idle_send_runs_and_a_busy_send_queues_then_drains_in_order() {
     // Paging: a forward page and its continuation.
     let p = rig.call("session.read", json!({"from_ordinal": 1, "limit": 2})).unwrap();
     assert_eq!(p["messages"][0]["mid"], "m1");
+    assert_eq!(p["messages"][0]["message"]["content"][0]["text"], "one", "ordinals count from 1");
     assert_eq!(p["next_from_ordinal"], 3);
+}
+
+#[test]
+fn reads_and_the_head_serve_the_published_contract() {
+    let rig = rig(Duration::from_secs(5));
+    let script = json!({"responses": [reply_script("first", 0), reply_script("second", 0)]});
+    rig.mock.install("default", Script::from_json(&script.to_string()).unwrap());
+    // A never-written session: the cache pair, nothing else.
+    let head = rig.call("session.head", json!({})).unwrap();
+    assert_eq!(head, json!({"history_version": 0, "incarnation": "unwritten"}));
+    let empty = rig.call("session.read", json!({})).unwrap();
+    assert_eq!((empty["history_version"].clone(), empty["incarnation"].clone()), (json!(0), json!("unwritten")));
+    for prompt in ["one", "two"] {
+        let sent = rig.call("session.send", send(prompt)).unwrap();
+        rig.wait_state(sent["run_id"].as_str().unwrap(), "completed");
+    }
+    let all = rig.call("session.read", json!({})).unwrap();
+    let entries = all["messages"].as_array().unwrap();
+    let ordinals: Vec<u64> = entries.iter().map(|m| m["ordinal"].as_u64().unwrap()).collect();
+    assert_eq!(ordinals, [1, 2, 3, 4]);
+    let incarnation = all["incarnation"].as_str().unwrap().to_owned();
+    assert_eq!(uuid::Uuid::parse_str(&incarnation).unwrap().get_version_num(), 4, "the WAL header's incarnation");
+    let roles: Vec<&str> = entries.iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["user", "assistant", "user", "assistant"]);
+    assert!(entries.iter().all(|m| m["written_at"].as_u64().is_some_and(|t| t > 0)), "{all}");
+    // Run attribution: each run's last message is final.
+    let finals: Vec<bool> = entries.iter().map(|m| m["run"]["final"].as_bool().unwrap()).collect();
+    assert_eq!(finals, [false, true, false, true]);
+    assert_eq!(entries[0]["run"]["run_id"], entries[1]["run"]["run_id"]);
+    assert_ne!(entries[1]["run"]["run_id"], entries[2]["run"]["run_id"]);
+    // A page cut inside a run still knows its last entry is not final.
+    let cut = rig.call("session.read", json!({"from_ordinal": 0, "limit": 1})).unwrap();
+    assert_eq!(
+        (cut["messages"][0]["ordinal"].clone(), cut["messages"][0]["run"]["final"].clone()),
+        (json!(1), json!(false))
+    );
+    // After a message, at the page's history version.
+    let after = rig.call("session.read", json!({"after_mid": "m2", "history_version": 0})).unwrap();
+    assert_eq!(after["messages"][0]["mid"], "m3");
+    let field = |e: broca::wire::Refusal| e.detail.and_then(|d| d.get("field").cloned());
+    let e = rig.call("session.read", json!({"after_mid": "m2"})).unwrap_err();
+    assert_eq!(e.code, "invalid_params");
+    assert_eq!(field(e), Some(json!("history_version")));
+    let e = rig.call("session.read", json!({"after_mid": "m2", "from_ordinal": 1, "history_version": 0})).unwrap_err();
+    assert_eq!(field(e), Some(json!("from_ordinal")));
+    let stale = rig.call("session.read", json!({"after_mid": "m2", "history_version": 7})).unwrap_err();
+    assert_eq!(stale.code, "history_changed");
+    assert_eq!(rig.call("session.read", json!({"history_version": 7})).unwrap_err().code, "history_changed");
+    let unknown = rig.call("session.read", json!({"after_mid": "m9", "history_version": 0})).unwrap_err();
+    assert_eq!(unknown.code, "unknown_mid");
+    let lineage = rig.call("session.read", json!({"after_mid": "m1", "lineage_id": "other"})).unwrap_err();
+    assert_eq!(lineage.code, "lineage_changed");
+    for member in ["include_rich_ui", "include_display_facts", "direction"] {
+        let e = rig.call("session.read", json!({member: true})).unwrap_err();
+        assert_eq!(field(e), Some(json!(member)), "{member} is refused by name");
+    }
+    assert_eq!(field(rig.call("session.read", json!({"view": "model"})).unwrap_err()), Some(json!("view")));
+    let members =
+        json!({"max_bytes": 100, "include_tools": true, "include_originals": true, "view": "raw", "media": "inline"});
+    let small = rig.call("session.read", members).unwrap();
+    assert_eq!(small["messages"].as_array().unwrap().len(), 1, "an over-cap message comes alone: {small}");
+    assert!(small["tools"].is_array() && small["tools_run_id"].is_string(), "{small}");
+    // The head agrees with the pages.
+    let head = rig.call("session.head", json!({})).unwrap();
+    assert_eq!((head["last_ordinal"].clone(), head["first_ordinal"].clone()), (json!(4), json!(1)));
+    assert_eq!(head["incarnation"], incarnation.as_str());
+    assert_eq!(head["history_version"], 0);
+    assert_eq!(head["head"], all["head"]);
+    assert_eq!(head["last_run_state"]["state"], "completed");
+    assert_eq!(head["last_run_state"]["run_id"], entries[3]["run"]["run_id"]);
+    assert_eq!(head["model"], json!({"provider": "mock", "model": "echo-chat"}));
+    assert!(head["updated_at"].as_u64().is_some());
+    assert_eq!(field(rig.call("session.head", json!({"x": 1})).unwrap_err()), Some(json!("x")));
 }
 
 #[test]
@@ -159,21 +233,21 @@ fn pages_are_capped_by_bytes_and_an_oversize_message_is_refused_by_name() {
     let newest = rig.call("session.read", json!({})).unwrap();
     let ordinals: Vec<u64> =
         newest["messages"].as_array().unwrap().iter().map(|m| m["ordinal"].as_u64().unwrap()).collect();
-    assert_eq!(ordinals, [1, 2, 3], "3 MiB holds one big prompt and the answers");
+    assert_eq!(ordinals, [2, 3, 4], "3 MiB holds one big prompt and the answers (ordinals count from 1)");
     assert!(newest.get("next_from_ordinal").is_none());
     let forward = rig.call("session.read", json!({"from_ordinal": 0})).unwrap();
     assert_eq!(forward["messages"].as_array().unwrap().len(), 2);
-    assert_eq!(forward["next_from_ordinal"], 2);
+    assert_eq!(forward["next_from_ordinal"], 3);
     // A message that alone crosses the transport limit is refused, naming it, not its content.
     let huge = "y".repeat(4_300_000);
     let mut params = send(&huge);
     params["send_id"] = json!("huge");
     let sent = rig.call("session.send", params).unwrap();
     rig.wait_state(sent["run_id"].as_str().unwrap(), "completed");
-    let err = rig.call("session.read", json!({"from_ordinal": 4, "limit": 1})).unwrap_err();
+    let err = rig.call("session.read", json!({"from_ordinal": 5, "limit": 1})).unwrap_err();
     assert_eq!(err.code, "reply_too_large");
     let detail = err.detail.unwrap();
-    assert_eq!(detail.get("subject"), Some(&json!({"kind": "message", "session": "s1", "ordinal": 4})));
+    assert_eq!(detail.get("subject"), Some(&json!({"kind": "message", "session": "s1", "ordinal": 5})));
     assert_eq!(detail.get("limit"), Some(&json!(4_194_304)));
     assert!(!err.message.contains("yyyy"));
 }

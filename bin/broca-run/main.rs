@@ -331,9 +331,12 @@ fn read_transcript(args: &Args, shared: &Shared, key: &SessionKey) -> u8 {
         Err(e) => return refuse(args, &e.refusal()),
     };
     let mut stdout = std::io::stdout().lock();
-    for (ordinal, message) in page.messages {
+    for (internal, message) in page.messages {
+        // The ordinals and ids session.read serves (from 1).
+        let (ordinal, mid) =
+            (broca::lineage::projection::served_ordinal(internal), broca::lineage::projection::mid(internal));
         let line = if args.json {
-            serde_json::json!({"ordinal": ordinal, "mid": format!("m{ordinal}"), "message": message}).to_string()
+            serde_json::json!({"ordinal": ordinal, "mid": mid, "message": message}).to_string()
         } else {
             format!(
                 "[{ordinal}] {}: {}",

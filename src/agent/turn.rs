@@ -292,6 +292,7 @@ impl<C> Driver<'_, C> {
                 output: output.clone(),
                 is_error: true,
                 outcome: Some(CallOutcome::NotExecuted),
+                at_ms: Some(now_ms()),
             })?;
             parts.push(Part::ToolResult { tool_call_id: call.tool_call_id, output: output.clone(), is_error: true });
         }
@@ -437,6 +438,7 @@ impl<C> Driver<'_, C> {
                         provider: self.config.provider.clone(),
                         model: self.config.model.clone(),
                         variant: self.config.variant.clone(),
+                        at_ms: Some(now_ms()),
                     })?;
                     self.history.push(message);
                     if let Some(detail) = self.cap_reached().filter(|_| !calls.is_empty()) {
@@ -767,6 +769,7 @@ impl<C> Driver<'_, C> {
                 output: out.output.clone(),
                 is_error: out.is_error,
                 outcome: Some(outcome),
+                at_ms: Some(now_ms()),
             })?;
             parts.push(Part::ToolResult { tool_call_id: id, output: out.output, is_error: out.is_error });
         }

@@ -107,7 +107,7 @@ impl Sink for CallsSink<'_> {
                     result: None,
                 });
             }
-            Record::ToolResult { run_id, step, tool_call_id, output, is_error, outcome } => {
+            Record::ToolResult { run_id, step, tool_call_id, output, is_error, outcome, .. } => {
                 let open = self.facts.iter_mut().find(|f| {
                     f.run_id == *run_id && f.step == *step && f.tool_call_id == *tool_call_id && f.result.is_none()
                 });

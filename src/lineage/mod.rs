@@ -359,6 +359,7 @@ impl Lineage {
                 output: json!({"kind": "error", "message": "the outcome of this call is unknown: broca ended while it was in flight, and it was not sent again"}),
                 is_error: true,
                 outcome: Some(record::CallOutcome::Unknown),
+                at_ms: Some(crate::provider::client::now_ms()),
             })?;
         }
         // A durably acknowledged cancel ends it `cancelled`, unless the cancel came from an

@@ -51,7 +51,7 @@ pub(super) fn run_status(ops: &Ops, key: &SessionKey, request: StatusRequest) ->
     status_of(ops, key, request.run_id).map(super::body)
 }
 
-fn status_of(ops: &Ops, key: &SessionKey, run_id: Option<String>) -> Result<RunStatus, Refusal> {
+pub(super) fn status_of(ops: &Ops, key: &SessionKey, run_id: Option<String>) -> Result<RunStatus, Refusal> {
     let idle = || RunStatus::bare(None, RunState::Idle);
     let Some(mut page) = snapshot(ops, key)? else {
         return Ok(match run_id {
@@ -124,7 +124,8 @@ pub(super) fn run_result(ops: &Ops, key: &SessionKey, request: ResultRequest) ->
         out.finish_reason = Some(reason.as_str());
         let reader = Reader::open(shared, key).ok_or_else(unknown)?;
         let final_message = read::last_message_of_run(&reader, &run_id, Role::Assistant).map_err(|e| e.refusal())?;
-        if let Some((ordinal, message)) = final_message {
+        if let Some((internal, message)) = final_message {
+            let ordinal = crate::lineage::projection::served_ordinal(internal);
             let text: String = message
                 .content
                 .iter()
@@ -133,7 +134,7 @@ pub(super) fn run_result(ops: &Ops, key: &SessionKey, request: ResultRequest) ->
                     _ => None,
                 })
                 .collect();
-            out.final_message = Some(FinalMessage { ordinal, mid: format!("m{ordinal}"), text });
+            out.final_message = Some(FinalMessage { ordinal, mid: crate::lineage::projection::mid(internal), text });
             let frame = serde_json::to_vec(&json!({"result": &out})).map_or(0, |b| b.len()) + subc_protocol::HEADER_LEN;
             if frame > subc_protocol::MAX_DELIVERED_FRAME_LEN {
                 let subject = json!({"kind": "message", "session": key.session, "ordinal": ordinal});

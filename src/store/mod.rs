@@ -27,8 +27,19 @@ use crate::message::Message;
 use crate::replay::{Effect, Replay, RunState, SendFate};
 use crate::session_key::SessionKey;
 
+/// One transcript message with the facts a read serves beside it (internal 0-based ordinal).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    pub ordinal: u64,
+    /// The run whose episode the message belongs to.
+    pub run_id: String,
+    /// Its recorded write time (unix ms), when one was recorded.
+    pub written_at: Option<u64>,
+    pub message: Message,
+}
+
 /// Bumped when derived tables change shape.
-const SCHEMA_VERSION: i64 = 3;
+const SCHEMA_VERSION: i64 = 4;
 
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS lineages (
@@ -47,6 +58,7 @@ CREATE TABLE IF NOT EXISTS transcript (
     ordinal INTEGER NOT NULL,
     run_id TEXT NOT NULL,
     wal_seq INTEGER NOT NULL,
+    written_at INTEGER,
     message TEXT NOT NULL,
     PRIMARY KEY (lineage, ordinal)
 ) WITHOUT ROWID;
@@ -383,12 +395,12 @@ impl Store {
         let tx = conn.transaction()?;
         for effect in &batch.effects {
             match effect {
-                Effect::Message { ordinal, run_id, seq, message } => {
+                Effect::Message { ordinal, run_id, seq, written_at, message } => {
                     let json = serde_json::to_string(message).expect("messages serialize");
                     tx.prepare_cached(
-                        "INSERT OR REPLACE INTO transcript (lineage, ordinal, run_id, wal_seq, message) VALUES (?1, ?2, ?3, ?4, ?5)",
+                        "INSERT OR REPLACE INTO transcript (lineage, ordinal, run_id, wal_seq, written_at, message) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                     )?
-                    .execute(params![at.lineage, *ordinal as i64, run_id, *seq as i64, json])?;
+                    .execute(params![at.lineage, *ordinal as i64, run_id, *seq as i64, written_at.map(|t| t as i64), json])?;
                 }
                 Effect::RunState { run_id, submission_id, state, seq } => {
                     at.put_run_state(&tx, run_id, submission_id.as_deref(), state, *seq)?
@@ -410,19 +422,25 @@ impl Store {
 
     /// Materialized messages `[from, from + limit)` of a lineage, in ordinal order.
     pub fn messages(&self, lineage: &str, from: u64, limit: u64) -> Result<Vec<(u64, Message)>, StoreError> {
+        Ok(self.entries(lineage, from, limit)?.into_iter().map(|e| (e.ordinal, e.message)).collect())
+    }
+
+    /// Materialized entries `[from, from + limit)` with their run and write time.
+    pub fn entries(&self, lineage: &str, from: u64, limit: u64) -> Result<Vec<Entry>, StoreError> {
         let conn = self.reader();
         let mut stmt = conn.prepare_cached(
-            "SELECT ordinal, message FROM transcript WHERE lineage = ?1 AND ordinal >= ?2 ORDER BY ordinal LIMIT ?3",
+            "SELECT ordinal, run_id, written_at, message FROM transcript WHERE lineage = ?1 AND ordinal >= ?2 ORDER BY ordinal LIMIT ?3",
         )?;
         let rows = stmt.query_map(params![lineage, from as i64, limit.min(i64::MAX as u64) as i64], |r| {
-            Ok((r.get::<_, i64>(0)? as u64, r.get::<_, String>(1)?))
+            let written_at = r.get::<_, Option<i64>>(2)?.map(|t| t as u64);
+            Ok((r.get::<_, i64>(0)? as u64, r.get::<_, String>(1)?, written_at, r.get::<_, String>(3)?))
         })?;
         let mut out = Vec::new();
         for row in rows {
-            let (ordinal, json) = row?;
+            let (ordinal, run_id, written_at, json) = row?;
             let message =
                 serde_json::from_str(&json).map_err(|e| StoreError::Damaged(format!("message {ordinal}: {e}")))?;
-            out.push((ordinal, message));
+            out.push(Entry { ordinal, run_id, written_at, message });
         }
         Ok(out)
     }

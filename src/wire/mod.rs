@@ -11,6 +11,7 @@
 
 pub mod answers;
 pub mod plan;
+pub mod read;
 pub mod requests;
 pub mod send;
 pub mod status;
@@ -122,6 +123,12 @@ pub enum RefusalCode {
     ToolNameCollision,
     /// A provider's catalog answer is unusable (`detail {provider, reason}`).
     PlanStale,
+    /// A read names a history version other than the session's.
+    HistoryChanged,
+    /// A read names a lineage other than the session's.
+    LineageChanged,
+    /// A read's `after_mid` names no message of the session.
+    UnknownMid,
 }
 
 impl RefusalCode {
@@ -160,6 +167,9 @@ impl RefusalCode {
             RefusalCode::FetchUnavailable => "fetch_unavailable",
             RefusalCode::ToolNameCollision => "tool_name_collision",
             RefusalCode::PlanStale => "plan_stale",
+            RefusalCode::HistoryChanged => "history_changed",
+            RefusalCode::LineageChanged => "lineage_changed",
+            RefusalCode::UnknownMid => "unknown_mid",
         }
     }
 }
