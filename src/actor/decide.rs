@@ -67,6 +67,20 @@ pub fn send(
             return Err(run_paused(&run_id, "auth_required"));
         }
     }
+    if let (Resolution::Resume { run_id } | Resolution::Paused { run_id, .. }, Delivery::Steer) =
+        (state.resolution(), send.delivery)
+    {
+        // A joining steer cannot replace the running run's routing decision.
+        let frozen_decision = frozen.as_ref().and_then(|c| c.policy.route_decision_id.as_deref());
+        if send.route_decision_id.as_deref().is_some_and(|sent| Some(sent) != frozen_decision) {
+            let message = format!("run {run_id} runs under another route_decision_id; a joining send cannot change it");
+            return Err(Refusal::new(
+                RefusalCode::InvalidParams,
+                message,
+                Some(crate::detail!("field" => "route_decision_id")),
+            ));
+        }
+    }
     let plan = plan_for(&send, state.last.is_some(), frozen.as_ref(), checked.fetched)?;
     let mut config = match checked.resolved {
         Some(c) => c,
@@ -175,7 +189,10 @@ fn deliver(
                 send.title,
                 credentials,
             )?);
-            Ok(SendReply::active(run_id, Some(submission_id)))
+            let first = lineage.state().episodes == 1;
+            let mut reply = SendReply::active(run_id, Some(submission_id));
+            reply.baseline = first.then(|| config.baseline());
+            Ok(reply)
         }
         (Some((run_id, _)), Delivery::Steer) => {
             units.extend(lineage.commit()?);
@@ -236,7 +253,9 @@ fn resend(
             return Ok(SendReply::active(run_id.as_str(), Some(row.submission_id.clone())));
         }
     }
-    ledger::fate(store, &addr, page, row).map_err(|e| e.refusal())
+    let mut reply = ledger::fate(store, &addr, page, row).map_err(|e| e.refusal())?;
+    reply.baseline = ledger::first_baseline(page, row);
+    Ok(reply)
 }
 
 /// Retracts a pending send; a send no longer pending says why (spec §11).

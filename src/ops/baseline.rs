@@ -19,7 +19,7 @@ pub(super) fn session_baseline(ops: &Ops, key: &SessionKey) -> Result<Value, Ref
     let Some(reader) = Reader::open(ops.registry.shared(), key) else { return Ok(not_yet()) };
     let Some(frozen) = first_episode_config(&reader).map_err(|e| e.refusal())? else { return Ok(not_yet()) };
     let baseline = match &frozen {
-        Frozen::Config(c) => baseline_of(c),
+        Frozen::Config(c) => c.baseline(),
         Frozen::Unreadable(v) => {
             let tool_names = v
                 .get("tools")
@@ -32,35 +32,6 @@ pub(super) fn session_baseline(ops: &Ops, key: &SessionKey) -> Result<Value, Ref
         }
     };
     Ok(serde_json::to_value(BaselineReply::ready(baseline)).expect("baselines serialize"))
-}
-
-/// The baseline a frozen config describes.
-pub fn baseline_of(config: &crate::frozen::FrozenConfig) -> cortexkit_role_llm_runner::baseline::Baseline {
-    use cortexkit_role_llm_runner::baseline::{AbsentItem, Baseline, BaselineItem};
-    let tool_names: Vec<String> = config.tools.iter().map(|t| t.name.clone()).collect();
-    let Some(plan) = &config.plan else { return Baseline::plan_less(tool_names) };
-    let tool_items = plan.items.iter().map(|i| BaselineItem::new(&i.provider, &i.catalog_digest).with_item("tools"));
-    let text_items = plan.texts.iter().map(|t| {
-        BaselineItem::new(&t.provider, &t.item_digest)
-            .with_item("system_text")
-            .with_preflight_digest(&t.preflight_digest)
-    });
-    let items = tool_items.chain(text_items).collect();
-    let absent = plan
-        .absent
-        .iter()
-        .map(|a| AbsentItem {
-            provider: a.provider.clone(),
-            kind: a.kind.clone(),
-            reason: a.reason.clone(),
-            provider_code: a.provider_code.clone(),
-        })
-        .filter(|a| a.check().is_ok())
-        .collect();
-    let mut baseline = Baseline::plan_less(tool_names).with_absent_items(absent);
-    baseline.items = items;
-    baseline.composition_digest = plan.composition_digest.clone();
-    baseline
 }
 
 /// The frozen config of the session's first durable `RunStarted`, reading only as far as it.

@@ -163,5 +163,7 @@ pub(super) fn send_status(ops: &Ops, key: &SessionKey, request: SendStatusReques
     let addr = key.addr();
     let row = ledger::send(store, &addr, &page, SendLookup::SendId(&send_id)).map_err(|e| e.refusal())?;
     let Some(row) = row else { return Err(unknown()) };
-    ledger::fate(store, &addr, &page, &row).map(super::body).map_err(|e| e.refusal())
+    let mut reply = ledger::fate(store, &addr, &page, &row).map_err(|e| e.refusal())?;
+    reply.baseline = ledger::first_baseline(&page, &row);
+    Ok(super::body(reply))
 }

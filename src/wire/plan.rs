@@ -55,6 +55,22 @@ pub fn decode(plan: &Value) -> Result<Plan, Refusal> {
             return Err(invalid_params(&format!("plan.{refused}"), "not served by this build"));
         }
     }
+    // broca does not declare `output_refs`: a plan naming it on any item, even `false`, is
+    // refused before anything is fetched (llm-runner §9.13).
+    for (list_key, place) in
+        [("tool_items", "tool_items"), ("items", "tool_items"), ("system_text_items", "system_text_items")]
+    {
+        let names = obj
+            .get(list_key)
+            .and_then(Value::as_array)
+            .is_some_and(|items| items.iter().any(|i| i.get("output_refs").is_some()));
+        if names {
+            return Err(invalid_params(
+                &format!("plan.{place}[].output_refs"),
+                "output_refs is not served by this build",
+            ));
+        }
+    }
     let (key, items) = match (obj.get("tool_items"), obj.get("items")) {
         (Some(_), Some(_)) => return Err(invalid_params("plan.items", "give tool_items or items, not both")),
         (Some(t), None) => ("tool_items", Some(t)),
