@@ -305,14 +305,14 @@ mod tests {
 
     #[test]
     fn read_limits_clamp_and_refuse_zero() {
-        assert_eq!(ReadRequest::decode(&json!({"limit": 5000})).unwrap().limit, READ_MAX_LIMIT);
-        assert_eq!(ReadRequest::decode(&Value::Null).unwrap().limit, READ_DEFAULT_LIMIT);
+        assert_eq!(ReadRequest::decode(&json!({"limit": 5000}), "l").unwrap().limit, READ_MAX_LIMIT);
+        assert_eq!(ReadRequest::decode(&Value::Null, "l").unwrap().limit, READ_DEFAULT_LIMIT);
         assert_eq!(
-            ReadRequest::decode(&json!({"limit": 0})).unwrap_err().message,
+            ReadRequest::decode(&json!({"limit": 0}), "l").unwrap_err().message,
             "invalid params: limit: must be at least 1"
         );
         // `limit` is checked before `from_ordinal`.
-        let e = ReadRequest::decode(&json!({"limit": -1, "from_ordinal": "x"})).unwrap_err();
+        let e = ReadRequest::decode(&json!({"limit": -1, "from_ordinal": "x"}), "l").unwrap_err();
         assert_eq!(e.message, "invalid params: limit: a non-negative integer is required");
     }
 
