@@ -167,6 +167,8 @@ pub enum RunState {
         at_ms: u64,
         detail: Option<Value>,
         undelivered_steers: Vec<String>,
+        /// The normalized finish of the run's last model step, when it reported one.
+        finish: Option<String>,
     },
 }
 
@@ -212,6 +214,13 @@ pub struct Replay {
     /// A completed step reported no input usage: spend is unknown from then on (fail closed).
     #[serde(default)]
     pub input_unreported: bool,
+    /// Session spend (llm-runner §4.3 `session_usage`): every completed step of every run,
+    /// folded incrementally as records apply, so the checkpoint carries it with its watermark.
+    #[serde(default)]
+    pub session_usage: RunUsage,
+    /// The first run counted in `session_usage`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage_since: Option<String>,
 }
 
 impl Replay {
@@ -392,6 +401,7 @@ impl Replay {
                 e.final_step_finish_reason = Some(finish_reason.clone());
                 e.usage.add_step(provider, model, variant.as_deref(), usage);
                 e.last_assistant = Some(ordinal);
+                self.session_usage.add_step(provider, model, variant.as_deref(), usage);
                 self.spend_input(usage);
                 self.push_message(seq, message.clone(), *at_ms, sink);
             }
@@ -436,6 +446,7 @@ impl Replay {
             sink(Effect::Send { submission_id: id.clone(), fate, seq });
         }
         self.episodes += 1;
+        self.usage_since.get_or_insert_with(|| r.run_id.clone());
         self.last = Some(Episode {
             run_id: r.run_id.clone(),
             submission_id: r.submission_id.clone(),
@@ -502,7 +513,17 @@ impl Replay {
                 };
                 (run_id, state)
             }
-            Record::RunFinished { run_id, reason, error, usage, at_ms, detail, undelivered_steers, .. } => {
+            Record::RunFinished {
+                run_id,
+                reason,
+                error,
+                usage,
+                at_ms,
+                detail,
+                undelivered_steers,
+                final_step_finish_reason,
+                ..
+            } => {
                 self.close_batch(seq, sink);
                 let e = self.episode_mut();
                 e.status = EpisodeStatus::Finished { reason: *reason, error: error.clone(), detail: detail.clone() };
@@ -514,6 +535,7 @@ impl Replay {
                     at_ms: *at_ms,
                     detail: detail.clone(),
                     undelivered_steers: undelivered_steers.clone(),
+                    finish: final_step_finish_reason.clone(),
                 };
                 (run_id, state)
             }

@@ -6,6 +6,7 @@ mod inproc;
 #[allow(dead_code, unused_imports)]
 #[path = "../bin/broca-mock/mock/mod.rs"]
 mod mock;
+mod pin;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -64,6 +65,7 @@ fn reads_and_the_head_serve_the_published_contract() {
         rig.wait_state(sent["run_id"].as_str().unwrap(), "completed");
     }
     let all = rig.call("session.read", json!({})).unwrap();
+    pin::assert_golden("session_read.page.json", &all.to_string(), None);
     let entries = all["messages"].as_array().unwrap();
     let ordinals: Vec<u64> = entries.iter().map(|m| m["ordinal"].as_u64().unwrap()).collect();
     assert_eq!(ordinals, [1, 2, 3, 4]);
@@ -111,6 +113,9 @@ fn reads_and_the_head_serve_the_published_contract() {
     assert!(small["tools"].is_array() && small["tools_run_id"].is_string(), "{small}");
     // The head agrees with the pages.
     let head = rig.call("session.head", json!({})).unwrap();
+    pin::assert_golden("session_head.json", &head.to_string(), None);
+    pin::assert_golden("session_read.history_changed.json", &stale.to_json(), None);
+    pin::assert_golden("session_read.unknown_mid.json", &unknown.to_json(), None);
     assert_eq!((head["last_ordinal"].clone(), head["first_ordinal"].clone()), (json!(4), json!(1)));
     assert_eq!(head["incarnation"], incarnation.as_str());
     assert_eq!(head["history_version"], 0);
@@ -120,6 +125,16 @@ fn reads_and_the_head_serve_the_published_contract() {
     assert_eq!(head["model"], json!({"provider": "mock", "model": "echo-chat"}));
     assert!(head["updated_at"].as_u64().is_some());
     assert_eq!(field(rig.call("session.head", json!({"x": 1})).unwrap_err()), Some(json!("x")));
+    // session_usage: every counted step of the session, since its first run.
+    assert_eq!(head["usage"]["steps"], 2, "{head}");
+    assert_eq!(head["usage"]["since"], entries[0]["run"]["run_id"]);
+    // finish_reason: the normalized finish of the run's last model step, on result and status.
+    let run_id = entries[3]["run"]["run_id"].as_str().unwrap();
+    let result = rig.call("run.result", json!({"run_id": run_id})).unwrap();
+    let status = rig.call("run.status", json!({"run_id": run_id})).unwrap();
+    assert_eq!((result["finish"].clone(), status["finish"].clone()), (json!("stop"), json!("stop")), "{result}");
+    let older = rig.call("run.result", json!({"run_id": entries[0]["run"]["run_id"]})).unwrap();
+    assert_eq!(older["finish"], "stop", "an older run's finish comes from the run index: {older}");
 }
 
 #[test]

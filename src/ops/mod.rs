@@ -105,6 +105,8 @@ pub fn describe(config: &crate::config::BrocaConfig) -> Value {
     let groups = [
         cap::TRANSCRIPT_READS,
         cap::RUN_OPS,
+        cap::FINISH_REASON,
+        cap::SESSION_USAGE,
         cap::RUN_STATUS,
         cap::RUN_CANCEL,
         cap::RUN_USAGE,

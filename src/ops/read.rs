@@ -14,7 +14,7 @@ use crate::replay::{EpisodeStatus, Resolution};
 use crate::session_key::SessionKey;
 use crate::wire::read::{
     HeadMeta, HeadModel, LastRunError, LastRunState, ReadEntry, ReadPage, ReadTool, ReadToolCall, RunAttribution,
-    UNWRITTEN_INCARNATION,
+    SessionUsage, UNWRITTEN_INCARNATION,
 };
 use crate::wire::requests::{unknown_mid, ReadCursor, ReadRequest, HISTORY_VERSION, READ_MAX_BYTES};
 use crate::wire::status::RunState;
@@ -218,6 +218,7 @@ pub(super) fn session_head(ops: &Ops, key: &SessionKey) -> Result<Value, Refusal
             last_run_error: None,
             updated_at: None,
             model: None,
+            usage: None,
             title: None,
             lineage_id: None,
         }));
@@ -258,6 +259,11 @@ pub(super) fn session_head(ops: &Ops, key: &SessionKey) -> Result<Value, Refusal
         last_run_error,
         updated_at,
         model,
+        usage: page
+            .state
+            .usage_since
+            .clone()
+            .map(|since| SessionUsage { usage: page.state.session_usage.clone(), since }),
         title: last.and_then(|e| e.title.clone()),
         lineage_id: Some(lineage_id),
     };

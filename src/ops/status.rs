@@ -40,6 +40,7 @@ fn run_body(ops: &Ops, facts: &RunFacts) -> RunStatus {
         // Every acknowledged steer reaches the transcript before its run's terminal; these
         // came after the run's last model step, so no model of the run saw them.
         out.undelivered_steers = Some(facts.undelivered_steers.clone());
+        out.finish = facts.finish.as_deref().map(finish_name);
     }
     if facts.phase == RunPhase::Active {
         out.step = ops.registry.steps().get(&facts.run_id);
@@ -166,4 +167,16 @@ pub(super) fn send_status(ops: &Ops, key: &SessionKey, request: SendStatusReques
     let mut reply = ledger::fate(store, &addr, &page, &row).map_err(|e| e.refusal())?;
     reply.baseline = ledger::first_baseline(&page, &row);
     Ok(super::body(reply))
+}
+
+/// A recorded step finish as llm-runner §6.6 spells it: broca's decoders already normalize a
+/// provider's reason into the role's set, so a known value passes through; anything else (an
+/// older record's raw spelling) is `other`, never guessed.
+fn finish_name(recorded: &str) -> String {
+    match recorded {
+        "stop" | "length" | "content_filter" | "tool_calls" | "error" | "other" => recorded.to_owned(),
+        // A model's refusal (openai chat's `refusal` member) is filtered generation.
+        "refusal" => "content_filter".to_owned(),
+        _ => "other".to_owned(),
+    }
 }

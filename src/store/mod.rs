@@ -39,7 +39,7 @@ pub struct Entry {
 }
 
 /// Bumped when derived tables change shape.
-const SCHEMA_VERSION: i64 = 4;
+const SCHEMA_VERSION: i64 = 5;
 
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS lineages (
@@ -81,6 +81,7 @@ CREATE TABLE IF NOT EXISTS runs (
     auth_selection TEXT,
     detail TEXT,
     undelivered_steers TEXT,
+    finish TEXT,
     PRIMARY KEY (lineage, run_id)
 );
 CREATE INDEX IF NOT EXISTS runs_by_id ON runs (run_id);
@@ -213,6 +214,8 @@ pub struct RunRow {
     pub detail: Option<String>,
     /// The steers the run never showed a model (JSON list), once it finished.
     pub undelivered_steers: Option<String>,
+    /// The normalized finish of the run's last model step, once it finished.
+    pub finish: Option<String>,
 }
 
 /// How a ledger row is looked up.
@@ -473,7 +476,7 @@ impl Store {
         let conn = self.reader();
         let row = conn
             .query_row(
-                "SELECT run_id, lineage, session, submission_id, state, reason, error, terminal, wal_path, title, usage, auth_selection, detail, undelivered_steers FROM runs
+                "SELECT run_id, lineage, session, submission_id, state, reason, error, terminal, wal_path, title, usage, auth_selection, detail, undelivered_steers, finish FROM runs
                  WHERE run_id = ?1 ORDER BY updated_seq DESC LIMIT 1",
                 [run_id],
                 |r| {
@@ -492,6 +495,7 @@ impl Store {
                         auth_selection: r.get(11)?,
                         detail: r.get(12)?,
                         undelivered_steers: r.get(13)?,
+                        finish: r.get(14)?,
                     })
                 },
             )
@@ -563,21 +567,24 @@ impl FlushAt<'_> {
             RunState::Active { title, auth_selection, .. } => (title.clone(), auth_selection.as_ref().map(json_string)),
             _ => (None, None),
         };
-        let (usage, detail, undelivered) = match state {
-            RunState::Finished { usage, detail, undelivered_steers, .. } => {
-                (Some(json_string(usage)), detail.as_ref().map(json_string), Some(json_string(undelivered_steers)))
-            }
-            _ => (None, None, None),
+        let (usage, detail, undelivered, finish) = match state {
+            RunState::Finished { usage, detail, undelivered_steers, finish, .. } => (
+                Some(json_string(usage)),
+                detail.as_ref().map(json_string),
+                Some(json_string(undelivered_steers)),
+                finish.clone(),
+            ),
+            _ => (None, None, None, None),
         };
         let key = self.key;
         tx.prepare_cached(
-            "INSERT INTO runs (run_id, lineage, session, harness, project_root, submission_id, state, reason, error, terminal, wal_path, started_seq, updated_seq, title, usage, auth_selection, detail, undelivered_steers)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13, ?14, ?15, ?16, ?17)
+            "INSERT INTO runs (run_id, lineage, session, harness, project_root, submission_id, state, reason, error, terminal, wal_path, started_seq, updated_seq, title, usage, auth_selection, detail, undelivered_steers, finish)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13, ?14, ?15, ?16, ?17, ?18)
              ON CONFLICT (lineage, run_id) DO UPDATE SET state = excluded.state, reason = excluded.reason,
                  error = excluded.error, terminal = excluded.terminal, updated_seq = excluded.updated_seq,
                  title = COALESCE(runs.title, excluded.title), usage = COALESCE(excluded.usage, runs.usage),
                  auth_selection = COALESCE(runs.auth_selection, excluded.auth_selection),
-                 detail = excluded.detail, undelivered_steers = excluded.undelivered_steers
+                 detail = excluded.detail, undelivered_steers = excluded.undelivered_steers, finish = excluded.finish
              WHERE runs.terminal = 0 AND excluded.updated_seq >= runs.updated_seq",
         )?
         .execute(params![
@@ -597,7 +604,8 @@ impl FlushAt<'_> {
             usage,
             auth_selection,
             detail,
-            undelivered
+            undelivered,
+            finish
         ])?;
         if let RunState::Finished { reason, usage, at_ms, .. } = state {
             insert_facts(tx, key, &self.lineage, run_id, reason.as_str(), usage, *at_ms)?;

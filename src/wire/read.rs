@@ -120,9 +120,20 @@ pub struct HeadMeta {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<HeadModel>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<SessionUsage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lineage_id: Option<String>,
+}
+
+/// `session.head`'s `usage` (`session_usage`): run usage's shape over every counted step of
+/// the session, with `since` naming the first counted run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SessionUsage {
+    #[serde(flatten)]
+    pub usage: crate::message::RunUsage,
+    pub since: String,
 }
 
 /// The incarnation a session with no WAL reports: no record exists, so none was minted, and a

@@ -117,6 +117,10 @@ pub struct RunStatus {
     /// Present once the run finished.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub undelivered_steers: Option<Vec<String>>,
+    /// The normalized finish of the run's last model step (llm-runner §6.6), once it ended and
+    /// when that step reported one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finish: Option<String>,
     /// The model step in flight, while the run is active here.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub step: Option<StepSnapshot>,
@@ -139,6 +143,7 @@ impl RunStatus {
             title: None,
             auth_selection: None,
             undelivered_steers: None,
+            finish: None,
             step: None,
             delivered: None,
         }
@@ -185,6 +190,8 @@ pub struct RunResult {
     pub finish_reason: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub final_message: Option<FinalMessage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finish: Option<String>,
 }
 
 impl RunResult {
@@ -202,6 +209,7 @@ impl RunResult {
             auth_selection: status.auth_selection,
             finish_reason: None,
             final_message: None,
+            finish: status.finish,
         }
     }
 }
