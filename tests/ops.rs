@@ -401,3 +401,83 @@ fn a_full_mailbox_is_refused_transiently_and_a_closed_session_leaves_the_registr
     }
     assert!(!registry.is_open(&key()));
 }
+
+#[test]
+fn history_pages_backward_and_forward_raw_and_as_display_rows() {
+    let rig = rig(Duration::from_secs(5));
+    let script = json!({"responses": [reply_script("first", 0), reply_script("second", 0), reply_script("third", 0)]});
+    rig.mock.install("default", Script::from_json(&script.to_string()).unwrap());
+    let never = rig.call("session.history", json!({})).unwrap();
+    assert_eq!(never, json!({"messages": [], "history_version": 0, "incarnation": "unwritten"}));
+    for prompt in ["one", "two", "three"] {
+        let sent = rig.call("session.send", send(prompt)).unwrap();
+        rig.wait_state(sent["run_id"].as_str().unwrap(), "completed");
+    }
+    let ordinals = |page: &serde_json::Value| -> Vec<u64> {
+        page["messages"].as_array().unwrap().iter().map(|m| m["ordinal"].as_u64().unwrap()).collect()
+    };
+    // The newest page, then older pages by cursor: no overlap, no gap, an explicit end.
+    let newest = rig.call("session.history", json!({"limit": 4})).unwrap();
+    assert_eq!(ordinals(&newest), [3, 4, 5, 6]);
+    assert!(newest.get("newer").is_none(), "nothing newer: {newest}");
+    let older = rig.call("session.history", json!({"cursor": newest["older"], "limit": 4})).unwrap();
+    assert_eq!(ordinals(&older), [1, 2]);
+    assert!(older.get("older").is_none(), "nothing older: {older}");
+    let back = rig.call("session.history", json!({"cursor": older["newer"], "limit": 4})).unwrap();
+    assert_eq!(ordinals(&back), [3, 4, 5, 6]);
+    // Seeks by mid and ordinal; entries match session.read's.
+    let from = rig.call("session.history", json!({"from_mid": "m2", "limit": 2})).unwrap();
+    assert_eq!(ordinals(&from), [2, 3]);
+    let read = rig.call("session.read", json!({"from_ordinal": 2, "limit": 2})).unwrap();
+    for (h, r) in from["messages"].as_array().unwrap().iter().zip(read["messages"].as_array().unwrap()) {
+        for k in ["ordinal", "mid", "message", "written_at", "role"] {
+            assert_eq!(h[k], r[k], "{k}");
+        }
+    }
+    assert_eq!(from["incarnation"], read["incarnation"]);
+    let before = rig.call("session.history", json!({"before_ordinal": 1})).unwrap();
+    assert_eq!(ordinals(&before), Vec::<u64>::new());
+    assert!(before.get("older").is_none());
+    assert_eq!(ordinals(&rig.call("session.history", json!({"from_ordinal": 0, "limit": 1})).unwrap()), [1]);
+    let code = |params: serde_json::Value| rig.call("session.history", params).unwrap_err();
+    assert_eq!(code(json!({"from_ordinal": 9})).code, "unknown_ordinal");
+    assert_eq!(code(json!({"before_mid": "m9"})).code, "unknown_mid");
+    let other = code(json!({"cursor": "h1.0000.older.2"}));
+    assert_eq!(other.code, "cursor_expired");
+    let field = |e: broca::wire::Refusal| e.detail.and_then(|d| d.get("field").cloned());
+    assert_eq!(field(code(json!({"cursor": "garbage"}))), Some(json!("cursor")));
+    assert_eq!(field(code(json!({"from_mid": "m1", "from_ordinal": 1}))), Some(json!("from_ordinal")));
+    assert_eq!(field(code(json!({"view": "model"}))), Some(json!("view")));
+    assert_eq!(field(code(json!({"form": "pretty"}))), Some(json!("form")));
+    let limits = json!({"arguments_bytes": 2, "result_bytes": 2, "error_result_bytes": 2});
+    assert_eq!(field(code(json!({"limits": limits}))), Some(json!("limits")));
+    assert_eq!(field(code(json!({"form": "display", "media": "inline"}))), Some(json!("media")));
+    pin::assert_golden("session_history.raw.json", &newest.to_string(), None);
+    // Display rows: role, joined text, keyed parts, the producing model on assistant rows.
+    let display = rig.call("session.history", json!({"form": "display", "limit": 2, "limits": limits})).unwrap();
+    let rows: Vec<&serde_json::Value> = display["messages"].as_array().unwrap().iter().map(|m| &m["row"]).collect();
+    assert_eq!((rows[0]["role"].clone(), rows[0]["text"].clone()), (json!("user"), json!("three")));
+    assert_eq!(rows[1]["model"], "mock/echo-chat", "{display}");
+    assert_eq!(rows[1]["parts"][0], json!({"type": "text", "part": "p0", "text": "third"}));
+    pin::assert_golden("session_history.display.json", &display.to_string(), None);
+}
+
+#[test]
+fn history_refuses_a_page_whose_entry_has_no_recorded_time() {
+    // A WAL an older build wrote: its answers carry no write time (message-times/v1 came later).
+    let rig = rig(Duration::from_secs(5));
+    let wal = rig.ops.registry.shared().wal_path(&key());
+    std::fs::create_dir_all(wal.parent().unwrap()).unwrap();
+    std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/wal/queue_steer_cancel.wal"), &wal).unwrap();
+    let e = rig.call("session.history", json!({})).unwrap_err();
+    assert_eq!(e.code, "history_unrepresentable");
+    let detail = e.detail.clone().unwrap();
+    assert_eq!(
+        (detail.get("field").cloned(), detail.get("class").cloned()),
+        (Some(json!("written_at")), Some(json!("permanent")))
+    );
+    pin::assert_golden("session_history.unrepresentable.json", &e.to_json(), None);
+    // session.read stays the recovery path: the same entries, written_at absent where unknown.
+    let page = rig.call("session.read", json!({})).unwrap();
+    assert!(page["messages"].as_array().unwrap().iter().any(|m| m.get("written_at").is_none()));
+}

@@ -10,6 +10,7 @@
 mod baseline;
 mod calls;
 mod driver;
+mod history;
 mod read;
 mod send;
 mod status;
@@ -77,6 +78,10 @@ impl Ops {
                 reply(ReadRequest::decode(&params, &key.addr()).and_then(|r| read::session_read(self, key, r)))
             }
             "session.head" => reply(Empty::decode(&params).and_then(|Empty| read::session_head(self, key))),
+            "session.history" => reply(
+                crate::wire::history::HistoryRequest::decode(&params, &key.addr())
+                    .and_then(|r| history::session_history(self, key, r)),
+            ),
             "run.status" => reply(StatusRequest::decode(&params, key).and_then(|r| status::run_status(self, key, r))),
             "run.result" => reply(ResultRequest::decode(&params).and_then(|r| status::run_result(self, key, r))),
             "send.status" | "session.send_status" => {
@@ -106,6 +111,8 @@ pub fn describe(config: &crate::config::BrocaConfig) -> Value {
         cap::TRANSCRIPT_READS,
         cap::RUN_OPS,
         cap::FINISH_REASON,
+        cap::HOST_HISTORY,
+        cap::HISTORY_DISPLAY,
         cap::SESSION_USAGE,
         cap::RUN_STATUS,
         cap::RUN_CANCEL,

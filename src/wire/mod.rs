@@ -10,6 +10,7 @@
 //!   spec writes them (a plain JSON map would sort them).
 
 pub mod answers;
+pub mod history;
 pub mod plan;
 pub mod read;
 pub mod requests;
@@ -129,6 +130,12 @@ pub enum RefusalCode {
     LineageChanged,
     /// A read's `after_mid` names no message of the session.
     UnknownMid,
+    /// A history position names an ordinal the session never assigned.
+    UnknownOrdinal,
+    /// A history cursor no longer names a page (another session's).
+    CursorExpired,
+    /// A history page holds an entry without a recorded creation time.
+    HistoryUnrepresentable,
 }
 
 impl RefusalCode {
@@ -170,6 +177,9 @@ impl RefusalCode {
             RefusalCode::HistoryChanged => "history_changed",
             RefusalCode::LineageChanged => "lineage_changed",
             RefusalCode::UnknownMid => "unknown_mid",
+            RefusalCode::UnknownOrdinal => "unknown_ordinal",
+            RefusalCode::CursorExpired => "cursor_expired",
+            RefusalCode::HistoryUnrepresentable => "history_unrepresentable",
         }
     }
 }
