@@ -27,6 +27,8 @@ mod mock;
 
 #[path = "conformance/kill.rs"]
 mod kill;
+#[path = "conformance/killcheck.rs"]
+mod killcheck;
 #[path = "conformance/model.rs"]
 mod model;
 #[path = "conformance/report.rs"]
@@ -50,6 +52,8 @@ use serde_json::{json, Value};
 
 /// Set by `make conformance`: without it the target only says how to run it.
 const SWITCH: &str = "BROCA_CONFORMANCE";
+/// Runs the adapter's own check of its kills instead of the suite (`conformance/killcheck.rs`).
+const KILLCHECK: &str = "BROCA_CONFORMANCE_KILLCHECK";
 /// Groups to run as if declared (diagnostic runs only; see [`assumed_groups`]).
 const ASSUME: &str = "BROCA_CONFORMANCE_ASSUME";
 
@@ -161,6 +165,14 @@ async fn run() -> Result<bool, String> {
         eprintln!("conformance: groups the suite does not know: {}", unknown.join(", "));
     }
     let subject = subject::Subject::new(config, model, tools, groups);
+    if std::env::var_os(KILLCHECK).is_some_and(|v| !v.is_empty()) {
+        let ok = killcheck::run(&subject, base.path()).await;
+        if !ok {
+            let kept = base.keep();
+            eprintln!("conformance: the rigs' logs are kept under {}", kept.display());
+        }
+        return Ok(ok);
+    }
     let work = base.path().join("suite");
     let options = SuiteOptions::new().with_progress(progress::stderr_lines());
     let report = run_suite_with(&subject, &work, options).await.map_err(|e| format!("the suite: {e}"))?;

@@ -27,15 +27,17 @@ const REACH: Duration = Duration::from_secs(120);
 const POINTS: &[(&str, &str, &str)] = &[
     (
         points::ADMITTED,
-        "queue.between_queued_and_started@1",
-        "broca admits a send and records it, with its frozen plan, in one commit (the Queued record); \
-         the fail point fires after that commit, before the run starts or any model request",
+        "step.after_started@1",
+        "broca admits a send with one commit, its RunStarted holding the frozen plan and the send's \
+         message; the fail point fires after the next commit (the content-free StepStarted \
+         barrier), before any model request",
     ),
     (
         points::SEND_RECORDED,
-        "queue.between_queued_and_started@1",
-        "the send's message and send_id are durable in the Queued record; the fail point fires after \
-         its commit, before RunStarted, so the reply may or may not have gone out",
+        "step.after_started@1",
+        "the send's message and send_id are durable in that same RunStarted; the fail point fires \
+         after the StepStarted barrier that follows, before the model request, so the send's reply \
+         may or may not have gone out",
     ),
     (
         points::DISPATCH_INTENT,

@@ -1,0 +1,126 @@
+//! `BROCA_CONFORMANCE_KILLCHECK=1`: the adapter's own check of its `kill_at`, run instead of the
+//! suite. For every declared point it does what a crash case does, through the suite's
+//! `CrashDriver` and with only ops broca serves today (`session.send`, `run.status`): spawn an
+//! instance on a fresh root, kill it at the point while one session's first send runs a tool
+//! step, restart it, retry the send with its `send_id`, and wait for the run to end. It prints
+//! one `KILLCHECK` line per point with the mechanism, the tool provider's call count at the kill
+//! and in all, and the run's final state; its kills never reach the suite's ledger or its
+//! `CONFORMANCE` line. It exists because every crash case of the suite needs `transcript_reads`,
+//! which broca does not declare yet, so the suite itself cannot exercise these kills today.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use cortexkit_role_llm_runner::run::RunState;
+use cortexkit_role_llm_runner_conformance::harness::{CrashDriver, KillPoint, Trigger};
+use cortexkit_role_llm_runner_conformance::{
+    LlmRunnerSubject, Reply, RunnerRoute, Script, ScriptedPart, ScriptedToolCall, ScriptedTurn, SCRIPTED_TOOL,
+};
+use serde_json::{json, Value};
+
+use crate::route::Route;
+use crate::subject::Subject;
+
+const RUN_END: Duration = Duration::from_secs(60);
+
+fn params(subject: &Subject, session: &str, prompt: &str, send_id: &str) -> Value {
+    let mut fields = subject.send_fields(session, true);
+    fields.insert("prompt".into(), json!(prompt));
+    fields.insert("send_id".into(), json!(send_id));
+    Value::Object(fields)
+}
+
+/// The run id of a send's reply, if it names one.
+fn run_of(reply: &Reply) -> Option<String> {
+    match reply {
+        Reply::Response(v) => v["run_id"].as_str().map(str::to_owned),
+        Reply::Error(_) => None,
+    }
+}
+
+/// Polls `run.status` until the run is terminal; its last state.
+async fn wait_end(route: &Route, run_id: &str) -> Result<String, String> {
+    let until = Instant::now() + RUN_END;
+    loop {
+        let state = match route.request("run.status", json!({"run_id": run_id})).await {
+            Ok(Reply::Response(v)) => v["state"].as_str().unwrap_or_default().to_owned(),
+            Ok(Reply::Error(e)) => format!("refused {}", e.code),
+            Err(e) => format!("unanswered: {}", e.message),
+        };
+        if RunState::parse(&state).is_terminal() {
+            return Ok(state);
+        }
+        if Instant::now() > until {
+            return Err(format!("run {run_id} is still {state} after {RUN_END:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn check_point(subject: &Subject, driver: &mut CrashDriver<'_, Subject>, base: &Path, point: &str) -> String {
+    let root = base.join(format!("killcheck-{point}"));
+    if let Err(e) = std::fs::create_dir_all(&root) {
+        return format!("KILLCHECK {point} FAILED creating {}: {e}", root.display());
+    }
+    let session = format!("killcheck-{point}");
+    let call = ScriptedToolCall {
+        tool_call_id: "killcheck_call".into(),
+        tool: SCRIPTED_TOOL.into(),
+        arguments: json!({"marker": format!("killcheck-{point}-args")}),
+        result: json!({"marker": format!("killcheck-{point}-result")}),
+        hold: false,
+    };
+    let script = Script {
+        turns: vec![
+            ScriptedTurn::new(vec![ScriptedPart::Text("step".into()), ScriptedPart::ToolCall(call.clone())]),
+            ScriptedTurn::new(vec![ScriptedPart::Text("final".into())]),
+        ],
+    };
+    let outcome: Result<String, String> = async {
+        subject.install_script(&session, script).await.map_err(|e| e.to_string())?;
+        let handle = driver.spawn(&root).await.map_err(|e| format!("spawning: {e}"))?;
+        let owner = subject.owner_stamp();
+        let route = subject.session_route(handle.inner(), &session, &owner).await.map_err(|e| e.to_string())?;
+        let send = params(subject, &session, &format!("killcheck {point}"), &format!("killcheck-send-{point}"));
+        let trigger: Trigger<'_> = {
+            let (route, send) = (&route, send.clone());
+            Box::pin(async move {
+                if let Ok(reply) = route.request("session.send", send).await {
+                    if let Some(run) = run_of(&reply) {
+                        let _ = wait_end(route, &run).await;
+                    }
+                }
+            })
+        };
+        let report = driver.kill_at(handle, &KillPoint::new(point), trigger).await.map_err(|e| format!("{e}"))?;
+        drop(route);
+        let at_kill = subject.tool_invocations(&call.arguments).await;
+        let handle = driver.restart(&root).await.map_err(|e| format!("restarting: {e}"))?;
+        let route = subject.session_route(handle.inner(), &session, &owner).await.map_err(|e| e.to_string())?;
+        let retry = route.request("session.send", send).await.map_err(|e| e.message)?;
+        let run = run_of(&retry).ok_or_else(|| format!("the retried send names no run: {retry:?}"))?;
+        let state = wait_end(&route, &run).await?;
+        let total = subject.tool_invocations(&call.arguments).await;
+        Ok(format!("mechanism={} calls_at_kill={at_kill} calls={total} run_state={state}", report.mechanism))
+    }
+    .await;
+    match outcome {
+        Ok(facts) => format!("KILLCHECK {point} ok {facts}"),
+        Err(why) => format!("KILLCHECK {point} FAILED {why}"),
+    }
+}
+
+/// Checks every declared point; whether all reached their kill and run end.
+pub async fn run(subject: &Subject, base: &Path) -> bool {
+    let mut driver = CrashDriver::new(subject);
+    let points: Vec<String> = driver.declared_points().iter().map(|d| d.point.as_str().to_owned()).collect();
+    let mut ok = true;
+    for point in points {
+        let line = check_point(subject, &mut driver, base, &point).await;
+        ok &= line.contains(" ok ");
+        println!("{line}");
+    }
+    let real = driver.ledger().kills().iter().filter(|k| k.mechanism.is_real_process_kill()).count();
+    println!("KILLCHECK kills={} real={real}", driver.ledger().kills().len());
+    ok
+}
