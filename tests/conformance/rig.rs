@@ -262,6 +262,15 @@ pub fn now_ms() -> u64 {
 
 /// `--daemon RIG_DIR`: the real subc daemon for one rig, until SIGTERM.
 pub fn daemon_main(rig: &Path) -> std::process::ExitCode {
+    // A daemon never outlives the suite that started it (a killed or timed-out run leaves no
+    // broca behind): SIGTERM runs its shutdown sequence when the parent goes.
+    // SAFETY: prctl(2) on this process only; getppid(2) has no preconditions.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+        if libc::getppid() == 1 {
+            return std::process::ExitCode::from(1);
+        }
+    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .with_ansi(false)
