@@ -27,8 +27,6 @@ mod mock;
 
 #[path = "conformance/kill.rs"]
 mod kill;
-#[path = "conformance/killcheck.rs"]
-mod killcheck;
 #[path = "conformance/model.rs"]
 mod model;
 #[path = "conformance/report.rs"]
@@ -37,6 +35,8 @@ mod report;
 mod rig;
 #[path = "conformance/route.rs"]
 mod route;
+#[path = "conformance/selfcheck.rs"]
+mod selfcheck;
 #[path = "conformance/subject.rs"]
 mod subject;
 #[path = "conformance/tools.rs"]
@@ -52,8 +52,8 @@ use serde_json::{json, Value};
 
 /// Set by `make conformance`: without it the target only says how to run it.
 const SWITCH: &str = "BROCA_CONFORMANCE";
-/// Runs the adapter's own check of its kills instead of the suite (`conformance/killcheck.rs`).
-const KILLCHECK: &str = "BROCA_CONFORMANCE_KILLCHECK";
+/// Runs the adapter's own check of its kills and route instead of the suite (`conformance/selfcheck.rs`).
+const SELFCHECK: &str = "BROCA_CONFORMANCE_SELFCHECK";
 /// Groups to run as if declared (diagnostic runs only; see [`assumed_groups`]).
 const ASSUME: &str = "BROCA_CONFORMANCE_ASSUME";
 
@@ -165,8 +165,8 @@ async fn run() -> Result<bool, String> {
         eprintln!("conformance: groups the suite does not know: {}", unknown.join(", "));
     }
     let subject = subject::Subject::new(config, model, tools, groups);
-    if std::env::var_os(KILLCHECK).is_some_and(|v| !v.is_empty()) {
-        let ok = killcheck::run(&subject, base.path()).await;
+    if std::env::var_os(SELFCHECK).is_some_and(|v| !v.is_empty()) {
+        let ok = selfcheck::run(&subject, base.path()).await;
         if !ok {
             let kept = base.keep();
             eprintln!("conformance: the rigs' logs are kept under {}", kept.display());

@@ -1,5 +1,5 @@
-//! `BROCA_CONFORMANCE_KILLCHECK=1`: the adapter's own check of its `kill_at`, run instead of the
-//! suite. For every declared point it does what a crash case does, through the suite's
+//! `BROCA_CONFORMANCE_SELFCHECK=1`: the adapter's own check of its `kill_at` and its route, run
+//! instead of the suite. For every declared point it does what a crash case does, through the suite's
 //! `CrashDriver` and with only ops broca serves today (`session.send`, `run.status`): spawn an
 //! instance on a fresh root, kill it at the point while one session's first send runs a tool
 //! step, restart it, retry the send with its `send_id`, and wait for the run to end. It prints
@@ -7,14 +7,18 @@
 //! and in all, and the run's final state; its kills never reach the suite's ledger or its
 //! `CONFORMANCE` line. It exists because every crash case of the suite needs `transcript_reads`,
 //! which broca does not declare yet, so the suite itself cannot exercise these kills today.
+//! Last, one `SELFCHECK subscribe` line: the route's `session.subscribe` from `start` on a
+//! session that ran, read until quiet, must see events (no suite case subscribes without
+//! `transcript_reads` either).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use cortexkit_role_llm_runner::run::RunState;
-use cortexkit_role_llm_runner_conformance::harness::{CrashDriver, KillPoint, Trigger};
+use cortexkit_role_llm_runner_conformance::harness::{CrashDriver, Harness, KillPoint, Trigger};
 use cortexkit_role_llm_runner_conformance::{
-    LlmRunnerSubject, Reply, RunnerRoute, Script, ScriptedPart, ScriptedToolCall, ScriptedTurn, SCRIPTED_TOOL,
+    LlmRunnerSubject, Reply, RunnerRoute, Script, ScriptedPart, ScriptedToolCall, ScriptedTurn, SubscribeOutcome,
+    SCRIPTED_TOOL,
 };
 use serde_json::{json, Value};
 
@@ -110,7 +114,37 @@ async fn check_point(subject: &Subject, driver: &mut CrashDriver<'_, Subject>, b
     }
 }
 
-/// Checks every declared point; whether all reached their kill and run end.
+/// One finished run on a fresh instance, then its stream from `start`.
+async fn check_subscribe(subject: &Subject, base: &Path) -> String {
+    let outcome: Result<String, String> = async {
+        let root = base.join("selfcheck-subscribe");
+        std::fs::create_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
+        let session = "selfcheck-subscribe";
+        let script = Script { turns: vec![ScriptedTurn::new(vec![ScriptedPart::Text("streamed".into())])] };
+        subject.install_script(session, script).await.map_err(|e| e.to_string())?;
+        let handle = subject.spawn(&root).await.map_err(|e| e.to_string())?;
+        let route = subject.session_route(&handle, session, &subject.owner_stamp()).await.map_err(|e| e.to_string())?;
+        let reply = route.request("session.send", params(subject, session, "stream me", "selfcheck-send")).await;
+        let reply = reply.map_err(|e| e.message)?;
+        let run = run_of(&reply).ok_or_else(|| format!("the send names no run: {reply:?}"))?;
+        let state = wait_end(&route, &run).await?;
+        match route.subscribe(json!({"from": "start"})).await.map_err(|e| e.message)? {
+            SubscribeOutcome::Refused(e) => Err(format!("refused {}: {}", e.code, e.message)),
+            SubscribeOutcome::Events(events) if events.is_empty() => Err("no event from start".into()),
+            SubscribeOutcome::Events(events) => {
+                let streamed = events.iter().any(|e| e.to_string().contains("streamed"));
+                Ok(format!("events={} run_state={state} text_seen={streamed}", events.len()))
+            }
+        }
+    }
+    .await;
+    match outcome {
+        Ok(facts) => format!("SELFCHECK subscribe ok {facts}"),
+        Err(why) => format!("SELFCHECK subscribe FAILED {why}"),
+    }
+}
+
+/// Checks every declared point, then the route's stream; whether all passed.
 pub async fn run(subject: &Subject, base: &Path) -> bool {
     let mut driver = CrashDriver::new(subject);
     let points: Vec<String> = driver.declared_points().iter().map(|d| d.point.as_str().to_owned()).collect();
@@ -122,5 +156,8 @@ pub async fn run(subject: &Subject, base: &Path) -> bool {
     }
     let real = driver.ledger().kills().iter().filter(|k| k.mechanism.is_real_process_kill()).count();
     println!("KILLCHECK kills={} real={real}", driver.ledger().kills().len());
+    let line = check_subscribe(subject, base).await;
+    ok &= line.contains(" ok ");
+    println!("{line}");
     ok
 }
