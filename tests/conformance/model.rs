@@ -157,7 +157,7 @@ fn observe(body: &Value) -> ModelRequestObservation {
     let tools: Vec<&Value> = body["tools"].as_array().map(|t| t.iter().collect()).unwrap_or_default();
     let names = tools.iter().filter_map(|t| t["function"]["name"].as_str().map(str::to_owned)).collect();
     let mut observed = ModelRequestObservation::new(names);
-    if let Some(max) = body["max_completion_tokens"].as_u64().or_else(|| body["max_tokens"].as_u64()) {
+    if let Some(max) = cap_of(body) {
         observed = observed.with_max_output_tokens(max);
     }
     if let Some(schema) = body.pointer("/response_format/json_schema/schema") {
@@ -188,28 +188,67 @@ fn lane_of(body: &Value) -> Option<String> {
     })
 }
 
-/// One scripted turn as a broca-mock stream script.
-fn render(turn: &ScriptedTurn) -> Value {
-    let mut events: Vec<Value> = turn
-        .parts
-        .iter()
-        .map(|part| match part {
-            ScriptedPart::Text(text) => json!({"text": text}),
-            ScriptedPart::Reasoning(text) => json!({"reasoning": text}),
-            ScriptedPart::ToolCall(call) => {
-                json!({"tool_call": {"id": call.tool_call_id, "name": call.tool, "arguments": call.arguments}})
+/// One scripted turn as a broca-mock stream script, for a request whose output cap is `cap`.
+///
+/// The scripted finish reason goes out raw on the Chat wire (`openai.chat_completions`). A cap
+/// below the turn's scripted output is honoured as a provider would: the answer is cut after
+/// `cap` words (the fixture model's tokens), its reported output is `cap` and its finish
+/// `length`; the rest of the turn is never sent.
+fn render(turn: &ScriptedTurn, cap: Option<u64>) -> Value {
+    let scripted_output = turn.usage.as_ref().map(|u| u.output_tokens);
+    let cut = match (cap, scripted_output) {
+        (Some(cap), Some(output)) if cap < output => Some(cap),
+        _ => None,
+    };
+    let mut budget = cut.unwrap_or(u64::MAX);
+    let mut events: Vec<Value> = Vec::new();
+    for part in &turn.parts {
+        if budget == 0 {
+            break;
+        }
+        match part {
+            ScriptedPart::Text(text) | ScriptedPart::Reasoning(text) => {
+                let shown = if cut.is_some() {
+                    let words: Vec<&str> = text.split_whitespace().take(budget as usize).collect();
+                    budget -= words.len() as u64;
+                    words.join(" ")
+                } else {
+                    text.clone()
+                };
+                let key = if matches!(part, ScriptedPart::Text(_)) { "text" } else { "reasoning" };
+                events.push(json!({ key: shown }));
             }
-        })
-        .collect();
+            ScriptedPart::ToolCall(call) => {
+                if cut.is_some() {
+                    // A cut answer ends inside its text: a call after the cut is never emitted.
+                    break;
+                }
+                events.push(
+                    json!({"tool_call": {"id": call.tool_call_id, "name": call.tool, "arguments": call.arguments}}),
+                );
+            }
+        }
+    }
     if let Some(u) = &turn.usage {
+        let output = cut.unwrap_or(u.output_tokens);
         let mut usage = json!({"input": u.input_tokens, "cached": u.cache_read_tokens,
-                               "cache_write": u.cache_write_tokens, "output": u.output_tokens});
+                               "cache_write": u.cache_write_tokens, "output": output});
         if let Some(r) = u.reasoning_tokens {
-            usage["reasoning"] = json!(r);
+            usage["reasoning"] = json!(r.min(output));
         }
         events.push(json!({"usage": usage}));
     }
+    match (cut, &turn.finish_reason) {
+        (Some(_), _) => events.push(json!({"finish": "length"})),
+        (None, Some(raw)) => events.push(json!({"finish": raw})),
+        (None, None) => {}
+    }
     json!({"responses": [{"events": events}]})
+}
+
+/// The output cap a request carried (OpenAI Chat).
+fn cap_of(body: &Value) -> Option<u64> {
+    body["max_completion_tokens"].as_u64().or_else(|| body["max_tokens"].as_u64())
 }
 
 /// A permanent provider error naming why the front could not answer.
@@ -239,7 +278,7 @@ fn choose(shared: &Shared, mock: &MockServer, body: &Value) -> Result<String, St
     }
     let n = assistant_messages(body);
     let script = match s.script.as_ref().map(|script| script.turns.get(n)) {
-        Some(Some(turn)) => render(turn),
+        Some(Some(turn)) => render(turn, cap_of(body)),
         Some(None) => refusal(&format!("the script of {session} has no turn {n}")),
         None => refusal(&format!("no script is installed for {session}")),
     };

@@ -221,6 +221,12 @@ impl LlmRunnerSubject for Subject {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
+    fn model_finish_reason_source(&self) -> Option<&'static str> {
+        // model.rs sends each scripted reason raw on the Chat wire and cuts an answer at the cap
+        // the request carried, reporting `length`.
+        Some("openai.chat_completions")
+    }
+
     fn runner_id(&self) -> &str {
         crate::rig::BROCA
     }
