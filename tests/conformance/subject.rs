@@ -227,6 +227,17 @@ impl LlmRunnerSubject for Subject {
         Some("openai.chat_completions")
     }
 
+    fn retention_probe_params(&self, _session: &str, method: &str) -> Result<Option<Vec<Value>>, HarnessError> {
+        match method {
+            // Spec §4a: request and warm-body hashes, token counts and times; no content.
+            "session.warm" => Ok(None),
+            other => Err(HarnessError::new(format!(
+                "{other} is advertised on broca's session route but not classified for the retention \
+                 leak check (tests/conformance/subject.rs, retention_probe_params)"
+            ))),
+        }
+    }
+
     fn runner_id(&self) -> &str {
         crate::rig::BROCA
     }
