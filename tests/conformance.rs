@@ -142,8 +142,14 @@ async fn describe(config: &rig::RigConfig, root: &Path) -> Result<Value, String>
 
 async fn run() -> Result<bool, String> {
     let started = Instant::now();
-    // Short paths: the rigs' sockets and connection files live under this directory.
-    let base = tempfile::Builder::new().prefix("bcf").tempdir_in("/tmp").map_err(|e| format!("a work dir: {e}"))?;
+    // Every run's state roots and rig logs live under the target's tmp directory; a failed run's
+    // are kept there for whoever fixes it, until the next run starts.
+    let runs = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("conformance-runs");
+    if runs.exists() {
+        std::fs::remove_dir_all(&runs).map_err(|e| format!("clearing {}: {e}", runs.display()))?;
+    }
+    std::fs::create_dir_all(&runs).map_err(|e| format!("{}: {e}", runs.display()))?;
+    let base = tempfile::Builder::new().prefix("run-").tempdir_in(&runs).map_err(|e| format!("a work dir: {e}"))?;
     let model = model::Model::start().map_err(|e| format!("the model front: {e}"))?;
     let tools = tools::Tools::create(base.path())?;
     let config = config(&model, &tools)?;
