@@ -27,6 +27,8 @@ use crate::mock::{MockServer, Script as MockScript};
 
 /// The marker the system text carries: `conformance-lane:<lane>`.
 pub const LANE_MARKER: &str = "conformance-lane:";
+/// The SSE comment the front holds a stream at (`hold_next_model_stream`); never sent on.
+const HOLD_COMMENT: &[u8] = b": conformance-hold\n\n";
 /// Request heads over this are refused.
 const MAX_HEAD: usize = 64 * 1024;
 const MAX_BODY: usize = 64 * 1024 * 1024;
@@ -38,6 +40,8 @@ struct Session {
     /// Every request body received, in order.
     requests: Vec<Value>,
     hold: Hold,
+    /// Hold the next answer mid-stream after this many parts.
+    stream_parts: Option<usize>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -133,6 +137,15 @@ impl Model {
         }
     }
 
+    /// Holds the next answer of `session` after its first `parts` parts are streamed.
+    pub fn arm_stream_hold(&self, session: &str, parts: usize) {
+        self.lane(session);
+        let mut state = self.shared.state.lock().expect("the model state");
+        if let Some(s) = state.sessions.get_mut(session) {
+            s.stream_parts = Some(parts);
+        }
+    }
+
     /// Whether a request of `session` is waiting in the hold.
     pub fn holding(&self, session: &str) -> bool {
         let state = self.shared.state.lock().expect("the model state");
@@ -188,13 +201,14 @@ fn lane_of(body: &Value) -> Option<String> {
     })
 }
 
-/// One scripted turn as a broca-mock stream script, for a request whose output cap is `cap`.
+/// One scripted turn as a broca-mock stream script, for a request whose output cap is `cap`;
+/// with `hold_after`, the SSE comment the front holds at follows that many parts.
 ///
 /// The scripted finish reason goes out raw on the Chat wire (`openai.chat_completions`). A cap
 /// below the turn's scripted output is honoured as a provider would: the answer is cut after
 /// `cap` words (the fixture model's tokens), its reported output is `cap` and its finish
 /// `length`; the rest of the turn is never sent.
-fn render(turn: &ScriptedTurn, cap: Option<u64>) -> Value {
+fn render(turn: &ScriptedTurn, cap: Option<u64>, hold_after: Option<usize>) -> Value {
     let scripted_output = turn.usage.as_ref().map(|u| u.output_tokens);
     let cut = match (cap, scripted_output) {
         (Some(cap), Some(output)) if cap < output => Some(cap),
@@ -202,7 +216,10 @@ fn render(turn: &ScriptedTurn, cap: Option<u64>) -> Value {
     };
     let mut budget = cut.unwrap_or(u64::MAX);
     let mut events: Vec<Value> = Vec::new();
-    for part in &turn.parts {
+    for (index, part) in turn.parts.iter().enumerate() {
+        if hold_after == Some(index) {
+            events.push(json!({"comment": "conformance-hold"}));
+        }
         if budget == 0 {
             break;
         }
@@ -228,6 +245,9 @@ fn render(turn: &ScriptedTurn, cap: Option<u64>) -> Value {
                 );
             }
         }
+    }
+    if hold_after.is_some_and(|k| k >= turn.parts.len()) {
+        events.push(json!({"comment": "conformance-hold"}));
     }
     if let Some(u) = &turn.usage {
         let output = cut.unwrap_or(u.output_tokens);
@@ -256,8 +276,9 @@ fn refusal(message: &str) -> Value {
     json!({"responses": [{"status": 400, "body": {"error": {"message": message, "type": "invalid_request_error"}}}]})
 }
 
-/// Picks the turn for one request (after any hold), installs it on the lane and returns the lane.
-fn choose(shared: &Shared, mock: &MockServer, body: &Value) -> Result<String, String> {
+/// Picks the turn for one request (after any hold), installs it on the lane and returns the lane,
+/// and the session when its answer is to be held mid-stream.
+fn choose(shared: &Shared, mock: &MockServer, body: &Value) -> Result<(String, Option<String>), String> {
     let lane = lane_of(body).ok_or("the request's system text names no conformance lane")?;
     let mut state = shared.state.lock().map_err(|_| "the model state is poisoned")?;
     let session = state.lanes.get(&lane).cloned().ok_or_else(|| format!("no session has lane {lane}"))?;
@@ -277,14 +298,15 @@ fn choose(shared: &Shared, mock: &MockServer, body: &Value) -> Result<String, St
         s.hold = Hold::None;
     }
     let n = assistant_messages(body);
+    let hold_after = s.stream_parts.take();
     let script = match s.script.as_ref().map(|script| script.turns.get(n)) {
-        Some(Some(turn)) => render(turn, cap_of(body)),
+        Some(Some(turn)) => render(turn, cap_of(body), hold_after),
         Some(None) => refusal(&format!("the script of {session} has no turn {n}")),
         None => refusal(&format!("no script is installed for {session}")),
     };
     let script = MockScript::from_json(&script.to_string()).map_err(|e| format!("rendering turn {n}: {e:?}"))?;
     mock.install(&lane, script);
-    Ok(lane)
+    Ok((lane, hold_after.map(|_| session)))
 }
 
 fn serve(shared: &Shared, mock: &MockServer, mut client: TcpStream) -> io::Result<()> {
@@ -296,8 +318,8 @@ fn serve(shared: &Shared, mock: &MockServer, mut client: TcpStream) -> io::Resul
     let (method, target, version) =
         (words.next().unwrap_or(""), words.next().unwrap_or(""), words.next().unwrap_or(""));
     let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let lane = match choose(shared, mock, &parsed) {
-        Ok(lane) => lane,
+    let (lane, held) = match choose(shared, mock, &parsed) {
+        Ok(chosen) => chosen,
         Err(why) => {
             log::warn!("conformance model front: {why}");
             // An unkeyed request still gets broca-mock's native error document.
@@ -305,7 +327,7 @@ fn serve(shared: &Shared, mock: &MockServer, mut client: TcpStream) -> io::Resul
             let script =
                 MockScript::from_json(&refusal(&why).to_string()).map_err(|e| io::Error::other(format!("{e:?}")))?;
             mock.install(&lane, script);
-            lane
+            (lane, None)
         }
     };
     let target = match target.strip_prefix("/v1") {
@@ -315,10 +337,67 @@ fn serve(shared: &Shared, mock: &MockServer, mut client: TcpStream) -> io::Resul
     let mut upstream = TcpStream::connect(("127.0.0.1", mock.port()))?;
     upstream.write_all(format!("{method} {target} {version}\r\n{rest}").as_bytes())?;
     upstream.write_all(&body)?;
-    let mut down = upstream.try_clone()?;
-    let copied = io::copy(&mut down, &mut client);
+    let copied = match held {
+        None => io::copy(&mut upstream, &mut client).map(|_| ()),
+        Some(session) => pipe_holding(shared, &session, &mut upstream, &mut client),
+    };
     let _ = client.shutdown(Shutdown::Both);
-    copied.map(|_| ())
+    copied
+}
+
+/// Pipes the stream, holding it at [`HOLD_COMMENT`] (what came before it is already sent) until
+/// the session's hold is released; the comment itself is dropped.
+fn pipe_holding(shared: &Shared, session: &str, upstream: &mut TcpStream, client: &mut TcpStream) -> io::Result<()> {
+    let mut pending: Vec<u8> = Vec::new();
+    let mut chunk = [0u8; 8192];
+    let mut held = false;
+    loop {
+        let n = upstream.read(&mut chunk)?;
+        if n == 0 {
+            return client.write_all(&pending);
+        }
+        pending.extend_from_slice(&chunk[..n]);
+        if held {
+            client.write_all(&pending)?;
+            pending.clear();
+            continue;
+        }
+        match pending.windows(HOLD_COMMENT.len()).position(|w| w == HOLD_COMMENT) {
+            Some(at) => {
+                client.write_all(&pending[..at])?;
+                client.flush()?;
+                let rest = pending.split_off(at + HOLD_COMMENT.len());
+                pending = rest;
+                held = true;
+                wait_release(shared, session)?;
+                client.write_all(&pending)?;
+                pending.clear();
+            }
+            None => {
+                // Everything but a tail that could start the marker goes out now.
+                let keep = pending.len().min(HOLD_COMMENT.len() - 1);
+                let sent: Vec<u8> = pending.drain(..pending.len() - keep).collect();
+                client.write_all(&sent)?;
+            }
+        }
+    }
+}
+
+/// Marks the session's answer held mid-stream and waits until it is released.
+fn wait_release(shared: &Shared, session: &str) -> io::Result<()> {
+    let mut state = shared.state.lock().map_err(|_| io::Error::other("the model state is poisoned"))?;
+    if let Some(s) = state.sessions.get_mut(session) {
+        s.hold = Hold::Held;
+    }
+    shared.changed.notify_all();
+    while state.sessions.get(session).is_some_and(|s| s.hold == Hold::Held) {
+        state =
+            shared.changed.wait_timeout(state, Duration::from_millis(200)).map_err(|_| io::Error::other("poisoned"))?.0;
+    }
+    if let Some(s) = state.sessions.get_mut(session) {
+        s.hold = Hold::None;
+    }
+    Ok(())
 }
 
 /// The request head (through the blank line) and its `Content-Length` body.

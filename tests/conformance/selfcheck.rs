@@ -7,9 +7,9 @@
 //! and in all, and the run's final state; its kills never reach the suite's ledger or its
 //! `CONFORMANCE` line. It exists because every crash case of the suite needs `transcript_reads`,
 //! which broca does not declare yet, so the suite itself cannot exercise these kills today.
-//! Last, one `SELFCHECK subscribe` line: the route's `session.subscribe` from `start` on a
-//! session that ran, read until quiet, must see events (no suite case subscribes without
-//! `transcript_reads` either).
+//! Last, `SELFCHECK` lines for what no suite case exercises without `transcript_reads` either:
+//! the route's `session.subscribe` from `start` on a session that ran must see events, and a
+//! model answer held mid-stream (`hold_next_model_stream`) keeps its run active until released.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -144,6 +144,57 @@ async fn check_subscribe(subject: &Subject, base: &Path) -> String {
     }
 }
 
+/// A model answer held after its first part: the run stays active until the release, then ends.
+async fn check_stream_hold(subject: &Subject, base: &Path) -> String {
+    let outcome: Result<String, String> = async {
+        let root = base.join("selfcheck-hold");
+        std::fs::create_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
+        let session = "selfcheck-hold";
+        let parts = vec![ScriptedPart::Text("streamed part".into()), ScriptedPart::Text(" held part".into())];
+        subject
+            .install_script(session, Script { turns: vec![ScriptedTurn::new(parts)] })
+            .await
+            .map_err(|e| e.to_string())?;
+        subject.hold_next_model_stream(session, 1).await.map_err(|e| e.to_string())?;
+        let handle = subject.spawn(&root).await.map_err(|e| e.to_string())?;
+        let route = subject.session_route(&handle, session, &subject.owner_stamp()).await.map_err(|e| e.to_string())?;
+        // Subscribed before the send, the stream goes quiet at the hold: what it carried by then
+        // shows the streamed part and not the held one.
+        let send = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let reply = route.request("session.send", params(subject, session, "hold me", "selfcheck-hold-send")).await;
+            let reply = reply.map_err(|e| e.message)?;
+            subject.await_model_step(session).await.map_err(|e| e.to_string())?;
+            run_of(&reply).ok_or_else(|| format!("the send names no run: {reply:?}"))
+        };
+        let (streamed, run) = tokio::join!(route.subscribe(json!({"from": "live"})), send);
+        let run = run?;
+        let seen = match streamed.map_err(|e| e.message)? {
+            SubscribeOutcome::Events(events) => Value::Array(events).to_string(),
+            SubscribeOutcome::Refused(e) => return Err(format!("subscribe refused {}", e.code)),
+        };
+        let (first, rest) = (seen.contains("streamed part"), seen.contains("held part"));
+        if !first || rest {
+            return Err(format!("while held the stream shows the first part: {first}, the held part: {rest}"));
+        }
+        let held = match route.request("run.status", json!({"run_id": run})).await.map_err(|e| e.message)? {
+            Reply::Response(v) => v["state"].as_str().unwrap_or_default().to_owned(),
+            Reply::Error(e) => return Err(format!("run.status refused {}", e.code)),
+        };
+        if RunState::parse(&held).is_terminal() {
+            return Err(format!("the run ended ({held}) while its answer was held"));
+        }
+        subject.release_model_step(session).await.map_err(|e| e.to_string())?;
+        let state = wait_end(&route, &run).await?;
+        Ok(format!("state_while_held={held} run_state={state}"))
+    }
+    .await;
+    match outcome {
+        Ok(facts) => format!("SELFCHECK stream_hold ok {facts}"),
+        Err(why) => format!("SELFCHECK stream_hold FAILED {why}"),
+    }
+}
+
 /// Checks every declared point, then the route's stream; whether all passed.
 pub async fn run(subject: &Subject, base: &Path) -> bool {
     let mut driver = CrashDriver::new(subject);
@@ -156,8 +207,9 @@ pub async fn run(subject: &Subject, base: &Path) -> bool {
     }
     let real = driver.ledger().kills().iter().filter(|k| k.mechanism.is_real_process_kill()).count();
     println!("KILLCHECK kills={} real={real}", driver.ledger().kills().len());
-    let line = check_subscribe(subject, base).await;
-    ok &= line.contains(" ok ");
-    println!("{line}");
+    for line in [check_subscribe(subject, base).await, check_stream_hold(subject, base).await] {
+        ok &= line.contains(" ok ");
+        println!("{line}");
+    }
     ok
 }

@@ -190,6 +190,17 @@ impl LlmRunnerSubject for Subject {
         Ok(())
     }
 
+    async fn hold_next_model_stream(&self, session: &str, parts: usize) -> Result<(), HarnessError> {
+        self.model.arm_stream_hold(session, parts);
+        Ok(())
+    }
+
+    fn session_usage_fixtures(&self) -> bool {
+        // Scripted usage reaches broca exactly as scripted, on the Chat wire's usage chunk
+        // (cache reads and writes in prompt_tokens_details, reasoning in completion details).
+        true
+    }
+
     async fn model_invocations(&self, session: &str) -> Result<usize, HarnessError> {
         Ok(self.model.invocations(session))
     }
