@@ -12,7 +12,9 @@ use async_trait::async_trait;
 use cortexkit_role_llm_runner_conformance::harness::{
     Harness, HarnessError, KillPoint, KillReport, PointDeclaration, RouteStamp, Trigger,
 };
-use cortexkit_role_llm_runner_conformance::{Capability, LlmRunnerSubject, ModelRequestObservation, Script};
+use cortexkit_role_llm_runner_conformance::{
+    AttributionFixture, Capability, LlmRunnerSubject, ModelRequestObservation, Script,
+};
 use serde_json::{json, Map, Value};
 use subc_client_rs::SubcConsumer;
 use subc_protocol::BindIdentity;
@@ -199,6 +201,18 @@ impl LlmRunnerSubject for Subject {
         // Scripted usage reaches broca exactly as scripted, on the Chat wire's usage chunk
         // (cache reads and writes in prompt_tokens_details, reasoning in completion details).
         true
+    }
+
+    async fn install_attribution_fixture(
+        &self,
+        _handle: &Handle,
+        _session: &str,
+    ) -> Result<AttributionFixture, HarnessError> {
+        // Every record that puts a message in broca's transcript names its run (RunStarted,
+        // ModelStepFinished, ToolResult, Steered: src/record.rs); a Queued send is no message
+        // until a run starts or steers it, and broca seeds or imports nothing (seed_from is
+        // fresh only). So no native write path can hold a message without its run.
+        Ok(AttributionFixture::CannotHoldUnattributable)
     }
 
     async fn model_invocations(&self, session: &str) -> Result<usize, HarnessError> {
