@@ -25,6 +25,8 @@ mod call_log;
 #[path = "../bin/broca-mock/mock/mod.rs"]
 mod mock;
 
+#[path = "conformance/decode.rs"]
+mod decode;
 #[path = "conformance/kill.rs"]
 mod kill;
 #[path = "conformance/model.rs"]

@@ -13,7 +13,8 @@ use cortexkit_role_llm_runner_conformance::harness::{
     Harness, HarnessError, KillPoint, KillReport, PointDeclaration, RouteStamp, Trigger,
 };
 use cortexkit_role_llm_runner_conformance::{
-    AttributionFixture, Capability, LlmRunnerSubject, ModelRequestObservation, Script,
+    AttributionFixture, Capability, LlmRunnerSubject, ModelRequestObservation, Script, ToolResultLimitObservation,
+    ToolResultObservation,
 };
 use serde_json::{json, Map, Value};
 use subc_client_rs::SubcConsumer;
@@ -213,6 +214,14 @@ impl LlmRunnerSubject for Subject {
         // until a run starts or steers it, and broca seeds or imports nothing (seed_from is
         // fresh only). So no native write path can hold a message without its run.
         Ok(AttributionFixture::CannotHoldUnattributable)
+    }
+
+    fn not_executed_tool_result(&self, message: &Value, tool_call_id: &str) -> Option<ToolResultObservation> {
+        crate::decode::not_executed(message, tool_call_id)
+    }
+
+    fn oversized_tool_result(&self, message: &Value, tool_call_id: &str) -> Option<ToolResultLimitObservation> {
+        crate::decode::oversized(message, tool_call_id)
     }
 
     async fn model_invocations(&self, session: &str) -> Result<usize, HarnessError> {
