@@ -1,15 +1,15 @@
-//! `BROCA_CONFORMANCE_SELFCHECK=1`: the adapter's own check of its `kill_at` and its route, run
-//! instead of the suite. For every declared point it does what a crash case does, through the suite's
-//! `CrashDriver` and with only ops broca serves today (`session.send`, `run.status`): spawn an
-//! instance on a fresh root, kill it at the point while one session's first send runs a tool
-//! step, restart it, retry the send with its `send_id`, and wait for the run to end. It prints
-//! one `KILLCHECK` line per point with the mechanism, the tool provider's call count at the kill
-//! and in all, and the run's final state; its kills never reach the suite's ledger or its
-//! `CONFORMANCE` line. It exists because every crash case of the suite needs `transcript_reads`,
-//! which broca does not declare yet, so the suite itself cannot exercise these kills today.
-//! Last, `SELFCHECK` lines for what no suite case exercises without `transcript_reads` either:
-//! the route's `session.subscribe` from `start` on a session that ran must see events, and a
-//! model answer held mid-stream (`hold_next_model_stream`) keeps its run active until released.
+//! `BROCA_CONFORMANCE_SELFCHECK=1`: the adapter's own check of its harness, run instead of the
+//! suite, with only the ops broca has served longest (`session.send`, `run.status`), so a broken
+//! harness is told apart from a broca that fails a case. For every declared point it does what a
+//! crash case does, through the suite's `CrashDriver`: spawn an instance on a fresh root, kill it
+//! at the point while one session's first send runs a tool step, restart it, retry the send with
+//! its `send_id`, and wait for the run to end. It prints one `KILLCHECK` line per point with the
+//! mechanism, the tool provider's call count at the kill and in all, and the run's final state;
+//! its kills never reach the suite's ledger or its `CONFORMANCE` line. Last, `SELFCHECK` lines for
+//! what no suite case checks of the adapter itself while broca declares no `streaming` or
+//! `live_events`: the route's `session.subscribe` from `start` on a session that ran must see
+//! events, and a model answer held mid-stream (`hold_next_model_stream`) shows its first part,
+//! not the held one, and keeps its run active until released.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
