@@ -1,7 +1,7 @@
 # broca: the two commands a newcomer runs are `make demo` (once it exists) and `make test`.
 CARGO ?= cargo
 
-.PHONY: build demo test soak bench e2e mcp-check live fmt lint check
+.PHONY: build demo test soak bench e2e mcp-check live conformance fmt lint check
 
 build:
 	$(CARGO) build --release --locked
@@ -39,6 +39,18 @@ e2e:
 	set +e; result=$$($(CARGO) run --quiet --locked --example subc-rig-check); status=$$?; \
 	trap - EXIT; scripts/rig down "$$SUBC_CONNECTION_FILE"; \
 	if [ -n "$$result" ]; then printf '%s\n' "$$result"; fi; exit $$status
+
+# The published llm-runner/v1 conformance suite (cortexkit-role-llm-runner-conformance) against
+# the real broca binary under the real subc daemon, broca-mock as scripted model and tool
+# provider, kills by real SIGKILLs at broca's fail points (tests/conformance.rs). Failed cases
+# with their messages and skipped cases with the capabilities they need go to stderr; the whole
+# report to target/tmp/conformance-report.txt. The last line is the suite's own count:
+# `CONFORMANCE passed=<n> failed=<n> skipped=<n> not_applicable=<n> real_kills=<n> verdict=<v>`;
+# the exit status is the verdict's.
+conformance:
+	@out=$$(mktemp); status=0; \
+	BROCA_CONFORMANCE=1 RUST_LOG=$${RUST_LOG:-error} $(CARGO) test --locked --test conformance >"$$out" || status=$$?; \
+	grep -v '^CONFORMANCE ' "$$out"; grep '^CONFORMANCE ' "$$out" | tail -n 1; rm -f "$$out"; exit $$status
 
 # broca-mcp through the official MCP Python SDK's stdio client (installed into a venv under the
 # target directory on first use) against a rig like `e2e`'s. On success the last line is
