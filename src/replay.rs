@@ -118,10 +118,14 @@ pub enum Resolution {
 }
 
 /// What replaying a record yields beyond the state: derived facts for the store.
+///
+/// Effects live for one record's apply (moved into a sink, batched to the store and dropped),
+/// so the run-state variant stays inline: boxing it would allocate on every run-state change to
+/// save stack bytes no collection holds for long.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum Effect {
-    /// The conversation gained a message at `ordinal`.
-    /// A message joins the conversation; `written_at` is its recorded write time (admission for
+    /// A message joins the conversation at `ordinal`; `written_at` is its recorded write time (admission for
     /// input and steers, the successful attempt's end for an answer, the last result's record
     /// time for a tool message), absent when a record did not carry one.
     Message { ordinal: u64, run_id: String, seq: u64, written_at: Option<u64>, message: Message },
