@@ -82,6 +82,9 @@ pub fn send(
         }
     }
     let plan = plan_for(&send, state.last.is_some(), frozen.as_ref(), checked.fetched)?;
+    if let Some(fault) = &send.tools_fault {
+        return Err(fault.clone());
+    }
     let mut config = match checked.resolved {
         Some(c) => c,
         None => admission.resolve(&send, frozen.as_ref())?,
@@ -96,7 +99,8 @@ pub fn send(
             });
         }
         config.plan = Some(manifest);
-        config.tools = tools;
+        // `tools: []` beside the plan: the model is offered no tools at all, plan tools included.
+        config.tools = if send.tools.as_ref().is_some_and(Vec::is_empty) { Vec::new() } else { tools };
     }
     deliver(lineage, send, config, admission.credentials.as_ref(), units).map_err(|e| e.refusal())
 }
@@ -132,7 +136,7 @@ fn plan_for(
         }
     }
     let (Some(manifest), Some(config)) = (frozen_plan, frozen) else { return Ok(None) };
-    if send.tools.is_some() {
+    if send.tools.is_some() || send.tools_fault.is_some() {
         return Err(crate::wire::invalid_params("tools", "the session's tools come from its frozen plan"));
     }
     let tools = config.tools.iter().filter(|t| t.module.is_some()).cloned().collect();

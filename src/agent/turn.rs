@@ -94,6 +94,13 @@ fn auth_selection(config: &RenderConfig, account: Option<&crate::vault::AccountI
     (!sel.is_empty()).then_some(serde_json::Value::Object(sel))
 }
 
+/// Why a step's calls were sealed never-executed.
+#[derive(Clone, Copy, Debug)]
+enum HardStop {
+    BudgetExhausted,
+    MaxSteps,
+}
+
 /// How one step's model call ended.
 enum StepEnd {
     Answered { message: Message, finish: (String, String), usage: StepUsage },
@@ -278,11 +285,23 @@ impl<C> Driver<'_, C> {
         self.finish_with(FinishReason::BudgetExhausted, None, Some(detail))
     }
 
-    /// The calls of a step that crossed the cap: each gets its intent and a never-executed
+    /// The calls of a step a hard stop cut off: each gets its intent and a never-executed
     /// error result, so the transcript keeps provider-valid call/result pairs.
-    fn refuse_batch(&mut self, step: u64, calls: Vec<(String, String, serde_json::Value)>) -> Result<(), LineageError> {
+    fn refuse_batch(
+        &mut self,
+        step: u64,
+        calls: Vec<(String, String, serde_json::Value)>,
+        stop: HardStop,
+    ) -> Result<(), LineageError> {
         let batch = self.append_intents(step, calls)?;
-        let output = json!({"kind": "error", "reason": "budget_exhausted", "message": "not executed: the session's input-token cap was reached"});
+        let output = match stop {
+            HardStop::BudgetExhausted => {
+                json!({"kind": "error", "reason": "budget_exhausted", "nothing_sent": true, "message": "not executed: the session's input-token cap was reached"})
+            }
+            HardStop::MaxSteps => {
+                json!({"kind": "error", "reason": "not_executed", "nothing_sent": true, "message": "not executed: the run reached its max_steps"})
+            }
+        };
         let mut parts = Vec::with_capacity(batch.len());
         for call in batch {
             self.lineage.append(&Record::ToolResult {
@@ -441,11 +460,19 @@ impl<C> Driver<'_, C> {
                         at_ms: Some(now_ms()),
                     })?;
                     self.history.push(message);
-                    if let Some(detail) = self.cap_reached().filter(|_| !calls.is_empty()) {
-                        // A crossing step dispatches none of its calls (a final answer that
-                        // crossed simply completes: no further step is needed).
-                        self.refuse_batch(step, calls)?;
+                    if let Some(detail) = self.cap_reached() {
+                        // A step that reached the cap dispatches none of its calls, and the run
+                        // ends at once (llm-runner §9.3: a cap of N stops at exactly N).
+                        if !calls.is_empty() {
+                            self.refuse_batch(step, calls, HardStop::BudgetExhausted)?;
+                        }
                         return self.finish_budget(detail);
+                    }
+                    if !calls.is_empty() && self.config.max_steps.is_some_and(|max| step >= max) {
+                        // The limit cut the run off: the calls that would lead to another step
+                        // are sealed never-executed in the terminal's commit (llm-runner §9.3.1).
+                        self.refuse_batch(step, calls, HardStop::MaxSteps)?;
+                        return self.finish(FinishReason::MaxSteps, None);
                     }
                     if calls.is_empty() {
                         // A final answer while a steer waits gets one more step to render it.

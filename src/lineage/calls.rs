@@ -46,10 +46,11 @@ pub struct CallResult {
 }
 
 impl CallFact {
-    /// The call may have run and no answer is known (an intent without a result, or an
-    /// unknown-outcome result).
+    /// `session.read`'s `indeterminate` (llm-runner §5, §14): a durable intent and no result
+    /// yet. A call closed with an unknown-outcome result is no longer indeterminate there (its
+    /// result says `outcome_unknown`; `run.tool_calls` still names that outcome).
     pub fn indeterminate(&self) -> bool {
-        self.result.as_ref().is_none_or(|r| matches!(r.outcome, CallOutcome::Unknown | CallOutcome::Cancelled))
+        self.result.is_none()
     }
 
     /// The llm-runner role's outcome name (`run.tool_calls`).

@@ -50,6 +50,13 @@ pub struct SystemTextItem {
 /// Decodes and checks `plan`.
 pub fn decode(plan: &Value) -> Result<Plan, Refusal> {
     let obj = plan.as_object().ok_or_else(|| invalid_params("plan", "an object is required"))?;
+    if let Some(item) = obj.get("compaction_item") {
+        // A compaction item names its role preset explicitly (llm-runner §10.1) before the
+        // item itself is refused as unserved.
+        if item.get("preset").is_none() {
+            return Err(invalid_params("plan.compaction_item.preset", "a compaction item names its preset"));
+        }
+    }
     for refused in ["compaction_item", "step_transform_items"] {
         if obj.contains_key(refused) {
             return Err(invalid_params(&format!("plan.{refused}"), "not served by this build"));

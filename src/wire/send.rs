@@ -94,6 +94,8 @@ pub struct SendParams {
     pub plan: Option<super::plan::Plan>,
     /// The caller's routing decision, fixed per run (llm-runner §9.3.3).
     pub route_decision_id: Option<String>,
+    /// Why the send's `tools` list is malformed, refused once the session is known.
+    pub tools_fault: Option<Refusal>,
     /// Field → SHA-256 of its canonical JSON, for keyed re-sends.
     pub identity: BTreeMap<String, String>,
 }
@@ -213,15 +215,21 @@ pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
             return Err(invalid_params("seed_from", "only a fresh origin is supported"));
         }
     }
-    let tools = match obj.get("tools") {
-        None | Some(Value::Null) => None,
-        Some(t) => Some(tools(t)?),
+    // A malformed tool list is refused only once the session is known: a session whose plan
+    // froze its tools refuses any `tools` naming `tools` (llm-runner §9.3.1), whatever it holds.
+    let (tools, tools_fault) = match obj.get("tools") {
+        None | Some(Value::Null) => (None, None),
+        Some(t) => match tools(t) {
+            Ok(list) => (Some(list), None),
+            Err(fault) => (None, Some(fault)),
+        },
     };
     let plan = match obj.get("plan") {
         None | Some(Value::Null) => None,
         Some(p) => Some(super::plan::decode(p)?),
     };
-    if plan.is_some() && tools.is_some() {
+    // Beside a plan only `tools: []` (offer the model no tools at all) has a meaning.
+    if plan.is_some() && (tools.as_ref().is_some_and(|t| !t.is_empty()) || tools_fault.is_some()) {
         return Err(invalid_params("tools", "a send with a fetch plan takes its tools from the plan"));
     }
     let system = match obj.get("system") {
@@ -256,6 +264,7 @@ pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
         tools,
         plan,
         route_decision_id,
+        tools_fault,
         identity,
     })
 }
