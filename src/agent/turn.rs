@@ -9,6 +9,9 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 mod credential;
+mod stops;
+
+use stops::HardStop;
 
 use super::attempt::Assembler;
 use super::tools::dispatch_batch;
@@ -92,13 +95,6 @@ fn auth_selection(config: &RenderConfig, account: Option<&crate::vault::AccountI
         sel.insert("account_decision".into(), json!({"conversation_key": key, "conversation_key_source": source}));
     }
     (!sel.is_empty()).then_some(serde_json::Value::Object(sel))
-}
-
-/// Why a step's calls were sealed never-executed.
-#[derive(Clone, Copy, Debug)]
-enum HardStop {
-    BudgetExhausted,
-    MaxSteps,
 }
 
 /// How one step's model call ended.
@@ -263,59 +259,6 @@ impl<C> Driver<'_, C> {
             })?;
             self.history.push(p.message);
         }
-        Ok(())
-    }
-
-    /// The session's input-token cap is reached (or its spend became unknown): the detail
-    /// `{limit, spent, cause}` the run ends with.
-    fn cap_reached(&self) -> Option<serde_json::Value> {
-        let state = self.lineage.state();
-        let limit = state.input_cap?;
-        let cause = if state.input_unreported {
-            "usage_unreported"
-        } else if state.input_spent >= limit {
-            "limit_reached"
-        } else {
-            return None;
-        };
-        Some(json!({"limit": limit, "spent": state.input_spent, "cause": cause}))
-    }
-
-    fn finish_budget(&mut self, detail: serde_json::Value) -> Result<TurnOutcome, LineageError> {
-        self.finish_with(FinishReason::BudgetExhausted, None, Some(detail))
-    }
-
-    /// The calls of a step a hard stop cut off: each gets its intent and a never-executed
-    /// error result, so the transcript keeps provider-valid call/result pairs.
-    fn refuse_batch(
-        &mut self,
-        step: u64,
-        calls: Vec<(String, String, serde_json::Value)>,
-        stop: HardStop,
-    ) -> Result<(), LineageError> {
-        let batch = self.append_intents(step, calls)?;
-        let output = match stop {
-            HardStop::BudgetExhausted => {
-                json!({"kind": "error", "reason": "budget_exhausted", "nothing_sent": true, "message": "not executed: the session's input-token cap was reached"})
-            }
-            HardStop::MaxSteps => {
-                json!({"kind": "error", "reason": "not_executed", "nothing_sent": true, "message": "not executed: the run reached its max_steps"})
-            }
-        };
-        let mut parts = Vec::with_capacity(batch.len());
-        for call in batch {
-            self.lineage.append(&Record::ToolResult {
-                run_id: self.run_id.clone(),
-                step,
-                tool_call_id: call.tool_call_id.clone(),
-                output: output.clone(),
-                is_error: true,
-                outcome: Some(CallOutcome::NotExecuted),
-                at_ms: Some(now_ms()),
-            })?;
-            parts.push(Part::ToolResult { tool_call_id: call.tool_call_id, output: output.clone(), is_error: true });
-        }
-        self.history.push(Message { role: Role::Tool, content: parts, origin: None });
         Ok(())
     }
 

@@ -6,9 +6,9 @@
 use cortexkit_role_llm_runner::display::{DisplayPart, DisplayRow, Limits, OtherPart, TextPart, ToolCallPart};
 use cortexkit_role_llm_runner::display::{FilePart, ToolResultPart};
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use super::read::role_name;
+use super::read::{frame_fits, role_name, within_bytes};
 use super::Ops;
 use crate::lineage::projection::{mid, served_ordinal};
 use crate::lineage::read::{self, Entry};
@@ -19,9 +19,6 @@ use crate::wire::history::{newer_cursor, older_cursor, HistoryRequest, HistorySe
 use crate::wire::read::UNWRITTEN_INCARNATION;
 use crate::wire::requests::{unknown_mid, HISTORY_VERSION};
 use crate::wire::{Refusal, RefusalCode};
-
-/// Bytes reserved for the page's envelope within the byte cap.
-const PAGE_OVERHEAD: usize = 512;
 
 /// A raw history entry: the read envelope with its required write time.
 #[derive(Serialize)]
@@ -86,7 +83,7 @@ pub(super) fn session_history(ops: &Ops, key: &SessionKey, request: HistoryReque
         return Err(unrepresentable(served_ordinal(e.ordinal)));
     }
     let sizes: Vec<usize> = entries.iter().map(|e| serde_json::to_vec(&raw(e)).map_or(0, |b| b.len() + 1)).collect();
-    let (skip, take) = within(&sizes, request.max_bytes, forward);
+    let (skip, take) = within_bytes(&sizes, request.max_bytes, !forward);
     let kept = &entries[skip..skip + take];
     let (lo, hi) = match (kept.first(), kept.last()) {
         (Some(a), Some(b)) => (served_ordinal(a.ordinal), served_ordinal(b.ordinal) + 1),
@@ -111,15 +108,7 @@ pub(super) fn session_history(ops: &Ops, key: &SessionKey, request: HistoryReque
         let messages = kept.iter().map(raw).collect();
         super::body(HistoryPage { messages, history_version: HISTORY_VERSION, incarnation, older, newer })
     };
-    let frame = serde_json::to_vec(&json!({"result": &body})).map_or(0, |b| b.len()) + subc_protocol::HEADER_LEN;
-    if frame > subc_protocol::MAX_DELIVERED_FRAME_LEN {
-        let subject = json!({"kind": "message", "session": key.session, "ordinal": lo});
-        let detail =
-            crate::detail!("bytes" => frame, "limit" => subc_protocol::MAX_DELIVERED_FRAME_LEN, "subject" => subject);
-        let message =
-            format!("session.history: message m{lo} alone makes a {frame}-byte reply, over the transport limit");
-        return Err(Refusal::new(RefusalCode::ReplyTooLarge, message, Some(detail)));
-    }
+    frame_fits("session.history", &body, key, lo)?;
     Ok(body)
 }
 
@@ -130,26 +119,6 @@ fn raw(e: &Entry) -> RawEntry<'_> {
         message: &e.message,
         role: role_name(e.message.role),
         written_at: e.written_at.unwrap_or_default(),
-    }
-}
-
-/// `(skip, take)` of entries of `sizes` within `max_bytes`; one entry always stays whole.
-fn within(sizes: &[usize], max_bytes: u64, forward: bool) -> (usize, usize) {
-    let budget = (max_bytes as usize).saturating_sub(PAGE_OVERHEAD);
-    let fits = |order: &mut dyn Iterator<Item = usize>| {
-        let mut total = 0usize;
-        order
-            .take_while(|&i| {
-                total += sizes[i];
-                total <= budget || total == sizes[i]
-            })
-            .count()
-    };
-    if forward {
-        (0, fits(&mut (0..sizes.len())))
-    } else {
-        let n = fits(&mut (0..sizes.len()).rev());
-        (sizes.len() - n, n)
     }
 }
 

@@ -95,7 +95,8 @@ pub(super) fn session_read(ops: &Ops, key: &SessionKey, request: ReadRequest) ->
             }
         })
         .collect();
-    let (skip, take) = within_bytes(&items, request.max_bytes, request.cursor == ReadCursor::Tail);
+    let sizes: Vec<usize> = items.iter().map(|i| serde_json::to_vec(i).map_or(0, |b| b.len() + 1)).collect();
+    let (skip, take) = within_bytes(&sizes, request.max_bytes, request.cursor == ReadCursor::Tail);
     let end = start + (skip + take) as u64;
     let first = start + skip as u64;
     let (tools, tools_run_id) = match (request.include_tools, page.state.last.as_ref()) {
@@ -127,23 +128,14 @@ pub(super) fn session_read(ops: &Ops, key: &SessionKey, request: ReadRequest) ->
         tools_run_id,
     };
     // An indivisible message whose frame would cross the transport limit is refused by name.
-    let frame = serde_json::to_vec(&json!({"result": &answer})).map_or(0, |b| b.len()) + subc_protocol::HEADER_LEN;
-    if frame > subc_protocol::MAX_DELIVERED_FRAME_LEN {
-        let ordinal = served_ordinal(first);
-        let subject = json!({"kind": "message", "session": key.session, "ordinal": ordinal});
-        let detail =
-            crate::detail!("bytes" => frame, "limit" => subc_protocol::MAX_DELIVERED_FRAME_LEN, "subject" => subject);
-        let message =
-            format!("session.read: message m{ordinal} alone makes a {frame}-byte reply, over the transport limit");
-        return Err(Refusal::new(RefusalCode::ReplyTooLarge, message, Some(detail)));
-    }
+    frame_fits("session.read", &answer, key, served_ordinal(first))?;
     Ok(super::body(answer))
 }
 
-/// The byte cap: `(skip, take)` of `items` that fit `max_bytes`. A forward page keeps its first
-/// messages, the newest page its last ones; one message always stays whole.
-fn within_bytes(items: &[ReadEntry], max_bytes: u64, newest: bool) -> (usize, usize) {
-    let sizes: Vec<usize> = items.iter().map(|i| serde_json::to_vec(i).map_or(0, |b| b.len() + 1)).collect();
+/// The byte cap of a page (`session.read`, `session.history`): `(skip, take)` of the entries
+/// whose encoded `sizes` fit `max_bytes`. A forward page keeps its first entries, a backward one
+/// (the newest page, a page before a position) its last; one entry always stays whole.
+pub(super) fn within_bytes(sizes: &[usize], max_bytes: u64, backward: bool) -> (usize, usize) {
     let budget = (max_bytes as usize).saturating_sub(PAGE_OVERHEAD);
     let fits = |order: &mut dyn Iterator<Item = usize>| {
         let mut total = 0usize;
@@ -154,12 +146,31 @@ fn within_bytes(items: &[ReadEntry], max_bytes: u64, newest: bool) -> (usize, us
             })
             .count()
     };
-    if newest {
-        let n = fits(&mut (0..items.len()).rev());
-        (items.len() - n, n)
+    if backward {
+        let n = fits(&mut (0..sizes.len()).rev());
+        (sizes.len() - n, n)
     } else {
-        (0, fits(&mut (0..items.len())))
+        (0, fits(&mut (0..sizes.len())))
     }
+}
+
+/// `reply_too_large` when a page's complete frame would cross the transport limit, naming its
+/// indivisible first message by session and served ordinal, never its content.
+pub(super) fn frame_fits(
+    op: &str,
+    body: &impl serde::Serialize,
+    key: &SessionKey,
+    ordinal: u64,
+) -> Result<(), Refusal> {
+    let frame = serde_json::to_vec(&json!({"result": body})).map_or(0, |b| b.len()) + subc_protocol::HEADER_LEN;
+    if frame <= subc_protocol::MAX_DELIVERED_FRAME_LEN {
+        return Ok(());
+    }
+    let subject = json!({"kind": "message", "session": key.session, "ordinal": ordinal});
+    let detail =
+        crate::detail!("bytes" => frame, "limit" => subc_protocol::MAX_DELIVERED_FRAME_LEN, "subject" => subject);
+    let message = format!("{op}: message m{ordinal} alone makes a {frame}-byte reply, over the transport limit");
+    Err(Refusal::new(RefusalCode::ReplyTooLarge, message, Some(detail)))
 }
 
 /// The run an entry belongs to, and whether it is that run's last message: the next message
