@@ -264,6 +264,16 @@ fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
+/// Leaves SQLite's `-wal` file in place when the last connection closes, instead of
+/// checkpointing it into the database and deleting it. A short-lived process (a `broca-run`
+/// turn) then costs no checkpoint fsyncs at exit and no WAL re-creation (header and directory
+/// fsyncs) at its next start; the WAL is still checkpointed by the writer's automatic
+/// checkpoints (every 1,000 pages) and read back on open, so nothing committed is lost.
+fn keep_wal_on_close(conn: &Connection) -> Result<(), StoreError> {
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
+    Ok(())
+}
+
 impl Store {
     /// Opens (or creates, 0600, minting `source_instance_id`) the database at `path`.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
@@ -281,24 +291,32 @@ impl Store {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        keep_wal_on_close(&conn)?;
         // A database derived by an older layout is derived again: its lineages replay from
-        // their WAL on next open (the metering lane is kept; it is insert-once).
+        // their WAL on next open (the metering lane is kept; it is insert-once). A current one
+        // is left as it is: opening writes nothing (no transaction, so no WAL frame or fsync).
         let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-        if version < SCHEMA_VERSION {
-            conn.execute_batch("DROP TABLE IF EXISTS runs; DROP TABLE IF EXISTS transcript; DROP TABLE IF EXISTS sends; DROP TABLE IF EXISTS lineages;")?;
+        if version != SCHEMA_VERSION {
+            // One transaction: the version is never current without the rows it implies.
+            let tx = conn.unchecked_transaction()?;
+            if version < SCHEMA_VERSION {
+                tx.execute_batch("DROP TABLE IF EXISTS runs; DROP TABLE IF EXISTS transcript; DROP TABLE IF EXISTS sends; DROP TABLE IF EXISTS lineages;")?;
+            }
+            tx.execute_batch(SCHEMA)?;
+            tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+            tx.execute(
+                "INSERT OR IGNORE INTO export_meta (key, value) VALUES ('source_instance_id', ?1)",
+                [uuid::Uuid::new_v4().to_string()],
+            )?;
+            tx.execute("INSERT OR IGNORE INTO export_meta (key, value) VALUES ('high_water', '0')", [])?;
+            tx.commit()?;
         }
-        conn.execute_batch(SCHEMA)?;
-        conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
-        conn.execute(
-            "INSERT OR IGNORE INTO export_meta (key, value) VALUES ('source_instance_id', ?1)",
-            [uuid::Uuid::new_v4().to_string()],
-        )?;
-        conn.execute("INSERT OR IGNORE INTO export_meta (key, value) VALUES ('high_water', '0')", [])?;
         let mut readers = Vec::with_capacity(READ_CONNECTIONS);
         for _ in 0..READ_CONNECTIONS {
             let reader = Connection::open(path)?;
             reader.busy_timeout(std::time::Duration::from_secs(5))?;
             reader.pragma_update(None, "query_only", true)?;
+            keep_wal_on_close(&reader)?;
             readers.push(Mutex::new(reader));
         }
         Ok(Store { path: path.to_path_buf(), conn: Mutex::new(conn), readers, next_reader: Default::default() })
