@@ -354,7 +354,9 @@ fn loop_step_overhead(dir: &Path) -> LoopFigures {
     let bare_agent = ureq::AgentBuilder::new().build();
     let (mut overheads, mut bares, mut cpus, mut bare_cpus) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut fsyncs = 0.0;
-    for round in 0..5 {
+    // More rounds for a profiler (`perf record ... broca-bench loop`); five by default.
+    let rounds = std::env::var("BROCA_BENCH_LOOP_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(5usize).max(1);
+    for round in 0..rounds {
         // The bare client: one HTTP round trip and the whole stream per step, nothing else.
         mock.install("bare", loop_script());
         let url = format!("{}/chat/completions", mock.base_url(Some("bare")));

@@ -1,4 +1,4 @@
-//! The model client seam and its HTTP implementation (blocking ureq on a helper thread).
+//! The model client seam and its HTTP implementation (blocking ureq on a pooled helper thread).
 //!
 //! The loop never blocks on the network: [`ModelClient::start`] returns at once with a channel,
 //! and a streamer thread POSTs the request, frames SSE, decodes the family's events, counts
@@ -94,12 +94,14 @@ pub fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-/// The real client: ureq, one thread per attempt. The read timeout (the socket-level half of
+/// The real client: ureq, one helper thread per attempt in flight (reused from a
+/// [`crate::pool::Pool`]: starting a thread per step cost tens of microseconds). The read timeout (the socket-level half of
 /// the watchdog) is the attempt's; agents (connection pool) are built once per provider origin
 /// and distinct timeout and reused, since building one is costly and its pool is the point.
 pub struct HttpClient {
     agents: Mutex<Vec<Arc<AgentSlot>>>,
     tls: Option<Arc<rustls::ClientConfig>>,
+    streamers: crate::pool::Pool,
 }
 
 /// One agent and what tells when its pooled connections may be reused.
@@ -176,7 +178,11 @@ impl HttpClient {
     }
 
     fn with_roots(extra: &[rustls::pki_types::CertificateDer<'static>]) -> HttpClient {
-        HttpClient { agents: Mutex::new(Vec::new()), tls: tls_config(extra) }
+        HttpClient {
+            agents: Mutex::new(Vec::new()),
+            tls: tls_config(extra),
+            streamers: crate::pool::Pool::new("broca-stream"),
+        }
     }
 
     fn slot(&self, origin: &str, read_timeout: Duration) -> Arc<AgentSlot> {
@@ -245,7 +251,7 @@ impl ModelClient for HttpClient {
     fn start(&self, attempt: Attempt) -> Receiver<AttemptEvent> {
         let (tx, rx) = bounded(EVENT_QUEUE);
         let slot = self.slot(origin(&attempt.config.base_url), attempt.read_timeout);
-        let spawned = std::thread::Builder::new().name("broca-stream".into()).spawn(move || {
+        let spawned = self.streamers.run(move || {
             slot.wait_drained();
             stream(&slot, attempt, &tx)
         });

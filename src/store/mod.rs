@@ -256,7 +256,9 @@ const READ_CONNECTIONS: usize = 4;
 pub struct Store {
     path: PathBuf,
     conn: Mutex<Connection>,
-    readers: Vec<Mutex<Connection>>,
+    /// Opened on first use: each connection parses the schema, which a short-lived process
+    /// (a `broca-run` turn reads one checkpoint) should not pay four times at start.
+    readers: Vec<Mutex<Option<Connection>>>,
     next_reader: std::sync::atomic::AtomicUsize,
 }
 
@@ -311,24 +313,28 @@ impl Store {
             tx.execute("INSERT OR IGNORE INTO export_meta (key, value) VALUES ('high_water', '0')", [])?;
             tx.commit()?;
         }
-        let mut readers = Vec::with_capacity(READ_CONNECTIONS);
-        for _ in 0..READ_CONNECTIONS {
-            let reader = Connection::open(path)?;
-            reader.busy_timeout(std::time::Duration::from_secs(5))?;
-            reader.pragma_update(None, "query_only", true)?;
-            keep_wal_on_close(&reader)?;
-            readers.push(Mutex::new(reader));
-        }
+        let readers = (0..READ_CONNECTIONS).map(|_| Mutex::new(None)).collect();
         Ok(Store { path: path.to_path_buf(), conn: Mutex::new(conn), readers, next_reader: Default::default() })
     }
 
-    /// A read connection: a free one if any, else the next in turn.
-    fn reader(&self) -> parking_lot::MutexGuard<'_, Connection> {
-        if let Some(free) = self.readers.iter().find_map(|r| r.try_lock()) {
-            return free;
+    /// A read connection: a free one if any, else the next in turn; opened on first use.
+    fn reader(&self) -> Result<parking_lot::MappedMutexGuard<'_, Connection>, StoreError> {
+        let mut slot = match self.readers.iter().find_map(|r| r.try_lock()) {
+            Some(free) => free,
+            None => {
+                let i = self.next_reader.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.readers.len();
+                self.readers[i].lock()
+            }
+        };
+        if slot.is_none() {
+            let reader = Connection::open(&self.path)?;
+            reader.busy_timeout(std::time::Duration::from_secs(5))?;
+            reader.pragma_update(None, "query_only", true)?;
+            keep_wal_on_close(&reader)?;
+            *slot = Some(reader);
         }
-        let i = self.next_reader.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.readers.len();
-        self.readers[i].lock()
+        parking_lot::MutexGuard::try_map(slot, Option::as_mut)
+            .map_err(|_| StoreError::Damaged("a read connection went missing".into()))
     }
 
     pub fn path(&self) -> &Path {
@@ -337,7 +343,7 @@ impl Store {
 
     /// The lineage's checkpoint, if its prefix is materialized.
     pub fn checkpoint(&self, lineage: &str) -> Result<Option<Checkpoint>, StoreError> {
-        let conn = self.reader();
+        let conn = self.reader()?;
         let row = conn
             .query_row(
                 "SELECT incarnation, watermark_seq, next_offset, replay FROM lineages WHERE lineage = ?1",
@@ -357,7 +363,7 @@ impl Store {
     /// run still open (a crash left it). Boot recovery opens them so queued work is never left
     /// idle and orphans are sealed; the WAL then decides.
     pub fn sessions_with_work(&self) -> Result<Vec<SessionKey>, StoreError> {
-        let conn = self.reader();
+        let conn = self.reader()?;
         let mut stmt = conn.prepare("SELECT project_root, harness, session, replay FROM lineages")?;
         let rows = stmt.query_map([], |r| {
             Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?))
@@ -428,7 +434,7 @@ impl Store {
 
     /// Materialized messages `[from, from + limit)` of a lineage, in ordinal order.
     pub fn messages(&self, lineage: &str, from: u64, limit: u64) -> Result<Vec<(u64, Message)>, StoreError> {
-        let conn = self.reader();
+        let conn = self.reader()?;
         let mut stmt = conn.prepare_cached(
             "SELECT ordinal, message FROM transcript WHERE lineage = ?1 AND ordinal >= ?2 ORDER BY ordinal LIMIT ?3",
         )?;
@@ -452,7 +458,7 @@ impl Store {
         run_id: &str,
         role: crate::message::Role,
     ) -> Result<Option<(u64, Message)>, StoreError> {
-        let conn = self.reader();
+        let conn = self.reader()?;
         let mut stmt = conn.prepare_cached(
             "SELECT ordinal, message FROM transcript WHERE lineage = ?1 AND run_id = ?2 ORDER BY ordinal DESC",
         )?;
@@ -470,7 +476,7 @@ impl Store {
 
     /// The index row of `run_id` (most recently updated if several lineages used the id).
     pub fn run(&self, run_id: &str) -> Result<Option<RunRow>, StoreError> {
-        let conn = self.reader();
+        let conn = self.reader()?;
         let row = conn
             .query_row(
                 "SELECT run_id, lineage, session, submission_id, state, reason, error, terminal, wal_path, title, usage, auth_selection, detail, undelivered_steers FROM runs
@@ -511,7 +517,7 @@ impl Store {
                 id,
             ),
         };
-        let conn = self.reader();
+        let conn = self.reader()?;
         let row = conn
             .query_row(sql, params![lineage, key], |r| {
                 Ok((
