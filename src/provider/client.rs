@@ -100,7 +100,11 @@ pub fn now_ms() -> u64 {
 /// and distinct timeout and reused, since building one is costly and its pool is the point.
 pub struct HttpClient {
     agents: Mutex<Vec<Arc<AgentSlot>>>,
-    tls: Option<Arc<rustls::ClientConfig>>,
+    /// Extra roots (tests only) for the TLS configuration, which is built for the first HTTPS
+    /// agent: a process that only talks plain HTTP (a CLI turn on a local server) never pays
+    /// for the root store.
+    extra_roots: Vec<rustls::pki_types::CertificateDer<'static>>,
+    tls: std::sync::OnceLock<Option<Arc<rustls::ClientConfig>>>,
     streamers: crate::pool::Pool,
 }
 
@@ -180,7 +184,8 @@ impl HttpClient {
     fn with_roots(extra: &[rustls::pki_types::CertificateDer<'static>]) -> HttpClient {
         HttpClient {
             agents: Mutex::new(Vec::new()),
-            tls: tls_config(extra),
+            extra_roots: extra.to_vec(),
+            tls: std::sync::OnceLock::new(),
             streamers: crate::pool::Pool::new("broca-stream"),
         }
     }
@@ -202,8 +207,10 @@ impl HttpClient {
             .timeout_read(read_timeout)
             .max_idle_connections(POOL_IDLE_PER_HOST)
             .max_idle_connections_per_host(POOL_IDLE_PER_HOST);
-        if let Some(tls) = &self.tls {
-            builder = builder.tls_config(Arc::clone(tls));
+        if origin.starts_with("https:") {
+            if let Some(tls) = self.tls.get_or_init(|| tls_config(&self.extra_roots)) {
+                builder = builder.tls_config(Arc::clone(tls));
+            }
         }
         let slot = Arc::new(AgentSlot {
             origin: origin.to_string(),
