@@ -16,9 +16,10 @@ pub struct CliFigures {
     pub start_ms: f64,
     /// Median wall time of spawning and reaping `true`.
     pub true_ms: f64,
-    /// fsync + fdatasync calls of one continued single-step turn, counted by strace (None
-    /// without strace).
-    pub turn_fsyncs: Option<u64>,
+    /// fsync + fdatasync calls per continued single-step turn (the mean of [`TURNS`] turns, so
+    /// the run index's occasional checkpoint at close counts its share), counted by strace
+    /// (None without strace).
+    pub turn_fsyncs: Option<f64>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -78,19 +79,22 @@ pub fn measure(dir: &Path) -> Option<CliFigures> {
     Some(CliFigures { start_ms: median(starts), true_ms: median(trues), turn_fsyncs })
 }
 
-/// Runs one turn under `strace -f` tracing fsync and fdatasync, and counts the calls.
-fn strace_fsyncs(trace: &PathBuf, turn: impl Fn(&[&str]) -> Option<Instant>) -> Option<u64> {
+/// Runs [`TURNS`] turns under `strace -f` tracing fsync and fdatasync; the calls per turn.
+fn strace_fsyncs(trace: &PathBuf, turn: impl Fn(&[&str]) -> Option<Instant>) -> Option<f64> {
     let available = Command::new("strace").arg("-V").stdout(Stdio::null()).stderr(Stdio::null()).status();
     if !available.is_ok_and(|s| s.success()) {
         eprintln!("broca-bench: strace is not available; skipping cli.turn_fsyncs");
         return None;
     }
     let out = trace.to_str()?;
-    turn(&["-f", "-qq", "-e", "trace=fsync,fdatasync", "-o", out])?;
-    let text = std::fs::read_to_string(trace).ok()?;
-    // A call interrupted by another thread's line shows once as `fsync(3 <unfinished ...>`.
-    let calls = text.lines().filter(|l| l.contains("fsync(") || l.contains("fdatasync(")).count();
-    Some(calls as u64)
+    let mut calls = 0;
+    for _ in 0..TURNS {
+        turn(&["-f", "-qq", "-e", "trace=fsync,fdatasync", "-o", out])?;
+        let text = std::fs::read_to_string(trace).ok()?;
+        // A call interrupted by another thread's line shows once as `fsync(3 <unfinished ...>`.
+        calls += text.lines().filter(|l| l.contains("fsync(") || l.contains("fdatasync(")).count();
+    }
+    Some(calls as f64 / TURNS as f64)
 }
 
 /// Process CPU time (user + system) so far.

@@ -103,7 +103,7 @@ fn report_loop(dir: &Path, raw: f64) {
         report("cli.true_ms", c.true_ms, "ms");
         report("cli.start_ratio_to_true", c.start_ms / c.true_ms, "x");
         if let Some(n) = c.turn_fsyncs {
-            report("cli.turn_fsyncs", n as f64, "fsyncs");
+            report("cli.turn_fsyncs", n, "fsyncs");
         }
     }
 }

@@ -247,6 +247,12 @@ pub struct SendRow {
     pub run_id: Option<String>,
 }
 
+/// The `-wal` size up to which a closing store leaves the WAL as it is. The next process to
+/// open the database rebuilds its WAL index by reading the whole file (start-up time grows with
+/// it), so past this a closing store checkpoints and truncates it: a few fsyncs every few CLI
+/// turns instead of every turn, and an open that reads at most this much.
+pub const WAL_KEEP_BYTES: u64 = 1 << 20;
+
 /// Read connections of a store: readers never wait for the writer's connection (WAL mode lets
 /// them read the last committed state while a flush runs).
 const READ_CONNECTIONS: usize = 4;
@@ -269,11 +275,26 @@ fn now_ms() -> u64 {
 /// Leaves SQLite's `-wal` file in place when the last connection closes, instead of
 /// checkpointing it into the database and deleting it. A short-lived process (a `broca-run`
 /// turn) then costs no checkpoint fsyncs at exit and no WAL re-creation (header and directory
-/// fsyncs) at its next start; the WAL is still checkpointed by the writer's automatic
-/// checkpoints (every 1,000 pages) and read back on open, so nothing committed is lost.
+/// fsyncs) at its next start; nothing committed is lost (the WAL is read back on open). What
+/// bounds the WAL is the writer's automatic checkpoints and [`WAL_KEEP_BYTES`] at close.
 fn keep_wal_on_close(conn: &Connection) -> Result<(), StoreError> {
     conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
     Ok(())
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        let wal = PathBuf::from(format!("{}-wal", self.path.display()));
+        if std::fs::metadata(&wal).is_ok_and(|m| m.len() > WAL_KEEP_BYTES) {
+            // Readers first: a checkpoint cannot truncate past a reader's snapshot.
+            for reader in &self.readers {
+                reader.lock().take();
+            }
+            if let Err(e) = self.conn.lock().execute_batch("PRAGMA wal_checkpoint(TRUNCATE);") {
+                log::warn!("run-index.db: checkpoint at close failed: {e}");
+            }
+        }
+    }
 }
 
 impl Store {
