@@ -407,7 +407,15 @@ fn drain(reader: &mut impl Read, buf: &mut [u8]) {
 
 #[cfg(test)]
 mod pool_tests {
-    use super::origin;
+    use super::{origin, HttpClient};
+
+    #[test]
+    fn a_test_root_must_be_a_pem_certificate() {
+        assert!(HttpClient::with_test_root_pem("not a certificate").is_err());
+        assert!(HttpClient::with_test_root_pem("").is_err());
+        let junk = "-----BEGIN CERTIFICATE-----\n!!!!\n-----END CERTIFICATE-----\n";
+        assert!(HttpClient::with_test_root_pem(junk).is_err());
+    }
 
     #[test]
     fn origins_key_the_pool() {
