@@ -1,7 +1,7 @@
 # broca: the two commands a newcomer runs are `make demo` (once it exists) and `make test`.
 CARGO ?= cargo
 
-.PHONY: build demo test soak bench e2e mcp-check fmt lint check
+.PHONY: build demo test soak bench e2e mcp-check live conformance fmt lint check
 
 build:
 	$(CARGO) build --release --locked
@@ -40,11 +40,28 @@ e2e:
 	trap - EXIT; scripts/rig down "$$SUBC_CONNECTION_FILE"; \
 	if [ -n "$$result" ]; then printf '%s\n' "$$result"; fi; exit $$status
 
+# The published llm-runner/v1 conformance suite (cortexkit-role-llm-runner-conformance) against
+# the real broca binary under the real subc daemon, broca-mock as scripted model and tool
+# provider, kills by real SIGKILLs at broca's fail points (tests/conformance.rs). Failed cases
+# with their messages and skipped cases with the capabilities they need go to stderr; the whole
+# report to target/tmp/conformance-report.txt. The last line is the suite's own count:
+# `CONFORMANCE passed=<n> failed=<n> skipped=<n> not_applicable=<n> real_kills=<n> verdict=<v>`;
+# the exit status is the verdict's.
+conformance:
+	@out=$$(mktemp); status=0; \
+	BROCA_CONFORMANCE=1 RUST_LOG=$${RUST_LOG:-error} $(CARGO) test --locked --test conformance >"$$out" || status=$$?; \
+	grep -v '^CONFORMANCE ' "$$out"; grep '^CONFORMANCE ' "$$out" | tail -n 1; rm -f "$$out"; exit $$status
+
 # broca-mcp through the official MCP Python SDK's stdio client (installed into a venv under the
 # target directory on first use) against a rig like `e2e`'s. On success the last line is
 # `MCP OK <n> checks`; when the SDK cannot be installed, `MCP SKIPPED: <why>` (exit 0).
 mcp-check:
 	@CARGO="$(CARGO)" scripts/mcp-check
+
+# One broca-run turn on a real provider through your running subc daemon, with a dev-tools
+# handle (README "Real providers"). Skipped (passes, saying so) unless BROCA_LIVE_TESTS=1.
+live:
+	$(CARGO) test --locked --test live -- --nocapture
 
 # Prints `BENCH <name> <value> <unit>` lines; see README "Benchmarks".
 bench:

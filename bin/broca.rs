@@ -159,7 +159,7 @@ fn serve(conn_file: &Path) -> ExitCode {
     let mut opts = loop_options();
     // Provider credentials come only from the claustrum vault on the consumer connection.
     opts.credentials =
-        consumer.as_ref().map(|c| broca::vault::Credentials(Arc::new(broca::vault::SubcVault::new(c.clone()))));
+        consumer.as_ref().map(|c| broca::vault::Credentials::new(Arc::new(broca::vault::SubcVault::new(c.clone()))));
     let mut builder = ModuleBuilder::new(root)
         .config(config)
         .catalog(catalog)

@@ -201,4 +201,42 @@ pub struct RunPolicy {
     /// Retention seconds (the session lives in `wal-ephemeral/`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention: Option<u64>,
+    /// The caller's routing decision the run was admitted under (fixed per run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route_decision_id: Option<String>,
+}
+
+impl FrozenConfig {
+    /// The baseline this config describes (llm-runner §10): the plan's per-item digests, its
+    /// absent optional items, the composition digest and the tool names; `session.baseline`
+    /// and the admitting send's reply both serve it.
+    pub fn baseline(&self) -> cortexkit_role_llm_runner::baseline::Baseline {
+        let config = self;
+        use cortexkit_role_llm_runner::baseline::{AbsentItem, Baseline, BaselineItem};
+        let tool_names: Vec<String> = config.tools.iter().map(|t| t.name.clone()).collect();
+        let Some(plan) = &config.plan else { return Baseline::plan_less(tool_names) };
+        let tool_items =
+            plan.items.iter().map(|i| BaselineItem::new(&i.provider, &i.catalog_digest).with_item("tools"));
+        let text_items = plan.texts.iter().map(|t| {
+            BaselineItem::new(&t.provider, &t.item_digest)
+                .with_item("system_text")
+                .with_preflight_digest(&t.preflight_digest)
+        });
+        let items = tool_items.chain(text_items).collect();
+        let absent = plan
+            .absent
+            .iter()
+            .map(|a| AbsentItem {
+                provider: a.provider.clone(),
+                kind: a.kind.clone(),
+                reason: a.reason.clone(),
+                provider_code: a.provider_code.clone(),
+            })
+            .filter(|a| a.check().is_ok())
+            .collect();
+        let mut baseline = Baseline::plan_less(tool_names).with_absent_items(absent);
+        baseline.items = items;
+        baseline.composition_digest = plan.composition_digest.clone();
+        baseline
+    }
 }

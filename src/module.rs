@@ -149,6 +149,7 @@ impl ModuleBuilder {
             overrides,
             lkg,
             tools: self.plane.clone(),
+            credentials: self.opts.credentials.clone(),
         });
         let hub = Hub::new();
         let readmit = if self.readmit_from_catalog {

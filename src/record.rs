@@ -387,6 +387,10 @@ pub enum Record {
         model: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         variant: Option<String>,
+        /// When the successful attempt ended (`message-times/v1`; absent in older records): the
+        /// assistant message's `written_at`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        at_ms: Option<u64>,
     },
     ToolDispatchIntent {
         run_id: String,
@@ -410,6 +414,9 @@ pub enum Record {
         /// `ok`, `error`, `cancelled`, `interrupted`, `unknown` (an indeterminate call).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         outcome: Option<CallOutcome>,
+        /// When the result was recorded (`tool-times/v1`; absent in older records).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        at_ms: Option<u64>,
     },
     RunCancelRequested {
         run_id: String,

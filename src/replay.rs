@@ -67,6 +67,9 @@ pub struct BatchCall {
     pub module: Option<String>,
     /// `(output, is_error)` once its `ToolResult` is recorded.
     pub result: Option<(Value, bool)>,
+    /// When that result was recorded (`tool-times/v1`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at_ms: Option<u64>,
 }
 
 /// The last episode of a lineage.
@@ -115,10 +118,17 @@ pub enum Resolution {
 }
 
 /// What replaying a record yields beyond the state: derived facts for the store.
+///
+/// Effects live for one record's apply (moved into a sink, batched to the store and dropped),
+/// so the run-state variant stays inline: boxing it would allocate on every run-state change to
+/// save stack bytes no collection holds for long.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum Effect {
-    /// The conversation gained a message at `ordinal`.
-    Message { ordinal: u64, run_id: String, seq: u64, message: Message },
+    /// A message joins the conversation at `ordinal`; `written_at` is its recorded write time (admission for
+    /// input and steers, the successful attempt's end for an answer, the last result's record
+    /// time for a tool message), absent when a record did not carry one.
+    Message { ordinal: u64, run_id: String, seq: u64, written_at: Option<u64>, message: Message },
     /// A run's lifecycle state changed.
     RunState { run_id: String, submission_id: Option<String>, state: RunState, seq: u64 },
     /// A send's fate changed (the send ledger: keyed re-sends, `send.status`, provisional ids).
@@ -161,6 +171,8 @@ pub enum RunState {
         at_ms: u64,
         detail: Option<Value>,
         undelivered_steers: Vec<String>,
+        /// The normalized finish of the run's last model step, when it reported one.
+        finish: Option<String>,
     },
 }
 
@@ -206,6 +218,13 @@ pub struct Replay {
     /// A completed step reported no input usage: spend is unknown from then on (fail closed).
     #[serde(default)]
     pub input_unreported: bool,
+    /// Session spend (llm-runner §4.3 `session_usage`): every completed step of every run,
+    /// folded incrementally as records apply, so the checkpoint carries it with its watermark.
+    #[serde(default)]
+    pub session_usage: RunUsage,
+    /// The first run counted in `session_usage`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage_since: Option<String>,
 }
 
 impl Replay {
@@ -379,15 +398,16 @@ impl Replay {
                     self.episode_mut().retries_used += 1;
                 }
             }
-            Record::ModelStepFinished { finish_reason, usage, message, provider, model, variant, .. } => {
+            Record::ModelStepFinished { finish_reason, usage, message, provider, model, variant, at_ms, .. } => {
                 let ordinal = self.prompt_len;
                 let e = self.episode_mut();
                 e.step_open = false;
                 e.final_step_finish_reason = Some(finish_reason.clone());
                 e.usage.add_step(provider, model, variant.as_deref(), usage);
                 e.last_assistant = Some(ordinal);
+                self.session_usage.add_step(provider, model, variant.as_deref(), usage);
                 self.spend_input(usage);
-                self.push_message(seq, message.clone(), sink);
+                self.push_message(seq, message.clone(), *at_ms, sink);
             }
             Record::ToolDispatchIntent { tool_call_id, tool_name, module_id, .. } => {
                 self.episode_mut().batch.push(BatchCall {
@@ -395,11 +415,13 @@ impl Replay {
                     tool_name: tool_name.clone(),
                     module: module_id.clone(),
                     result: None,
+                    finished_at_ms: None,
                 });
             }
-            Record::ToolResult { tool_call_id, output, is_error, .. } => {
+            Record::ToolResult { tool_call_id, output, is_error, at_ms, .. } => {
                 if let Some(c) = self.episode_mut().batch.iter_mut().find(|c| &c.tool_call_id == tool_call_id) {
                     c.result = Some((output.clone(), *is_error));
+                    c.finished_at_ms = *at_ms;
                 }
             }
             Record::RunCancelRequested { at, .. } => {
@@ -428,6 +450,7 @@ impl Replay {
             sink(Effect::Send { submission_id: id.clone(), fate, seq });
         }
         self.episodes += 1;
+        self.usage_since.get_or_insert_with(|| r.run_id.clone());
         self.last = Some(Episode {
             run_id: r.run_id.clone(),
             submission_id: r.submission_id.clone(),
@@ -455,7 +478,8 @@ impl Replay {
             auth_selection: r.auth_selection.clone(),
         };
         sink(Effect::RunState { run_id: r.run_id.clone(), submission_id: r.submission_id.clone(), state, seq });
-        self.push_message(seq, r.input.clone(), sink);
+        let admitted = (r.started_at_ms > 0).then_some(r.started_at_ms);
+        self.push_message(seq, r.input.clone(), admitted, sink);
     }
 
     /// A frozen cap lowers the session's cap (it never rises).
@@ -493,7 +517,17 @@ impl Replay {
                 };
                 (run_id, state)
             }
-            Record::RunFinished { run_id, reason, error, usage, at_ms, detail, undelivered_steers, .. } => {
+            Record::RunFinished {
+                run_id,
+                reason,
+                error,
+                usage,
+                at_ms,
+                detail,
+                undelivered_steers,
+                final_step_finish_reason,
+                ..
+            } => {
                 self.close_batch(seq, sink);
                 let e = self.episode_mut();
                 e.status = EpisodeStatus::Finished { reason: *reason, error: error.clone(), detail: detail.clone() };
@@ -505,6 +539,7 @@ impl Replay {
                     at_ms: *at_ms,
                     detail: detail.clone(),
                     undelivered_steers: undelivered_steers.clone(),
+                    finish: final_step_finish_reason.clone(),
                 };
                 (run_id, state)
             }
@@ -534,12 +569,13 @@ impl Replay {
                 sink(Effect::Send { submission_id: submission_id.clone(), fate: SendFate::Retracted, seq });
             }
             Record::Steered { run_id, submission_id, message, .. } => {
+                let admitted = self.pending(submission_id).map(|p| p.request.received_at_ms).filter(|&t| t > 0);
                 self.queue.retain(|p| &p.submission_id != submission_id);
                 self.episode_mut().unrendered_steers.push(submission_id.clone());
                 let fate = SendFate::Delivered { run_id: run_id.clone() };
                 sink(Effect::Send { submission_id: submission_id.clone(), fate, seq });
                 self.close_batch(seq, sink);
-                self.push_message(seq, message.clone(), sink);
+                self.push_message(seq, message.clone(), admitted, sink);
             }
             _ => {}
         }
@@ -549,12 +585,12 @@ impl Replay {
         self.last.as_mut().expect("check() proved an episode exists")
     }
 
-    fn push_message(&mut self, seq: u64, message: Message, sink: &mut dyn FnMut(Effect)) {
+    fn push_message(&mut self, seq: u64, message: Message, written_at: Option<u64>, sink: &mut dyn FnMut(Effect)) {
         let run_id = self.last.as_ref().map(|e| e.run_id.clone()).unwrap_or_default();
         if let Some(e) = self.last.as_mut() {
             e.messages += 1;
         }
-        sink(Effect::Message { ordinal: self.prompt_len, run_id, seq, message });
+        sink(Effect::Message { ordinal: self.prompt_len, run_id, seq, written_at, message });
         self.prompt_len += 1;
     }
 
@@ -563,6 +599,13 @@ impl Replay {
     fn close_batch(&mut self, seq: u64, sink: &mut dyn FnMut(Effect)) {
         let Some(e) = self.last.as_mut() else { return };
         let batch = std::mem::take(&mut e.batch);
+        // The tool message is written when its last result was: known only if every result's is.
+        let written_at = batch
+            .iter()
+            .filter(|c| c.result.is_some())
+            .map(|c| c.finished_at_ms)
+            .try_fold(None::<u64>, |latest, t| t.map(|t| Some(latest.map_or(t, |l| l.max(t)))))
+            .flatten();
         let content: Vec<Part> = batch
             .into_iter()
             .filter_map(|c| {
@@ -570,7 +613,7 @@ impl Replay {
             })
             .collect();
         if !content.is_empty() {
-            self.push_message(seq, Message { role: Role::Tool, content, origin: None }, sink);
+            self.push_message(seq, Message { role: Role::Tool, content, origin: None }, written_at, sink);
         }
     }
 

@@ -41,6 +41,7 @@ pub fn model_step(run_id: &str, step: u64, text: &str, calls: &[(&str, &str)]) -
         provider: "mock".into(),
         model: "mock-model".into(),
         variant: None,
+        at_ms: None,
     }
 }
 
@@ -64,6 +65,7 @@ pub fn tool_result(run_id: &str, step: u64, id: &str, text: &str) -> Record {
         output: json!({"kind": "text", "text": text}),
         is_error: false,
         outcome: Some(crate::record::CallOutcome::Ok),
+        at_ms: None,
     }
 }
 

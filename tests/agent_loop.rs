@@ -5,6 +5,7 @@
 #[allow(dead_code, unused_imports)]
 #[path = "../bin/broca-mock/mock/mod.rs"]
 mod mock;
+mod pin;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -92,7 +93,7 @@ fn turn(
 ) -> (agent::TurnOutcome, Vec<Output>) {
     let run_id = format!("run-{}", l.state().episodes + 1);
     let mut seen = Vec::new();
-    seen.push(Output::Control(agent::admit(l, &run_id, None, config, Message::user_text(prompt), None).unwrap()));
+    seen.push(Output::Control(agent::admit(l, &run_id, None, config, Message::user_text(prompt), None, None).unwrap()));
     let outcome = agent::drive(l, &HttpClient::default(), &tools, commands, opts, &mut |o| seen.push(o)).unwrap();
     (outcome, seen)
 }
@@ -284,6 +285,20 @@ fn a_secret_echoed_by_the_provider_is_never_recorded() {
 }
 
 #[test]
+fn a_vault_route_without_a_vault_ends_with_a_named_permanent_error() {
+    let r = rig("no-vault");
+    let mut l = r.shared.open_lineage(&key()).unwrap();
+    let (_tx, rx) = idle();
+    let mut config = r.config("mock/echo-chat", None);
+    config.auth = broca::provider::config::AuthSource::Vault { credential_id: "apikey:mock".into() };
+    let (outcome, _) = turn(&mut l, &config, "hi", Arc::new(NoTools), &rx, &opts());
+    assert_eq!(outcome.reason, Some(FinishReason::Error));
+    let error = outcome.error.expect("a named error");
+    assert!(r.mock.requests(&r.lane).is_empty(), "no model request without a credential");
+    pin::assert_golden("vault_unavailable_run_error.json", &serde_json::to_string(&error).unwrap(), None);
+}
+
+#[test]
 fn auth_failure_pauses_and_the_same_run_resumes() {
     let r = rig("auth");
     r.script(json!({"responses": [{"status": 401}, text_step("welcome back")]}));
@@ -330,7 +345,7 @@ fn cancel_now_stops_the_stream() {
     let mut l = r.shared.open_lineage(&key()).unwrap();
     let (tx, rx) = idle();
     let config = r.config("mock/echo-chat", None);
-    agent::admit(&mut l, "run-1", None, &config, Message::user_text("go"), None).unwrap();
+    agent::admit(&mut l, "run-1", None, &config, Message::user_text("go"), None, None).unwrap();
     let tools: Arc<dyn ToolDispatcher> = Arc::new(NoTools);
     let mut sent = false;
     let outcome = agent::drive(&mut l, &HttpClient::default(), &tools, &rx, &opts(), &mut |o| {
@@ -549,9 +564,10 @@ fn frames_carry_the_llm_runner_live_events_and_every_path_projects_the_same_unit
             ("run_started", Some(LiveEvent::RunStarted(e))) => assert_eq!(json!(e.run_id), unit.unit["run_id"]),
             ("user_message" | "steered" | "assistant_message", Some(LiveEvent::MessageFinished(e))) => {
                 assert_eq!(json!(e.mid), unit.unit["mid"]);
-                let ordinal: usize = e.mid.strip_prefix('m').unwrap().parse().unwrap();
-                let (at, message) = &page.messages[ordinal];
-                assert_eq!(*at as usize, ordinal, "session.read ordinal");
+                // Served ordinals (and mids) count from 1; the transcript's from 0.
+                let served: usize = e.mid.strip_prefix('m').unwrap().parse().unwrap();
+                let (at, message) = &page.messages[served - 1];
+                assert_eq!(*at as usize + 1, served, "session.read ordinal");
                 assert_eq!(serde_json::to_value(message).unwrap(), unit.unit["message"], "{ty} {}", e.mid);
                 if ty == "assistant_message" {
                     assistant_of_step.insert(unit.unit["step"].as_u64().unwrap(), e.mid.clone());
@@ -578,7 +594,7 @@ fn frames_carry_the_llm_runner_live_events_and_every_path_projects_the_same_unit
             other => panic!("unexpected unit/event pair {other:?}"),
         }
     }
-    assert_eq!(finished_mids, ["m0", "m1", "m3"], "user, tool-asking answer, final answer");
+    assert_eq!(finished_mids, ["m1", "m2", "m4"], "user, tool-asking answer, final answer");
 
     // Display frames: the role's deltas, named by the stored message and part they build.
     assert!(displays.iter().any(|d| matches!(d, DisplayEvent::ToolInputDelta { .. })));
@@ -596,8 +612,8 @@ fn frames_carry_the_llm_runner_live_events_and_every_path_projects_the_same_unit
             ) => {
                 assert_eq!(&e.tool_call_id, tool_call_id);
                 assert_eq!((e.mid.as_ref(), e.part.clone()), (Some(mid), Some(part.to_string())));
-                let ordinal: usize = mid.strip_prefix('m').unwrap().parse().unwrap();
-                match &page.messages[ordinal].1.content[*part] {
+                let served: usize = mid.strip_prefix('m').unwrap().parse().unwrap();
+                match &page.messages[served - 1].1.content[*part] {
                     Part::ToolCall { tool_call_id: id, .. } => assert_eq!(id, tool_call_id, "part {part}"),
                     other => panic!("tool_input_delta part {part} is {other:?}"),
                 }
@@ -607,7 +623,7 @@ fn frames_carry_the_llm_runner_live_events_and_every_path_projects_the_same_unit
             other => panic!("unexpected display/event pair {other:?}"),
         };
         assert_eq!(Some(mid), assistant_of_step.get(step), "a delta names its step's message");
-        let ordinal: usize = mid.strip_prefix('m').unwrap().parse().unwrap();
-        assert!(*part < page.messages[ordinal].1.content.len(), "{mid} part {part}");
+        let served: usize = mid.strip_prefix('m').unwrap().parse().unwrap();
+        assert!(*part < page.messages[served - 1].1.content.len(), "{mid} part {part}");
     }
 }

@@ -93,9 +93,9 @@ fn a_session_accumulates_episodes_in_every_family() {
         let read = rig.run(lane, &["--session", &session, "--read", "--json"]);
         let lines = json_lines(&read);
         let mids: Vec<&str> = lines.iter().map(|l| l["mid"].as_str().unwrap()).collect();
-        assert_eq!(mids, ["m0", "m1", "m2", "m3"], "{model}");
+        assert_eq!(mids, ["m1", "m2", "m3", "m4"], "{model}");
         assert_eq!(lines[3]["message"]["content"][0]["text"], "About two million.");
-        assert_eq!(lines[3]["ordinal"], 3);
+        assert_eq!(lines[3]["ordinal"], 4);
     }
 }
 

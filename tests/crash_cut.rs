@@ -153,6 +153,7 @@ fn model_step(run_id: &str, step: u64, calls: &[String]) -> Record {
         provider: "mock".into(),
         model: "m1".into(),
         variant: None,
+        at_ms: None,
     }
 }
 
@@ -180,6 +181,7 @@ fn tool_ok(run_id: &str, step: u64, call: &str) -> Record {
         output: ok_output(),
         is_error: false,
         outcome: Some(record::CallOutcome::Ok),
+        at_ms: None,
     }
 }
 
@@ -584,6 +586,7 @@ fn child_random(l: &mut Lineage) -> ! {
                         output: if is_error { json!({"kind": "error", "message": "boom"}) } else { ok_output() },
                         is_error,
                         outcome: Some(if is_error { record::CallOutcome::Error } else { record::CallOutcome::Ok }),
+                        at_ms: None,
                     };
                     l.append(&rec).unwrap();
                 } else if e.cancel.is_some() {

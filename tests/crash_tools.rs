@@ -705,10 +705,10 @@ fn check(h: &Harness, log: &Path, scripted: &Scripted, accepted: &[Accepted], ba
                 bad.push(format!("{session}: intent {id} of {run} has {} results in its WAL", results.len()));
                 continue;
             };
-            if let Some(ind) = flagged.get(id) {
-                if *ind != (*outcome == Some(CallOutcome::Unknown)) {
-                    bad.push(format!("{session}: {id} reads indeterminate={ind} with outcome {outcome:?}"));
-                }
+            // Every intent here has its result (an unknown outcome is closed by one), so no read
+            // may still call it indeterminate (llm-runner §5, §14).
+            if flagged.get(id) == Some(&true) {
+                bad.push(format!("{session}: {id} reads indeterminate after its result ({outcome:?})"));
             }
             match outcome {
                 Some(CallOutcome::Ok) if ran != 1 => {

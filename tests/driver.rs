@@ -90,7 +90,8 @@ fn a_keyed_resend_replays_its_answer_and_differing_content_is_refused_by_field()
     let run_id = first["run_id"].as_str().unwrap();
     rig.wait_state(run_id, "completed");
     let done = rig.call("session.send", keyed("hello", "k-1")).unwrap();
-    assert_eq!(done, json!({"state": "finished", "run_id": run_id, "reason": "completed"}));
+    let baseline = first["baseline"].clone();
+    assert_eq!(done, json!({"state": "finished", "run_id": run_id, "reason": "completed", "baseline": baseline}));
     assert_eq!(rig.mock.requests("default").len(), 1, "no second run");
     let wal = rig.wal_len();
     let cases = [
@@ -329,7 +330,7 @@ fn status_result_and_send_status_answer_from_durable_state() {
     let result = rig.call("run.result", json!({"run_id": run_b})).unwrap();
     assert_eq!(
         result["final_message"],
-        json!({"ordinal": 3, "mid": "m3", "text": "All pass.\nThe fix is in parse.rs."})
+        json!({"ordinal": 4, "mid": "m4", "text": "All pass.\nThe fix is in parse.rs."})
     );
     assert_eq!(result["state"], "completed");
     assert_eq!(result["usage"]["input_tokens"], 7);
@@ -833,16 +834,82 @@ fn a_steer_acknowledged_before_a_cancel_is_in_the_transcript_and_reported_undeli
     assert_eq!(rig.mock.requests("default").len(), 1);
 }
 
+/// What a session's state root holds: no WAL anywhere means nothing was written.
+fn wals(rig: &Rig) -> Vec<std::path::PathBuf> {
+    ["wal", "wal-durable", "wal-ephemeral"]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(rig.dir.path().join(d)).into_iter().flatten().flatten().map(|e| e.path()))
+        .collect()
+}
+
 #[test]
-fn retention_places_the_session_in_wal_ephemeral_even_for_a_backed_up_class() {
+fn members_of_groups_broca_does_not_declare_are_refused_by_name_and_write_nothing() {
     let rig = rig(Duration::from_secs(5));
+    // retention (llm-runner §9.1): refused, never ignored, until the group is served.
     let mut first = keyed("short-lived", "e-1");
     first["retention"] = json!(3600);
-    first["session_class"] = json!("head");
-    let a = rig.call("session.send", first).unwrap();
-    rig.wait_state(a["run_id"].as_str().unwrap(), "completed");
-    let path = rig.ops.registry.shared().wal_path(&key());
-    assert!(path.starts_with(rig.dir.path().join("wal-ephemeral")), "deletion takes precedence: {path:?}");
+    let e = rig.call("session.send", first).unwrap_err();
+    assert_eq!(
+        (e.code.as_str(), e.detail.as_ref().and_then(|d| d.get("field").cloned())),
+        ("invalid_params", Some(json!("retention")))
+    );
+    assert_golden("send.retention_undeclared.json", &e.to_json(), None);
+    // plan.*.output_refs (§9.13): refused even when false.
+    let mut plan_send = keyed("with refs", "e-2");
+    plan_send["plan"] = json!({"tool_items": [{"provider": "fs", "output_refs": false}]});
+    let e = rig.call("session.send", plan_send).unwrap_err();
+    assert_eq!(e.detail.as_ref().and_then(|d| d.get("field").cloned()), Some(json!("plan.tool_items[].output_refs")));
+    assert_golden("send.output_refs_undeclared.json", &e.to_json(), None);
+    // A member the op reads is strict: a non-string system is refused.
+    let mut system = keyed("odd system", "e-3");
+    system["system"] = json!({"text": "be brief"});
+    let e = rig.call("session.send", system).unwrap_err();
+    assert_eq!(e.detail.as_ref().and_then(|d| d.get("field").cloned()), Some(json!("system")));
+    assert!(wals(&rig).is_empty(), "a refused send writes nothing: {:?}", wals(&rig));
+}
+
+#[test]
+fn the_admitting_send_carries_the_baseline_and_its_re_send_hears_it_again() {
+    let rig = rig(Duration::from_secs(5));
+    rig.script(json!({"responses": [reply_script("one", 0), reply_script("two", 0)]}));
+    let first = rig.call("session.send", keyed("hello", "b-1")).unwrap();
+    let baseline = first["baseline"].clone();
+    assert_eq!(baseline["tool_names"], json!([]), "{first}");
+    assert_eq!(baseline["items"], json!([]), "{first}");
+    rig.wait_state(first["run_id"].as_str().unwrap(), "completed");
+    let served = rig.call("session.baseline", json!({})).unwrap();
+    assert_eq!(served["baseline"], baseline, "the same struct session.baseline answers");
+    let again = rig.call("session.send", keyed("hello", "b-1")).unwrap();
+    assert_eq!(again["baseline"], baseline, "a retried first send gets the same reply");
+    let status = rig.call("session.send_status", json!({"send_id": "b-1"})).unwrap();
+    assert_eq!(status["baseline"], baseline);
+    let later = rig.call("session.send", keyed("later", "b-2")).unwrap();
+    assert!(later.get("baseline").is_none(), "only the admitting send carries it: {later}");
+}
+
+#[test]
+fn a_joining_steer_cannot_change_the_runs_route_decision() {
+    let rig = rig(Duration::from_millis(300));
+    rig.script(json!({"responses": [slow("first answer", 600), reply_script("after", 0)]}));
+    let mut start = keyed("start", "r-1");
+    start["route_decision_id"] = json!("decision-a");
+    let run = rig.call("session.send", start).unwrap();
+    rig.wait_requests(1);
+    let mut other = keyed("steer elsewhere", "r-2");
+    other["delivery"] = json!("steer");
+    other["route_decision_id"] = json!("decision-b");
+    let e = rig.call("session.send", other).unwrap_err();
+    assert_eq!(e.detail.as_ref().and_then(|d| d.get("field").cloned()), Some(json!("route_decision_id")));
+    let before = rig.records().len();
+    let mut same = keyed("steer along", "r-3");
+    same["delivery"] = json!("steer");
+    same["route_decision_id"] = json!("decision-a");
+    rig.call("session.send", same).unwrap();
+    let mut omitted = keyed("steer inheriting", "r-4");
+    omitted["delivery"] = json!("steer");
+    rig.call("session.send", omitted).unwrap();
+    assert_eq!(rig.records().len(), before + 2, "the same and an omitted decision join; the refused one wrote nothing");
+    rig.wait_state(run["run_id"].as_str().unwrap(), "completed");
 }
 
 #[test]

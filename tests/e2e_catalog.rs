@@ -18,6 +18,9 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use support::{Harness, Options, MODULE_ID};
 
+/// The vault secret the catalog's mock routes run with.
+const VAULT_SECRET: &str = "sk-catalog-e2e-vault-31aa";
+
 /// The seeded catalog's version and model count.
 const V0: i64 = 1_795_392_012_345;
 const MODELS: u64 = 13;
@@ -106,13 +109,22 @@ fn boot() -> Rig {
     .unwrap();
     let fusiform = json!({"program": mock, "args": ["--fusiform-script", script, "--request-log", requests],
                           "env": {"CK_LOG": "info"}, "enabled": true, "reserved": true});
+    // The catalog's mock routes read their credential from a scripted vault (checked by the
+    // model endpoint), so the first turn on a fetched catalog also proves the vault path.
+    let vault = dir.path().join("vault.json");
+    let record = json!({"secret": VAULT_SECRET, "record_version": 1, "principals": ["broca"]});
+    std::fs::write(&vault, json!({"credentials": {"apikey:mock": record}}).to_string()).unwrap();
+    let claustrum =
+        json!({"program": mock, "args": ["claustrum", "--vault", vault], "enabled": true, "reserved": true});
     let opts = Options {
-        modules: vec![("fusiform".into(), fusiform)],
-        env: vec![("BROCA_TEST_CATALOG_POLL_MS".into(), "400".into())],
+        modules: vec![("fusiform".into(), fusiform), ("claustrum".into(), claustrum)],
+        env: vec![("BROCA_TEST_CATALOG_POLL_MS".into(), "400".into()), ("BROCA_TEST_VAULT_AUTH".into(), "1".into())],
         seed_lkg: false,
         ..Options::default()
     };
     let h = Harness::start_with(opts);
+    let authorization = json!({"authorization": format!("Bearer {VAULT_SECRET}")}).to_string();
+    h.mock.install("default", mock::Script::from_json(&authorization).unwrap());
     let lkg = h.state_root().join("catalog/fusiform-lkg.json");
     Rig { h, script, requests, lkg, _dir: dir }
 }
@@ -151,10 +163,14 @@ fn first_success_serves_a_fresh_root(rig: &Rig) {
         .iter()
         .any(|r| r["page"] == 3 && r["arguments"]["page_token"].as_str().is_some_and(|t| t.contains('é'))));
 
-    // Served without a restart: a turn runs on a catalog model.
+    // Served without a restart: a turn runs on a catalog model, with the credential the model
+    // endpoint checks came from the vault.
     h.install(json!({"responses": [{"events": [{"text": "hello from the catalog"}, {"finish": "stop"}]}]}));
     let reply = s.ok("session.send", support::send_params("after the first poll"));
-    s.wait_run(reply["run_id"].as_str().unwrap(), "completed");
+    let status = s.wait_run(reply["run_id"].as_str().unwrap(), "completed");
+    assert_eq!(status["auth_selection"], "apikey:mock", "{status}");
+    let sent = h.mock.requests("default");
+    assert_eq!(sent.last().and_then(|r| r.header("authorization")), Some(format!("Bearer {VAULT_SECRET}").as_str()));
 }
 
 fn restarts_and_older_answers(rig: &Rig) {

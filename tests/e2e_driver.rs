@@ -119,7 +119,7 @@ fn keyed_resends(h: &Harness) {
     s.wait_run(run_id, "completed");
     assert_eq!(
         s.ok("session.send", keyed("hello", "k-1")),
-        json!({"state": "finished", "run_id": run_id, "reason": "completed"})
+        json!({"state": "finished", "run_id": run_id, "reason": "completed", "baseline": first["baseline"]})
     );
     assert_eq!(s.ok("send.status", json!({"send_id": "k-1"})), s.ok("session.send", keyed("hello", "k-1")));
     let (_, body) = s.refused("session.send", keyed("other words", "k-1"));

@@ -147,8 +147,8 @@ fn exercise_sessions(h: &Harness) {
     big.wait_run(&huge_run, "completed");
     let (code, refused) = big.call("session.read", json!({"from_ordinal": 0, "limit": 1})).unwrap_err();
     assert_eq!(code, "reply_too_large", "{refused}");
-    assert_eq!(refused["detail"]["subject"]["ordinal"], 0);
-    let next = big.call("session.read", json!({"from_ordinal": 1})).unwrap();
+    assert_eq!(refused["detail"]["subject"]["ordinal"], 1);
+    let next = big.call("session.read", json!({"from_ordinal": 2})).unwrap();
     assert_eq!(next["messages"][0]["message"]["content"][0]["text"], "Noted.");
     assert_eq!(s1.call("run.status", json!({"run_id": run1})).unwrap()["state"], "completed");
     let (code, _) = s1.call("session.read", json!({"direction": "back"})).unwrap_err();

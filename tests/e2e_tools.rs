@@ -246,7 +246,8 @@ fn call_past_its_bound(h: &Harness, log: &Path) {
     let listed = s.ok("run.tool_calls", json!({"run_id": run_id(&reply)}));
     assert_eq!(listed["calls"][0]["outcome"], "indeterminate", "{listed}");
     let asked = messages(&s).into_iter().find(|m| m["tool_calls"].is_array()).unwrap();
-    assert_eq!(asked["tool_calls"][0]["indeterminate"], true, "{asked}");
+    // Closed with its outcome_unknown result, the call is no longer indeterminate on reads.
+    assert_eq!(asked["tool_calls"][0]["indeterminate"], false, "{asked}");
     assert_eq!(finished_unknown(&s), [vec!["h1".to_string()]], "the terminal lists the call given up on");
     let key = call_log::call_key_of(None, "hang", &args);
     let until = Instant::now() + support::STEP;

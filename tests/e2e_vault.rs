@@ -64,6 +64,47 @@ fn files(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// The `auth_selection` a session's WAL froze in each `RunStarted`.
+fn frozen_auth(path: &Path) -> Vec<Value> {
+    use broca::record::Record;
+    use broca::wal::{self, ScannedFrame, WalError};
+    let mut out = Vec::new();
+    wal::read::<WalError>(path, broca::record::KNOWN_FEATURES, None, &mut |f: ScannedFrame<'_>| {
+        if let Ok(Record::RunStarted(started)) = Record::decode(f.payload) {
+            out.push(started.auth_selection.clone().unwrap_or(Value::Null));
+        }
+        Ok(())
+    })
+    .expect("the WAL reads");
+    out
+}
+
+/// Credential files a fallback would look for, planted in broca's `HOME` with a planted secret
+/// and dated two days back (atime and mtime), so any read of one moves its atime (`relatime`).
+const PLANTED: [&str; 4] = [
+    ".config/cortexkit/broca/dev-tools-handles.json",
+    ".config/cortexkit/broca/vault-handles.json",
+    ".codex/auth.json",
+    ".config/anthropic/credentials.json",
+];
+const PLANTED_SECRET: &str = "sk-planted-fallback-5d2e";
+
+fn plant(home: &Path) {
+    let two_days_ago = std::time::SystemTime::now() - Duration::from_secs(2 * 86_400);
+    for rel in PLANTED {
+        let path = home.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let body = json!({"handles": {CREDENTIAL: "ckh_planted"}, "api_key": PLANTED_SECRET});
+        std::fs::write(&path, body.to_string()).unwrap();
+        let file = std::fs::File::options().write(true).open(&path).unwrap();
+        file.set_times(std::fs::FileTimes::new().set_accessed(two_days_ago).set_modified(two_days_ago)).unwrap();
+    }
+}
+
+fn planted_atimes(home: &Path) -> Vec<std::time::SystemTime> {
+    PLANTED.iter().map(|rel| std::fs::metadata(home.join(rel)).unwrap().accessed().unwrap()).collect()
+}
+
 fn wait_vault(h: &Harness) {
     use broca::subc::consumer::Consumer;
     let consumer = Consumer::connect(&h.connection_file(), None).expect("a probe connection");
@@ -89,9 +130,11 @@ fn credentials_from_the_vault() {
     write_vault(&file, &vault_file(SECRET_1, 1, "ready", &["broca"]));
     let entry = json!({"program": mock, "args": ["claustrum", "--vault", file, "--vault-log", log],
                        "env": {"CK_LOG": "info"}, "enabled": true, "reserved": true});
+    let home = base.path().join("home");
+    plant(&home);
     let opts = Options {
         modules: vec![("claustrum".into(), entry)],
-        env: vec![("BROCA_TEST_VAULT_AUTH".into(), "1".into())],
+        env: vec![("BROCA_TEST_VAULT_AUTH".into(), "1".into()), ("HOME".into(), home.to_string_lossy().into_owned())],
         ..Options::default()
     };
     let h = Harness::start_with(opts);
@@ -110,7 +153,13 @@ fn credentials_from_the_vault() {
     let requests = h.mock.requests("default");
     let last = requests.last().expect("the model was called");
     assert_eq!(last.header("authorization"), Some(format!("Bearer {SECRET_1}").as_str()));
+    // Admission read the credential to freeze its account, and the first attempt used that
+    // read: one vault read for the run.
     assert_eq!(ops(&vault_log(&log), "credential.get_scoped"), 1, "{:?}", vault_log(&log));
+    let frozen = frozen_auth(&s.wal_path());
+    let account = |a: &Value| (a["credential_id"].clone(), a["account_id"].clone(), a["record_version"].clone());
+    let expected = (json!(CREDENTIAL), json!("acct-mock-1"), json!("1"));
+    assert_eq!(frozen.iter().map(account).collect::<Vec<_>>(), vec![expected], "{frozen:?}");
 
     // 2. The provider refuses the credential (the vault rotated behind broca's back): one
     //    report → RunPaused → the vault rotates → the paused send's own send_id resumes it.
@@ -142,12 +191,29 @@ fn credentials_from_the_vault() {
     let status = s3.wait_run(&run_id(&s3.send("reauth")), "paused");
     assert_eq!(status["reason"], "auth_required", "{status}");
     write_vault(&file, &vault_file(SECRET_2, 2, "ready", &["someone-else"]));
+    let atimes = planted_atimes(&home);
     let s4 = h.session(HARNESS, &h.unique("absent"), None);
     let ended = s4.wait_run(&run_id(&s4.send("absent")), "error");
     let error = &ended["error"];
     assert_eq!(error["provider_code"], "credential_absent", "{ended}");
     assert_eq!(error["class"], "permanent", "{ended}");
     pin::assert_golden("vault_credential_absent_run_error.json", &error.to_string(), None);
+    // No fallback: no credential file in broca's HOME was read, and the planted secret never
+    // reached the provider.
+    assert_eq!(planted_atimes(&home), atimes, "a credential file outside the state root was read");
+    let sent = h.mock.requests("default");
+    assert!(sent.iter().all(|r| r.header("authorization").is_none_or(|a| !a.contains(PLANTED_SECRET))));
+    // A refused admission read freezes no account (the run's own read classified the refusal).
+    let frozen = frozen_auth(&s4.wal_path());
+    assert_eq!(frozen.iter().map(account).collect::<Vec<_>>(), vec![(json!(CREDENTIAL), Value::Null, Value::Null)]);
+
+    // 3b. A vault that stays locked (transient): bounded retries, then the run ends
+    //     `interrupted`, coded as the client crate classifies the refusal.
+    write_vault(&file, &vault_file(SECRET_2, 2, "locked", &["broca"]));
+    let s5 = h.session(HARNESS, &h.unique("locked"), None);
+    let ended = s5.wait_run(&run_id(&s5.send("locked")), "interrupted");
+    assert_eq!(ended["error"]["provider_code"], "credential_transient", "{ended}");
+    pin::assert_golden("vault_transient_run_error.json", &ended["error"].to_string(), None);
 
     // 4. The secret is never on disk: not in any file of the state root, nor broca's logs.
     for path in files(&h.state_root()).into_iter().chain(files(&h.rig_root().join("run/logs"))) {

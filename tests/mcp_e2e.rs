@@ -95,8 +95,8 @@ fn mcp_tools_drive_and_watch_a_real_broca() {
     assert_eq!(again["run_id"], run_id.as_str(), "{again}");
 
     let page = ok(&mut m, 13, "broca_read", json!({"session": "s1", "from_ordinal": 0, "limit": "1"}));
-    assert_eq!(page["messages"][0]["ordinal"], "0");
-    assert_eq!(page["next_from_ordinal"], "1", "{page}");
+    assert_eq!(page["messages"][0]["ordinal"], "1", "ordinals count from 1; 0 is the first's alias");
+    assert_eq!(page["next_from_ordinal"], "2", "{page}");
     let status = ok(&mut m, 14, "broca_status", json!({"session": "s1"}));
     assert_eq!(status["run_id"], run_id.as_str());
 

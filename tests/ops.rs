@@ -6,6 +6,7 @@ mod inproc;
 #[allow(dead_code, unused_imports)]
 #[path = "../bin/broca-mock/mock/mod.rs"]
 mod mock;
+mod pin;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -45,7 +46,95 @@ fn an_idle_send_runs_and_a_busy_send_queues_then_drains_in_order() {
     // Paging: a forward page and its continuation.
     let p = rig.call("session.read", json!({"from_ordinal": 1, "limit": 2})).unwrap();
     assert_eq!(p["messages"][0]["mid"], "m1");
+    assert_eq!(p["messages"][0]["message"]["content"][0]["text"], "one", "ordinals count from 1");
     assert_eq!(p["next_from_ordinal"], 3);
+}
+
+#[test]
+fn reads_and_the_head_serve_the_published_contract() {
+    let rig = rig(Duration::from_secs(5));
+    let script = json!({"responses": [reply_script("first", 0), reply_script("second", 0)]});
+    rig.mock.install("default", Script::from_json(&script.to_string()).unwrap());
+    // A never-written session: the cache pair, nothing else.
+    let head = rig.call("session.head", json!({})).unwrap();
+    assert_eq!(head, json!({"history_version": 0, "incarnation": "unwritten"}));
+    let empty = rig.call("session.read", json!({})).unwrap();
+    assert_eq!((empty["history_version"].clone(), empty["incarnation"].clone()), (json!(0), json!("unwritten")));
+    for prompt in ["one", "two"] {
+        let sent = rig.call("session.send", send(prompt)).unwrap();
+        rig.wait_state(sent["run_id"].as_str().unwrap(), "completed");
+    }
+    let all = rig.call("session.read", json!({})).unwrap();
+    pin::assert_golden("session_read.page.json", &all.to_string(), None);
+    let entries = all["messages"].as_array().unwrap();
+    let ordinals: Vec<u64> = entries.iter().map(|m| m["ordinal"].as_u64().unwrap()).collect();
+    assert_eq!(ordinals, [1, 2, 3, 4]);
+    let incarnation = all["incarnation"].as_str().unwrap().to_owned();
+    assert_eq!(uuid::Uuid::parse_str(&incarnation).unwrap().get_version_num(), 4, "the WAL header's incarnation");
+    let roles: Vec<&str> = entries.iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["user", "assistant", "user", "assistant"]);
+    assert!(entries.iter().all(|m| m["written_at"].as_u64().is_some_and(|t| t > 0)), "{all}");
+    // Run attribution: each run's last message is final.
+    let finals: Vec<bool> = entries.iter().map(|m| m["run"]["final"].as_bool().unwrap()).collect();
+    assert_eq!(finals, [false, true, false, true]);
+    assert_eq!(entries[0]["run"]["run_id"], entries[1]["run"]["run_id"]);
+    assert_ne!(entries[1]["run"]["run_id"], entries[2]["run"]["run_id"]);
+    // A page cut inside a run still knows its last entry is not final.
+    let cut = rig.call("session.read", json!({"from_ordinal": 0, "limit": 1})).unwrap();
+    assert_eq!(
+        (cut["messages"][0]["ordinal"].clone(), cut["messages"][0]["run"]["final"].clone()),
+        (json!(1), json!(false))
+    );
+    // After a message, at the page's history version.
+    let after = rig.call("session.read", json!({"after_mid": "m2", "history_version": 0})).unwrap();
+    assert_eq!(after["messages"][0]["mid"], "m3");
+    let field = |e: broca::wire::Refusal| e.detail.and_then(|d| d.get("field").cloned());
+    let e = rig.call("session.read", json!({"after_mid": "m2"})).unwrap_err();
+    assert_eq!(e.code, "invalid_params");
+    assert_eq!(field(e), Some(json!("history_version")));
+    let e = rig.call("session.read", json!({"after_mid": "m2", "from_ordinal": 1, "history_version": 0})).unwrap_err();
+    assert_eq!(field(e), Some(json!("from_ordinal")));
+    let stale = rig.call("session.read", json!({"after_mid": "m2", "history_version": 7})).unwrap_err();
+    assert_eq!(stale.code, "history_changed");
+    assert_eq!(rig.call("session.read", json!({"history_version": 7})).unwrap_err().code, "history_changed");
+    let unknown = rig.call("session.read", json!({"after_mid": "m9", "history_version": 0})).unwrap_err();
+    assert_eq!(unknown.code, "unknown_mid");
+    let lineage = rig.call("session.read", json!({"after_mid": "m1", "lineage_id": "other"})).unwrap_err();
+    assert_eq!(lineage.code, "lineage_changed");
+    for member in ["include_rich_ui", "include_display_facts", "direction"] {
+        let e = rig.call("session.read", json!({member: true})).unwrap_err();
+        assert_eq!(field(e), Some(json!(member)), "{member} is refused by name");
+    }
+    assert_eq!(field(rig.call("session.read", json!({"view": "model"})).unwrap_err()), Some(json!("view")));
+    let members =
+        json!({"max_bytes": 100, "include_tools": true, "include_originals": true, "view": "raw", "media": "inline"});
+    let small = rig.call("session.read", members).unwrap();
+    assert_eq!(small["messages"].as_array().unwrap().len(), 1, "an over-cap message comes alone: {small}");
+    assert!(small["tools"].is_array() && small["tools_run_id"].is_string(), "{small}");
+    // The head agrees with the pages.
+    let head = rig.call("session.head", json!({})).unwrap();
+    pin::assert_golden("session_head.json", &head.to_string(), None);
+    pin::assert_golden("session_read.history_changed.json", &stale.to_json(), None);
+    pin::assert_golden("session_read.unknown_mid.json", &unknown.to_json(), None);
+    assert_eq!((head["last_ordinal"].clone(), head["first_ordinal"].clone()), (json!(4), json!(1)));
+    assert_eq!(head["incarnation"], incarnation.as_str());
+    assert_eq!(head["history_version"], 0);
+    assert_eq!(head["head"], all["head"]);
+    assert_eq!(head["last_run_state"]["state"], "completed");
+    assert_eq!(head["last_run_state"]["run_id"], entries[3]["run"]["run_id"]);
+    assert_eq!(head["model"], json!({"provider": "mock", "model": "echo-chat"}));
+    assert!(head["updated_at"].as_u64().is_some());
+    assert_eq!(field(rig.call("session.head", json!({"x": 1})).unwrap_err()), Some(json!("x")));
+    // session_usage: every counted step of the session, since its first run.
+    assert_eq!(head["usage"]["steps"], 2, "{head}");
+    assert_eq!(head["usage"]["since"], entries[0]["run"]["run_id"]);
+    // finish_reason: the normalized finish of the run's last model step, on result and status.
+    let run_id = entries[3]["run"]["run_id"].as_str().unwrap();
+    let result = rig.call("run.result", json!({"run_id": run_id})).unwrap();
+    let status = rig.call("run.status", json!({"run_id": run_id})).unwrap();
+    assert_eq!((result["finish"].clone(), status["finish"].clone()), (json!("stop"), json!("stop")), "{result}");
+    let older = rig.call("run.result", json!({"run_id": entries[0]["run"]["run_id"]})).unwrap();
+    assert_eq!(older["finish"], "stop", "an older run's finish comes from the run index: {older}");
 }
 
 #[test]
@@ -159,21 +248,21 @@ fn pages_are_capped_by_bytes_and_an_oversize_message_is_refused_by_name() {
     let newest = rig.call("session.read", json!({})).unwrap();
     let ordinals: Vec<u64> =
         newest["messages"].as_array().unwrap().iter().map(|m| m["ordinal"].as_u64().unwrap()).collect();
-    assert_eq!(ordinals, [1, 2, 3], "3 MiB holds one big prompt and the answers");
+    assert_eq!(ordinals, [2, 3, 4], "3 MiB holds one big prompt and the answers (ordinals count from 1)");
     assert!(newest.get("next_from_ordinal").is_none());
     let forward = rig.call("session.read", json!({"from_ordinal": 0})).unwrap();
     assert_eq!(forward["messages"].as_array().unwrap().len(), 2);
-    assert_eq!(forward["next_from_ordinal"], 2);
+    assert_eq!(forward["next_from_ordinal"], 3);
     // A message that alone crosses the transport limit is refused, naming it, not its content.
     let huge = "y".repeat(4_300_000);
     let mut params = send(&huge);
     params["send_id"] = json!("huge");
     let sent = rig.call("session.send", params).unwrap();
     rig.wait_state(sent["run_id"].as_str().unwrap(), "completed");
-    let err = rig.call("session.read", json!({"from_ordinal": 4, "limit": 1})).unwrap_err();
+    let err = rig.call("session.read", json!({"from_ordinal": 5, "limit": 1})).unwrap_err();
     assert_eq!(err.code, "reply_too_large");
     let detail = err.detail.unwrap();
-    assert_eq!(detail.get("subject"), Some(&json!({"kind": "message", "session": "s1", "ordinal": 4})));
+    assert_eq!(detail.get("subject"), Some(&json!({"kind": "message", "session": "s1", "ordinal": 5})));
     assert_eq!(detail.get("limit"), Some(&json!(4_194_304)));
     assert!(!err.message.contains("yyyy"));
 }
@@ -311,4 +400,84 @@ fn a_full_mailbox_is_refused_transiently_and_a_closed_session_leaves_the_registr
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(!registry.is_open(&key()));
+}
+
+#[test]
+fn history_pages_backward_and_forward_raw_and_as_display_rows() {
+    let rig = rig(Duration::from_secs(5));
+    let script = json!({"responses": [reply_script("first", 0), reply_script("second", 0), reply_script("third", 0)]});
+    rig.mock.install("default", Script::from_json(&script.to_string()).unwrap());
+    let never = rig.call("session.history", json!({})).unwrap();
+    assert_eq!(never, json!({"messages": [], "history_version": 0, "incarnation": "unwritten"}));
+    for prompt in ["one", "two", "three"] {
+        let sent = rig.call("session.send", send(prompt)).unwrap();
+        rig.wait_state(sent["run_id"].as_str().unwrap(), "completed");
+    }
+    let ordinals = |page: &serde_json::Value| -> Vec<u64> {
+        page["messages"].as_array().unwrap().iter().map(|m| m["ordinal"].as_u64().unwrap()).collect()
+    };
+    // The newest page, then older pages by cursor: no overlap, no gap, an explicit end.
+    let newest = rig.call("session.history", json!({"limit": 4})).unwrap();
+    assert_eq!(ordinals(&newest), [3, 4, 5, 6]);
+    assert!(newest.get("newer").is_none(), "nothing newer: {newest}");
+    let older = rig.call("session.history", json!({"cursor": newest["older"], "limit": 4})).unwrap();
+    assert_eq!(ordinals(&older), [1, 2]);
+    assert!(older.get("older").is_none(), "nothing older: {older}");
+    let back = rig.call("session.history", json!({"cursor": older["newer"], "limit": 4})).unwrap();
+    assert_eq!(ordinals(&back), [3, 4, 5, 6]);
+    // Seeks by mid and ordinal; entries match session.read's.
+    let from = rig.call("session.history", json!({"from_mid": "m2", "limit": 2})).unwrap();
+    assert_eq!(ordinals(&from), [2, 3]);
+    let read = rig.call("session.read", json!({"from_ordinal": 2, "limit": 2})).unwrap();
+    for (h, r) in from["messages"].as_array().unwrap().iter().zip(read["messages"].as_array().unwrap()) {
+        for k in ["ordinal", "mid", "message", "written_at", "role"] {
+            assert_eq!(h[k], r[k], "{k}");
+        }
+    }
+    assert_eq!(from["incarnation"], read["incarnation"]);
+    let before = rig.call("session.history", json!({"before_ordinal": 1})).unwrap();
+    assert_eq!(ordinals(&before), Vec::<u64>::new());
+    assert!(before.get("older").is_none());
+    assert_eq!(ordinals(&rig.call("session.history", json!({"from_ordinal": 0, "limit": 1})).unwrap()), [1]);
+    let code = |params: serde_json::Value| rig.call("session.history", params).unwrap_err();
+    assert_eq!(code(json!({"from_ordinal": 9})).code, "unknown_ordinal");
+    assert_eq!(code(json!({"before_mid": "m9"})).code, "unknown_mid");
+    let other = code(json!({"cursor": "h1.0000.older.2"}));
+    assert_eq!(other.code, "cursor_expired");
+    let field = |e: broca::wire::Refusal| e.detail.and_then(|d| d.get("field").cloned());
+    assert_eq!(field(code(json!({"cursor": "garbage"}))), Some(json!("cursor")));
+    assert_eq!(field(code(json!({"from_mid": "m1", "from_ordinal": 1}))), Some(json!("from_ordinal")));
+    assert_eq!(field(code(json!({"view": "model"}))), Some(json!("view")));
+    assert_eq!(field(code(json!({"form": "pretty"}))), Some(json!("form")));
+    let limits = json!({"arguments_bytes": 2, "result_bytes": 2, "error_result_bytes": 2});
+    assert_eq!(field(code(json!({"limits": limits}))), Some(json!("limits")));
+    assert_eq!(field(code(json!({"form": "display", "media": "inline"}))), Some(json!("media")));
+    pin::assert_golden("session_history.raw.json", &newest.to_string(), None);
+    // Display rows: role, joined text, keyed parts, the producing model on assistant rows.
+    let display = rig.call("session.history", json!({"form": "display", "limit": 2, "limits": limits})).unwrap();
+    let rows: Vec<&serde_json::Value> = display["messages"].as_array().unwrap().iter().map(|m| &m["row"]).collect();
+    assert_eq!((rows[0]["role"].clone(), rows[0]["text"].clone()), (json!("user"), json!("three")));
+    assert_eq!(rows[1]["model"], "mock/echo-chat", "{display}");
+    assert_eq!(rows[1]["parts"][0], json!({"type": "text", "part": "p0", "text": "third"}));
+    pin::assert_golden("session_history.display.json", &display.to_string(), None);
+}
+
+#[test]
+fn history_refuses_a_page_whose_entry_has_no_recorded_time() {
+    // A WAL an older build wrote: its answers carry no write time (message-times/v1 came later).
+    let rig = rig(Duration::from_secs(5));
+    let wal = rig.ops.registry.shared().wal_path(&key());
+    std::fs::create_dir_all(wal.parent().unwrap()).unwrap();
+    std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/wal/queue_steer_cancel.wal"), &wal).unwrap();
+    let e = rig.call("session.history", json!({})).unwrap_err();
+    assert_eq!(e.code, "history_unrepresentable");
+    let detail = e.detail.clone().unwrap();
+    assert_eq!(
+        (detail.get("field").cloned(), detail.get("class").cloned()),
+        (Some(json!("written_at")), Some(json!("permanent")))
+    );
+    pin::assert_golden("session_history.unrepresentable.json", &e.to_json(), None);
+    // session.read stays the recovery path: the same entries, written_at absent where unknown.
+    let page = rig.call("session.read", json!({})).unwrap();
+    assert!(page["messages"].as_array().unwrap().iter().any(|m| m.get("written_at").is_none()));
 }

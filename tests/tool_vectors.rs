@@ -207,7 +207,7 @@ fn reply_deadlines_are_the_waits_broca_gives_its_calls() {
         model.install("rd", Script::from_json(&script.to_string()).unwrap());
         let mut lineage =
             shared.open_lineage(&SessionKey::new("/vectors", "reply-deadline", &format!("s{i}"))).unwrap();
-        agent::admit(&mut lineage, "run-1", None, &config, Message::user_text("go"), None).unwrap();
+        agent::admit(&mut lineage, "run-1", None, &config, Message::user_text("go"), None, None).unwrap();
         let waits = Arc::new(Waits(Mutex::new(Vec::new())));
         let tools: Arc<dyn ToolDispatcher> = waits.clone();
         let (_tx, rx) = crossbeam_channel::unbounded();

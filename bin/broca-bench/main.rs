@@ -377,7 +377,7 @@ fn loop_step_overhead(dir: &Path) -> LoopFigures {
         let tools: Arc<dyn ToolDispatcher> = Arc::new(NoTools);
         let (_tx, rx) = crossbeam_channel::unbounded();
         let input = broca::message::Message::user_text("go");
-        agent::admit(&mut lineage, "run-bench", None, &config, input, None).expect("admit");
+        agent::admit(&mut lineage, "run-bench", None, &config, input, None, None).expect("admit");
         let fsyncs_before = lineage.fsyncs();
         let (start, cpu) = (Instant::now(), cli::cpu_time());
         let outcome =

@@ -127,7 +127,7 @@ pub fn list() -> Value {
             "description": format!("Read a page of the session's transcript (broca's session.read). Without \
                 `from_ordinal` it returns the newest page. Each message has `ordinal`, `mid` and `message` \
                 (role and content parts). `next_from_ordinal` is present when more messages follow the page; \
-                to page backward, read from `max(0, first ordinal - limit)`. `head` is the snapshot's \
+                to page backward, read from `max(1, first ordinal - limit)`. `head` is the snapshot's \
                 cursor. {NUMBERS_NOTE}"),
             "inputSchema": schema(session_props(), json!({
                 "from_ordinal": u64_input("The first message ordinal to return."),

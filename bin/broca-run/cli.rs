@@ -19,7 +19,11 @@ usage: broca-run [OPTIONS] [PROMPT | -]
                            else ~/.local/share/cortexkit/broca)
   --base-url URL           provider base URL instead of the catalog's (for mocks; needs no credential)
   --auth-bearer TOKEN      bearer credential for the provider (kept in memory, never written)
-  --subc FILE              a subc connection file: tools come from other modules through it
+  --subc FILE              a subc connection file (else BROCA_LIVE_SUBC or SUBC_SOCKET): tools,
+                           the catalog (fetched when the LKG is missing or stale) and, without
+                           --auth-bearer or --base-url, the model's credential by its dev-tools
+                           handle (BROCA_DEVTOOLS_HANDLES, else
+                           ~/.config/cortexkit/broca/dev-tools-handles.json) come through it
   --tool-provider M[:P]    a tool-provider module (with preset P) in this turn's fetch plan;
                            repeatable; needs --subc, and binds on a session's first turn
   --max-steps N            stop the run after N model steps (reason max_steps)

@@ -31,6 +31,7 @@ use broca::wire::Refusal;
 use parking_lot::RwLock;
 
 mod cli;
+mod credentials;
 mod demo;
 
 use cli::{Args, ReasoningMode};
@@ -84,18 +85,24 @@ fn run(mut args: Args) -> u8 {
     if args.read {
         return read_transcript(&args, &shared, &key);
     }
-    // Tools from other modules: through the subc daemon named by --subc (none without it).
-    let plane = match &args.subc {
+    // Tools, dev-tools credentials and the catalog come from other modules, through the subc
+    // daemon a connection file names (none without one).
+    let consumer = match credentials::subc_file(&args) {
         None => None,
-        Some(file) => match Consumer::connect(file, None) {
-            Ok(consumer) => Some(Arc::new(ToolPlane::new(consumer))),
+        Some(file) => match Consumer::connect(&file, None) {
+            Ok(consumer) => Some(consumer),
             Err(e) => return fail(&args, EXIT_RUN_ERROR, &format!("cannot reach the subc daemon: {e}")),
         },
     };
-    let admission = match admission(&args, &shared, plane.clone()) {
+    let plane = consumer.clone().map(|c| Arc::new(ToolPlane::new(c)));
+    let admission = match admission(&args, &shared, plane.clone(), consumer.as_ref()) {
         Ok(a) => a,
         Err(refusal) => return refuse(&args, &refusal),
     };
+    if let Some(consumer) = &consumer {
+        refresh_catalog(&admission, consumer);
+    }
+    let mut bearer = None;
     // A new session is checked (its model resolved) before anything is created, so a refusal
     // writes nothing.
     let mut checked = None;
@@ -112,6 +119,15 @@ fn run(mut args: Args) -> u8 {
         {
             Ok(c) => checked = Some(c),
             Err(refusal) => return refuse(&args, &refusal),
+        }
+        match credentials::bearer(
+            &args,
+            consumer.as_ref(),
+            &admission.catalog,
+            args.model.as_deref().unwrap_or_default(),
+        ) {
+            Ok(b) => bearer = b,
+            Err(e) => return fail(&args, EXIT_REFUSED, &e),
         }
     }
     let mut lineage = match shared.open_lineage(&key) {
@@ -136,6 +152,13 @@ fn run(mut args: Args) -> u8 {
                     return fail(&args, EXIT_REFUSED, why);
                 }
                 None => return fail(&args, EXIT_REFUSED, "--model PROVIDER/MODEL is required for a new session"),
+            }
+        }
+        if checked.is_none() {
+            let model = args.model.clone().unwrap_or_default();
+            match credentials::bearer(&args, consumer.as_ref(), &admission.catalog, &model) {
+                Ok(b) => bearer = b,
+                Err(e) => return fail(&args, EXIT_REFUSED, &e),
             }
         }
         let has_episode = lineage.state().last.is_some();
@@ -164,11 +187,8 @@ fn run(mut args: Args) -> u8 {
         out.emit(Output::Control(units));
     }
     let commands = watch_sigint();
-    let opts = LoopOptions {
-        idle_timeout: Duration::from_millis(args.idle_timeout_ms),
-        bearer: args.auth_bearer.clone(),
-        ..LoopOptions::default()
-    };
+    let opts =
+        LoopOptions { idle_timeout: Duration::from_millis(args.idle_timeout_ms), bearer, ..LoopOptions::default() };
     let tools: Arc<dyn ToolDispatcher> = match plane {
         Some(plane) => plane,
         None => Arc::new(NoTools),
@@ -184,7 +204,12 @@ fn run(mut args: Args) -> u8 {
 
 /// The rules this turn is admitted by: the module's own ([`Admission`]), over the state root's
 /// LKG catalog and `broca.jsonc`.
-fn admission(args: &Args, shared: &Shared, tools: Option<Arc<ToolPlane>>) -> Result<Admission, Refusal> {
+fn admission(
+    args: &Args,
+    shared: &Shared,
+    tools: Option<Arc<ToolPlane>>,
+    consumer: Option<&Consumer>,
+) -> Result<Admission, Refusal> {
     let broca_config = broca::config::BrocaConfig::load(&shared.root).map_err(|e| {
         let detail = Some(broca::detail!("class" => "permanent"));
         Refusal::new(broca::wire::RefusalCode::InvalidParams, format!("broca.jsonc: {e}"), detail)
@@ -192,7 +217,7 @@ fn admission(args: &Args, shared: &Shared, tools: Option<Arc<ToolPlane>>) -> Res
     let lkg = shared.root.catalog_path();
     let overrides = RouteOverrides {
         base_url_override: args.base_url.clone().or_else(|| std::env::var("BROCA_PROVIDER_BASE_URL").ok()),
-        auth: if args.auth_bearer.is_some() { AuthSource::Bearer } else { AuthSource::None },
+        auth: if credentials::has_bearer_source(args, consumer) { AuthSource::Bearer } else { AuthSource::None },
         ..Default::default()
     };
     Ok(Admission {
@@ -201,7 +226,31 @@ fn admission(args: &Args, shared: &Shared, tools: Option<Arc<ToolPlane>>) -> Res
         overrides,
         lkg,
         tools,
+        credentials: None,
     })
+}
+
+/// One catalog poll through the daemon when the LKG is missing, unreadable or older than the
+/// module's poll interval; a failed poll keeps whatever LKG there is (and admission names it).
+fn refresh_catalog(admission: &Admission, consumer: &Consumer) {
+    use broca::catalog::{lkg, poller};
+    let fresh = admission.catalog.read().is_ok()
+        && lkg::written_at_ms(&admission.lkg).is_some_and(|at| {
+            broca::provider::client::now_ms().saturating_sub(at) < poller::POLL_INTERVAL.as_millis() as u64
+        });
+    if fresh {
+        return;
+    }
+    let poller = poller::Poller {
+        source: Arc::new(consumer.clone()),
+        catalog: Arc::clone(&admission.catalog),
+        lkg: admission.lkg.clone(),
+        health: Default::default(),
+        interval: poller::POLL_INTERVAL,
+    };
+    if let Err(e) = poller.poll_once() {
+        log::warn!("catalog refresh through fusiform failed ({}); using the state root's LKG if any", e.code());
+    }
 }
 
 /// The turn as the send a client would make: the prompt, and the model and limits the flags name.
@@ -282,9 +331,12 @@ fn read_transcript(args: &Args, shared: &Shared, key: &SessionKey) -> u8 {
         Err(e) => return refuse(args, &e.refusal()),
     };
     let mut stdout = std::io::stdout().lock();
-    for (ordinal, message) in page.messages {
+    for (internal, message) in page.messages {
+        // The ordinals and ids session.read serves (from 1).
+        let (ordinal, mid) =
+            (broca::lineage::projection::served_ordinal(internal), broca::lineage::projection::mid(internal));
         let line = if args.json {
-            serde_json::json!({"ordinal": ordinal, "mid": format!("m{ordinal}"), "message": message}).to_string()
+            serde_json::json!({"ordinal": ordinal, "mid": mid, "message": message}).to_string()
         } else {
             format!(
                 "[{ordinal}] {}: {}",

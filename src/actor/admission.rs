@@ -31,6 +31,9 @@ pub struct Admission {
     /// The tool plane plan fetches go through (`None`: no consumer connection, so every plan
     /// provider is unreachable).
     pub tools: Option<Arc<ToolPlane>>,
+    /// The vault admission reads a vault route's credential from, to freeze its account in
+    /// `RunStarted.auth_selection` (`None`: no consumer connection).
+    pub credentials: Option<crate::vault::Credentials>,
 }
 
 /// What the pre-check settled: the named model's route, and the plan a session's first

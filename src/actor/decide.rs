@@ -67,7 +67,24 @@ pub fn send(
             return Err(run_paused(&run_id, "auth_required"));
         }
     }
+    if let (Resolution::Resume { run_id } | Resolution::Paused { run_id, .. }, Delivery::Steer) =
+        (state.resolution(), send.delivery)
+    {
+        // A joining steer cannot replace the running run's routing decision.
+        let frozen_decision = frozen.as_ref().and_then(|c| c.policy.route_decision_id.as_deref());
+        if send.route_decision_id.as_deref().is_some_and(|sent| Some(sent) != frozen_decision) {
+            let message = format!("run {run_id} runs under another route_decision_id; a joining send cannot change it");
+            return Err(Refusal::new(
+                RefusalCode::InvalidParams,
+                message,
+                Some(crate::detail!("field" => "route_decision_id")),
+            ));
+        }
+    }
     let plan = plan_for(&send, state.last.is_some(), frozen.as_ref(), checked.fetched)?;
+    if let Some(fault) = &send.tools_fault {
+        return Err(fault.clone());
+    }
     let mut config = match checked.resolved {
         Some(c) => c,
         None => admission.resolve(&send, frozen.as_ref())?,
@@ -82,9 +99,10 @@ pub fn send(
             });
         }
         config.plan = Some(manifest);
-        config.tools = tools;
+        // `tools: []` beside the plan: the model is offered no tools at all, plan tools included.
+        config.tools = if send.tools.as_ref().is_some_and(Vec::is_empty) { Vec::new() } else { tools };
     }
-    deliver(lineage, send, config, units).map_err(|e| e.refusal())
+    deliver(lineage, send, config, admission.credentials.as_ref(), units).map_err(|e| e.refusal())
 }
 
 /// The plan a send runs under (spec §4): a session's first episode freezes the plan it
@@ -118,7 +136,7 @@ fn plan_for(
         }
     }
     let (Some(manifest), Some(config)) = (frozen_plan, frozen) else { return Ok(None) };
-    if send.tools.is_some() {
+    if send.tools.is_some() || send.tools_fault.is_some() {
         return Err(crate::wire::invalid_params("tools", "the session's tools come from its frozen plan"));
     }
     let tools = config.tools.iter().filter(|t| t.module.is_some()).cloned().collect();
@@ -130,6 +148,7 @@ fn deliver(
     lineage: &mut Lineage,
     send: SendParams,
     config: RenderConfig,
+    credentials: Option<&crate::vault::Credentials>,
     units: &mut Units,
 ) -> Result<SendReply, LineageError> {
     let submission_id = format!("sub-{}", uuid::Uuid::new_v4().simple());
@@ -165,8 +184,19 @@ fn deliver(
         (None, _) => {
             // Queued and consumed in one barrier: durable before the reply says "active".
             let run_id = format!("run-{submission_id}");
-            units.extend(agent::admit(lineage, &run_id, Some(&submission_id), &config, message, send.title)?);
-            Ok(SendReply::active(run_id, Some(submission_id)))
+            units.extend(agent::admit(
+                lineage,
+                &run_id,
+                Some(&submission_id),
+                &config,
+                message,
+                send.title,
+                credentials,
+            )?);
+            let first = lineage.state().episodes == 1;
+            let mut reply = SendReply::active(run_id, Some(submission_id));
+            reply.baseline = first.then(|| config.baseline());
+            Ok(reply)
         }
         (Some((run_id, _)), Delivery::Steer) => {
             units.extend(lineage.commit()?);
@@ -227,7 +257,9 @@ fn resend(
             return Ok(SendReply::active(run_id.as_str(), Some(row.submission_id.clone())));
         }
     }
-    ledger::fate(store, &addr, page, row).map_err(|e| e.refusal())
+    let mut reply = ledger::fate(store, &addr, page, row).map_err(|e| e.refusal())?;
+    reply.baseline = ledger::first_baseline(page, row);
+    Ok(reply)
 }
 
 /// Retracts a pending send; a send no longer pending says why (spec §11).

@@ -399,6 +399,7 @@ impl Registry {
                             &unreadable(),
                             next.message,
                             None,
+                            None,
                         )?;
                         publish(Output::Control(units));
                         let message = "the queued send's frozen config does not decode in this build".to_string();
@@ -409,7 +410,15 @@ impl Registry {
                     }
                 };
                 let title = next.request.title.clone();
-                let units = agent::admit(lineage, &run_id, Some(&next.submission_id), &config, next.message, title)?;
+                let units = agent::admit(
+                    lineage,
+                    &run_id,
+                    Some(&next.submission_id),
+                    &config,
+                    next.message,
+                    title,
+                    self.deps.admission.credentials.as_ref(),
+                )?;
                 publish(Output::Control(units));
             }
         }

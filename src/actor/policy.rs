@@ -68,6 +68,7 @@ pub fn session_policy(
         conversation_key: Some(conversation_key),
         conversation_key_source: Some(source.into()),
         retention: send.retention.or(prior.retention),
+        route_decision_id: send.route_decision_id.clone(),
     })
 }
 

@@ -51,7 +51,13 @@ pub fn admit(
     config: &RenderConfig,
     input: Message,
     title: Option<String>,
+    credentials: Option<&crate::vault::Credentials>,
 ) -> Result<Vec<ControlUnit>, LineageError> {
+    use crate::provider::config::AuthSource;
+    let account = match (&config.auth, credentials) {
+        (AuthSource::Vault { credential_id }, Some(vault)) => vault.read_at_admission(run_id, credential_id),
+        _ => None,
+    };
     let rec = Record::RunStarted(Box::new(RunStarted {
         run_id: run_id.into(),
         submission_id: submission_id.map(String::from),
@@ -60,24 +66,39 @@ pub fn admit(
         input,
         title,
         started_at_ms: now_ms(),
-        auth_selection: auth_selection(config),
+        auth_selection: auth_selection(config, account.as_ref()),
     }));
     Ok(lineage.append_commit(&rec)?.1)
 }
 
 /// What admission froze about the credential and the account decision: the vault credential
-/// id (absent on credential-free routes) and the conversation key with its source.
-fn auth_selection(config: &RenderConfig) -> Option<serde_json::Value> {
+/// id (absent on credential-free routes) with the account admission's vault read named
+/// (`account_id`, `record_version`; absent when that read was refused), and the conversation
+/// key with its source.
+fn auth_selection(config: &RenderConfig, account: Option<&crate::vault::AccountIdentity>) -> Option<serde_json::Value> {
     use crate::provider::config::AuthSource;
     let mut sel = serde_json::Map::new();
     if let AuthSource::Vault { credential_id } = &config.auth {
         sel.insert("credential_id".into(), json!(credential_id));
+        if let Some(account) = account {
+            if let Some(id) = &account.account_id {
+                sel.insert("account_id".into(), json!(id));
+            }
+            sel.insert("record_version".into(), json!(account.record_version));
+        }
     }
     if let Some(key) = &config.policy.conversation_key {
         let source = config.policy.conversation_key_source.as_deref().unwrap_or("caller");
         sel.insert("account_decision".into(), json!({"conversation_key": key, "conversation_key_source": source}));
     }
     (!sel.is_empty()).then_some(serde_json::Value::Object(sel))
+}
+
+/// Why a step's calls were sealed never-executed.
+#[derive(Clone, Copy, Debug)]
+enum HardStop {
+    BudgetExhausted,
+    MaxSteps,
 }
 
 /// How one step's model call ended.
@@ -267,11 +288,23 @@ impl<C> Driver<'_, C> {
         self.finish_with(FinishReason::BudgetExhausted, None, Some(detail))
     }
 
-    /// The calls of a step that crossed the cap: each gets its intent and a never-executed
+    /// The calls of a step a hard stop cut off: each gets its intent and a never-executed
     /// error result, so the transcript keeps provider-valid call/result pairs.
-    fn refuse_batch(&mut self, step: u64, calls: Vec<(String, String, serde_json::Value)>) -> Result<(), LineageError> {
+    fn refuse_batch(
+        &mut self,
+        step: u64,
+        calls: Vec<(String, String, serde_json::Value)>,
+        stop: HardStop,
+    ) -> Result<(), LineageError> {
         let batch = self.append_intents(step, calls)?;
-        let output = json!({"kind": "error", "reason": "budget_exhausted", "message": "not executed: the session's input-token cap was reached"});
+        let output = match stop {
+            HardStop::BudgetExhausted => {
+                json!({"kind": "error", "reason": "budget_exhausted", "nothing_sent": true, "message": "not executed: the session's input-token cap was reached"})
+            }
+            HardStop::MaxSteps => {
+                json!({"kind": "error", "reason": "not_executed", "nothing_sent": true, "message": "not executed: the run reached its max_steps"})
+            }
+        };
         let mut parts = Vec::with_capacity(batch.len());
         for call in batch {
             self.lineage.append(&Record::ToolResult {
@@ -281,6 +314,7 @@ impl<C> Driver<'_, C> {
                 output: output.clone(),
                 is_error: true,
                 outcome: Some(CallOutcome::NotExecuted),
+                at_ms: Some(now_ms()),
             })?;
             parts.push(Part::ToolResult { tool_call_id: call.tool_call_id, output: output.clone(), is_error: true });
         }
@@ -426,13 +460,22 @@ impl<C> Driver<'_, C> {
                         provider: self.config.provider.clone(),
                         model: self.config.model.clone(),
                         variant: self.config.variant.clone(),
+                        at_ms: Some(now_ms()),
                     })?;
                     self.history.push(message);
-                    if let Some(detail) = self.cap_reached().filter(|_| !calls.is_empty()) {
-                        // A crossing step dispatches none of its calls (a final answer that
-                        // crossed simply completes: no further step is needed).
-                        self.refuse_batch(step, calls)?;
+                    if let Some(detail) = self.cap_reached() {
+                        // A step that reached the cap dispatches none of its calls, and the run
+                        // ends at once (llm-runner §9.3: a cap of N stops at exactly N).
+                        if !calls.is_empty() {
+                            self.refuse_batch(step, calls, HardStop::BudgetExhausted)?;
+                        }
                         return self.finish_budget(detail);
+                    }
+                    if !calls.is_empty() && self.config.max_steps.is_some_and(|max| step >= max) {
+                        // The limit cut the run off: the calls that would lead to another step
+                        // are sealed never-executed in the terminal's commit (llm-runner §9.3.1).
+                        self.refuse_batch(step, calls, HardStop::MaxSteps)?;
+                        return self.finish(FinishReason::MaxSteps, None);
                     }
                     if calls.is_empty() {
                         // A final answer while a steer waits gets one more step to render it.
@@ -756,6 +799,7 @@ impl<C> Driver<'_, C> {
                 output: out.output.clone(),
                 is_error: out.is_error,
                 outcome: Some(outcome),
+                at_ms: Some(now_ms()),
             })?;
             parts.push(Part::ToolResult { tool_call_id: id, output: out.output, is_error: out.is_error });
         }

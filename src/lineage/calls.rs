@@ -46,10 +46,11 @@ pub struct CallResult {
 }
 
 impl CallFact {
-    /// The call may have run and no answer is known (an intent without a result, or an
-    /// unknown-outcome result).
+    /// `session.read`'s `indeterminate` (llm-runner §5, §14): a durable intent and no result
+    /// yet. A call closed with an unknown-outcome result is no longer indeterminate there (its
+    /// result says `outcome_unknown`; `run.tool_calls` still names that outcome).
     pub fn indeterminate(&self) -> bool {
-        self.result.as_ref().is_none_or(|r| matches!(r.outcome, CallOutcome::Unknown | CallOutcome::Cancelled))
+        self.result.is_none()
     }
 
     /// The llm-runner role's outcome name (`run.tool_calls`).
@@ -107,7 +108,7 @@ impl Sink for CallsSink<'_> {
                     result: None,
                 });
             }
-            Record::ToolResult { run_id, step, tool_call_id, output, is_error, outcome } => {
+            Record::ToolResult { run_id, step, tool_call_id, output, is_error, outcome, .. } => {
                 let open = self.facts.iter_mut().find(|f| {
                     f.run_id == *run_id && f.step == *step && f.tool_call_id == *tool_call_id && f.result.is_none()
                 });

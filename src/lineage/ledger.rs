@@ -79,6 +79,8 @@ pub struct RunFacts {
     pub undelivered_steers: Vec<String>,
     /// The run is the session's last episode.
     pub is_last: bool,
+    /// The normalized finish of its last model step, once it finished (when one was reported).
+    pub finish: Option<String>,
 }
 
 /// The facts of `run_id` in this session: the last episode from the replay state, an older
@@ -113,6 +115,9 @@ pub fn run(store: &Store, lineage: &str, page: &TranscriptPage, run_id: &str) ->
             detail,
             undelivered_steers: e.unrendered_steers.clone(),
             is_last: true,
+            finish: matches!(e.status, EpisodeStatus::Finished { .. })
+                .then(|| e.final_step_finish_reason.clone())
+                .flatten(),
         }));
     }
     // An older run: it finished before the last episode started; its start is in the store or
@@ -133,6 +138,7 @@ pub fn run(store: &Store, lineage: &str, page: &TranscriptPage, run_id: &str) ->
                 .and_then(|d| serde_json::from_str(d).ok())
                 .unwrap_or_default(),
             is_last: false,
+            finish: row.finish.clone(),
         },
         (None, Some((title, auth_selection))) => RunFacts {
             run_id: run_id.into(),
@@ -145,6 +151,7 @@ pub fn run(store: &Store, lineage: &str, page: &TranscriptPage, run_id: &str) ->
             detail: None,
             undelivered_steers: Vec::new(),
             is_last: false,
+            finish: None,
         },
         (None, None) => return Ok(None),
     };
@@ -163,11 +170,12 @@ pub fn run(store: &Store, lineage: &str, page: &TranscriptPage, run_id: &str) ->
     for e in &page.tail {
         if let Effect::RunState {
             run_id: id,
-            state: RunState::Finished { reason, error, usage, detail, undelivered_steers, .. },
+            state: RunState::Finished { reason, error, usage, detail, undelivered_steers, finish, .. },
             ..
         } = e
         {
             if id == run_id {
+                facts.finish = finish.clone();
                 facts.phase = RunPhase::Finished { reason: *reason };
                 facts.error = error.clone();
                 facts.usage = usage.clone();
@@ -207,4 +215,13 @@ pub fn fate(store: &Store, lineage: &str, page: &TranscriptPage, row: &SendRow) 
             }
         }
     }
+}
+
+/// The baseline a keyed re-send (or `send.status`) of the send that started the session's first
+/// episode hears again, from the replay state the read holds: only while that episode is the
+/// last one (the admitting reply's hint; later, `session.baseline` is the answer).
+pub fn first_baseline(page: &TranscriptPage, row: &SendRow) -> Option<cortexkit_role_llm_runner::baseline::Baseline> {
+    let state = &page.state;
+    let last = state.last.as_ref().filter(|_| state.episodes == 1)?;
+    (row.run_id.as_deref() == Some(last.run_id.as_str())).then(|| last.config.config().map(|c| c.baseline()))?
 }

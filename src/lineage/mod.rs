@@ -356,9 +356,10 @@ impl Lineage {
                 run_id: run_id.clone(),
                 step,
                 tool_call_id: id.clone(),
-                output: json!({"kind": "error", "message": "the outcome of this call is unknown: broca ended while it was in flight, and it was not sent again"}),
+                output: json!({"kind": "error", "reason": "outcome_unknown", "message": "the outcome of this call is unknown: broca ended while it was in flight, and it was not sent again"}),
                 is_error: true,
                 outcome: Some(record::CallOutcome::Unknown),
+                at_ms: Some(crate::provider::client::now_ms()),
             })?;
         }
         // A durably acknowledged cancel ends it `cancelled`, unless the cancel came from an

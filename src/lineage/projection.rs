@@ -42,9 +42,16 @@ pub struct Context {
     pub dispatched_to: Option<String>,
 }
 
-/// The message id (`mid`) of the message at `ordinal`, as the role spells it.
+/// The message id (`mid`) of the message at internal `ordinal`, as the role spells it: `m`
+/// and its served ordinal.
 pub fn mid(ordinal: u64) -> String {
-    format!("m{ordinal}")
+    format!("m{}", served_ordinal(ordinal))
+}
+
+/// The ordinal reads serve for internal `ordinal`: llm-runner/v1 counts entries from 1, broca's
+/// replay and store from 0.
+pub const fn served_ordinal(ordinal: u64) -> u64 {
+    ordinal + 1
 }
 
 /// Applies `record` at `seq` to `replay` (reporting effects to `sink`), notes its units and

@@ -10,6 +10,7 @@ use super::{LineageError, Shared};
 use crate::message::{Message, Role};
 use crate::replay::{Effect, Replay, Resolution};
 use crate::session_key::SessionKey;
+pub use crate::store::Entry;
 
 /// A page of the conversation.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,22 +29,24 @@ pub struct TranscriptPage {
     /// Run-state and send-ledger effects of the records after the store's watermark, in
     /// order: the store rows ⊕ these are the durable truth (see `ledger`).
     pub tail: Vec<Effect>,
+    /// The session record's identity: its WAL header's incarnation.
+    pub incarnation: String,
 }
 
-/// Messages in `[from, end)` and the other effects of the tail.
+/// Entries in `[from, end)` and the other effects of the tail.
 struct PageSink {
     from: u64,
     end: u64,
-    messages: Vec<(u64, Message)>,
+    entries: Vec<Entry>,
     tail: Vec<Effect>,
 }
 
 impl Sink for PageSink {
     fn effect(&mut self, effect: Effect) {
         match effect {
-            Effect::Message { ordinal, message, .. } => {
+            Effect::Message { ordinal, run_id, written_at, message, .. } => {
                 if ordinal >= self.from && ordinal < self.end {
-                    self.messages.push((ordinal, message));
+                    self.entries.push(Entry { ordinal, run_id, written_at, message });
                 }
             }
             other => self.tail.push(other),
@@ -53,25 +56,34 @@ impl Sink for PageSink {
 
 /// Messages `[from, from + limit)` of the session read by `reader`.
 pub fn transcript(reader: &Reader, from: u64, limit: u64) -> Result<TranscriptPage, LineageError> {
+    let (entries, page) = entries(reader, from, limit)?;
+    Ok(TranscriptPage { messages: entries.into_iter().map(|e| (e.ordinal, e.message)).collect(), ..page })
+}
+
+/// Entries `[from, from + limit)` (with their run and write time) and the page's other facts
+/// (its `messages` left empty).
+pub fn entries(reader: &Reader, from: u64, limit: u64) -> Result<(Vec<Entry>, TranscriptPage), LineageError> {
     let end = from.saturating_add(limit);
     let mut scan = reader.start(Start::Checkpoint { before: None })?;
-    let mut sink = PageSink { from, end, messages: Vec::new(), tail: Vec::new() };
+    let mut sink = PageSink { from, end, entries: Vec::new(), tail: Vec::new() };
     if let (Some(cp), Some(store)) = (&scan.checkpoint, reader.store()) {
         let upto = cp.replay.prompt_len.min(end);
         if from < upto {
-            sink.messages = store.messages(reader.addr(), from, upto - from)?;
+            sink.entries = store.entries(reader.addr(), from, upto - from)?;
         }
     }
     while !reader.next(&mut scan, usize::MAX, &mut sink)? {}
     let replay = scan.replay;
-    Ok(TranscriptPage {
-        messages: sink.messages,
+    let page = TranscriptPage {
+        messages: Vec::new(),
         prompt_len: replay.prompt_len,
         head: replay.last_unit,
         resolution: replay.resolution(),
         state: replay,
         tail: sink.tail,
-    })
+        incarnation: scan.incarnation,
+    };
+    Ok((sink.entries, page))
 }
 
 /// The session's durable state with no messages: `None` when it has no WAL.

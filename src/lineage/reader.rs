@@ -63,6 +63,8 @@ pub struct Scan {
     pub replay: Replay,
     /// The checkpoint the scan started from (its messages are in the store).
     pub checkpoint: Option<Checkpoint>,
+    /// The WAL header's incarnation (a UUID v4 minted once, when the file was created).
+    pub incarnation: String,
     /// `(offset, seq)` of the next frame; `None` right after the header.
     next: Option<(u64, u64)>,
     done: bool,
@@ -160,7 +162,7 @@ impl Reader {
             Some(cp) => (cp.replay.clone(), Some((cp.next_offset, cp.watermark_seq + 1))),
             None => (Replay::default(), None),
         };
-        Ok(Scan { replay, checkpoint, next, done: false })
+        Ok(Scan { replay, checkpoint, incarnation: header.incarnation_string(), next, done: false })
     }
 
     /// Reads the next batch of at most `max` durable records into `sink`. Returns whether the

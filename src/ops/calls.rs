@@ -74,7 +74,9 @@ pub(super) fn run_tool_calls(ops: &Ops, key: &SessionKey, request: ToolCallsRequ
 
 fn run_tool_call(fact: &CallFact) -> RunToolCall {
     let args = serde_json::from_str(&fact.arguments).unwrap_or_else(|_| Value::String(fact.arguments.clone()));
-    let mut call = RunToolCall::new(&fact.tool_call_id, &fact.name, args, fact.role_outcome(), fact.ordinal)
+    use crate::lineage::projection::served_ordinal;
+    let ordinal = served_ordinal(fact.ordinal);
+    let mut call = RunToolCall::new(&fact.tool_call_id, &fact.name, args, fact.role_outcome(), ordinal)
         .with_call_key(&fact.call_key)
         .with_position(fact.position);
     if let Some(module) = &fact.dispatched_to {
@@ -83,7 +85,7 @@ fn run_tool_call(fact: &CallFact) -> RunToolCall {
     if let Some(result) = &fact.result {
         call = call.with_result_bytes(result.bytes);
         if let Some(ordinal) = result.ordinal {
-            call = call.with_result_ordinal(ordinal);
+            call = call.with_result_ordinal(served_ordinal(ordinal));
         }
     }
     call

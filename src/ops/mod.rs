@@ -7,8 +7,10 @@
 //! per key); every other op is strict and refuses unknown members by name. Every refusal is
 //! decided before anything is written.
 
+mod baseline;
 mod calls;
 mod driver;
+mod history;
 mod read;
 mod send;
 mod status;
@@ -72,7 +74,14 @@ impl Ops {
                 Ok(request) => driver::run_cancel(self, key, request, reply),
                 Err(r) => reply(Err(r)),
             },
-            "session.read" => reply(ReadRequest::decode(&params).and_then(|r| read::session_read(self, key, r))),
+            "session.read" => {
+                reply(ReadRequest::decode(&params, &key.addr()).and_then(|r| read::session_read(self, key, r)))
+            }
+            "session.head" => reply(Empty::decode(&params).and_then(|Empty| read::session_head(self, key))),
+            "session.history" => reply(
+                crate::wire::history::HistoryRequest::decode(&params, &key.addr())
+                    .and_then(|r| history::session_history(self, key, r)),
+            ),
             "run.status" => reply(StatusRequest::decode(&params, key).and_then(|r| status::run_status(self, key, r))),
             "run.result" => reply(ResultRequest::decode(&params).and_then(|r| status::run_result(self, key, r))),
             "send.status" | "session.send_status" => {
@@ -81,7 +90,7 @@ impl Ops {
             "run.tool_calls" => {
                 reply(ToolCallsRequest::decode(&params).and_then(|r| calls::run_tool_calls(self, key, r)))
             }
-            "session.baseline" => reply(Empty::decode(&params).and_then(|Empty| read::session_baseline(self, key))),
+            "session.baseline" => reply(Empty::decode(&params).and_then(|Empty| baseline::session_baseline(self, key))),
             other => {
                 let detail = Some(crate::detail!("method" => other));
                 reply(Err(Refusal::new(RefusalCode::UnknownMethod, format!("unknown method {other:?}"), detail)))
@@ -99,6 +108,12 @@ pub fn describe(config: &crate::config::BrocaConfig) -> Value {
     use cortexkit_role_llm_runner::describe::{Major, RoleDescribe};
     let ops = table::OPS.iter().map(|op| op.name.to_owned()).collect();
     let groups = [
+        cap::TRANSCRIPT_READS,
+        cap::RUN_OPS,
+        cap::FINISH_REASON,
+        cap::HOST_HISTORY,
+        cap::HISTORY_DISPLAY,
+        cap::SESSION_USAGE,
         cap::RUN_STATUS,
         cap::RUN_CANCEL,
         cap::RUN_USAGE,

@@ -1,22 +1,28 @@
-//! `session.read` and `run.status`: strict reads that never open the session's actor. The
-//! transcript is the store prefix ⊕ the WAL tail; run-keyed status comes from the durable run
-//! index, then from the WAL.
+//! `session.read` and `session.head`: strict reads that never open the session's actor. The
+//! transcript is the store prefix ⊕ the WAL tail (`lineage::read::entries`); internal ordinals
+//! count from 0 and are served from 1 (`projection::mid`).
 
 use serde_json::{json, Value};
 
 use super::Ops;
-use crate::lineage::read;
-use crate::lineage::reader::{Reader, Sink, Start};
-use crate::record::{Frozen, Record};
-use crate::replay::Resolution;
+use crate::lineage::projection::{mid, served_ordinal};
+use crate::lineage::read::{self, Entry, TranscriptPage};
+use crate::lineage::reader::Reader;
+use crate::message::Role;
+use crate::record::FinishReason;
+use crate::replay::{EpisodeStatus, Resolution};
 use crate::session_key::SessionKey;
-use crate::wire::requests::ReadRequest;
-use crate::wire::status::{PageItem, ReadPage, ReadToolCall};
+use crate::wire::read::{
+    HeadMeta, HeadModel, LastRunError, LastRunState, ReadEntry, ReadPage, ReadTool, ReadToolCall, RunAttribution,
+    SessionUsage, UNWRITTEN_INCARNATION,
+};
+use crate::wire::requests::{unknown_mid, ReadCursor, ReadRequest, HISTORY_VERSION, READ_MAX_BYTES};
+use crate::wire::status::RunState;
 use crate::wire::{Refusal, RefusalCode};
 
 /// The page byte cap (spec §4: default and maximum 3 MiB of serialized reply body).
-pub const MAX_BYTES: u64 = 3 << 20;
-/// Bytes reserved for the page's envelope (`result`, state, cursors) within `MAX_BYTES`.
+pub const MAX_BYTES: u64 = READ_MAX_BYTES;
+/// Bytes reserved for the page's envelope (`result`, state, cursors) within the byte cap.
 const PAGE_OVERHEAD: usize = 512;
 
 fn state_name(r: &Resolution) -> &'static str {
@@ -28,82 +34,159 @@ fn state_name(r: &Resolution) -> &'static str {
     }
 }
 
+pub(super) fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::User => "user",
+        Role::Assistant => "assistant",
+        Role::Tool => "tool",
+        Role::System => "system",
+    }
+}
+
 pub(super) fn session_read(ops: &Ops, key: &SessionKey, request: ReadRequest) -> Result<Value, Refusal> {
-    let ReadRequest { from_ordinal: from, limit } = request;
+    let lineage_id = key.addr();
     let Some(reader) = Reader::open(ops.registry.shared(), key) else {
+        if let ReadCursor::After(o) = request.cursor {
+            return Err(unknown_mid(&format!("m{o}")));
+        }
         return Ok(super::body(ReadPage {
             messages: Vec::new(),
-            lineage_state: "empty",
+            history_version: HISTORY_VERSION,
+            incarnation: UNWRITTEN_INCARNATION.into(),
             next_from_ordinal: None,
             head: None,
+            lineage_id,
+            lineage_state: "empty",
+            tools: None,
+            tools_run_id: None,
         }));
     };
-    // The newest page needs the length first; a forward page does not.
-    let start = match from {
-        Some(f) => f,
-        None => {
+    // Internal (0-based) start of the range; the newest page needs the length first.
+    let start = match request.cursor {
+        ReadCursor::From(served) => served - 1,
+        ReadCursor::After(served) => served,
+        ReadCursor::Tail => {
             let len = read::transcript(&reader, u64::MAX, 0).map_err(|e| e.refusal())?.prompt_len;
-            len.saturating_sub(limit)
+            len.saturating_sub(request.limit)
         }
     };
-    let page = read::transcript(&reader, start, limit).map_err(|e| e.refusal())?;
-    let mut calls = dispatch_facts(&reader, &page.messages)?;
-    let items: Vec<PageItem> = page
-        .messages
+    // One entry past the page tells whether its last entry is its run's last message.
+    let (mut entries, page) = read::entries(&reader, start, request.limit + 1).map_err(|e| e.refusal())?;
+    if let ReadCursor::After(served) = request.cursor {
+        if served > page.prompt_len {
+            return Err(unknown_mid(&format!("m{served}")));
+        }
+    }
+    let peek = (entries.len() as u64 > request.limit).then(|| entries.pop()).flatten();
+    let mut calls = dispatch_facts(&reader, &entries)?;
+    let items: Vec<ReadEntry> = entries
         .iter()
-        .map(|(o, m)| PageItem { ordinal: *o, mid: format!("m{o}"), message: m, tool_calls: calls.remove(o) })
+        .enumerate()
+        .map(|(i, e)| {
+            let next = entries.get(i + 1).or(peek.as_ref());
+            ReadEntry {
+                ordinal: served_ordinal(e.ordinal),
+                mid: mid(e.ordinal),
+                message: &e.message,
+                run: attribution(e, next, &page),
+                tool_calls: calls.remove(&e.ordinal),
+                role: role_name(e.message.role),
+                written_at: e.written_at,
+            }
+        })
         .collect();
-    // The byte cap: a forward page keeps its first messages, the newest page its last ones; one
-    // message always stays whole.
-    let sizes: Vec<usize> = items.iter().map(|i| serde_json::to_vec(i).map_or(0, |b| b.len() + 1)).collect();
-    let fits = |order: &mut dyn Iterator<Item = usize>| {
-        let mut total = 0usize;
-        order
-            .take_while(|&i| {
-                total += sizes[i];
-                total <= MAX_BYTES as usize - PAGE_OVERHEAD || total == sizes[i]
-            })
-            .count()
-    };
-    let (skip, take) = match from {
-        Some(_) => (0, fits(&mut (0..items.len()))),
-        None => {
-            let n = fits(&mut (0..items.len()).rev());
-            (items.len() - n, n)
-        }
-    };
+    let (skip, take) = within_bytes(&items, request.max_bytes, request.cursor == ReadCursor::Tail);
+    let end = start + (skip + take) as u64;
     let first = start + skip as u64;
-    let end = first + take as u64;
+    let (tools, tools_run_id) = match (request.include_tools, page.state.last.as_ref()) {
+        (true, Some(e)) => {
+            let tools = e.config.config().map(|c| {
+                c.tools
+                    .iter()
+                    .map(|t| ReadTool {
+                        name: &t.name,
+                        description: &t.description,
+                        input_schema: &t.input_schema,
+                        module: t.module.as_deref(),
+                    })
+                    .collect()
+            });
+            (tools, Some(e.run_id.clone()))
+        }
+        _ => (None, None),
+    };
     let answer = ReadPage {
         messages: items.into_iter().skip(skip).take(take).collect(),
-        lineage_state: state_name(&page.resolution),
-        next_from_ordinal: (end < page.prompt_len).then_some(end),
+        history_version: HISTORY_VERSION,
+        incarnation: page.incarnation.clone(),
+        next_from_ordinal: (end < page.prompt_len).then_some(served_ordinal(end)),
         head: page.head,
+        lineage_id,
+        lineage_state: state_name(&page.resolution),
+        tools,
+        tools_run_id,
     };
     // An indivisible message whose frame would cross the transport limit is refused by name.
     let frame = serde_json::to_vec(&json!({"result": &answer})).map_or(0, |b| b.len()) + subc_protocol::HEADER_LEN;
     if frame > subc_protocol::MAX_DELIVERED_FRAME_LEN {
-        let subject = json!({"kind": "message", "session": key.session, "ordinal": first});
+        let ordinal = served_ordinal(first);
+        let subject = json!({"kind": "message", "session": key.session, "ordinal": ordinal});
         let detail =
             crate::detail!("bytes" => frame, "limit" => subc_protocol::MAX_DELIVERED_FRAME_LEN, "subject" => subject);
         let message =
-            format!("session.read: message m{first} alone makes a {frame}-byte reply, over the transport limit");
+            format!("session.read: message m{ordinal} alone makes a {frame}-byte reply, over the transport limit");
         return Err(Refusal::new(RefusalCode::ReplyTooLarge, message, Some(detail)));
     }
     Ok(super::body(answer))
 }
 
-/// The dispatch facts of the page's assistant messages that asked for tools, by ordinal (one
-/// WAL pass, only when the page has such a message).
+/// The byte cap: `(skip, take)` of `items` that fit `max_bytes`. A forward page keeps its first
+/// messages, the newest page its last ones; one message always stays whole.
+fn within_bytes(items: &[ReadEntry], max_bytes: u64, newest: bool) -> (usize, usize) {
+    let sizes: Vec<usize> = items.iter().map(|i| serde_json::to_vec(i).map_or(0, |b| b.len() + 1)).collect();
+    let budget = (max_bytes as usize).saturating_sub(PAGE_OVERHEAD);
+    let fits = |order: &mut dyn Iterator<Item = usize>| {
+        let mut total = 0usize;
+        order
+            .take_while(|&i| {
+                total += sizes[i];
+                total <= budget || total == sizes[i]
+            })
+            .count()
+    };
+    if newest {
+        let n = fits(&mut (0..items.len()).rev());
+        (items.len() - n, n)
+    } else {
+        (0, fits(&mut (0..items.len())))
+    }
+}
+
+/// The run an entry belongs to, and whether it is that run's last message: the next message
+/// belongs to another run, or it is the transcript's last and its run has ended durably.
+fn attribution(entry: &Entry, next: Option<&Entry>, page: &TranscriptPage) -> Option<RunAttribution> {
+    if entry.run_id.is_empty() {
+        return None;
+    }
+    let is_final = match next {
+        Some(n) => n.run_id != entry.run_id,
+        None if entry.ordinal + 1 < page.prompt_len => false,
+        None => page.state.last.as_ref().is_some_and(|e| e.run_id == entry.run_id && e.status != EpisodeStatus::Open),
+    };
+    Some(RunAttribution { run_id: entry.run_id.clone(), episode: entry.run_id.clone(), is_final })
+}
+
+/// The dispatch facts of the page's assistant messages that asked for tools, by internal
+/// ordinal (one WAL pass, only when the page has such a message).
 fn dispatch_facts(
     reader: &Reader,
-    messages: &[(u64, crate::message::Message)],
+    entries: &[Entry],
 ) -> Result<std::collections::HashMap<u64, Vec<ReadToolCall>>, Refusal> {
-    use crate::message::{Part, Role};
-    let asks = |m: &crate::message::Message| {
-        m.role == Role::Assistant && m.content.iter().any(|p| matches!(p, Part::ToolCall { .. }))
+    use crate::message::Part;
+    let asks = |e: &&Entry| {
+        e.message.role == Role::Assistant && e.message.content.iter().any(|p| matches!(p, Part::ToolCall { .. }))
     };
-    let wanted: Vec<u64> = messages.iter().filter(|(_, m)| asks(m)).map(|(o, _)| *o).collect();
+    let wanted: Vec<u64> = entries.iter().filter(asks).map(|e| e.ordinal).collect();
     let mut out = std::collections::HashMap::new();
     let Some(&last) = wanted.last() else { return Ok(out) };
     for fact in crate::lineage::calls::facts(reader, None, Some(last)).map_err(|e| e.refusal())? {
@@ -121,74 +204,68 @@ fn dispatch_facts(
     Ok(out)
 }
 
-/// `session.baseline` (spec §4): the first episode's frozen plan — one item per fetched
-/// provider (its catalog digest), the optional items admitted absent, the composition digest —
-/// and the tool names it runs with; both generations are 0 (no mid-session change is served).
-/// A plan-less session has no items and no composition digest. `not_yet` until the session has
-/// an episode.
-pub(super) fn session_baseline(ops: &Ops, key: &SessionKey) -> Result<Value, Refusal> {
-    use cortexkit_role_llm_runner::baseline::BaselineReply;
-    let not_yet = || serde_json::to_value(BaselineReply::not_yet()).expect("baselines serialize");
-    let Some(reader) = Reader::open(ops.registry.shared(), key) else { return Ok(not_yet()) };
-    let Some(frozen) = first_episode_config(&reader).map_err(|e| e.refusal())? else { return Ok(not_yet()) };
-    let baseline = match &frozen {
-        Frozen::Config(c) => baseline_of(c),
-        Frozen::Unreadable(v) => {
-            let tool_names = v
-                .get("tools")
-                .and_then(Value::as_array)
-                .map(|tools| {
-                    tools.iter().filter_map(|t| t.get("name").and_then(Value::as_str).map(String::from)).collect()
-                })
-                .unwrap_or_default();
-            cortexkit_role_llm_runner::baseline::Baseline::plan_less(tool_names)
-        }
+/// `session.head` (llm-runner §4.3, spec §4): where the transcript stands, without bodies.
+pub(super) fn session_head(ops: &Ops, key: &SessionKey) -> Result<Value, Refusal> {
+    let lineage_id = key.addr();
+    let Some(reader) = Reader::open(ops.registry.shared(), key) else {
+        return Ok(super::body(HeadMeta {
+            last_ordinal: None,
+            first_ordinal: None,
+            history_version: HISTORY_VERSION,
+            incarnation: UNWRITTEN_INCARNATION.into(),
+            head: None,
+            last_run_state: None,
+            last_run_error: None,
+            updated_at: None,
+            model: None,
+            usage: None,
+            title: None,
+            lineage_id: None,
+        }));
     };
-    Ok(serde_json::to_value(BaselineReply::ready(baseline)).expect("baselines serialize"))
-}
-
-/// The baseline a frozen config describes.
-pub fn baseline_of(config: &crate::frozen::FrozenConfig) -> cortexkit_role_llm_runner::baseline::Baseline {
-    use cortexkit_role_llm_runner::baseline::{AbsentItem, Baseline, BaselineItem};
-    let tool_names: Vec<String> = config.tools.iter().map(|t| t.name.clone()).collect();
-    let Some(plan) = &config.plan else { return Baseline::plan_less(tool_names) };
-    let tool_items = plan.items.iter().map(|i| BaselineItem::new(&i.provider, &i.catalog_digest).with_item("tools"));
-    let text_items = plan.texts.iter().map(|t| {
-        BaselineItem::new(&t.provider, &t.item_digest)
-            .with_item("system_text")
-            .with_preflight_digest(&t.preflight_digest)
-    });
-    let items = tool_items.chain(text_items).collect();
-    let absent = plan
-        .absent
-        .iter()
-        .map(|a| AbsentItem {
-            provider: a.provider.clone(),
-            kind: a.kind.clone(),
-            reason: a.reason.clone(),
-            provider_code: a.provider_code.clone(),
-        })
-        .filter(|a| a.check().is_ok())
-        .collect();
-    let mut baseline = Baseline::plan_less(tool_names).with_absent_items(absent);
-    baseline.items = items;
-    baseline.composition_digest = plan.composition_digest.clone();
-    baseline
-}
-
-/// The frozen config of the session's first durable `RunStarted`, reading only as far as it.
-fn first_episode_config(reader: &Reader) -> Result<Option<Frozen>, crate::lineage::LineageError> {
-    struct FirstConfig(Option<Frozen>);
-    impl Sink for FirstConfig {
-        fn record(&mut self, _seq: u64, record: &Record) -> bool {
-            if let Record::RunStarted(r) = record {
-                self.0 = Some(r.config.clone());
-            }
-            // Stop the scan at the first episode: it is all this needs.
-            self.0.is_none()
+    // The last run's status as `run.status` serves it (an orphan a previous process left is
+    // sealed first), so the head and `run.status` never disagree.
+    let status = super::status::status_of(ops, key, None)?;
+    let page = read::transcript(&reader, u64::MAX, 0).map_err(|e| e.refusal())?;
+    let last = page.state.last.as_ref();
+    let last_run_error = match (&status.state, &status.error) {
+        (RunState::Finished(FinishReason::Error), Some(error)) => {
+            Some(LastRunError { class: error.class_name(), retry_after_secs: None })
         }
-    }
-    let mut sink = FirstConfig(None);
-    reader.scan(Start::Beginning, &mut sink)?;
-    Ok(sink.0)
+        _ => None,
+    };
+    let last_run_state = status.run_id.clone().map(|run_id| LastRunState {
+        run_id,
+        state: status.state.as_str().to_owned(),
+        reason: status.reason.map(str::to_owned),
+    });
+    let updated_at = std::fs::metadata(reader.path())
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_millis() as u64);
+    let model = last.and_then(|e| e.config.config()).map(|c| HeadModel {
+        provider: c.provider.clone(),
+        model: c.model.clone(),
+        variant: c.variant.clone(),
+    });
+    let answer = HeadMeta {
+        last_ordinal: page.prompt_len.checked_sub(1).map(served_ordinal),
+        first_ordinal: Some(1),
+        history_version: HISTORY_VERSION,
+        incarnation: page.incarnation.clone(),
+        head: page.head,
+        last_run_state,
+        last_run_error,
+        updated_at,
+        model,
+        usage: page
+            .state
+            .usage_since
+            .clone()
+            .map(|since| SessionUsage { usage: page.state.session_usage.clone(), since }),
+        title: last.and_then(|e| e.title.clone()),
+        lineage_id: Some(lineage_id),
+    };
+    Ok(super::body(answer))
 }

@@ -40,6 +40,7 @@ fn run_body(ops: &Ops, facts: &RunFacts) -> RunStatus {
         // Every acknowledged steer reaches the transcript before its run's terminal; these
         // came after the run's last model step, so no model of the run saw them.
         out.undelivered_steers = Some(facts.undelivered_steers.clone());
+        out.finish = facts.finish.as_deref().map(finish_name);
     }
     if facts.phase == RunPhase::Active {
         out.step = ops.registry.steps().get(&facts.run_id);
@@ -51,7 +52,7 @@ pub(super) fn run_status(ops: &Ops, key: &SessionKey, request: StatusRequest) ->
     status_of(ops, key, request.run_id).map(super::body)
 }
 
-fn status_of(ops: &Ops, key: &SessionKey, run_id: Option<String>) -> Result<RunStatus, Refusal> {
+pub(super) fn status_of(ops: &Ops, key: &SessionKey, run_id: Option<String>) -> Result<RunStatus, Refusal> {
     let idle = || RunStatus::bare(None, RunState::Idle);
     let Some(mut page) = snapshot(ops, key)? else {
         return Ok(match run_id {
@@ -124,7 +125,8 @@ pub(super) fn run_result(ops: &Ops, key: &SessionKey, request: ResultRequest) ->
         out.finish_reason = Some(reason.as_str());
         let reader = Reader::open(shared, key).ok_or_else(unknown)?;
         let final_message = read::last_message_of_run(&reader, &run_id, Role::Assistant).map_err(|e| e.refusal())?;
-        if let Some((ordinal, message)) = final_message {
+        if let Some((internal, message)) = final_message {
+            let ordinal = crate::lineage::projection::served_ordinal(internal);
             let text: String = message
                 .content
                 .iter()
@@ -133,7 +135,7 @@ pub(super) fn run_result(ops: &Ops, key: &SessionKey, request: ResultRequest) ->
                     _ => None,
                 })
                 .collect();
-            out.final_message = Some(FinalMessage { ordinal, mid: format!("m{ordinal}"), text });
+            out.final_message = Some(FinalMessage { ordinal, mid: crate::lineage::projection::mid(internal), text });
             let frame = serde_json::to_vec(&json!({"result": &out})).map_or(0, |b| b.len()) + subc_protocol::HEADER_LEN;
             if frame > subc_protocol::MAX_DELIVERED_FRAME_LEN {
                 let subject = json!({"kind": "message", "session": key.session, "ordinal": ordinal});
@@ -162,5 +164,19 @@ pub(super) fn send_status(ops: &Ops, key: &SessionKey, request: SendStatusReques
     let addr = key.addr();
     let row = ledger::send(store, &addr, &page, SendLookup::SendId(&send_id)).map_err(|e| e.refusal())?;
     let Some(row) = row else { return Err(unknown()) };
-    ledger::fate(store, &addr, &page, &row).map(super::body).map_err(|e| e.refusal())
+    let mut reply = ledger::fate(store, &addr, &page, &row).map_err(|e| e.refusal())?;
+    reply.baseline = ledger::first_baseline(&page, &row);
+    Ok(super::body(reply))
+}
+
+/// A recorded step finish as llm-runner §6.6 spells it: broca's decoders already normalize a
+/// provider's reason into the role's set, so a known value passes through; anything else (an
+/// older record's raw spelling) is `other`, never guessed.
+fn finish_name(recorded: &str) -> String {
+    match recorded {
+        "stop" | "length" | "content_filter" | "tool_calls" | "error" | "other" => recorded.to_owned(),
+        // A model's refusal (openai chat's `refusal` member) is filtered generation.
+        "refusal" => "content_filter".to_owned(),
+        _ => "other".to_owned(),
+    }
 }

@@ -38,6 +38,8 @@ pub const OPS: &[OpSpec] = &[
     op("session.send", OpKind::Write),
     op("session.retract", OpKind::Write),
     op("session.read", OpKind::Query),
+    op("session.head", OpKind::Query),
+    op("session.history", OpKind::Query),
     op("run.status", OpKind::Query),
     op("run.result", OpKind::Query),
     op("run.cancel", OpKind::Write),

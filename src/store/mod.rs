@@ -27,8 +27,19 @@ use crate::message::Message;
 use crate::replay::{Effect, Replay, RunState, SendFate};
 use crate::session_key::SessionKey;
 
+/// One transcript message with the facts a read serves beside it (internal 0-based ordinal).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    pub ordinal: u64,
+    /// The run whose episode the message belongs to.
+    pub run_id: String,
+    /// Its recorded write time (unix ms), when one was recorded.
+    pub written_at: Option<u64>,
+    pub message: Message,
+}
+
 /// Bumped when derived tables change shape.
-const SCHEMA_VERSION: i64 = 3;
+const SCHEMA_VERSION: i64 = 5;
 
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS lineages (
@@ -47,6 +58,7 @@ CREATE TABLE IF NOT EXISTS transcript (
     ordinal INTEGER NOT NULL,
     run_id TEXT NOT NULL,
     wal_seq INTEGER NOT NULL,
+    written_at INTEGER,
     message TEXT NOT NULL,
     PRIMARY KEY (lineage, ordinal)
 ) WITHOUT ROWID;
@@ -69,6 +81,7 @@ CREATE TABLE IF NOT EXISTS runs (
     auth_selection TEXT,
     detail TEXT,
     undelivered_steers TEXT,
+    finish TEXT,
     PRIMARY KEY (lineage, run_id)
 );
 CREATE INDEX IF NOT EXISTS runs_by_id ON runs (run_id);
@@ -201,6 +214,8 @@ pub struct RunRow {
     pub detail: Option<String>,
     /// The steers the run never showed a model (JSON list), once it finished.
     pub undelivered_steers: Option<String>,
+    /// The normalized finish of the run's last model step, once it finished.
+    pub finish: Option<String>,
 }
 
 /// How a ledger row is looked up.
@@ -428,12 +443,12 @@ impl Store {
         let tx = conn.transaction()?;
         for effect in &batch.effects {
             match effect {
-                Effect::Message { ordinal, run_id, seq, message } => {
+                Effect::Message { ordinal, run_id, seq, written_at, message } => {
                     let json = serde_json::to_string(message).expect("messages serialize");
                     tx.prepare_cached(
-                        "INSERT OR REPLACE INTO transcript (lineage, ordinal, run_id, wal_seq, message) VALUES (?1, ?2, ?3, ?4, ?5)",
+                        "INSERT OR REPLACE INTO transcript (lineage, ordinal, run_id, wal_seq, written_at, message) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                     )?
-                    .execute(params![at.lineage, *ordinal as i64, run_id, *seq as i64, json])?;
+                    .execute(params![at.lineage, *ordinal as i64, run_id, *seq as i64, written_at.map(|t| t as i64), json])?;
                 }
                 Effect::RunState { run_id, submission_id, state, seq } => {
                     at.put_run_state(&tx, run_id, submission_id.as_deref(), state, *seq)?
@@ -455,19 +470,25 @@ impl Store {
 
     /// Materialized messages `[from, from + limit)` of a lineage, in ordinal order.
     pub fn messages(&self, lineage: &str, from: u64, limit: u64) -> Result<Vec<(u64, Message)>, StoreError> {
+        Ok(self.entries(lineage, from, limit)?.into_iter().map(|e| (e.ordinal, e.message)).collect())
+    }
+
+    /// Materialized entries `[from, from + limit)` with their run and write time.
+    pub fn entries(&self, lineage: &str, from: u64, limit: u64) -> Result<Vec<Entry>, StoreError> {
         let conn = self.reader()?;
         let mut stmt = conn.prepare_cached(
-            "SELECT ordinal, message FROM transcript WHERE lineage = ?1 AND ordinal >= ?2 ORDER BY ordinal LIMIT ?3",
+            "SELECT ordinal, run_id, written_at, message FROM transcript WHERE lineage = ?1 AND ordinal >= ?2 ORDER BY ordinal LIMIT ?3",
         )?;
         let rows = stmt.query_map(params![lineage, from as i64, limit.min(i64::MAX as u64) as i64], |r| {
-            Ok((r.get::<_, i64>(0)? as u64, r.get::<_, String>(1)?))
+            let written_at = r.get::<_, Option<i64>>(2)?.map(|t| t as u64);
+            Ok((r.get::<_, i64>(0)? as u64, r.get::<_, String>(1)?, written_at, r.get::<_, String>(3)?))
         })?;
         let mut out = Vec::new();
         for row in rows {
-            let (ordinal, json) = row?;
+            let (ordinal, run_id, written_at, json) = row?;
             let message =
                 serde_json::from_str(&json).map_err(|e| StoreError::Damaged(format!("message {ordinal}: {e}")))?;
-            out.push((ordinal, message));
+            out.push(Entry { ordinal, run_id, written_at, message });
         }
         Ok(out)
     }
@@ -500,7 +521,7 @@ impl Store {
         let conn = self.reader()?;
         let row = conn
             .query_row(
-                "SELECT run_id, lineage, session, submission_id, state, reason, error, terminal, wal_path, title, usage, auth_selection, detail, undelivered_steers FROM runs
+                "SELECT run_id, lineage, session, submission_id, state, reason, error, terminal, wal_path, title, usage, auth_selection, detail, undelivered_steers, finish FROM runs
                  WHERE run_id = ?1 ORDER BY updated_seq DESC LIMIT 1",
                 [run_id],
                 |r| {
@@ -519,6 +540,7 @@ impl Store {
                         auth_selection: r.get(11)?,
                         detail: r.get(12)?,
                         undelivered_steers: r.get(13)?,
+                        finish: r.get(14)?,
                     })
                 },
             )
@@ -590,21 +612,24 @@ impl FlushAt<'_> {
             RunState::Active { title, auth_selection, .. } => (title.clone(), auth_selection.as_ref().map(json_string)),
             _ => (None, None),
         };
-        let (usage, detail, undelivered) = match state {
-            RunState::Finished { usage, detail, undelivered_steers, .. } => {
-                (Some(json_string(usage)), detail.as_ref().map(json_string), Some(json_string(undelivered_steers)))
-            }
-            _ => (None, None, None),
+        let (usage, detail, undelivered, finish) = match state {
+            RunState::Finished { usage, detail, undelivered_steers, finish, .. } => (
+                Some(json_string(usage)),
+                detail.as_ref().map(json_string),
+                Some(json_string(undelivered_steers)),
+                finish.clone(),
+            ),
+            _ => (None, None, None, None),
         };
         let key = self.key;
         tx.prepare_cached(
-            "INSERT INTO runs (run_id, lineage, session, harness, project_root, submission_id, state, reason, error, terminal, wal_path, started_seq, updated_seq, title, usage, auth_selection, detail, undelivered_steers)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13, ?14, ?15, ?16, ?17)
+            "INSERT INTO runs (run_id, lineage, session, harness, project_root, submission_id, state, reason, error, terminal, wal_path, started_seq, updated_seq, title, usage, auth_selection, detail, undelivered_steers, finish)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13, ?14, ?15, ?16, ?17, ?18)
              ON CONFLICT (lineage, run_id) DO UPDATE SET state = excluded.state, reason = excluded.reason,
                  error = excluded.error, terminal = excluded.terminal, updated_seq = excluded.updated_seq,
                  title = COALESCE(runs.title, excluded.title), usage = COALESCE(excluded.usage, runs.usage),
                  auth_selection = COALESCE(runs.auth_selection, excluded.auth_selection),
-                 detail = excluded.detail, undelivered_steers = excluded.undelivered_steers
+                 detail = excluded.detail, undelivered_steers = excluded.undelivered_steers, finish = excluded.finish
              WHERE runs.terminal = 0 AND excluded.updated_seq >= runs.updated_seq",
         )?
         .execute(params![
@@ -624,7 +649,8 @@ impl FlushAt<'_> {
             usage,
             auth_selection,
             detail,
-            undelivered
+            undelivered,
+            finish
         ])?;
         if let RunState::Finished { reason, usage, at_ms, .. } = state {
             insert_facts(tx, key, &self.lineage, run_id, reason.as_str(), usage, *at_ms)?;

@@ -8,6 +8,8 @@
 //! async runtime). The secret lives in memory only: [`Secret`]'s `Debug` is redacted and
 //! nothing here logs or serializes it.
 
+pub mod handles;
+
 use std::time::Duration;
 
 use cortexkit_claustrum_client::{decode_credential_reply, decode_report_auth_failure_reply, decode_wire_error};
@@ -64,9 +66,71 @@ pub trait CredentialSource: Send + Sync {
     fn report_auth_failure(&self, credential_id: &str, status: u16, record_version: &str) -> Result<bool, VaultError>;
 }
 
-/// The loop's handle on a [`CredentialSource`] (`LoopOptions.credentials`).
+/// Credentials read at admission and not yet taken by their run's first attempt. Bounded: an
+/// entry pushed out (a burst of admissions whose runs have not started) only costs its run one
+/// more vault read.
+pub const ADMITTED_CREDENTIALS_MAX: usize = 64;
+
+/// The account a run's credential belongs to, as admission read it: frozen in
+/// `RunStarted.auth_selection` beside the credential id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AccountIdentity {
+    pub account_id: Option<String>,
+    pub record_version: String,
+}
+
+/// The loop's handle on a [`CredentialSource`] (`LoopOptions.credentials`), with the hand-off
+/// from admission (which reads the credential to freeze its account) to the run's first
+/// attempt (which uses that same read instead of a second one).
+///
+/// Invariant: `admitted` holds at most [`ADMITTED_CREDENTIALS_MAX`] entries, at most one per
+/// run id, each taken at most once.
 #[derive(Clone)]
-pub struct Credentials(pub std::sync::Arc<dyn CredentialSource>);
+pub struct Credentials {
+    pub source: std::sync::Arc<dyn CredentialSource>,
+    admitted: std::sync::Arc<parking_lot::Mutex<std::collections::VecDeque<(String, Credential)>>>,
+}
+
+impl Credentials {
+    pub fn new(source: std::sync::Arc<dyn CredentialSource>) -> Credentials {
+        Credentials { source, admitted: Default::default() }
+    }
+
+    /// Admission's read of `run_id`'s credential: its account when the vault answered (the
+    /// credential waits for the run's first attempt); `None` when it refused, which the run's
+    /// own read then classifies (pause, named error, bounded retries).
+    pub fn read_at_admission(&self, run_id: &str, credential_id: &str) -> Option<AccountIdentity> {
+        match self.source.get_scoped(credential_id, None) {
+            Ok(credential) => {
+                let account = AccountIdentity {
+                    account_id: credential.account_id.clone(),
+                    record_version: credential.record_version.clone(),
+                };
+                let mut admitted = self.admitted.lock();
+                admitted.retain(|(run, _)| run != run_id);
+                if admitted.len() >= ADMITTED_CREDENTIALS_MAX {
+                    admitted.pop_front();
+                }
+                admitted.push_back((run_id.to_owned(), credential));
+                Some(account)
+            }
+            Err(e) => {
+                log::info!(
+                    "run {run_id}: admission's vault read of '{credential_id}' refused ({}); the run reads again",
+                    e.code()
+                );
+                None
+            }
+        }
+    }
+
+    /// The credential admission read for `run_id`, once.
+    pub fn take_admitted(&self, run_id: &str) -> Option<Credential> {
+        let mut admitted = self.admitted.lock();
+        let at = admitted.iter().position(|(run, _)| run == run_id)?;
+        admitted.remove(at).map(|(_, credential)| credential)
+    }
+}
 
 impl std::fmt::Debug for Credentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

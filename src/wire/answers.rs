@@ -27,7 +27,7 @@ pub struct Delivered {
 
 /// `session.send`'s answer. Built only through its constructors, so each state carries exactly
 /// the members the spec gives it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct SendReply {
     pub state: SendState,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -42,11 +42,23 @@ pub struct SendReply {
     pub submission_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub delivered: Option<Delivered>,
+    /// On the send that admitted the session's first episode (and its keyed re-send): the
+    /// baseline `session.baseline` serves, from the config the send froze (llm-runner §10).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<cortexkit_role_llm_runner::baseline::Baseline>,
 }
 
 impl SendReply {
     fn bare(state: SendState) -> SendReply {
-        SendReply { state, run_id: None, reason: None, pause_reason: None, submission_id: None, delivered: None }
+        SendReply {
+            state,
+            run_id: None,
+            reason: None,
+            pause_reason: None,
+            submission_id: None,
+            delivered: None,
+            baseline: None,
+        }
     }
 
     /// The send runs (or joined) `run_id`; `submission_id` when the send started it.

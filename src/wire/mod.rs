@@ -10,7 +10,9 @@
 //!   spec writes them (a plain JSON map would sort them).
 
 pub mod answers;
+pub mod history;
 pub mod plan;
+pub mod read;
 pub mod requests;
 pub mod send;
 pub mod status;
@@ -122,6 +124,18 @@ pub enum RefusalCode {
     ToolNameCollision,
     /// A provider's catalog answer is unusable (`detail {provider, reason}`).
     PlanStale,
+    /// A read names a history version other than the session's.
+    HistoryChanged,
+    /// A read names a lineage other than the session's.
+    LineageChanged,
+    /// A read's `after_mid` names no message of the session.
+    UnknownMid,
+    /// A history position names an ordinal the session never assigned.
+    UnknownOrdinal,
+    /// A history cursor no longer names a page (another session's).
+    CursorExpired,
+    /// A history page holds an entry without a recorded creation time.
+    HistoryUnrepresentable,
 }
 
 impl RefusalCode {
@@ -160,6 +174,12 @@ impl RefusalCode {
             RefusalCode::FetchUnavailable => "fetch_unavailable",
             RefusalCode::ToolNameCollision => "tool_name_collision",
             RefusalCode::PlanStale => "plan_stale",
+            RefusalCode::HistoryChanged => "history_changed",
+            RefusalCode::LineageChanged => "lineage_changed",
+            RefusalCode::UnknownMid => "unknown_mid",
+            RefusalCode::UnknownOrdinal => "unknown_ordinal",
+            RefusalCode::CursorExpired => "cursor_expired",
+            RefusalCode::HistoryUnrepresentable => "history_unrepresentable",
         }
     }
 }

@@ -50,9 +50,32 @@ pub struct SystemTextItem {
 /// Decodes and checks `plan`.
 pub fn decode(plan: &Value) -> Result<Plan, Refusal> {
     let obj = plan.as_object().ok_or_else(|| invalid_params("plan", "an object is required"))?;
+    if let Some(item) = obj.get("compaction_item") {
+        // A compaction item names its role preset explicitly (llm-runner §10.1) before the
+        // item itself is refused as unserved.
+        if item.get("preset").is_none() {
+            return Err(invalid_params("plan.compaction_item.preset", "a compaction item names its preset"));
+        }
+    }
     for refused in ["compaction_item", "step_transform_items"] {
         if obj.contains_key(refused) {
             return Err(invalid_params(&format!("plan.{refused}"), "not served by this build"));
+        }
+    }
+    // broca does not declare `output_refs`: a plan naming it on any item, even `false`, is
+    // refused before anything is fetched (llm-runner §9.13).
+    for (list_key, place) in
+        [("tool_items", "tool_items"), ("items", "tool_items"), ("system_text_items", "system_text_items")]
+    {
+        let names = obj
+            .get(list_key)
+            .and_then(Value::as_array)
+            .is_some_and(|items| items.iter().any(|i| i.get("output_refs").is_some()));
+        if names {
+            return Err(invalid_params(
+                &format!("plan.{place}[].output_refs"),
+                "output_refs is not served by this build",
+            ));
         }
     }
     let (key, items) = match (obj.get("tool_items"), obj.get("items")) {

@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::{invalid_params, strict, Refusal};
+use super::{invalid_params, strict, Refusal, RefusalCode};
 use crate::record::CancelAt;
 use crate::session_key::SessionKey;
 
@@ -26,12 +26,36 @@ pub struct CancelRequest {
     pub at: CancelAt,
 }
 
-/// `session.read {from_ordinal?, limit?}`; `from_ordinal: None` asks for the newest page.
+/// The history version every broca session serves: its history is append-only, never
+/// rewritten, so the version never moves (spec §4: "its history version is zero").
+pub const HISTORY_VERSION: u64 = 0;
+/// The largest `session.read` page in bytes, and the default (spec §4: 3 MiB).
+pub const READ_MAX_BYTES: u64 = 3 << 20;
+
+/// Where a `session.read` page starts. Ordinals here are the served ones (from 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadCursor {
+    /// The newest page.
+    Tail,
+    /// Forward from this served ordinal (0 is an alias of 1).
+    From(u64),
+    /// Strictly after the message `m<ordinal>`.
+    After(u64),
+}
+
+/// `session.read` (spec §4 ∪ llm-runner/v1 §4.1): `{from_ordinal?, after_mid?,
+/// history_version?, lineage_id?, limit?, max_bytes?, include_tools?, include_originals?, view?,
+/// media?}`. Strict: an unknown member (also `include_rich_ui` and `include_display_facts`,
+/// whose groups broca does not declare) is refused naming it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReadRequest {
-    pub from_ordinal: Option<u64>,
+    pub cursor: ReadCursor,
     /// Clamped to [`READ_MAX_LIMIT`]; never 0.
     pub limit: u64,
+    /// Clamped to [`READ_MAX_BYTES`]; never 0.
+    pub max_bytes: u64,
+    /// Add the tools of the session's latest run (`tools`, `tools_run_id`).
+    pub include_tools: bool,
 }
 
 /// `run.status {session?, run_id?}`; no `run_id` asks for the session's last episode.
@@ -90,16 +114,103 @@ impl CancelRequest {
     }
 }
 
+/// The members `session.read` reads.
+const READ_MEMBERS: [&str; 10] = [
+    "from_ordinal",
+    "after_mid",
+    "history_version",
+    "lineage_id",
+    "limit",
+    "max_bytes",
+    "include_tools",
+    "include_originals",
+    "view",
+    "media",
+];
+
 impl ReadRequest {
-    pub fn decode(params: &Value) -> Result<Self, Refusal> {
-        strict(params, &["from_ordinal", "limit"])?;
+    /// Decodes and checks a read against the session's lineage id: members are checked in the
+    /// order the goldens pin, then the cursor, then the cache identity (a read naming another
+    /// history version or lineage is refused whatever its mode).
+    pub fn decode(params: &Value, lineage_id: &str) -> Result<Self, Refusal> {
+        strict(params, &READ_MEMBERS)?;
         let limit = match count(params, "limit")? {
             Some(0) => return Err(invalid_params("limit", "must be at least 1")),
             Some(n) => n.min(READ_MAX_LIMIT),
             None => READ_DEFAULT_LIMIT,
         };
-        let from_ordinal = count(params, "from_ordinal")?;
-        Ok(ReadRequest { from_ordinal, limit })
+        let max_bytes = match count(params, "max_bytes")? {
+            Some(0) => return Err(invalid_params("max_bytes", "must be at least 1")),
+            Some(n) => n.min(READ_MAX_BYTES),
+            None => READ_MAX_BYTES,
+        };
+        let include_tools = flag(params, "include_tools")?;
+        // No hook changes a broca message, so no entry has originals to add.
+        flag(params, "include_originals")?;
+        match params.get("view") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(v)) if v == "raw" => {}
+            Some(_) => return Err(invalid_params("view", "only \"raw\" is served")),
+        }
+        match params.get("media") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(m)) if m == "inline" => {}
+            Some(_) => return Err(invalid_params("media", "only \"inline\" is served")),
+        }
+        let from = count(params, "from_ordinal")?;
+        let after = optional_string(params, "after_mid")?;
+        let history_version = count(params, "history_version")?;
+        let lineage = optional_string(params, "lineage_id")?;
+        let cursor = match (after, from) {
+            (Some(_), Some(_)) => return Err(invalid_params("from_ordinal", "excludes after_mid")),
+            (Some(_), None) if history_version.is_none() && lineage.is_none() => {
+                return Err(invalid_params("history_version", "after_mid needs the page's history_version"))
+            }
+            (Some(mid), None) => ReadCursor::After(parse_mid(&mid)?),
+            (None, Some(from)) => ReadCursor::From(from.max(1)),
+            (None, None) => ReadCursor::Tail,
+        };
+        if let Some(v) = history_version.filter(|&v| v != HISTORY_VERSION) {
+            let message =
+                format!("history version {v} is not the session's ({HISTORY_VERSION}): read again from the tail");
+            let detail = crate::detail!("history_version" => HISTORY_VERSION);
+            return Err(Refusal::new(RefusalCode::HistoryChanged, message, Some(detail)));
+        }
+        if let Some(l) = lineage.filter(|l| l != lineage_id) {
+            let message = format!("lineage {l} is not the session's: read again from the tail");
+            return Err(Refusal::new(
+                RefusalCode::LineageChanged,
+                message,
+                Some(crate::detail!("lineage_id" => lineage_id)),
+            ));
+        }
+        Ok(ReadRequest { cursor, limit, max_bytes, include_tools })
+    }
+}
+
+/// The served ordinal a `mid` names (`m<ordinal>`, ordinal ≥ 1); anything else names no message.
+fn parse_mid(mid: &str) -> Result<u64, Refusal> {
+    match mid.strip_prefix('m').and_then(|n| n.parse::<u64>().ok()).filter(|&n| n >= 1 && mid == format!("m{n}")) {
+        Some(n) => Ok(n),
+        None => Err(unknown_mid(mid)),
+    }
+}
+
+/// `unknown_mid` naming the id.
+pub fn unknown_mid(mid: &str) -> Refusal {
+    Refusal::new(
+        RefusalCode::UnknownMid,
+        format!("no message {mid:?} in this session"),
+        Some(crate::detail!("mid" => mid)),
+    )
+}
+
+/// An optional boolean member.
+fn flag(params: &Value, field: &str) -> Result<bool, Refusal> {
+    match params.get(field) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(invalid_params(field, "must be a boolean")),
     }
 }
 
@@ -194,14 +305,14 @@ mod tests {
 
     #[test]
     fn read_limits_clamp_and_refuse_zero() {
-        assert_eq!(ReadRequest::decode(&json!({"limit": 5000})).unwrap().limit, READ_MAX_LIMIT);
-        assert_eq!(ReadRequest::decode(&Value::Null).unwrap().limit, READ_DEFAULT_LIMIT);
+        assert_eq!(ReadRequest::decode(&json!({"limit": 5000}), "l").unwrap().limit, READ_MAX_LIMIT);
+        assert_eq!(ReadRequest::decode(&Value::Null, "l").unwrap().limit, READ_DEFAULT_LIMIT);
         assert_eq!(
-            ReadRequest::decode(&json!({"limit": 0})).unwrap_err().message,
+            ReadRequest::decode(&json!({"limit": 0}), "l").unwrap_err().message,
             "invalid params: limit: must be at least 1"
         );
         // `limit` is checked before `from_ordinal`.
-        let e = ReadRequest::decode(&json!({"limit": -1, "from_ordinal": "x"})).unwrap_err();
+        let e = ReadRequest::decode(&json!({"limit": -1, "from_ordinal": "x"}), "l").unwrap_err();
         assert_eq!(e.message, "invalid params: limit: a non-negative integer is required");
     }
 

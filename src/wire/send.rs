@@ -32,6 +32,7 @@ const READ: &[&str] = &[
     "on_restart",
     "tools",
     "plan",
+    "route_decision_id",
 ];
 
 /// Members that make up a send's identity, in the order a `send_id_reuse` names the first
@@ -91,6 +92,10 @@ pub struct SendParams {
     pub tools: Option<Vec<ToolSpec>>,
     /// The session's fetch plan (decided against the frozen one on the actor).
     pub plan: Option<super::plan::Plan>,
+    /// The caller's routing decision, fixed per run (llm-runner §9.3.3).
+    pub route_decision_id: Option<String>,
+    /// Why the send's `tools` list is malformed, refused once the session is known.
+    pub tools_fault: Option<Refusal>,
     /// Field → SHA-256 of its canonical JSON, for keyed re-sends.
     pub identity: BTreeMap<String, String>,
 }
@@ -164,7 +169,12 @@ pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
         Some(Value::String(c)) if crate::config::valid_session_class(c) => Some(c.clone()),
         Some(_) => return Err(invalid_params("session_class", "a label matching [a-z0-9_-]{1,32} is required")),
     };
-    let retention = positive(params, "/retention", "retention")?;
+    // The `retention` group is not served yet: a retention is refused, never ignored
+    // (llm-runner §9.1), and nothing is written.
+    if obj.contains_key("retention") {
+        return Err(invalid_params("retention", "retention is not served by this build (the group is not declared)"));
+    }
+    let retention = None;
     let cache = match obj.get("cache") {
         None => None,
         Some(c) => Some(cache(c)?),
@@ -205,18 +215,35 @@ pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
             return Err(invalid_params("seed_from", "only a fresh origin is supported"));
         }
     }
-    let tools = match obj.get("tools") {
-        None | Some(Value::Null) => None,
-        Some(t) => Some(tools(t)?),
+    // A malformed tool list is refused only once the session is known: a session whose plan
+    // froze its tools refuses any `tools` naming `tools` (llm-runner §9.3.1), whatever it holds.
+    let (tools, tools_fault) = match obj.get("tools") {
+        None | Some(Value::Null) => (None, None),
+        Some(t) => match tools(t) {
+            Ok(list) => (Some(list), None),
+            Err(fault) => (None, Some(fault)),
+        },
     };
     let plan = match obj.get("plan") {
         None | Some(Value::Null) => None,
         Some(p) => Some(super::plan::decode(p)?),
     };
-    if plan.is_some() && tools.is_some() {
+    // Beside a plan only `tools: []` (offer the model no tools at all) has a meaning.
+    if plan.is_some() && (tools.as_ref().is_some_and(|t| !t.is_empty()) || tools_fault.is_some()) {
         return Err(invalid_params("tools", "a send with a fetch plan takes its tools from the plan"));
     }
-    let system = obj.get("system").and_then(text).filter(|s| !s.trim().is_empty());
+    let system = match obj.get("system") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()).filter(|s| !s.trim().is_empty()),
+        Some(_) => return Err(invalid_params("system", "a string is required")),
+    };
+    let route_decision_id = match obj.get("route_decision_id") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(d)) if !d.is_empty() && d.len() <= 256 && !d.chars().any(char::is_control) => {
+            Some(d.clone())
+        }
+        Some(_) => return Err(invalid_params("route_decision_id", "a string of 1-256 bytes is required")),
+    };
     let identity = identity(obj, delivery);
     Ok(SendParams {
         prompt,
@@ -236,6 +263,8 @@ pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
         conversation_key,
         tools,
         plan,
+        route_decision_id,
+        tools_fault,
         identity,
     })
 }

@@ -5,7 +5,7 @@ use serde::{Serialize, Serializer};
 use serde_json::Value;
 
 use super::answers::Delivered;
-use crate::message::{Message, RunUsage};
+use crate::message::RunUsage;
 use crate::record::{pause_name, ErrorClass, FinishReason, PauseReason, ProviderError};
 
 /// One in-flight model step (`run.status`'s optional `step`, spec §14). Timestamps are Unix
@@ -71,6 +71,13 @@ pub struct WireError {
     pub status: Option<u16>,
 }
 
+impl WireError {
+    /// The class as the wire spells it.
+    pub fn class_name(&self) -> String {
+        serde_json::to_value(self.class).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()
+    }
+}
+
 impl From<&ProviderError> for WireError {
     fn from(e: &ProviderError) -> WireError {
         let class_name = || serde_json::to_value(e.class).ok().and_then(|v| v.as_str().map(String::from));
@@ -110,6 +117,10 @@ pub struct RunStatus {
     /// Present once the run finished.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub undelivered_steers: Option<Vec<String>>,
+    /// The normalized finish of the run's last model step (llm-runner §6.6), once it ended and
+    /// when that step reported one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finish: Option<String>,
     /// The model step in flight, while the run is active here.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub step: Option<StepSnapshot>,
@@ -132,6 +143,7 @@ impl RunStatus {
             title: None,
             auth_selection: None,
             undelivered_steers: None,
+            finish: None,
             step: None,
             delivered: None,
         }
@@ -178,6 +190,8 @@ pub struct RunResult {
     pub finish_reason: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub final_message: Option<FinalMessage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finish: Option<String>,
 }
 
 impl RunResult {
@@ -195,41 +209,9 @@ impl RunResult {
             auth_selection: status.auth_selection,
             finish_reason: None,
             final_message: None,
+            finish: status.finish,
         }
     }
-}
-
-/// One `session.read` entry.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct PageItem<'a> {
-    pub ordinal: u64,
-    pub mid: String,
-    pub message: &'a Message,
-    /// An assistant message's dispatch facts, one per tool call in planned order.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tool_calls: Option<Vec<ReadToolCall>>,
-}
-
-/// A tool call's dispatch facts on the message that asked for it (spec §4).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ReadToolCall {
-    pub tool_call_id: String,
-    pub call_key: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub dispatched_to: Option<String>,
-    /// The call may have run and no answer is known.
-    pub indeterminate: bool,
-}
-
-/// A `session.read` page.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct ReadPage<'a> {
-    pub messages: Vec<PageItem<'a>>,
-    pub lineage_state: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub next_from_ordinal: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub head: Option<crate::replay::Cursor>,
 }
 
 #[cfg(test)]

@@ -10,7 +10,8 @@ use std::path::Path;
 use serde_json::Value;
 
 /// The stable form of `body`: `sub-<hex>` ids become `sub-1`, `sub-2`, … (a run id keeps its
-/// `run-` prefix), `*_ms` numbers become 1700000000000, and `root` (when given) `<root>`.
+/// `run-` prefix), `*_ms`, `written_at` and `updated_at` numbers become 1700000000000, a WAL
+/// `incarnation` UUID `<incarnation>`, and `root` (when given) `<root>`.
 pub fn normalize(body: &str, root: Option<&str>) -> String {
     let mut text = body.to_string();
     if let Some(root) = root {
@@ -26,8 +27,11 @@ fn walk(v: &mut Value, ids: &mut HashMap<String, String>) {
     match v {
         Value::Object(map) => {
             for (k, child) in map.iter_mut() {
-                if k.ends_with("_ms") && child.is_u64() {
+                let time = k.ends_with("_ms") || k == "written_at" || k == "updated_at";
+                if time && child.is_u64() {
                     *child = Value::from(1_700_000_000_000u64);
+                } else if k == "incarnation" && child.as_str().is_some_and(|s| s.len() == 36) {
+                    *child = Value::from("<incarnation>");
                 } else {
                     walk(child, ids);
                 }

@@ -380,7 +380,7 @@ async fn scenario(conn_file: &std::path::Path, model: Value, checks: &mut Checks
     let mids: Vec<&str> =
         page["messages"].as_array().map(|m| m.iter().filter_map(|m| m["mid"].as_str()).collect()).unwrap_or_default();
     checks
-        .ensure("session.read shows 2 messages, m0 and m1", mids == ["m0", "m1"], || format!("session.read: {page}"))?;
+        .ensure("session.read shows 2 messages, m1 and m2", mids == ["m1", "m2"], || format!("session.read: {page}"))?;
     let roles: Vec<&str> = page["messages"]
         .as_array()
         .map(|m| m.iter().filter_map(|m| m["message"]["role"].as_str()).collect())
@@ -425,7 +425,7 @@ async fn scenario(conn_file: &std::path::Path, model: Value, checks: &mut Checks
     let page = ok_op(&consumer, &session, "session.read", json!({})).await?;
     let mids: Vec<&str> =
         page["messages"].as_array().map(|m| m.iter().filter_map(|m| m["mid"].as_str()).collect()).unwrap_or_default();
-    checks.ensure("session.read shows 4 messages, m0 to m3", mids == ["m0", "m1", "m2", "m3"], || {
+    checks.ensure("session.read shows 4 messages, m1 to m4", mids == ["m1", "m2", "m3", "m4"], || {
         format!("session.read: {page}")
     })?;
     let latest = ok_op(&consumer, &session, "run.status", json!({})).await?;
@@ -444,6 +444,8 @@ async fn scenario(conn_file: &std::path::Path, model: Value, checks: &mut Checks
     )?;
 
     let _ = sub.unsubscribe();
+
+    handoff_under_a_running_turn(conn_file, &consumer, &session, &model, checks).await?;
 
     // Resubscribing across SIGKILLs of broca (the daemon respawns it): one subscriber on its
     // own connection comes back from its last cursor after each kill and must see exactly the
@@ -815,4 +817,62 @@ async fn resubscribe_across_kills(
     } else {
         Err(problems.join("; "))
     }
+}
+
+/// A reader's handoff (llm-runner §7): `session.read` while a turn streams, then
+/// `session.subscribe {from: <the page's head>}`; the control units it gets must be exactly the
+/// durable units after that head (no gap, no duplicate), as a `from: "start"` subscription of
+/// the same session sees them.
+async fn handoff_under_a_running_turn(
+    conn_file: &std::path::Path,
+    consumer: &SubcConsumer,
+    base_session: &str,
+    model: &Value,
+    checks: &mut Checks,
+) -> Result<(), Failure> {
+    let url = mock_url(conn_file)?;
+    let session = format!("{base_session}-handoff");
+    let mut events: Vec<Value> = (0..10).map(|i| json!({"text": format!("w{i} ")})).collect();
+    events = events.into_iter().flat_map(|e| [e, json!({"delay_ms": 60})]).collect();
+    events.push(json!({"finish": "stop"}));
+    let script = json!({"responses": [{"events": events}]}).to_string();
+    let (status, body) = mock_http(&url, "POST", "/_mock/lanes/default/script", &script)?;
+    if status != 204 {
+        return Err(format!("broca-mock refused the script ({status}): {body}"));
+    }
+    let recorded = mock_recorded(&url)?;
+    let sent =
+        ok_op(consumer, &session, "session.send", json!({"prompt": "stream for a handoff", "model": model})).await?;
+    let run_id = run_id_of(&sent)?;
+    let until = Instant::now() + STEP;
+    while mock_recorded(&url)? <= recorded && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let page = ok_op(consumer, &session, "session.read", json!({})).await?;
+    let head = page["head"].clone();
+    let identity = BindIdentity::new(HARNESS, session.as_str());
+    let body = json!({"method": "session.subscribe", "params": {"from": head}}).to_string().into_bytes();
+    let mut from_head = consumer
+        .subscribe(target(), identity.clone(), body, SubscribeOptions::default())
+        .await
+        .map_err(|e| format!("session.subscribe from the read's head: {e:?}"))?;
+    let after = until_finished(&mut from_head, &run_id, "").await?;
+    let _ = from_head.unsubscribe();
+    let body = json!({"method": "session.subscribe", "params": {"from": "start"}}).to_string().into_bytes();
+    let mut from_start = consumer
+        .subscribe(target(), identity, body, SubscribeOptions::default())
+        .await
+        .map_err(|e| format!("session.subscribe from start: {e:?}"))?;
+    let all = until_finished(&mut from_start, &run_id, "").await?;
+    let _ = from_start.unsubscribe();
+    let key = |c: &Value| (c["wal_seq"].as_u64().unwrap_or(0), c["sub_index"].as_u64().unwrap_or(0));
+    let head_key = key(&head);
+    let expected: Vec<(u64, u64)> = all.control.iter().map(|(c, _)| key(c)).filter(|c| *c > head_key).collect();
+    let got: Vec<(u64, u64)> = after.control.iter().map(|(c, _)| key(c)).collect();
+    checks.ensure(
+        "read -> subscribe(from: head) under a running turn: exactly the durable units after the head",
+        !head.is_null() && !got.is_empty() && got == expected,
+        || format!("head {head}; after it {got:?}; durable {expected:?}"),
+    )
 }

@@ -473,7 +473,7 @@ fn run_loop(
     h.mock.install("tool-loop", loop_script());
     let mut lineage = shared.open_lineage(key).map_err(|e| format!("lineage: {e:?}"))?;
     let (_tx, rx) = crossbeam_channel::unbounded();
-    agent::admit(&mut lineage, "run-bench", None, config, Message::user_text("go"), None)
+    agent::admit(&mut lineage, "run-bench", None, config, Message::user_text("go"), None, None)
         .map_err(|e| format!("admit: {e:?}"))?;
     let start = Instant::now();
     let outcome = agent::drive(&mut lineage, client, tools, &rx, &LoopOptions::default(), &mut |_| {})

@@ -93,6 +93,7 @@
 //! | `"hang": true` (`"ignore_cancel": true`) | never answers; answers `cancelled` on CANCEL (or not even then) |
 //! | `"count": true` | answers `{key, count}`: how many times this call's key was received, this one included (across restarts sharing a call log) |
 //! | `"whoami": true` | answers what the daemon stamped on the route (principal, scope), its identity and consumer capabilities, and the call's preset, `call_key`, `tool_call_id` |
+//! | `"from_dir": "/dir"` | answers the JSON in `/dir/<hex>.json`, `<hex>` the SHA-256 of the arguments' canonical JSON (keys sorted, compact), written by a test before the call (none: refused `tool_unavailable`); while `/dir/<hex>.hold` exists the call waits (CANCEL still ends it), having created `/dir/<hex>.held`: the conformance adapter's held calls, released from outside |
 //! | `"delay_ms": n` | waits `n` ms first (≤ 24 h) |
 //! | `"delay_from": "ms"` | waits the integer argument `ms` instead, when the call has one |
 //! | `"keepalive": false` | sends no keepalives while it waits |

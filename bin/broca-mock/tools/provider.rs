@@ -476,7 +476,11 @@ impl Call<'_> {
             Err(refusal) => return self.end_refused(&request.name, &refusal),
         };
         let behaviour = tool.behaviour_for(&request.arguments, request.preset.as_deref());
-        match self.wait(behaviour, &request.arguments) {
+        let waited = match &behaviour.answer {
+            Answer::FromDir(dir) => self.hold_from_dir(dir, &request.arguments),
+            _ => self.wait(behaviour, &request.arguments),
+        };
+        match waited {
             Waited::Done => {}
             Waited::RouteClosed => return self.record_end(&request.name, Outcome::Abandoned, None),
             Waited::Cancelled => {
@@ -587,6 +591,27 @@ impl Call<'_> {
         }
     }
 
+    /// A `from_dir` call: while `<dir>/<key>.hold` exists it waits (CANCEL and a route close end
+    /// the wait), having created `<key>.held` so a test sees the call arrived.
+    fn hold_from_dir(&self, dir: &std::path::Path, arguments: &Value) -> Waited {
+        let key = from_dir_key(arguments);
+        let hold = dir.join(format!("{key}.hold"));
+        if !hold.exists() {
+            return Waited::Done;
+        }
+        if let Err(e) = std::fs::write(dir.join(format!("{key}.held")), b"") {
+            log::warn!("broca-mock cannot mark the held call {key}: {e}");
+        }
+        while hold.exists() {
+            match self.pause(Duration::from_millis(20), false) {
+                Some(Stop::Cancel) => return Waited::Cancelled,
+                Some(Stop::RouteClosed) => return Waited::RouteClosed,
+                None => {}
+            }
+        }
+        Waited::Done
+    }
+
     /// A call that never answers on its own: only CANCEL (unless ignored) or a route close ends it.
     fn hang(&self, behaviour: &Behaviour) -> Waited {
         let ignore_cancel = matches!(behaviour.answer, Answer::Hang { ignore_cancel: true });
@@ -651,6 +676,20 @@ impl Call<'_> {
             Answer::Count => {
                 let v = json!({"key": self.key, "count": count});
                 text_or_json(format!("count={count}"), v.clone(), Some(v))
+            }
+            Answer::FromDir(dir) => {
+                let path = dir.join(format!("{}.json", from_dir_key(&request.arguments)));
+                match std::fs::read(&path) {
+                    Ok(bytes) if serde_json::from_slice::<Value>(&bytes).is_ok() => Rendered::Body(bytes),
+                    Ok(_) => Rendered::Refusal(ErrorBody::new(
+                        "tool_unavailable",
+                        format!("broca-mock: {} is not JSON", path.display()),
+                    )),
+                    Err(e) => Rendered::Refusal(ErrorBody::new(
+                        "tool_unavailable",
+                        format!("broca-mock: no scripted result for these arguments ({}: {e})", path.display()),
+                    )),
+                }
             }
             Answer::WhoAmI => {
                 let v = json!({
@@ -743,6 +782,12 @@ pub fn manifest(script: &ToolScript, module_id: &str) -> subc_protocol::manifest
         }])
         .capabilities(Some(CapabilityDeclarations { provides, requires: Vec::new(), must_never_reach: Vec::new() }))
         .build()
+}
+
+/// The file stem a `from_dir` answer is found under: the SHA-256 of the arguments' canonical
+/// JSON ([`call_log::canonical_json`]), lowercase hex.
+pub fn from_dir_key(arguments: &Value) -> String {
+    super::script::sha256_hex(call_log::canonical_json(arguments).as_bytes())
 }
 
 #[cfg(test)]

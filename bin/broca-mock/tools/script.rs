@@ -107,6 +107,9 @@ pub enum Answer {
     Count,
     /// What the daemon stamped on the route, and the call's preset.
     WhoAmI,
+    /// The JSON in `<dir>/<sha256 of the canonical arguments>.json`, written by a test before
+    /// the call; while `<…>.hold` exists the call waits (its arrival marked by `<…>.held`).
+    FromDir(std::path::PathBuf),
 }
 
 /// The script's spelling of a behaviour: modifiers plus exactly one answer member.
@@ -133,6 +136,8 @@ struct BehaviourSpec {
     count: bool,
     #[serde(default)]
     whoami: bool,
+    #[serde(default)]
+    from_dir: Option<std::path::PathBuf>,
     #[serde(default)]
     delay_ms: Option<u64>,
     #[serde(default)]
@@ -214,12 +219,15 @@ impl TryFrom<BehaviourSpec> for Behaviour {
         if s.whoami {
             answers.push(Answer::WhoAmI);
         }
+        if let Some(dir) = s.from_dir {
+            answers.push(Answer::FromDir(dir));
+        }
         let answer = match answers.len() {
             0 => Answer::Echo,
             1 => answers.remove(0),
             _ => {
                 return Err(
-                    "a behaviour has one answer: echo, text, result, refuse, malformed, big, hang, count or whoami"
+                    "a behaviour has one answer: echo, text, result, refuse, malformed, big, hang, count, whoami or from_dir"
                         .into(),
                 )
             }
@@ -703,6 +711,15 @@ mod tests {
         let json = jsonc_to_json("{\"a\": \"// not a comment, ]\", /* x */ \"b\": [1, 2, ], // end\n}").unwrap();
         let v: Value = serde_json::from_str(&json).unwrap();
         assert_eq!(v, json!({"a": "// not a comment, ]", "b": [1, 2]}));
+    }
+
+    #[test]
+    fn from_dir_is_one_answer_and_excludes_the_others() {
+        let s = ToolScript::from_jsonc(r#"{"tools": [{"name": "t", "behaviour": {"from_dir": "/tmp/r"}}]}"#).unwrap();
+        assert_eq!(s.tool("t").unwrap().spec.behaviour.answer, Answer::FromDir("/tmp/r".into()));
+        let both =
+            ToolScript::from_jsonc(r#"{"tools": [{"name": "t", "behaviour": {"from_dir": "/r", "echo": true}}]}"#);
+        assert!(both.is_err_and(|e| e.to_string().contains("from_dir")));
     }
 
     #[test]

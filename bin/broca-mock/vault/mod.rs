@@ -16,7 +16,8 @@
 //!   principal (`reserved:<module id>`, listed in `principals` by module id; a `direct` route
 //!   has none) answers `{result: {payload, record_version, expires_at_ms: null, account_id?}}`;
 //!   unknown or not granted answers `{result: {error: {class: "permanent", code: "not_found"}}}`;
-//!   `state: "needs_reauth"` answers class `auth_required`, code `needs_reauth`.
+//!   `state: "needs_reauth"` answers class `auth_required`, code `needs_reauth`; `state:
+//!   "locked"` answers class `transient`, code `vault_locked` (a vault that is not unlocked yet).
 //! - `credential.get {handle}`: the same answers for the record a `ckh_` handle names.
 //! - `credential.report_auth_failure {credential_id, provider_status, record_version}`: answers
 //!   `{result: {accepted: true}}`; the report is logged with its version.
@@ -117,6 +118,7 @@ impl Vault {
         match granted {
             None => (refusal("permanent", "not_found"), "not_found", None),
             Some(r) if r.state == "needs_reauth" => (refusal("auth_required", "needs_reauth"), "needs_reauth", None),
+            Some(r) if r.state == "locked" => (refusal("transient", "vault_locked"), "vault_locked", None),
             Some(r) => {
                 let mut result = json!({"payload": r.secret, "record_version": r.record_version, "expires_at_ms": null, "credential_id": id});
                 if let Some(account) = &r.account_id {

@@ -28,8 +28,13 @@ impl<C> Driver<'_, C> {
                 Some(ProviderError::permanent("vault_unavailable", message)),
             )));
         };
+        if let Some(credential) = vault.take_admitted(&self.run_id) {
+            // Admission read it to freeze the account; the first attempt uses that read.
+            self.credential = Some(credential);
+            return Ok(None);
+        }
         for attempt in 0..=VAULT_READ_RETRIES {
-            let e = match vault.0.get_scoped(&id, None) {
+            let e = match vault.source.get_scoped(&id, None) {
                 Ok(credential) => {
                     log::info!(
                         "run {}: credential '{id}' read from the vault (record_version {})",
@@ -105,7 +110,7 @@ impl<C> Driver<'_, C> {
             return;
         };
         let Some(vault) = self.opts.credentials.clone() else { return };
-        match vault.0.report_auth_failure(&id, status, &credential.record_version) {
+        match vault.source.report_auth_failure(&id, status, &credential.record_version) {
             Ok(accepted) => log::warn!(
                 "run {}: the provider refused credential '{id}' (HTTP {status}); reported at record_version {} (accepted: {accepted})",
                 self.run_id,

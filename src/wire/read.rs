@@ -1,0 +1,141 @@
+//! The `session.read` page and the `session.head` answer (spec §4 ∪ llm-runner/v1 §4.2–§4.3,
+//! §5, §6): both documents' members in one body, so a consumer of either reads it. Served
+//! ordinals count from 1 and `mid` is `m<ordinal>`; every page and head carries the cache pair
+//! (`history_version`, `incarnation`) beside broca's `lineage_id` and `lineage_state`.
+
+use serde::Serialize;
+
+use crate::message::Message;
+use crate::replay::Cursor;
+
+/// Which run produced an entry, and whether it is that run's last message (llm-runner §6).
+/// In broca a run is one episode, so `episode` is the run id.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RunAttribution {
+    pub run_id: String,
+    pub episode: String,
+    #[serde(rename = "final")]
+    pub is_final: bool,
+}
+
+/// A tool call's dispatch facts on the message that asked for it (spec §4, llm-runner §5).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ReadToolCall {
+    pub tool_call_id: String,
+    pub call_key: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dispatched_to: Option<String>,
+    /// The call may have run and no answer is known.
+    pub indeterminate: bool,
+}
+
+/// One `session.read` entry.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ReadEntry<'a> {
+    pub ordinal: u64,
+    pub mid: String,
+    pub message: &'a Message,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run: Option<RunAttribution>,
+    /// An assistant message's dispatch facts, one per tool call in planned order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ReadToolCall>>,
+    pub role: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub written_at: Option<u64>,
+}
+
+/// A tool of the session's latest run, as `include_tools` serves it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ReadTool<'a> {
+    pub name: &'a str,
+    pub description: &'a str,
+    pub input_schema: &'a serde_json::Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub module: Option<&'a str>,
+}
+
+/// A `session.read` page.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ReadPage<'a> {
+    pub messages: Vec<ReadEntry<'a>>,
+    pub history_version: u64,
+    pub incarnation: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_from_ordinal: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub head: Option<Cursor>,
+    pub lineage_id: String,
+    pub lineage_state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<ReadTool<'a>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tools_run_id: Option<String>,
+}
+
+/// `session.head`'s `last_run_state`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LastRunState {
+    pub run_id: String,
+    pub state: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `session.head`'s `last_run_error`: the class and timing of an `error` run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LastRunError {
+    pub class: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_secs: Option<f64>,
+}
+
+/// `session.head`'s `model`: the selection a send naming no model would use next.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct HeadModel {
+    pub provider: String,
+    pub model: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
+}
+
+/// The `session.head` answer. Absent members are unknown (a never-written session carries
+/// only the cache pair).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HeadMeta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_ordinal: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_ordinal: Option<u64>,
+    pub history_version: u64,
+    pub incarnation: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub head: Option<Cursor>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_run_state: Option<LastRunState>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_run_error: Option<LastRunError>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub updated_at: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<HeadModel>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<SessionUsage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lineage_id: Option<String>,
+}
+
+/// `session.head`'s `usage` (`session_usage`): run usage's shape over every counted step of
+/// the session, with `since` naming the first counted run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SessionUsage {
+    #[serde(flatten)]
+    pub usage: crate::message::RunUsage,
+    pub since: String,
+}
+
+/// The incarnation a session with no WAL reports: no record exists, so none was minted, and a
+/// reader's cache of it is dropped once the first write mints the real one.
+pub const UNWRITTEN_INCARNATION: &str = "unwritten";

@@ -1,0 +1,316 @@
+//! The subject: `Harness` and `LlmRunnerSubject` of the published suite over real broca
+//! instances (`rig.rs`), the scripted model (`model.rs`) and the scripted tool provider
+//! (`tools.rs`). Optional fixtures this adapter cannot provide keep the suite's own default
+//! answer, which names the case not applicable or failing by name, never a pass.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use cortexkit_role_llm_runner_conformance::harness::{
+    Harness, HarnessError, KillPoint, KillReport, PointDeclaration, RouteStamp, Trigger,
+};
+use cortexkit_role_llm_runner_conformance::{
+    AttributionFixture, Capability, LlmRunnerSubject, ModelRequestObservation, Script, ToolResultLimitObservation,
+    ToolResultObservation,
+};
+use serde_json::{json, Map, Value};
+use subc_client_rs::SubcConsumer;
+use subc_protocol::BindIdentity;
+
+use crate::kill;
+use crate::model::{Model, LANE_MARKER};
+use crate::rig::{Rig, RigConfig, TOOLS};
+use crate::route::Route;
+use crate::tools::Tools;
+
+/// The harness name every session route binds (`{project_root: "/", harness, session}`).
+pub const HARNESS: &str = "conformance";
+/// The model every session runs on: broca-mock's OpenAI Chat row in the seeded catalog.
+const MODEL: (&str, &str) = ("mock", "echo-chat");
+/// The principal the daemon stamps on this process's routes: a direct key-holder.
+const DIRECT: &str = "direct";
+/// How long a held model request is awaited.
+const ARRIVAL: Duration = Duration::from_secs(30);
+
+/// One runner instance: a state root and the rig serving it now.
+pub struct Instance {
+    pub root: PathBuf,
+    rig: Mutex<Option<Rig>>,
+}
+
+impl Instance {
+    pub fn new(root: PathBuf, rig: Rig) -> Instance {
+        Instance { root, rig: Mutex::new(Some(rig)) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Rig>> {
+        self.rig.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn consumer(&self) -> Result<Arc<SubcConsumer>, String> {
+        self.lock()
+            .as_ref()
+            .and_then(Rig::consumer)
+            .ok_or_else(|| format!("the runner on {} is stopped", self.root.display()))
+    }
+
+    pub fn take_rig(&self) -> Option<Rig> {
+        self.lock().take()
+    }
+
+    pub fn put_rig(&self, rig: Rig) {
+        *self.lock() = Some(rig);
+    }
+
+    pub fn broca_log(&self) -> String {
+        self.lock().as_ref().map(Rig::broca_log).unwrap_or_default()
+    }
+}
+
+/// A live instance; dropping it stops its daemon, broca and the provider.
+pub struct Handle(Arc<Instance>);
+
+impl Handle {
+    pub fn instance(&self) -> &Arc<Instance> {
+        &self.0
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        if let Some(mut rig) = self.0.take_rig() {
+            rig.stop();
+        }
+    }
+}
+
+pub struct Subject {
+    config: RigConfig,
+    model: Model,
+    tools: Tools,
+    /// The groups broca's `role.describe` declares, read from the real binary before the run.
+    groups: BTreeSet<Capability>,
+}
+
+impl Subject {
+    pub fn new(config: RigConfig, model: Model, tools: Tools, groups: BTreeSet<Capability>) -> Subject {
+        Subject { config, model, tools, groups }
+    }
+
+    pub fn rig_config(&self) -> &RigConfig {
+        &self.config
+    }
+
+    async fn start(&self, root: &Path) -> Result<Handle, HarnessError> {
+        let rig = Rig::start(&self.config, root, None).await.map_err(HarnessError::new)?;
+        Ok(Handle(Arc::new(Instance::new(root.to_owned(), rig))))
+    }
+}
+
+/// The capability groups a `role.describe` answer declares, as the suite names them.
+pub fn declared_groups(describe: &Value) -> (BTreeSet<Capability>, Vec<String>) {
+    let mut known = BTreeSet::new();
+    let mut unknown = Vec::new();
+    for group in describe["capabilities"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+        match Capability::from_group(group) {
+            Some(c) => {
+                known.insert(c);
+            }
+            None => unknown.push(group.to_owned()),
+        }
+    }
+    (known, unknown)
+}
+
+#[async_trait]
+impl Harness for Subject {
+    type Handle = Handle;
+    type Route = Route;
+
+    fn declared_points(&self) -> Vec<PointDeclaration> {
+        kill::declarations()
+    }
+
+    async fn spawn(&self, state_root: &Path) -> Result<Handle, HarnessError> {
+        self.start(state_root).await
+    }
+
+    async fn route(&self, handle: &Handle, stamp: &RouteStamp) -> Result<Route, HarnessError> {
+        self.session_route(handle, "harness-route", stamp).await
+    }
+
+    async fn kill_at(
+        &self,
+        handle: Handle,
+        point: &KillPoint,
+        trigger: Trigger<'_>,
+    ) -> Result<KillReport, HarnessError> {
+        kill::kill_at(self, handle, point, trigger).await
+    }
+
+    async fn restart(&self, state_root: &Path) -> Result<Handle, HarnessError> {
+        self.start(state_root).await
+    }
+}
+
+#[async_trait]
+impl LlmRunnerSubject for Subject {
+    fn tool_provider_module(&self) -> String {
+        TOOLS.to_owned()
+    }
+
+    async fn install_script(&self, session: &str, script: Script) -> Result<(), HarnessError> {
+        for call in script.tool_calls() {
+            self.tools.script_call(call).map_err(HarnessError::new)?;
+        }
+        self.model.install(session, script);
+        Ok(())
+    }
+
+    async fn hold_next_model_step(&self, session: &str) -> Result<(), HarnessError> {
+        self.model.arm_hold(session);
+        Ok(())
+    }
+
+    async fn await_model_step(&self, session: &str) -> Result<(), HarnessError> {
+        let until = Instant::now() + ARRIVAL;
+        while !self.model.holding(session) {
+            if Instant::now() > until {
+                return Err(HarnessError::new(format!(
+                    "no model request of {session} reached the hold within {ARRIVAL:?}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
+    async fn release_model_step(&self, session: &str) -> Result<(), HarnessError> {
+        self.model.release(session);
+        Ok(())
+    }
+
+    async fn hold_next_model_stream(&self, session: &str, parts: usize) -> Result<(), HarnessError> {
+        self.model.arm_stream_hold(session, parts);
+        Ok(())
+    }
+
+    fn session_usage_fixtures(&self) -> bool {
+        // Scripted usage reaches broca exactly as scripted, on the Chat wire's usage chunk
+        // (cache reads and writes in prompt_tokens_details, reasoning in completion details).
+        true
+    }
+
+    async fn install_attribution_fixture(
+        &self,
+        _handle: &Handle,
+        _session: &str,
+    ) -> Result<AttributionFixture, HarnessError> {
+        // Every record that puts a message in broca's transcript names its run (RunStarted,
+        // ModelStepFinished, ToolResult, Steered: src/record.rs); a Queued send is no message
+        // until a run starts or steers it, and broca seeds or imports nothing (seed_from is
+        // fresh only). So no native write path can hold a message without its run.
+        Ok(AttributionFixture::CannotHoldUnattributable)
+    }
+
+    fn not_executed_tool_result(&self, message: &Value, tool_call_id: &str) -> Option<ToolResultObservation> {
+        crate::decode::not_executed(message, tool_call_id)
+    }
+
+    fn oversized_tool_result(&self, message: &Value, tool_call_id: &str) -> Option<ToolResultLimitObservation> {
+        crate::decode::oversized(message, tool_call_id)
+    }
+
+    async fn model_invocations(&self, session: &str) -> Result<usize, HarnessError> {
+        Ok(self.model.invocations(session))
+    }
+
+    async fn model_requests(&self, session: &str) -> Result<Vec<ModelRequestObservation>, HarnessError> {
+        Ok(self.model.requests(session))
+    }
+
+    async fn tool_invocations(&self, arguments: &Value) -> usize {
+        match self.tools.invocations(arguments) {
+            Ok(n) => n,
+            Err(e) => {
+                // The trait has no error here; an unreadable log must not read as "never ran".
+                eprintln!("conformance: {e}");
+                usize::MAX
+            }
+        }
+    }
+
+    async fn await_tool_call(&self, arguments: &Value) -> Result<(), HarnessError> {
+        self.tools.await_held(arguments).await.map_err(HarnessError::new)
+    }
+
+    async fn release_tool_call(&self, arguments: &Value) -> Result<(), HarnessError> {
+        self.tools.release(arguments).map_err(HarnessError::new)
+    }
+
+    async fn pause(&self) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    fn model_finish_reason_source(&self) -> Option<&'static str> {
+        // model.rs sends each scripted reason raw on the Chat wire and cuts an answer at the cap
+        // the request carried, reporting `length`.
+        Some("openai.chat_completions")
+    }
+
+    fn retention_probe_params(&self, _session: &str, method: &str) -> Result<Option<Vec<Value>>, HarnessError> {
+        match method {
+            // Spec §4a: request and warm-body hashes, token counts and times; no content.
+            "session.warm" => Ok(None),
+            other => Err(HarnessError::new(format!(
+                "{other} is advertised on broca's session route but not classified for the retention \
+                 leak check (tests/conformance/subject.rs, retention_probe_params)"
+            ))),
+        }
+    }
+
+    fn runner_id(&self) -> &str {
+        crate::rig::BROCA
+    }
+
+    fn capabilities(&self) -> BTreeSet<Capability> {
+        let mut declared = self.groups.clone();
+        declared.insert(Capability::HoldToolCalls);
+        declared
+    }
+
+    fn owner_stamp(&self) -> RouteStamp {
+        RouteStamp { principal: DIRECT.into(), scope: None }
+    }
+
+    fn stranger_stamp(&self) -> RouteStamp {
+        RouteStamp { principal: "reserved:conformance-stranger".into(), scope: None }
+    }
+
+    async fn session_route(&self, handle: &Handle, session: &str, stamp: &RouteStamp) -> Result<Route, HarnessError> {
+        if stamp != &self.owner_stamp() {
+            // The daemon stamps every route this process opens as its direct caller; a second
+            // attested principal needs a module the daemon launched, which this adapter has not.
+            return Err(HarnessError::new(format!(
+                "this adapter opens routes only as the daemon's direct caller, not as {}",
+                stamp.principal
+            )));
+        }
+        Ok(Route { instance: Arc::clone(handle.instance()), identity: BindIdentity::new(HARNESS, session) })
+    }
+
+    fn send_fields(&self, session: &str, first: bool) -> Map<String, Value> {
+        let lane = self.model.lane(session);
+        let mut fields = Map::new();
+        fields.insert("model".into(), json!({"provider": MODEL.0, "model": MODEL.1}));
+        // The scripted model keys its answers by this line (model.rs).
+        fields.insert("system".into(), json!(format!("{LANE_MARKER}{lane}")));
+        if first {
+            fields.insert("plan".into(), json!({"tool_items": [{"provider": TOOLS, "params": {}}]}));
+        }
+        fields
+    }
+}

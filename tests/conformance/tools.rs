@@ -1,0 +1,97 @@
+//! The scripted tool provider: `broca-mock --subc` (a real subc module under each rig's daemon)
+//! serving the suite's one tool, `conformance_echo`, with its `from_dir` behaviour. A scripted
+//! call's result is written to the results directory before the session's first send, keyed by
+//! the SHA-256 of the arguments' canonical JSON; a held call waits at the provider while its
+//! `.hold` file exists and marks its arrival with a `.held` file. Calls are counted from
+//! broca-mock's call log. Directory and log live outside every state root, so no kill or restart
+//! of broca can touch them, and they span every rig of the run.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use cortexkit_role_llm_runner_conformance::{ScriptedToolCall, SCRIPTED_TOOL};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use crate::call_log;
+
+/// How long `await_tool_call` waits for the provider to hold a call.
+const ARRIVAL: Duration = Duration::from_secs(30);
+
+pub struct Tools {
+    pub dir: PathBuf,
+    pub script: PathBuf,
+    pub call_log: PathBuf,
+}
+
+/// The file stem broca-mock's `from_dir` answer uses for `arguments`.
+fn key(arguments: &Value) -> String {
+    Sha256::digest(call_log::canonical_json(arguments).as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Tools {
+    /// Writes the tool script under `base` (outside every state root).
+    pub fn create(base: &Path) -> Result<Tools, String> {
+        let dir = base.join("tool-results");
+        fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let script = base.join("tools.json");
+        let text = json!({
+            "implementation_version": "broca conformance adapter",
+            "tools": [{
+                "name": SCRIPTED_TOOL,
+                "description": "Answers the conformance suite's scripted result for its arguments.",
+                "input_schema": {"type": "object"},
+                "default": true,
+                "behaviour": {"from_dir": dir},
+            }],
+        });
+        fs::write(&script, text.to_string()).map_err(|e| format!("{}: {e}", script.display()))?;
+        Ok(Tools { dir, script, call_log: base.join("tool-calls.jsonl") })
+    }
+
+    /// Scripts `call`'s result (and its hold) at the provider.
+    pub fn script_call(&self, call: &ScriptedToolCall) -> Result<(), String> {
+        if call.tool != SCRIPTED_TOOL {
+            return Ok(());
+        }
+        let key = key(&call.arguments);
+        let result = self.dir.join(format!("{key}.json"));
+        fs::write(&result, call.result.to_string()).map_err(|e| format!("{}: {e}", result.display()))?;
+        if call.hold {
+            let hold = self.dir.join(format!("{key}.hold"));
+            fs::write(&hold, b"").map_err(|e| format!("{}: {e}", hold.display()))?;
+        }
+        Ok(())
+    }
+
+    /// How many times the provider received a call of the scripted tool with `arguments`.
+    pub fn invocations(&self, arguments: &Value) -> Result<usize, String> {
+        let counts = call_log::read(&self.call_log).map_err(|e| format!("the provider's call log: {e:?}"))?;
+        let wanted = call_log::canonical_json(arguments);
+        Ok(counts.calls_to(SCRIPTED_TOOL).filter(|c| call_log::canonical_json(&c.arguments) == wanted).count())
+    }
+
+    /// Resolves once the provider holds the call with `arguments`.
+    pub async fn await_held(&self, arguments: &Value) -> Result<(), String> {
+        let held = self.dir.join(format!("{}.held", key(arguments)));
+        let until = Instant::now() + ARRIVAL;
+        while !held.exists() {
+            if Instant::now() > until {
+                return Err(format!("the provider held no call with {arguments} within {ARRIVAL:?}"));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
+    /// Lets the held call with `arguments` answer.
+    pub fn release(&self, arguments: &Value) -> Result<(), String> {
+        let hold = self.dir.join(format!("{}.hold", key(arguments)));
+        match fs::remove_file(&hold) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(format!("{}: {e}", hold.display())),
+        }
+    }
+}
