@@ -58,7 +58,7 @@ fn tool_steps(steps: usize) -> Script {
 
 fn run(shared: &Shared, client: &HttpClient, config: &RenderConfig, session: &str, run_id: &str) -> FinishReason {
     let mut lineage = shared.open_lineage(&SessionKey::new("/pool", "pool-test", session)).unwrap();
-    agent::admit(&mut lineage, run_id, None, config, Message::user_text("go"), None).unwrap();
+    agent::admit(&mut lineage, run_id, None, config, Message::user_text("go"), None, None).unwrap();
     let tools: Arc<dyn ToolDispatcher> = Arc::new(NoTools);
     let (_tx, rx) = crossbeam_channel::unbounded();
     let outcome = agent::drive(&mut lineage, client, &tools, &rx, &LoopOptions::default(), &mut |_| {}).unwrap();
@@ -113,7 +113,7 @@ fn a_run_cancelled_mid_stream_does_not_reuse_its_connection() {
     mock.install("cancel", Script::from_json(&slow.to_string()).unwrap());
     let config = config(&mock, "cancel");
     let mut lineage = shared.open_lineage(&SessionKey::new("/pool", "pool-test", "cancel")).unwrap();
-    agent::admit(&mut lineage, "run-c", None, &config, Message::user_text("go"), None).unwrap();
+    agent::admit(&mut lineage, "run-c", None, &config, Message::user_text("go"), None, None).unwrap();
     let tools: Arc<dyn ToolDispatcher> = Arc::new(NoTools);
     let (tx, rx) = crossbeam_channel::unbounded();
     let mut sent = false;

@@ -317,7 +317,7 @@ fn handshakes_per_run(dir: &Path) -> f64 {
     mock.install("tls", loop_script());
     let config = bench_config(&mock, "tls");
     let mut lineage = shared.open_lineage(&SessionKey::new("/bench", "bench", "tls")).expect("lineage");
-    agent::admit(&mut lineage, "run-tls", None, &config, broca::message::Message::user_text("go"), None)
+    agent::admit(&mut lineage, "run-tls", None, &config, broca::message::Message::user_text("go"), None, None)
         .expect("admit");
     let tools: Arc<dyn ToolDispatcher> = Arc::new(NoTools);
     let (_tx, rx) = crossbeam_channel::unbounded();
