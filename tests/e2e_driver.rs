@@ -299,8 +299,10 @@ fn newer_writer_refused_everywhere(h: &Harness) {
 fn input_token_cap(h: &Harness) {
     let s = h.session(HARNESS, "cap", None);
     h.install(json!({"responses": [reply("within", 0)]}));
+    // A step that spends the cap exactly ends its run: a cap of N stops at N (llm-runner §9.3).
     let a = s.ok("session.send", with(keyed("one", "b-1"), "budget", json!({"max_input_tokens": 5})));
-    s.wait_run(a["run_id"].as_str().unwrap(), "completed");
+    let first = s.wait_run(a["run_id"].as_str().unwrap(), "budget_exhausted");
+    assert_eq!(first["detail"], json!({"limit": 5, "spent": 5, "cause": "limit_reached"}));
     let (_, body) = s.refused("session.send", with(keyed("two", "b-2"), "budget", json!({"max_input_tokens": 6})));
     assert_eq!(body["detail"]["field"], "budget.max_input_tokens");
     let b = s.ok("session.send", keyed("two", "b-3"));

@@ -230,7 +230,8 @@ fn input_token_cap_results_decode_and_match_broca_s_detail_shape() {
     rig.script(json!({"responses": [reply_script("within", 0)]}));
     let capped = with_model(json!({"prompt": "x", "send_id": "cap-1", "budget": {"max_input_tokens": 5}}));
     let a = rig.call("session.send", capped).unwrap();
-    rig.until(a["run_id"].as_str().unwrap(), &["completed"]);
+    // Spending the cap exactly ends the run (a cap of N stops at N).
+    rig.until(a["run_id"].as_str().unwrap(), &["budget_exhausted"]);
     let b = rig.call("session.send", with_model(json!({"prompt": "y", "send_id": "cap-2"}))).unwrap();
     let status = rig.until(b["run_id"].as_str().unwrap(), &["budget_exhausted"]);
     let decoded: RunStatus = serde_json::from_value(status).unwrap();
@@ -259,8 +260,20 @@ fn role_describe_declares_only_what_broca_serves_and_passes_the_check() {
         "input_token_cap",
         "send_status",
         "session_class",
+        "transcript_reads",
+        "run_ops",
+        "dispatch_attribution",
+        "finish_reason",
+        "session_usage",
+        "host_history",
+        "history_display",
+        "streaming",
     ] {
         assert!(caps.contains(&group), "{group} missing from {caps:?}");
+    }
+    // Groups broca does not serve in full are not declared (a request needing one is refused).
+    for group in ["retention", "output_refs", "head_sender", "live_events", "attachments", "structured_output"] {
+        assert!(!caps.contains(&group), "{group} is declared but not served: {caps:?}");
     }
     assert!(!caps.contains(&"retract"), "broca's retract answer is the spec's object, not the role's string");
     assert_eq!(describe["run_cancel"]["at"], json!(["now", "step_boundary"]));

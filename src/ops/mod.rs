@@ -109,6 +109,7 @@ pub fn describe(config: &crate::config::BrocaConfig) -> Value {
     let ops = table::OPS.iter().map(|op| op.name.to_owned()).collect();
     let groups = [
         cap::TRANSCRIPT_READS,
+        cap::STREAMING,
         cap::RUN_OPS,
         cap::FINISH_REASON,
         cap::HOST_HISTORY,
