@@ -26,10 +26,11 @@ use broca::session_key::SessionKey;
 use broca::state_root::StateRoot;
 use broca::testkit::*;
 use broca::wal::{self, RecordOutcome, ScannedFrame, Wal, WalError, WalOpen};
-use mock::{MockServer, Script};
+use mock::{MockOptions, MockServer, Script};
 
 const FSYNC_SAMPLES: usize = 1000;
 
+mod cli;
 mod publish;
 
 fn main() {
@@ -48,9 +49,9 @@ fn main() {
     fs::create_dir_all(&base).expect("bench dir");
     let dir = tempfile::tempdir_in(&base).expect("bench dir");
     if args.get(1).map(String::as_str) == Some("loop") {
-        let (overhead, fsyncs) = loop_step_overhead(dir.path());
-        report("loop.step_overhead_us", overhead, "us");
-        report("loop.fsyncs_per_step", fsyncs, "fsyncs");
+        let raw = broca::testkit::raw_fsync_p50_us(dir.path(), FSYNC_SAMPLES / 5);
+        report("fs.raw_fsync_us", raw, "us");
+        report_loop(dir.path(), raw);
         return;
     }
     let raw = broca::testkit::raw_fsync_p50_us(dir.path(), FSYNC_SAMPLES);
@@ -69,9 +70,7 @@ fn main() {
     report("replay.records_per_s", n as f64 / start.elapsed().as_secs_f64(), "records/s");
     report("open.tail_ms_100k", open_tail_ms(dir.path(), &wal_100k), "ms");
 
-    let (overhead, fsyncs) = loop_step_overhead(dir.path());
-    report("loop.step_overhead_us", overhead, "us");
-    report("loop.fsyncs_per_step", fsyncs, "fsyncs");
+    report_loop(dir.path(), raw);
     if let Some(ms) = demo_ms() {
         report("cli.demo_ms", ms, "ms");
     }
@@ -83,6 +82,30 @@ fn main() {
     report("replay.rss_kib_100k", small as f64, "KiB");
     report("replay.rss_kib_1m", large as f64, "KiB");
     report("replay.rss_ratio_1m_vs_100k", large as f64 / small as f64, "x");
+}
+
+/// The loop, provider-connection and CLI figures, each timing also as a ratio to its baseline
+/// measured in this run (raw fsync, the bare ureq client on the same mock, a bare `true`).
+fn report_loop(dir: &Path, raw: f64) {
+    let l = loop_step_overhead(dir);
+    report("loop.step_overhead_us", l.overhead_us, "us");
+    report("loop.step_budget_us", 2.0 * raw + 300.0, "us");
+    report("loop.step_overhead_ratio_to_raw_fsync", l.overhead_us / raw, "x");
+    report("loop.fsyncs_per_step", l.fsyncs, "fsyncs");
+    report("provider.bare_step_us", l.bare_us, "us");
+    report("loop.step_ratio_to_bare", (l.bare_us + l.overhead_us) / l.bare_us, "x");
+    report("loop.cpu_us_per_step", l.cpu_us, "us");
+    report("provider.bare_cpu_us_per_step", l.bare_cpu_us, "us");
+    report("loop.cpu_ratio_to_bare", l.cpu_us / l.bare_cpu_us, "x");
+    report("provider.handshakes_per_run", handshakes_per_run(dir), "handshakes");
+    if let Some(c) = cli::measure(dir) {
+        report("cli.start_ms", c.start_ms, "ms");
+        report("cli.true_ms", c.true_ms, "ms");
+        report("cli.start_ratio_to_true", c.start_ms / c.true_ms, "x");
+        if let Some(n) = c.turn_fsyncs {
+            report("cli.turn_fsyncs", n, "fsyncs");
+        }
+    }
 }
 
 fn report(name: &str, value: f64, unit: &str) {
@@ -275,34 +298,78 @@ fn loop_script() -> Script {
     Script::from_json(&serde_json::json!({"responses": responses}).to_string()).expect("script")
 }
 
-/// Per-step wall time of a 20-step run through the loop minus that of a bare ureq client
-/// streaming the same 20 responses from the same mock, as the median of five paired rounds
-/// (the machine's noise is larger than the difference); and the loop's fsyncs per step.
-fn loop_step_overhead(dir: &Path) -> (f64, f64) {
-    let mock = MockServer::start("127.0.0.1:0").expect("mock");
-    let root = StateRoot::at(&dir.join("loop-root")).expect("state root");
-    let shared = Shared::open(root).expect("shared");
+/// The route of the bench model at `mock`'s `lane`.
+fn bench_config(mock: &MockServer, lane: &str) -> broca::provider::config::RenderConfig {
     let lkg: serde_json::Value =
         serde_json::from_str(include_str!("../../testdata/catalog/fusiform-lkg.json")).expect("lkg");
     let catalog = Catalog::from_response(&lkg["response"]).expect("catalog");
     let req = ModelRequest { model: "mock/echo-chat".into(), ..Default::default() };
-    let overrides = RouteOverrides { base_url_override: Some(mock.base_url(Some("loop"))), ..Default::default() };
-    let config = route::resolve(Ok(&catalog), PathBuf::new(), &req, &overrides).expect("route");
+    let overrides = RouteOverrides { base_url_override: Some(mock.base_url(Some(lane))), ..Default::default() };
+    route::resolve(Ok(&catalog), PathBuf::new(), &req, &overrides).expect("route")
+}
+
+/// TLS handshakes the mock (HTTPS, its generated root trusted explicitly) counts for one
+/// 20-step run through the loop.
+fn handshakes_per_run(dir: &Path) -> f64 {
+    let mock = MockServer::start_with("127.0.0.1:0", MockOptions { tls: true, ..Default::default() }).expect("mock");
+    let client = HttpClient::with_test_root_pem(mock.ca_pem().expect("a TLS mock has a root")).expect("root");
+    let shared = Shared::open(StateRoot::at(&dir.join("tls-root")).expect("state root")).expect("shared");
+    mock.install("tls", loop_script());
+    let config = bench_config(&mock, "tls");
+    let mut lineage = shared.open_lineage(&SessionKey::new("/bench", "bench", "tls")).expect("lineage");
+    agent::admit(&mut lineage, "run-tls", None, &config, broca::message::Message::user_text("go"), None, None)
+        .expect("admit");
+    let tools: Arc<dyn ToolDispatcher> = Arc::new(NoTools);
+    let (_tx, rx) = crossbeam_channel::unbounded();
+    let outcome =
+        agent::drive(&mut lineage, &client, &tools, &rx, &LoopOptions::default(), &mut |_| {}).expect("drive");
+    assert_eq!(outcome.reason, Some(FinishReason::Completed), "the TLS bench run completes");
+    let c = mock.connections();
+    (c.tls_full + c.tls_resumed) as f64
+}
+
+/// What [`loop_step_overhead`] measures.
+struct LoopFigures {
+    /// Median over rounds of (loop − bare) wall time per step.
+    overhead_us: f64,
+    /// Median bare-client wall time per step.
+    bare_us: f64,
+    /// Median process CPU time per step during the loop's run, and during the bare client's
+    /// (both include the in-process mock serving it).
+    cpu_us: f64,
+    bare_cpu_us: f64,
+    fsyncs: f64,
+}
+
+/// Per-step wall time of a 20-step run through the loop minus that of a bare ureq client
+/// streaming the same 20 responses from the same mock, as the median of five paired rounds
+/// (the machine's noise is larger than the difference); the process CPU time per step of
+/// each; and the loop's fsyncs per step.
+fn loop_step_overhead(dir: &Path) -> LoopFigures {
+    let mock = MockServer::start("127.0.0.1:0").expect("mock");
+    let root = StateRoot::at(&dir.join("loop-root")).expect("state root");
+    let shared = Shared::open(root).expect("shared");
+    let config = bench_config(&mock, "loop");
     let client = HttpClient::default();
-    let mut overheads = Vec::new();
+    let bare_agent = ureq::AgentBuilder::new().build();
+    let (mut overheads, mut bares, mut cpus, mut bare_cpus) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut fsyncs = 0.0;
-    for round in 0..5 {
+    // More rounds for a profiler (`perf record ... broca-bench loop`); five by default.
+    let rounds = std::env::var("BROCA_BENCH_LOOP_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(5usize).max(1);
+    for round in 0..rounds {
         // The bare client: one HTTP round trip and the whole stream per step, nothing else.
         mock.install("bare", loop_script());
         let url = format!("{}/chat/completions", mock.base_url(Some("bare")));
         let body = broca::provider::render_request(&config, &[broca::message::Message::user_text("go")]);
-        let start = Instant::now();
+        let (start, cpu) = (Instant::now(), cli::cpu_time());
         for _ in 0..LOOP_STEPS {
-            let resp = ureq::post(&url).set("content-type", "application/json").send_bytes(&body).expect("bare post");
+            let resp =
+                bare_agent.post(&url).set("content-type", "application/json").send_bytes(&body).expect("bare post");
             let mut sink = Vec::new();
             resp.into_reader().read_to_end(&mut sink).expect("bare read");
         }
         let bare = start.elapsed().as_secs_f64() * 1e6 / LOOP_STEPS as f64;
+        bare_cpus.push((cli::cpu_time() - cpu).as_secs_f64() * 1e6 / LOOP_STEPS as f64);
 
         mock.install("loop", loop_script());
         let key = SessionKey::new("/bench", "bench", &format!("loop-{round}"));
@@ -312,19 +379,30 @@ fn loop_step_overhead(dir: &Path) -> (f64, f64) {
         let input = broca::message::Message::user_text("go");
         agent::admit(&mut lineage, "run-bench", None, &config, input, None, None).expect("admit");
         let fsyncs_before = lineage.fsyncs();
-        let start = Instant::now();
+        let (start, cpu) = (Instant::now(), cli::cpu_time());
         let outcome =
             agent::drive(&mut lineage, &client, &tools, &rx, &LoopOptions::default(), &mut |_| {}).expect("drive");
         let looped = start.elapsed().as_secs_f64() * 1e6 / LOOP_STEPS as f64;
+        cpus.push((cli::cpu_time() - cpu).as_secs_f64() * 1e6 / LOOP_STEPS as f64);
         assert_eq!(outcome.reason, Some(FinishReason::Completed), "the bench run completes");
         fsyncs = (lineage.fsyncs() - fsyncs_before) as f64 / LOOP_STEPS as f64;
         if std::env::var_os("BROCA_BENCH_VERBOSE").is_some() {
             eprintln!("loop {looped:.0} us/step, bare {bare:.0} us/step");
         }
         overheads.push(looped - bare);
+        bares.push(bare);
     }
-    overheads.sort_by(f64::total_cmp);
-    (overheads[overheads.len() / 2], fsyncs)
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    LoopFigures {
+        overhead_us: median(overheads),
+        bare_us: median(bares),
+        cpu_us: median(cpus),
+        bare_cpu_us: median(bare_cpus),
+        fsyncs,
+    }
 }
 
 /// Wall time of `broca-run --demo` end to end (the binary beside this one), if it is built.

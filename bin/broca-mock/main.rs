@@ -20,7 +20,7 @@ use mock::{MockServer, Script};
 use tools::script::{ScopeClass, ToolScript};
 
 const USAGE: &str = "\
-usage: broca-mock [--bind ADDR] [--script FILE] [--until-stdin-eof]
+usage: broca-mock [--bind ADDR] [--script FILE] [--tls-ca FILE] [--until-stdin-eof]
        broca-mock [--tools FILE] [--call-log PATH] [--call-log-fsync] [--keepalive-ms N]
                   --subc CONNECTION_FILE
        broca-mock --fusiform-script FILE [--request-log PATH] --subc CONNECTION_FILE
@@ -35,6 +35,9 @@ Point a route's base URL at <url>/v1 (lane \"default\") or <url>/lane/<name>/v1.
 
   --bind ADDR          listen address (default 127.0.0.1:0, an ephemeral port)
   --script FILE        a JSON script queued on the default lane
+  --tls-ca FILE        serve HTTPS (BROCA_MOCK_URL=https://...) with a certificate generated at
+                       start, and write the root that signed it to FILE (PEM) for the client
+                       to trust explicitly (debug broca builds: BROCA_TEST_PROVIDER_CA=FILE)
   --until-stdin-eof    exit when stdin reaches end of file
 
 Control endpoint: POST /_mock/lanes/<lane>/script, GET /_mock/lanes/<lane>/requests,
@@ -88,6 +91,7 @@ struct HttpArgs {
     bind: String,
     script: Option<String>,
     until_stdin_eof: bool,
+    tls_ca: Option<PathBuf>,
 }
 
 #[derive(Debug)]
@@ -109,7 +113,7 @@ fn parse_args(args: &[String]) -> Result<Command, String> {
         Some("catalog") => return parse_catalog(&args[1..]),
         _ => {}
     }
-    let mut http = HttpArgs { bind: "127.0.0.1:0".into(), script: None, until_stdin_eof: false };
+    let mut http = HttpArgs { bind: "127.0.0.1:0".into(), script: None, until_stdin_eof: false, tls_ca: None };
     let mut http_flag = None;
     let (mut subc, mut tools, mut call_log, mut fsync, mut keepalive_ms) = (None, None, None, false, None);
     let mut tool_flag = None;
@@ -118,6 +122,10 @@ fn parse_args(args: &[String]) -> Result<Command, String> {
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--help" | "-h" => return Ok(Command::Help),
+            "--tls-ca" => {
+                http.tls_ca = Some(PathBuf::from(value(&mut it, arg, "a file")?));
+                http_flag = Some(arg);
+            }
             "--bind" => {
                 http.bind = value(&mut it, arg, "an address")?;
                 http_flag = Some(arg);
@@ -293,7 +301,12 @@ fn run(args: &HttpArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
         None => None,
     };
-    let mut server = MockServer::start(&args.bind).map_err(|e| format!("cannot listen on {}: {e}", args.bind))?;
+    let options = mock::MockOptions { tls: args.tls_ca.is_some(), ..Default::default() };
+    let mut server =
+        MockServer::start_with(&args.bind, options).map_err(|e| format!("cannot listen on {}: {e}", args.bind))?;
+    if let (Some(path), Some(pem)) = (&args.tls_ca, server.ca_pem()) {
+        std::fs::write(path, pem).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
     if let Some(script) = script {
         server.install("default", script);
     }

@@ -123,6 +123,8 @@ struct Driver<'a, C> {
     run_id: String,
     config: RenderConfig,
     history: Vec<Message>,
+    /// `history` rendered so far: each step renders only the messages added since the last.
+    render_cache: crate::provider::render_cache::RenderCache,
     /// A `Seal` arrived: every way out of the run ends `interrupted`.
     sealing: bool,
     /// A `SealAtBoundary` arrived: the next step-entry boundary ends the run `interrupted`.
@@ -196,6 +198,7 @@ pub fn drive_with<C>(
         run_id,
         config,
         history,
+        render_cache: Default::default(),
         sealing: false,
         seal_at_boundary: false,
         unknown_calls: Vec::new(),
@@ -448,7 +451,7 @@ impl<C> Driver<'_, C> {
 
     /// Attempts with retries until an answer, a pause or an end.
     fn model_step_attempts(&mut self, step: u64) -> Result<StepEnd, LineageError> {
-        let body = crate::provider::render_request(&self.config, &self.history);
+        let body = self.render_cache.render(&self.config, &self.history);
         let sha = crate::session_key::hex(&Sha256::digest(&body));
         for attempt in 0.. {
             if let Some(end) = self.ensure_credential()? {

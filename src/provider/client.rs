@@ -1,14 +1,31 @@
-//! The model client seam and its HTTP implementation (blocking ureq on a helper thread).
+//! The model client seam and its HTTP implementation (blocking ureq on a pooled helper thread).
 //!
 //! The loop never blocks on the network: [`ModelClient::start`] returns at once with a channel,
 //! and a streamer thread POSTs the request, frames SSE, decodes the family's events, counts
 //! telemetry and sends [`AttemptEvent`]s back. Dropping the receiver, or setting the attempt's
 //! cancel flag, stops the streamer at its next read.
+//!
+//! # Connections
+//!
+//! One [`ureq::Agent`] per provider origin (and read timeout) keeps warm keep-alive connections,
+//! so a run of any number of steps against one host makes one TCP connection and one TLS
+//! handshake. A stream is read to its end after its terminal event (bounded by
+//! [`DRAIN_LIMIT`]), which is what returns its connection to the agent's pool; a cancelled,
+//! failed or oversized stream drops its connection instead, so nothing reuses a connection left
+//! mid-response. The pool is bounded by [`POOL_IDLE_PER_HOST`] and [`POOL_IDLE_TIMEOUT`]. All
+//! agents of a client share one rustls configuration, so a new connection to a host it has seen
+//! resumes the TLS session (rustls' in-memory session cache).
+//!
+//! Trust is the Mozilla roots (webpki-roots) plus, only when asked, one extra root for tests:
+//! [`HttpClient::with_test_root_pem`], or in debug builds the PEM file named by
+//! [`TEST_CA_ENV`]. Nothing turns certificate verification off.
 
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
 
 use crossbeam_channel::{bounded, Receiver, Sender};
 
@@ -21,6 +38,25 @@ use crate::record::{ErrorClass, ProviderError};
 /// Events buffered between the streamer and the loop (backpressure beyond this).
 const EVENT_QUEUE: usize = 1024;
 const READ_CHUNK: usize = 16 << 10;
+
+/// Idle keep-alive connections an agent keeps per provider host. A loop's steps are
+/// sequential, so one run reuses one connection step after step; the rest serve sessions
+/// running at once against the same provider (beyond this, finished connections are closed).
+pub const POOL_IDLE_PER_HOST: usize = 8;
+/// An agent idle longer than this is replaced by a fresh one (its pooled connections are then
+/// closed, not reused): real providers close idle connections after tens of seconds, and a
+/// POST on a connection the server is closing would fail instead of being retried.
+pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most bytes read after a stream's terminal event to reach its end (and so return the
+/// connection to the pool); a stream with more is dropped with its connection.
+pub const DRAIN_LIMIT: usize = 64 << 10;
+/// How long a new attempt waits for a stream of the same agent to finish draining, so it
+/// reuses that connection instead of opening another (draining normally takes microseconds:
+/// the last chunk follows the terminal event).
+const DRAIN_WAIT: Duration = Duration::from_millis(50);
+/// The environment variable naming a PEM file whose certificates a debug build's default
+/// client trusts as extra roots (a test provider's self-signed CA). Release builds ignore it.
+pub const TEST_CA_ENV: &str = "BROCA_TEST_PROVIDER_CA";
 
 /// One model attempt to run.
 #[derive(Clone)]
@@ -58,33 +94,174 @@ pub fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-/// The real client: ureq, one thread per attempt. The read timeout (the socket-level half of
-/// the watchdog) is the attempt's; agents (TLS configuration, connection pool) are built once
-/// per distinct timeout and reused, since building one is costly.
-#[derive(Default)]
+/// The real client: ureq, one helper thread per attempt in flight (reused from a
+/// [`crate::pool::Pool`]: starting a thread per step cost tens of microseconds). The read timeout (the socket-level half of
+/// the watchdog) is the attempt's; agents (connection pool) are built once per provider origin
+/// and distinct timeout and reused, since building one is costly and its pool is the point.
 pub struct HttpClient {
-    agents: parking_lot::Mutex<Vec<(Duration, ureq::Agent)>>,
+    agents: Mutex<Vec<Arc<AgentSlot>>>,
+    /// Extra roots (tests only) for the TLS configuration, which is built for the first HTTPS
+    /// agent: a process that only talks plain HTTP (a CLI turn on a local server) never pays
+    /// for the root store.
+    extra_roots: Vec<rustls::pki_types::CertificateDer<'static>>,
+    tls: std::sync::OnceLock<Option<Arc<rustls::ClientConfig>>>,
+    streamers: crate::pool::Pool,
+}
+
+/// One agent and what tells when its pooled connections may be reused.
+struct AgentSlot {
+    origin: String,
+    read_timeout: Duration,
+    agent: ureq::Agent,
+    /// Streams of this agent that saw their terminal event and are still reading to the end.
+    draining: Mutex<usize>,
+    drained: Condvar,
+    /// When the agent last finished a request (its newest pooled connection's age).
+    last_used: Mutex<Instant>,
+}
+
+impl AgentSlot {
+    /// Waits (bounded) until no stream of this agent is still draining.
+    fn wait_drained(&self) {
+        let mut draining = self.draining.lock();
+        let deadline = Instant::now() + DRAIN_WAIT;
+        while *draining > 0 {
+            if self.drained.wait_until(&mut draining, deadline).timed_out() {
+                break;
+            }
+        }
+    }
+
+    fn begin_drain(&self) {
+        *self.draining.lock() += 1;
+    }
+
+    fn end_drain(&self) {
+        *self.last_used.lock() = Instant::now();
+        let mut draining = self.draining.lock();
+        *draining = draining.saturating_sub(1);
+        self.drained.notify_all();
+    }
+}
+
+impl Default for HttpClient {
+    /// The Mozilla roots; in debug builds also the PEM file named by [`TEST_CA_ENV`], if set.
+    fn default() -> Self {
+        let extra = if cfg!(debug_assertions) { std::env::var_os(TEST_CA_ENV) } else { None };
+        let pem = extra.and_then(|path| match std::fs::read_to_string(&path) {
+            Ok(pem) => Some(pem),
+            Err(e) => {
+                log::error!(target: "broca.provider", "{TEST_CA_ENV}={}: {e}; not trusted", path.to_string_lossy());
+                None
+            }
+        });
+        match pem.map(|pem| HttpClient::with_test_root_pem(&pem)) {
+            Some(Ok(client)) => client,
+            Some(Err(e)) => {
+                log::error!(target: "broca.provider", "{TEST_CA_ENV}: {e}; not trusted");
+                HttpClient::with_roots(&[])
+            }
+            None => HttpClient::with_roots(&[]),
+        }
+    }
 }
 
 impl HttpClient {
-    fn agent(&self, read_timeout: Duration) -> ureq::Agent {
-        let mut agents = self.agents.lock();
-        if let Some((_, a)) = agents.iter().find(|(t, _)| *t == read_timeout) {
-            return a.clone();
+    /// A client that also trusts the certificates in `pem` as roots. For tests against a
+    /// provider with a self-signed certificate (broca-mock's TLS mode); production clients use
+    /// [`HttpClient::default`].
+    pub fn with_test_root_pem(pem: &str) -> Result<HttpClient, String> {
+        use rustls::pki_types::pem::PemObject;
+        let certs = rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("not a PEM certificate list: {e}"))?;
+        if certs.is_empty() {
+            return Err("no certificate in the PEM".into());
         }
-        let agent =
-            ureq::AgentBuilder::new().timeout_connect(Duration::from_secs(10)).timeout_read(read_timeout).build();
-        agents.push((read_timeout, agent.clone()));
-        agent
+        Ok(HttpClient::with_roots(&certs))
+    }
+
+    fn with_roots(extra: &[rustls::pki_types::CertificateDer<'static>]) -> HttpClient {
+        HttpClient {
+            agents: Mutex::new(Vec::new()),
+            extra_roots: extra.to_vec(),
+            tls: std::sync::OnceLock::new(),
+            streamers: crate::pool::Pool::new("broca-stream"),
+        }
+    }
+
+    fn slot(&self, origin: &str, read_timeout: Duration) -> Arc<AgentSlot> {
+        let mut agents = self.agents.lock();
+        let found = agents.iter().position(|s| s.origin == origin && s.read_timeout == read_timeout);
+        if let Some(i) = found {
+            let slot = &agents[i];
+            let idle = *slot.draining.lock() == 0 && slot.last_used.lock().elapsed() > POOL_IDLE_TIMEOUT;
+            if !idle {
+                return Arc::clone(slot);
+            }
+            log::debug!(target: "broca.provider", "{origin}: pool idle past {POOL_IDLE_TIMEOUT:?}; new connections");
+            agents.swap_remove(i);
+        }
+        let mut builder = ureq::AgentBuilder::new()
+            .timeout_connect(Duration::from_secs(10))
+            .timeout_read(read_timeout)
+            .max_idle_connections(POOL_IDLE_PER_HOST)
+            .max_idle_connections_per_host(POOL_IDLE_PER_HOST);
+        if origin.starts_with("https:") {
+            if let Some(tls) = self.tls.get_or_init(|| tls_config(&self.extra_roots)) {
+                builder = builder.tls_config(Arc::clone(tls));
+            }
+        }
+        let slot = Arc::new(AgentSlot {
+            origin: origin.to_string(),
+            read_timeout,
+            agent: builder.build(),
+            draining: Mutex::new(0),
+            drained: Condvar::new(),
+            last_used: Mutex::new(Instant::now()),
+        });
+        agents.push(Arc::clone(&slot));
+        slot
+    }
+}
+
+/// The client TLS configuration every agent shares: webpki roots plus `extra`, ring (the
+/// provider ureq's rustls uses), TLS 1.2 and 1.3, rustls' default in-memory session cache (so
+/// reconnects resume). `None` (ureq's own default) only if the provider refuses the versions.
+fn tls_config(extra: &[rustls::pki_types::CertificateDer<'static>]) -> Option<Arc<rustls::ClientConfig>> {
+    let mut roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() };
+    for cert in extra {
+        if let Err(e) = roots.add(cert.clone()) {
+            log::error!(target: "broca.provider", "an extra root certificate is unusable: {e}");
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    match rustls::ClientConfig::builder_with_provider(provider).with_safe_default_protocol_versions() {
+        Ok(builder) => Some(Arc::new(builder.with_root_certificates(roots).with_no_client_auth())),
+        Err(e) => {
+            log::error!(target: "broca.provider", "TLS configuration: {e}; using ureq's default");
+            None
+        }
+    }
+}
+
+/// `scheme://host[:port]` of a base URL (the pool's key); the whole string if it has no path.
+fn origin(base_url: &str) -> &str {
+    let after_scheme = base_url.find("://").map_or(0, |i| i + 3);
+    match base_url[after_scheme..].find('/') {
+        Some(i) => &base_url[..after_scheme + i],
+        None => base_url,
     }
 }
 
 impl ModelClient for HttpClient {
     fn start(&self, attempt: Attempt) -> Receiver<AttemptEvent> {
         let (tx, rx) = bounded(EVENT_QUEUE);
-        let agent = self.agent(attempt.read_timeout);
-        let spawned =
-            std::thread::Builder::new().name("broca-stream".into()).spawn(move || stream(&agent, attempt, &tx));
+        let slot = self.slot(origin(&attempt.config.base_url), attempt.read_timeout);
+        let spawned = self.streamers.run(move || {
+            slot.wait_drained();
+            stream(&slot, attempt, &tx)
+        });
         if let Err(e) = spawned {
             let (tx, rx) = bounded(1);
             let error = transport_error(format!("cannot start the streamer thread: {e}"));
@@ -120,8 +297,8 @@ fn retry_after(resp: &ureq::Response) -> Option<Duration> {
 
 /// The streamer thread's body. Ends when the stream ends, fails, is cancelled, or the loop
 /// stops listening.
-fn stream(agent: &ureq::Agent, a: Attempt, tx: &Sender<AttemptEvent>) {
-    let resp = match request(agent, &a).send_bytes(&a.body) {
+fn stream(slot: &AgentSlot, a: Attempt, tx: &Sender<AttemptEvent>) {
+    let resp = match request(&slot.agent, &a).send_bytes(&a.body) {
         Ok(resp) => resp,
         Err(ureq::Error::Status(status, resp)) => {
             let after = retry_after(&resp);
@@ -191,9 +368,60 @@ fn stream(agent: &ureq::Agent, a: Attempt, tx: &Sender<AttemptEvent>) {
         {
             return;
         }
-        if n == 0 || decoder.finished() {
+        if n == 0 {
+            // At its end already: ureq has returned the connection to the pool (or closed it,
+            // for a stream without a length).
+            *slot.last_used.lock() = Instant::now();
             let _ = tx.send(AttemptEvent::End { terminal: decoder.finished(), telemetry });
             return;
         }
+        if decoder.finished() {
+            // Counted as draining before the loop hears the end, so its next attempt waits for
+            // this connection instead of opening another.
+            slot.begin_drain();
+            let _ = tx.send(AttemptEvent::End { terminal: true, telemetry });
+            drain(&mut reader, &mut buf);
+            slot.end_drain();
+            return;
+        }
+    }
+}
+
+/// Reads what follows a stream's terminal event to its end (at most [`DRAIN_LIMIT`] bytes),
+/// which returns the connection to the pool. Anything else (an error, too many bytes) drops
+/// the reader, and with it the connection. Nothing read here is decoded.
+fn drain(reader: &mut impl Read, buf: &mut [u8]) {
+    let mut total = 0usize;
+    while total <= DRAIN_LIMIT {
+        match reader.read(buf) {
+            Ok(0) => return,
+            Ok(n) => total += n,
+            Err(e) => {
+                log::debug!(target: "broca.provider", "after the terminal event the stream broke: {e}");
+                return;
+            }
+        }
+    }
+    log::debug!(target: "broca.provider", "more than {DRAIN_LIMIT} bytes after the terminal event; connection dropped");
+}
+
+#[cfg(test)]
+mod pool_tests {
+    use super::{origin, HttpClient};
+
+    #[test]
+    fn a_test_root_must_be_a_pem_certificate() {
+        assert!(HttpClient::with_test_root_pem("not a certificate").is_err());
+        assert!(HttpClient::with_test_root_pem("").is_err());
+        let junk = "-----BEGIN CERTIFICATE-----\n!!!!\n-----END CERTIFICATE-----\n";
+        assert!(HttpClient::with_test_root_pem(junk).is_err());
+    }
+
+    #[test]
+    fn origins_key_the_pool() {
+        assert_eq!(origin("https://api.openai.com/v1"), "https://api.openai.com");
+        assert_eq!(origin("http://127.0.0.1:8080/lane/a/v1"), "http://127.0.0.1:8080");
+        assert_eq!(origin("http://127.0.0.1:8080"), "http://127.0.0.1:8080");
+        assert_eq!(origin("weird"), "weird");
     }
 }

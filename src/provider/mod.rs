@@ -14,6 +14,7 @@ pub mod errors;
 pub mod event;
 pub mod openai_chat;
 pub mod openai_responses;
+pub mod render_cache;
 pub mod sse;
 pub mod telemetry;
 pub mod wire;

@@ -34,12 +34,27 @@ use crate::message::{Message, Part, Role, StepUsage};
 /// the output cap?, then the variant's members merged on top (e.g. `reasoning_effort`).
 pub fn render(config: &RenderConfig, transcript: &[Message]) -> Vec<u8> {
     let mut messages = Vec::new();
-    if let Some(system) = config.system.as_deref().filter(|s| !s.is_empty()) {
-        messages.push(json!({"role": "system", "content": system}));
-    }
     for m in transcript {
         push_message(m, &mut messages);
     }
+    render_body(config, messages)
+}
+
+/// One transcript message's elements of `messages` (none, one, or one per tool result). They
+/// depend on the message alone, so [`super::render_cache`] keeps them across a run's steps.
+pub(crate) fn render_message(m: &Message) -> Vec<Value> {
+    let mut out = Vec::new();
+    push_message(m, &mut out);
+    out
+}
+
+/// The request body around the transcript's rendered `messages` (the system prompt first).
+pub(crate) fn render_body(config: &RenderConfig, transcript_messages: Vec<Value>) -> Vec<u8> {
+    let mut messages = Vec::with_capacity(transcript_messages.len() + 1);
+    if let Some(system) = config.system.as_deref().filter(|s| !s.is_empty()) {
+        messages.push(json!({"role": "system", "content": system}));
+    }
+    messages.extend(transcript_messages);
     let mut body = json!({
         "model": config.wire_model,
         "stream": true,

@@ -502,3 +502,24 @@ fn stop_reasons_normalize() {
     assert_eq!(openai_responses::normalize_incomplete_reason("content_filter"), "content_filter");
     assert_eq!(openai_responses::normalize_incomplete_reason("max_output_tokens"), "length");
 }
+
+#[test]
+fn the_render_cache_gives_the_bytes_of_a_whole_render() {
+    for (name, mut config, transcript) in request_cases() {
+        for system in [None, Some(String::new()), Some("Be brief.".to_string())] {
+            config.system = system;
+            let mut cache = super::render_cache::RenderCache::default();
+            // Growing as a loop's transcript does, from empty, with one cache.
+            for n in 0..=transcript.len() {
+                let want = render_request(&config, &transcript[..n]);
+                assert_eq!(cache.render(&config, &transcript[..n]), want, "{name}, {n} messages");
+                let spliced = wire(config.family).render_message(&Message::user_text("x")).is_some();
+                assert_eq!(cache.cached(), if spliced { n } else { 0 }, "{name}: the cache was used");
+            }
+            // An earlier message that changed is rendered again, not reused.
+            let mut edited = transcript.clone();
+            edited[0] = Message::user_text("Something else entirely.");
+            assert_eq!(cache.render(&config, &edited), render_request(&config, &edited), "{name}, edited");
+        }
+    }
+}

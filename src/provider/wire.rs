@@ -35,6 +35,19 @@ pub trait WireFamily: Sync {
     /// The request body: deterministic bytes (same config and transcript, same bytes).
     fn render(&self, config: &RenderConfig, transcript: &[Message]) -> Vec<u8>;
 
+    /// For a family whose request lists the transcript as one JSON array in which each message
+    /// renders on its own (whatever its position, the config or the other messages): one
+    /// message's elements of that array. `None` (the default): whole requests only.
+    fn render_message(&self, _message: &Message) -> Option<Vec<Value>> {
+        None
+    }
+
+    /// With [`WireFamily::render_message`]: the body around already rendered elements, such
+    /// that `render(config, t)` is `render_body(config, elements of every message of t)`.
+    fn render_body(&self, _config: &RenderConfig, _elements: Vec<Value>) -> Option<Vec<u8>> {
+        None
+    }
+
     /// A fresh decoder for one response stream.
     fn decoder(&self) -> Box<dyn StreamDecoder>;
 
@@ -116,6 +129,12 @@ impl WireFamily for OpenaiChat {
     }
     fn render(&self, config: &RenderConfig, transcript: &[Message]) -> Vec<u8> {
         openai_chat::render(config, transcript)
+    }
+    fn render_message(&self, message: &Message) -> Option<Vec<Value>> {
+        Some(openai_chat::render_message(message))
+    }
+    fn render_body(&self, config: &RenderConfig, elements: Vec<Value>) -> Option<Vec<u8>> {
+        Some(openai_chat::render_body(config, elements))
     }
     fn decoder(&self) -> Box<dyn StreamDecoder> {
         Box::new(openai_chat::ChatDecoder::new())

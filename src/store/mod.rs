@@ -262,6 +262,12 @@ pub struct SendRow {
     pub run_id: Option<String>,
 }
 
+/// The `-wal` size up to which a closing store leaves the WAL as it is. The next process to
+/// open the database rebuilds its WAL index by reading the whole file (start-up time grows with
+/// it), so past this a closing store checkpoints and truncates it: a few fsyncs every few CLI
+/// turns instead of every turn, and an open that reads at most this much.
+pub const WAL_KEEP_BYTES: u64 = 1 << 20;
+
 /// Read connections of a store: readers never wait for the writer's connection (WAL mode lets
 /// them read the last committed state while a flush runs).
 const READ_CONNECTIONS: usize = 4;
@@ -271,12 +277,39 @@ const READ_CONNECTIONS: usize = 4;
 pub struct Store {
     path: PathBuf,
     conn: Mutex<Connection>,
-    readers: Vec<Mutex<Connection>>,
+    /// Opened on first use: each connection parses the schema, which a short-lived process
+    /// (a `broca-run` turn reads one checkpoint) should not pay four times at start.
+    readers: Vec<Mutex<Option<Connection>>>,
     next_reader: std::sync::atomic::AtomicUsize,
 }
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// Leaves SQLite's `-wal` file in place when the last connection closes, instead of
+/// checkpointing it into the database and deleting it. A short-lived process (a `broca-run`
+/// turn) then costs no checkpoint fsyncs at exit and no WAL re-creation (header and directory
+/// fsyncs) at its next start; nothing committed is lost (the WAL is read back on open). What
+/// bounds the WAL is the writer's automatic checkpoints and [`WAL_KEEP_BYTES`] at close.
+fn keep_wal_on_close(conn: &Connection) -> Result<(), StoreError> {
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
+    Ok(())
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        let wal = PathBuf::from(format!("{}-wal", self.path.display()));
+        if std::fs::metadata(&wal).is_ok_and(|m| m.len() > WAL_KEEP_BYTES) {
+            // Readers first: a checkpoint cannot truncate past a reader's snapshot.
+            for reader in &self.readers {
+                reader.lock().take();
+            }
+            if let Err(e) = self.conn.lock().execute_batch("PRAGMA wal_checkpoint(TRUNCATE);") {
+                log::warn!("run-index.db: checkpoint at close failed: {e}");
+            }
+        }
+    }
 }
 
 impl Store {
@@ -296,36 +329,48 @@ impl Store {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        keep_wal_on_close(&conn)?;
         // A database derived by an older layout is derived again: its lineages replay from
-        // their WAL on next open (the metering lane is kept; it is insert-once).
+        // their WAL on next open (the metering lane is kept; it is insert-once). A current one
+        // is left as it is: opening writes nothing (no transaction, so no WAL frame or fsync).
         let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-        if version < SCHEMA_VERSION {
-            conn.execute_batch("DROP TABLE IF EXISTS runs; DROP TABLE IF EXISTS transcript; DROP TABLE IF EXISTS sends; DROP TABLE IF EXISTS lineages;")?;
+        if version != SCHEMA_VERSION {
+            // One transaction: the version is never current without the rows it implies.
+            let tx = conn.unchecked_transaction()?;
+            if version < SCHEMA_VERSION {
+                tx.execute_batch("DROP TABLE IF EXISTS runs; DROP TABLE IF EXISTS transcript; DROP TABLE IF EXISTS sends; DROP TABLE IF EXISTS lineages;")?;
+            }
+            tx.execute_batch(SCHEMA)?;
+            tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+            tx.execute(
+                "INSERT OR IGNORE INTO export_meta (key, value) VALUES ('source_instance_id', ?1)",
+                [uuid::Uuid::new_v4().to_string()],
+            )?;
+            tx.execute("INSERT OR IGNORE INTO export_meta (key, value) VALUES ('high_water', '0')", [])?;
+            tx.commit()?;
         }
-        conn.execute_batch(SCHEMA)?;
-        conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
-        conn.execute(
-            "INSERT OR IGNORE INTO export_meta (key, value) VALUES ('source_instance_id', ?1)",
-            [uuid::Uuid::new_v4().to_string()],
-        )?;
-        conn.execute("INSERT OR IGNORE INTO export_meta (key, value) VALUES ('high_water', '0')", [])?;
-        let mut readers = Vec::with_capacity(READ_CONNECTIONS);
-        for _ in 0..READ_CONNECTIONS {
-            let reader = Connection::open(path)?;
-            reader.busy_timeout(std::time::Duration::from_secs(5))?;
-            reader.pragma_update(None, "query_only", true)?;
-            readers.push(Mutex::new(reader));
-        }
+        let readers = (0..READ_CONNECTIONS).map(|_| Mutex::new(None)).collect();
         Ok(Store { path: path.to_path_buf(), conn: Mutex::new(conn), readers, next_reader: Default::default() })
     }
 
-    /// A read connection: a free one if any, else the next in turn.
-    fn reader(&self) -> parking_lot::MutexGuard<'_, Connection> {
-        if let Some(free) = self.readers.iter().find_map(|r| r.try_lock()) {
-            return free;
+    /// A read connection: a free one if any, else the next in turn; opened on first use.
+    fn reader(&self) -> Result<parking_lot::MappedMutexGuard<'_, Connection>, StoreError> {
+        let mut slot = match self.readers.iter().find_map(|r| r.try_lock()) {
+            Some(free) => free,
+            None => {
+                let i = self.next_reader.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.readers.len();
+                self.readers[i].lock()
+            }
+        };
+        if slot.is_none() {
+            let reader = Connection::open(&self.path)?;
+            reader.busy_timeout(std::time::Duration::from_secs(5))?;
+            reader.pragma_update(None, "query_only", true)?;
+            keep_wal_on_close(&reader)?;
+            *slot = Some(reader);
         }
-        let i = self.next_reader.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.readers.len();
-        self.readers[i].lock()
+        parking_lot::MutexGuard::try_map(slot, Option::as_mut)
+            .map_err(|_| StoreError::Damaged("a read connection went missing".into()))
     }
 
     pub fn path(&self) -> &Path {
@@ -334,7 +379,7 @@ impl Store {
 
     /// The lineage's checkpoint, if its prefix is materialized.
     pub fn checkpoint(&self, lineage: &str) -> Result<Option<Checkpoint>, StoreError> {
-        let conn = self.reader();
+        let conn = self.reader()?;
         let row = conn
             .query_row(
                 "SELECT incarnation, watermark_seq, next_offset, replay FROM lineages WHERE lineage = ?1",
@@ -354,7 +399,7 @@ impl Store {
     /// run still open (a crash left it). Boot recovery opens them so queued work is never left
     /// idle and orphans are sealed; the WAL then decides.
     pub fn sessions_with_work(&self) -> Result<Vec<SessionKey>, StoreError> {
-        let conn = self.reader();
+        let conn = self.reader()?;
         let mut stmt = conn.prepare("SELECT project_root, harness, session, replay FROM lineages")?;
         let rows = stmt.query_map([], |r| {
             Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?))
@@ -430,7 +475,7 @@ impl Store {
 
     /// Materialized entries `[from, from + limit)` with their run and write time.
     pub fn entries(&self, lineage: &str, from: u64, limit: u64) -> Result<Vec<Entry>, StoreError> {
-        let conn = self.reader();
+        let conn = self.reader()?;
         let mut stmt = conn.prepare_cached(
             "SELECT ordinal, run_id, written_at, message FROM transcript WHERE lineage = ?1 AND ordinal >= ?2 ORDER BY ordinal LIMIT ?3",
         )?;
@@ -455,7 +500,7 @@ impl Store {
         run_id: &str,
         role: crate::message::Role,
     ) -> Result<Option<(u64, Message)>, StoreError> {
-        let conn = self.reader();
+        let conn = self.reader()?;
         let mut stmt = conn.prepare_cached(
             "SELECT ordinal, message FROM transcript WHERE lineage = ?1 AND run_id = ?2 ORDER BY ordinal DESC",
         )?;
@@ -473,7 +518,7 @@ impl Store {
 
     /// The index row of `run_id` (most recently updated if several lineages used the id).
     pub fn run(&self, run_id: &str) -> Result<Option<RunRow>, StoreError> {
-        let conn = self.reader();
+        let conn = self.reader()?;
         let row = conn
             .query_row(
                 "SELECT run_id, lineage, session, submission_id, state, reason, error, terminal, wal_path, title, usage, auth_selection, detail, undelivered_steers, finish FROM runs
@@ -515,7 +560,7 @@ impl Store {
                 id,
             ),
         };
-        let conn = self.reader();
+        let conn = self.reader()?;
         let row = conn
             .query_row(sql, params![lineage, key], |r| {
                 Ok((

@@ -110,7 +110,10 @@ impl Lease {
         file.seek(SeekFrom::Start(0))?;
         file.write_all(line.as_bytes())?;
         file.set_len(line.len() as u64)?;
-        file.sync_data()?;
+        // Not fsynced: the epoch is a tenure mark, and the WAL is its durable record. An open
+        // raises the lease past the highest epoch its WAL shows, so a write lost in a crash is
+        // repaired before this tenure stamps anything; a tenure that made nothing durable may
+        // see its number again, which stamps nothing twice.
         self.epoch = epoch;
         Ok(())
     }

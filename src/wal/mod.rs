@@ -559,7 +559,14 @@ impl Wal {
 }
 
 /// Creates `dir` (and parents) with mode 0700.
+/// Creates `dir` (and its parents) and makes it 0700. An existing directory that already is
+/// 0700 is left untouched (opening a state root writes nothing that is already so).
 pub fn ensure_private_dir(dir: &Path) -> io::Result<()> {
+    if let Ok(meta) = fs::metadata(dir) {
+        if meta.is_dir() && meta.permissions().mode() & 0o7777 == 0o700 {
+            return Ok(());
+        }
+    }
     fs::create_dir_all(dir)?;
     fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
 }

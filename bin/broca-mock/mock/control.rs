@@ -13,6 +13,10 @@ pub(crate) fn handle(shared: &Shared, request: &Request) -> Reply {
     let parts: Vec<&str> = rest.split('/').collect();
     match (request.method.as_str(), parts.as_slice()) {
         ("GET", ["health"]) => Reply::json(200, &json!({"ok": true})),
+        ("GET", ["connections"]) => {
+            let c = shared.connections_counted();
+            Reply::json(200, &json!({"accepts": c.accepts, "tls_full": c.tls_full, "tls_resumed": c.tls_resumed}))
+        }
         ("POST", ["lanes", lane, "script"]) if !lane.is_empty() => {
             match serde_json::from_slice::<Script>(&request.body) {
                 Ok(script) => {
@@ -41,7 +45,7 @@ pub(crate) fn handle(shared: &Shared, request: &Request) -> Reply {
             shared.lanes.reset(lane);
             Reply::empty(204)
         }
-        (_, ["health"] | ["lanes", _, "script" | "requests"] | ["lanes", _]) => {
+        (_, ["health"] | ["connections"] | ["lanes", _, "script" | "requests"] | ["lanes", _]) => {
             Reply::refusal(405, "method not allowed on this control route")
         }
         _ => Reply::refusal(404, "no such control route"),

@@ -1,10 +1,14 @@
-//! A minimal HTTP/1.1 server side: one request per connection, bodies by `Content-Length`
-//! only, every response `Connection: close`. Streams have no length and end when the
-//! connection closes, so a scripted disconnect looks to the client like a truncated stream.
+//! A minimal HTTP/1.1 server side: request bodies by `Content-Length` only; no pipelining.
+//!
+//! A connection is kept alive (HTTP/1.1's default) unless the client sends `Connection: close`
+//! or the server is set not to: then replies carry `Content-Length` and streams are chunked, so
+//! a stream's end is its last chunk. On a closing connection a stream has no length and ends
+//! when the connection closes. Either way a scripted disconnect cuts the connection, which the
+//! client sees as a truncated stream.
 
 use std::borrow::Cow;
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpStream};
+use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -12,6 +16,7 @@ use serde_json::Value;
 
 use super::render::Piece;
 use super::script::{WriteMode, NOW_US_TOKEN};
+use super::tls::Conn;
 
 /// The largest request head (request line and headers) accepted; larger is refused 431.
 pub const MAX_HEAD_BYTES: usize = 64 << 10;
@@ -73,7 +78,7 @@ pub(crate) enum Incoming {
 }
 
 /// Reads one request. A `100 Continue` is sent when the client asks for it.
-pub(crate) fn read_request(stream: &mut TcpStream) -> io::Result<Incoming> {
+pub(crate) fn read_request(stream: &mut (impl Read + Write)) -> io::Result<Incoming> {
     let mut buf = Vec::with_capacity(8 << 10);
     let mut chunk = [0u8; 8 << 10];
     let head_end = loop {
@@ -156,9 +161,9 @@ fn body_length(request: &Request) -> Result<usize, Reply> {
 
 /// After a refusal: stop writing, then discard what the client is still sending (bounded in
 /// bytes and time) so it reads our reply instead of a connection reset.
-pub(crate) fn drain(stream: &mut TcpStream) {
-    let _ = stream.shutdown(Shutdown::Write);
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+pub(crate) fn drain(stream: &mut Conn) {
+    let _ = stream.tcp().shutdown(Shutdown::Write);
+    let _ = stream.tcp().set_read_timeout(Some(Duration::from_millis(500)));
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut sink = [0u8; 64 << 10];
     let mut total = 0usize;
@@ -194,12 +199,22 @@ pub(crate) fn reason(status: u16) -> &'static str {
     }
 }
 
-/// Writes the status line and headers; `extra` replaces same-named defaults.
+/// Whether scripted headers leave the framing to the server: a script that sets its own
+/// `Content-Length`, `Transfer-Encoding` or `Connection` gets a closing connection, so a wrong
+/// length cannot desynchronize the next request on it.
+pub(crate) fn framing_free<'a>(names: impl IntoIterator<Item = &'a String>) -> bool {
+    let framing = ["content-length", "transfer-encoding", "connection"];
+    !names.into_iter().any(|k| framing.iter().any(|f| k.eq_ignore_ascii_case(f)))
+}
+
+/// Writes the status line and headers; `extra` replaces same-named defaults. `keep` says the
+/// connection stays open after this response (`Connection: keep-alive`, else `close`).
 fn write_head(
     out: &mut impl Write,
     status: u16,
     defaults: &[(String, String)],
     extra: &[(String, String)],
+    keep: bool,
 ) -> io::Result<()> {
     let mut head = format!("HTTP/1.1 {status} {}\r\n", reason(status));
     let overridden = |name: &str| extra.iter().any(|(k, _)| k.eq_ignore_ascii_case(name));
@@ -208,29 +223,62 @@ fn write_head(
             head.push_str(&format!("{k}: {v}\r\n"));
         }
     }
-    head.push_str("Connection: close\r\n\r\n");
+    head.push_str(if keep { "Connection: keep-alive\r\n\r\n" } else { "Connection: close\r\n\r\n" });
     out.write_all(head.as_bytes())
 }
 
-/// Writes a whole response.
-pub(crate) fn write_reply(out: &mut impl Write, reply: &Reply) -> io::Result<()> {
+/// Writes a whole response (`keep`: the connection stays open after it).
+pub(crate) fn write_reply(out: &mut impl Write, reply: &Reply, keep: bool) -> io::Result<()> {
     let mut defaults = Vec::new();
     if reply.status != 204 && reply.status >= 200 {
         defaults.push(("Content-Length".to_string(), reply.body.len().to_string()));
     }
-    write_head(out, reply.status, &defaults, &reply.headers)?;
+    write_head(out, reply.status, &defaults, &reply.headers, keep)?;
     out.write_all(&reply.body)?;
     out.flush()
 }
 
-/// Writes a 200 event-stream head.
-pub(crate) fn write_stream_head(out: &mut impl Write, extra: &[(String, String)]) -> io::Result<()> {
-    let defaults = [
+/// Writes a 200 event-stream head; with `keep` the body is chunked (write it through
+/// [`Chunked`]).
+pub(crate) fn write_stream_head(out: &mut impl Write, extra: &[(String, String)], keep: bool) -> io::Result<()> {
+    let mut defaults = vec![
         ("Content-Type".to_string(), "text/event-stream; charset=utf-8".to_string()),
         ("Cache-Control".to_string(), "no-cache".to_string()),
     ];
-    write_head(out, 200, &defaults, extra)?;
+    if keep {
+        defaults.push(("Transfer-Encoding".to_string(), "chunked".to_string()));
+    }
+    write_head(out, 200, &defaults, extra, keep)?;
     out.flush()
+}
+
+/// A chunked body writer: each non-empty write is one chunk, written with one call to the
+/// inner writer (so `split_every` still reaches the client as separate pieces).
+pub(crate) struct Chunked<W: Write>(pub W);
+
+impl<W: Write> Chunked<W> {
+    /// The last chunk: the stream is complete and the connection reusable.
+    pub(crate) fn finish(mut self) -> io::Result<()> {
+        self.0.write_all(b"0\r\n\r\n")?;
+        self.0.flush()
+    }
+}
+
+impl<W: Write> Write for Chunked<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let mut frame = format!("{:x}\r\n", buf.len()).into_bytes();
+        frame.extend_from_slice(buf);
+        frame.extend_from_slice(b"\r\n");
+        self.0.write_all(&frame)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.0.flush()
+    }
 }
 
 /// How a stream write ended.
@@ -472,11 +520,25 @@ mod tests {
             headers: vec![("content-length".into(), "99".into()), ("retry-after".into(), "1".into())],
             body: b"{}".to_vec(),
         };
-        write_reply(&mut out, &reply).unwrap();
+        write_reply(&mut out, &reply, false).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(text.starts_with("HTTP/1.1 429 Too Many Requests\r\n"));
         assert!(text.contains("retry-after: 1\r\n") && text.contains("content-length: 99\r\n"));
         assert!(!text.contains("Content-Length: 2"));
         assert!(text.ends_with("Connection: close\r\n\r\n{}"));
+        assert!(!framing_free(reply.headers.iter().map(|(k, _)| k)));
+        assert!(framing_free(&["retry-after".to_string()]));
+    }
+
+    #[test]
+    fn chunked_bodies_frame_each_write() {
+        let mut out = Vec::new();
+        let mut body = Chunked(&mut out);
+        body.write_all(b"data: a\n\n").unwrap();
+        body.write_all(b"").unwrap();
+        body.write_all(&[b'x'; 17]).unwrap();
+        body.finish().unwrap();
+        let x = "x".repeat(17);
+        assert_eq!(String::from_utf8(out).unwrap(), format!("9\r\ndata: a\n\n\r\n11\r\n{x}\r\n0\r\n\r\n"));
     }
 }

@@ -4,8 +4,14 @@
 //!
 //! # Lanes and routes
 //!
-//! One HTTP/1.1 request per connection (answered `Connection: close`), one thread per
-//! connection. Model requests are routed by path prefix to a *lane*:
+//! HTTP/1.1, one thread per connection. A connection is kept alive between requests (streams
+//! are then chunked) unless the client sends `Connection: close`, or the server was started
+//! with [`MockOptions::no_keep_alive`]; an idle kept-alive connection is closed after
+//! [`KEEP_ALIVE_IDLE`] (or [`MockOptions::idle_close`]). With [`MockOptions::tls`] the server
+//! speaks HTTPS with a certificate generated at start; [`MockServer::ca_pem`] is the root a
+//! client trusts. [`MockServer::accepts`] counts accepted connections (and
+//! [`MockServer::tls_handshakes`] TLS handshakes, full and resumed), so tests can see how many
+//! connections a client made. Model requests are routed by path prefix to a *lane*:
 //!
 //! | path | lane | family |
 //! |---|---|---|
@@ -105,6 +111,7 @@
 //! | request | answer |
 //! |---|---|
 //! | `GET /_mock/health` | 200 `{"ok":true}` |
+//! | `GET /_mock/connections` | 200 `{"accepts", "tls_full", "tls_resumed"}`: connections accepted and TLS handshakes so far |
 //! | `POST /_mock/lanes/<lane>/script` (body: a script) | 204; the responses are appended to the lane's FIFO; 400 `{"error":...}` if invalid |
 //! | `GET /_mock/lanes/<lane>/requests` | 200, JSON array of `{method, path, headers: [[name, value]...], body (UTF-8, lossy), body_sha256, family}`; header `X-Mock-Dropped-Requests` |
 //! | `GET /_mock/lanes/<lane>` | 200 `{"pending", "recorded", "dropped"}` |
@@ -121,13 +128,16 @@ mod http;
 mod lanes;
 pub mod render;
 pub mod script;
+mod tls;
 
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
 
 pub use http::{MAX_BODY_BYTES, MAX_HEAD_BYTES};
 pub use lanes::{sha256_hex, RecordedRequest, MAX_RECORDED_PER_LANE};
@@ -137,14 +147,38 @@ pub use script::{
 };
 
 use broca::provider::event::Family;
-use http::{Ended, Incoming, Reply, Request};
+use http::{Chunked, Ended, Incoming, Reply, Request};
 use lanes::Lanes;
 use render::RenderCtx;
+use tls::{Conn, Handshake};
 
 /// Connections served at once; more are answered 503 and closed.
 pub const MAX_CONNECTIONS: usize = 256;
 /// Idle read/write limit on a connection.
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a kept-alive connection may sit idle between requests before the server closes it
+/// (real providers close idle connections too, after tens of seconds).
+pub const KEEP_ALIVE_IDLE: Duration = Duration::from_secs(5);
+
+/// How a [`MockServer`] serves connections; the default is plain HTTP with keep-alive.
+#[derive(Clone, Debug, Default)]
+pub struct MockOptions {
+    /// Serve HTTPS with a certificate generated at start ([`MockServer::ca_pem`] is its root).
+    pub tls: bool,
+    /// Answer every request `Connection: close` (a provider that never keeps connections).
+    pub no_keep_alive: bool,
+    /// Close a kept-alive connection after this much idleness instead of [`KEEP_ALIVE_IDLE`]
+    /// (a provider whose idle timeout a client may outlive).
+    pub idle_close: Option<Duration>,
+}
+
+/// Connections and TLS handshakes counted at the server, outside any client.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Connections {
+    pub accepts: u64,
+    pub tls_full: u64,
+    pub tls_resumed: u64,
+}
 
 /// The state shared by the listener and connection threads.
 #[derive(Default)]
@@ -153,6 +187,17 @@ pub(crate) struct Shared {
     next_id: AtomicU64,
     stopping: AtomicBool,
     connections: AtomicUsize,
+    options: MockOptions,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    counted: Mutex<Connections>,
+    /// When the last model request's head arrived (for start-up latency figures).
+    last_request_at: Mutex<Option<std::time::Instant>>,
+}
+
+impl Shared {
+    pub(crate) fn connections_counted(&self) -> Connections {
+        *self.counted.lock()
+    }
 }
 
 /// A running mock provider. Dropping it stops the listener.
@@ -161,11 +206,18 @@ pub struct MockServer {
     /// The address clients connect to (loopback when bound to an unspecified address).
     addr: SocketAddr,
     listener: Option<JoinHandle<()>>,
+    ca_pem: Option<String>,
 }
 
 impl MockServer {
-    /// Binds `bind` (e.g. `127.0.0.1:0`) and starts serving.
+    /// Binds `bind` (e.g. `127.0.0.1:0`) and starts serving plain HTTP with keep-alive.
     pub fn start(bind: &str) -> io::Result<MockServer> {
+        MockServer::start_with(bind, MockOptions::default())
+    }
+
+    /// Binds `bind` and starts serving as `options` say.
+    pub fn start_with(bind: &str, options: MockOptions) -> io::Result<MockServer> {
+        let identity = if options.tls { Some(tls::generate().map_err(io::Error::other)?) } else { None };
         let listener = TcpListener::bind(bind)?;
         let mut addr = listener.local_addr()?;
         if addr.ip().is_unspecified() {
@@ -174,22 +226,52 @@ impl MockServer {
                 IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
             });
         }
-        let shared = Arc::new(Shared::default());
+        let (tls, ca_pem) = match identity {
+            Some(id) => (Some(id.config), Some(id.ca_pem)),
+            None => (None, None),
+        };
+        let shared = Arc::new(Shared { options, tls, ..Shared::default() });
         let accept_shared = Arc::clone(&shared);
         let handle = thread::Builder::new()
             .name("broca-mock-listen".into())
             .spawn(move || accept_loop(listener, accept_shared))?;
         log::info!("broca-mock listening on {addr}");
-        Ok(MockServer { shared, addr, listener: Some(handle) })
+        Ok(MockServer { shared, addr, listener: Some(handle), ca_pem })
     }
 
     pub fn port(&self) -> u16 {
         self.addr.port()
     }
 
-    /// `http://127.0.0.1:<port>`.
+    /// `http://127.0.0.1:<port>` (`https://` when serving TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.shared.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
+    }
+
+    /// The PEM of the root that signed the server's certificate, when serving TLS.
+    pub fn ca_pem(&self) -> Option<&str> {
+        self.ca_pem.as_deref()
+    }
+
+    /// Connections accepted so far (every TCP connection, whatever it then sent).
+    pub fn accepts(&self) -> u64 {
+        self.shared.connections_counted().accepts
+    }
+
+    /// Accepts and TLS handshakes so far.
+    pub fn connections(&self) -> Connections {
+        self.shared.connections_counted()
+    }
+
+    /// Connections the server is serving now (open, kept alive or mid-response).
+    pub fn open_connections(&self) -> usize {
+        self.shared.connections.load(Ordering::SeqCst)
+    }
+
+    /// When the last model request's head arrived.
+    pub fn last_request_at(&self) -> Option<std::time::Instant> {
+        *self.shared.last_request_at.lock()
     }
 
     /// The base URL a route points at: `.../v1` for the default lane, `.../lane/<lane>/v1`.
@@ -250,7 +332,10 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             break;
         }
         match conn {
-            Ok(stream) => spawn_connection(&shared, stream),
+            Ok(stream) => {
+                shared.counted.lock().accepts += 1;
+                spawn_connection(&shared, stream)
+            }
             Err(e) => {
                 log::warn!("broca-mock accept failed: {e}");
                 thread::sleep(Duration::from_millis(50));
@@ -272,7 +357,7 @@ fn spawn_connection(shared: &Arc<Shared>, mut stream: TcpStream) {
     if shared.connections.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
         shared.connections.fetch_sub(1, Ordering::SeqCst);
         let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-        let _ = http::write_reply(&mut stream, &Reply::refusal(503, "broca-mock connection limit reached"));
+        let _ = http::write_reply(&mut stream, &Reply::refusal(503, "broca-mock connection limit reached"), false);
         return;
     }
     let slot = ConnectionSlot(Arc::clone(shared));
@@ -289,27 +374,72 @@ fn spawn_connection(shared: &Arc<Shared>, mut stream: TcpStream) {
     }
 }
 
-/// Serves one connection: one request, one answer.
-fn serve(shared: &Shared, mut stream: TcpStream) -> io::Result<()> {
+/// Serves one connection: requests until the client closes it, asks to close, or idles past
+/// the keep-alive limit; a scripted disconnect or an error ends it too.
+fn serve(shared: &Shared, stream: TcpStream) -> io::Result<()> {
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(IO_TIMEOUT))?;
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
-    let request = match http::read_request(&mut stream)? {
-        Incoming::Closed => return Ok(()),
-        Incoming::Refused(reply) => {
-            log::warn!("broca-mock refused a request: {}", reply.status);
-            http::write_reply(&mut stream, &reply)?;
-            http::drain(&mut stream);
+    let mut conn = match &shared.tls {
+        None => Conn::Plain(stream),
+        Some(config) => {
+            let (conn, kind) = Conn::tls(config, stream)?;
+            let mut counted = shared.counted.lock();
+            match kind {
+                Handshake::Full => counted.tls_full += 1,
+                Handshake::Resumed => counted.tls_resumed += 1,
+            }
+            conn
+        }
+    };
+    let idle = shared.options.idle_close.unwrap_or(KEEP_ALIVE_IDLE);
+    let mut first = true;
+    loop {
+        if !first {
+            // Between requests: wait for the next one as long as the keep-alive limit.
+            conn.tcp().set_read_timeout(Some(idle))?;
+        }
+        let incoming = match http::read_request(&mut conn) {
+            Ok(incoming) => incoming,
+            Err(e) if !first && matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                log::debug!("broca-mock: closing a connection idle for {idle:?}");
+                conn.close();
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        first = false;
+        conn.tcp().set_read_timeout(Some(IO_TIMEOUT))?;
+        let request = match incoming {
+            Incoming::Closed => return Ok(()),
+            Incoming::Refused(reply) => {
+                log::warn!("broca-mock refused a request: {}", reply.status);
+                http::write_reply(&mut conn, &reply, false)?;
+                http::drain(&mut conn);
+                return Ok(());
+            }
+            Incoming::Request(r) => r,
+        };
+        let keep = !shared.options.no_keep_alive
+            && !shared.stopping.load(Ordering::SeqCst)
+            && !request.header("connection").is_some_and(|v| v.eq_ignore_ascii_case("close"));
+        if !serve_request(shared, &mut conn, request, keep)? {
+            conn.close();
             return Ok(());
         }
-        Incoming::Request(r) => r,
-    };
+    }
+}
+
+/// Answers one request; returns whether the connection stays open.
+fn serve_request(shared: &Shared, conn: &mut Conn, request: Request, keep: bool) -> io::Result<bool> {
     log::debug!("broca-mock {} {} ({} body bytes)", request.method, request.target, request.body.len());
     if request.path().starts_with("/_mock/") {
-        return http::write_reply(&mut stream, &control::handle(shared, &request));
+        http::write_reply(conn, &control::handle(shared, &request), keep)?;
+        return Ok(keep);
     }
     let Some((lane, rest)) = route(request.path()) else {
-        return http::write_reply(&mut stream, &Reply::refusal(404, "not a broca-mock route"));
+        http::write_reply(conn, &Reply::refusal(404, "not a broca-mock route"), keep)?;
+        return Ok(keep);
     };
     let lane = lane.to_string();
     let family = family_of(rest);
@@ -320,8 +450,10 @@ fn serve(shared: &Shared, mut stream: TcpStream) -> io::Result<()> {
     shared.lanes.record(&lane, RecordedRequest::new(&method, &target, headers, body, family));
     let Some(family) = family.filter(|_| is_model) else {
         let status = if family.is_some() { 405 } else { 404 };
-        return http::write_reply(&mut stream, &Reply::refusal(status, "not a model request"));
+        http::write_reply(conn, &Reply::refusal(status, "not a model request"), keep)?;
+        return Ok(keep);
     };
+    *shared.last_request_at.lock() = Some(std::time::Instant::now());
     let response = if authorized {
         shared.lanes.pop(&lane).unwrap_or_else(|| ScriptedResponse::Stream(default_reply()))
     } else {
@@ -329,18 +461,19 @@ fn serve(shared: &Shared, mut stream: TcpStream) -> io::Result<()> {
         ScriptedResponse::Http(script::HttpReply { status: 401, body: None, headers: Default::default(), delay_ms: 0 })
     };
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed).to_string();
-    answer(shared, &mut stream, family, model, id, response)
+    answer(shared, conn, family, model, id, response, keep)
 }
 
-/// Sends one scripted response.
+/// Sends one scripted response; returns whether the connection stays open.
 fn answer(
     shared: &Shared,
-    stream: &mut TcpStream,
+    conn: &mut Conn,
     family: Family,
     model: String,
     id: String,
     response: ScriptedResponse,
-) -> io::Result<()> {
+    keep: bool,
+) -> io::Result<bool> {
     let request_id = format!("req_mock{id}");
     let id_header = match family {
         Family::AnthropicMessages => "request-id",
@@ -350,28 +483,45 @@ fn answer(
     match response {
         ScriptedResponse::Http(reply) => {
             if !http::pause(reply.delay_ms, &shared.stopping) {
-                return Ok(());
+                return Ok(false);
             }
+            let keep = keep && http::framing_free(reply.headers.keys());
             let body = reply.body.unwrap_or_else(|| render::error_document(family, reply.status, &request_id));
             let mut out = Reply::json(reply.status, &body);
             out.headers.extend(headers);
             out.headers.extend(reply.headers);
-            http::write_reply(stream, &out)
+            http::write_reply(conn, &out, keep)?;
+            Ok(keep)
         }
         ScriptedResponse::Stream(reply) => {
             if !http::pause(reply.delay_ms, &shared.stopping) {
-                return Ok(());
+                return Ok(false);
             }
+            let keep = keep && http::framing_free(reply.headers.keys());
             let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
             let ctx = RenderCtx { model, id, created };
             let pieces = render::render(family, &reply.events, &ctx);
             let stamp = reply.uses_now_token();
             headers.extend(reply.headers);
-            http::write_stream_head(stream, &headers)?;
-            if http::write_pieces(stream, &pieces, &reply.write, stamp, &shared.stopping)? == Ended::Disconnect {
-                let _ = stream.shutdown(Shutdown::Both);
+            http::write_stream_head(conn, &headers, keep)?;
+            let ended = if keep {
+                let mut body = Chunked(&mut *conn);
+                let ended = http::write_pieces(&mut body, &pieces, &reply.write, stamp, &shared.stopping)?;
+                if ended == Ended::Complete {
+                    body.finish()?;
+                }
+                ended
+            } else {
+                http::write_pieces(conn, &pieces, &reply.write, stamp, &shared.stopping)?
+            };
+            match ended {
+                Ended::Complete => Ok(keep),
+                Ended::Disconnect => {
+                    conn.cut();
+                    Ok(false)
+                }
+                Ended::Stopped => Ok(false),
             }
-            Ok(())
         }
     }
 }
