@@ -290,9 +290,18 @@ fn request(agent: &ureq::Agent, a: &Attempt) -> ureq::Request {
 }
 
 fn retry_after(resp: &ureq::Response) -> Option<Duration> {
-    resp.header("retry-after")
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map(|s| Duration::from_secs_f64(s.clamp(0.0, 3600.0)))
+    resp.header("retry-after").and_then(retry_after_secs)
+}
+
+/// The longest provider-asked wait honoured.
+pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(3600);
+
+/// A `Retry-After` in seconds, parsed as untrusted input: `NaN`, infinities and anything else
+/// that is not a finite number are ignored (never a panic), negatives wait nothing, and the wait
+/// is capped at [`RETRY_AFTER_MAX`]. An HTTP date is not honoured (the backoff applies).
+fn retry_after_secs(value: &str) -> Option<Duration> {
+    let secs = value.trim().parse::<f64>().ok().filter(|s| s.is_finite())?;
+    Some(Duration::from_secs_f64(secs.clamp(0.0, RETRY_AFTER_MAX.as_secs_f64())))
 }
 
 /// The streamer thread's body. Ends when the stream ends, fails, is cancelled, or the loop
@@ -407,7 +416,20 @@ fn drain(reader: &mut impl Read, buf: &mut [u8]) {
 
 #[cfg(test)]
 mod pool_tests {
-    use super::{origin, HttpClient};
+    use super::{origin, retry_after_secs, HttpClient, RETRY_AFTER_MAX};
+    use std::time::Duration;
+
+    #[test]
+    fn a_hostile_retry_after_never_panics() {
+        for bad in ["NaN", "nan", "inf", "-inf", "infinity", "1e400", "", "soon", "Wed, 21 Oct 2015 07:28:00 GMT"] {
+            let parsed = retry_after_secs(bad);
+            assert!(parsed.is_none_or(|d| d <= RETRY_AFTER_MAX), "{bad}: {parsed:?}");
+        }
+        assert_eq!(retry_after_secs(" 1.5 "), Some(Duration::from_millis(1500)));
+        assert_eq!(retry_after_secs("-3"), Some(Duration::ZERO));
+        assert_eq!(retry_after_secs("99999999"), Some(RETRY_AFTER_MAX));
+        assert_eq!(retry_after_secs("NaN"), None);
+    }
 
     #[test]
     fn a_test_root_must_be_a_pem_certificate() {
