@@ -127,11 +127,17 @@ fn exercise_sessions(h: &Harness) {
 
     let page = s1.call("session.read", json!({})).unwrap();
     assert_eq!(page["messages"].as_array().unwrap().len(), 6, "{page}");
-    // A message too large for any reply frame is refused by name; the route keeps serving.
-    h.install(json!({"responses": [slow_reply("Noted")]}));
+    // A prompt whose message could never be read back whole is refused at admission, naming the
+    // limit; nothing is written.
     let big = h.session("e2e-harness", "big", None);
-    let huge = big.call("session.send", send_params(&"z".repeat(4_300_000))).unwrap();
-    // Its user_message unit cannot travel either: the stream ends with the typed error.
+    let (code, refused) = big.call("session.send", send_params(&"z".repeat(4_300_000))).unwrap_err();
+    assert_eq!((code.as_str(), refused["detail"]["field"].as_str()), ("invalid_params", Some("prompt")), "{refused}");
+    assert_eq!(refused["detail"]["limit"], broca::wire::send::MAX_MESSAGE_JSON_BYTES);
+    assert!(!big.wal_path().exists(), "a refused send writes nothing");
+    // A model answer too large for any reply frame is refused by name; the route keeps serving.
+    h.install(json!({"responses": [{"events": [{"text": "z".repeat(4_300_000)}, {"finish": "stop"}]}]}));
+    let huge = big.call("session.send", send_params("Noted")).unwrap();
+    // Its assistant_message unit cannot travel either: the stream ends with the typed error.
     let mut big_sub = big.subscribe(json!("start"));
     while big_sub.next().is_some() {}
     match big_sub.ended() {
@@ -139,17 +145,19 @@ fn exercise_sessions(h: &Harness) {
             assert_eq!(body.code, "subscribe_unit_undeliverable", "{body:?}");
             let detail = body.detail.unwrap();
             assert_eq!((detail["reason"].as_str(), detail["limit"].as_u64()), (Some("too_large"), Some(4_194_304)));
-            assert!(detail["cursor"]["wal_seq"].as_u64().is_some(), "{detail}");
+            // The streamed delta (a display frame: no cursor) or the answer's unit (a control
+            // frame, with its cursor) is the first that cannot travel.
+            assert!(detail["cursor"].is_null() || detail["cursor"]["wal_seq"].as_u64().is_some(), "{detail}");
         }
         other => panic!("expected subscribe_unit_undeliverable, got {other:?}"),
     }
     let huge_run = huge["run_id"].as_str().unwrap().to_owned();
     big.wait_run(&huge_run, "completed");
-    let (code, refused) = big.call("session.read", json!({"from_ordinal": 0, "limit": 1})).unwrap_err();
+    let (code, refused) = big.call("session.read", json!({"from_ordinal": 2, "limit": 1})).unwrap_err();
     assert_eq!(code, "reply_too_large", "{refused}");
-    assert_eq!(refused["detail"]["subject"]["ordinal"], 1);
-    let next = big.call("session.read", json!({"from_ordinal": 2})).unwrap();
-    assert_eq!(next["messages"][0]["message"]["content"][0]["text"], "Noted.");
+    assert_eq!(refused["detail"]["subject"]["ordinal"], 2);
+    let first = big.call("session.read", json!({"from_ordinal": 0, "limit": 1})).unwrap();
+    assert_eq!(first["messages"][0]["message"]["content"][0]["text"], "Noted");
     assert_eq!(s1.call("run.status", json!({"run_id": run1})).unwrap()["state"], "completed");
     let (code, _) = s1.call("session.read", json!({"direction": "back"})).unwrap_err();
     assert_eq!(code, "invalid_params");

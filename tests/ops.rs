@@ -253,16 +253,23 @@ fn pages_are_capped_by_bytes_and_an_oversize_message_is_refused_by_name() {
     let forward = rig.call("session.read", json!({"from_ordinal": 0})).unwrap();
     assert_eq!(forward["messages"].as_array().unwrap().len(), 2);
     assert_eq!(forward["next_from_ordinal"], 3);
-    // A message that alone crosses the transport limit is refused, naming it, not its content.
+    // A prompt that could never be read back whole is refused at admission, naming the limit.
     let huge = "y".repeat(4_300_000);
-    let mut params = send(&huge);
+    let e = rig.call("session.send", send(&huge)).unwrap_err();
+    let limit = e.detail.as_ref().and_then(|d| d.get("limit").cloned());
+    assert_eq!((e.code.as_str(), limit), ("invalid_params", Some(json!(broca::wire::send::MAX_MESSAGE_JSON_BYTES))));
+    pin::assert_golden("send.prompt_too_large.json", &e.to_json(), None);
+    // A model answer that alone crosses the transport limit is refused, naming it, not its content.
+    let script = json!({"responses": [{"events": [{"text": "y".repeat(4_300_000)}, {"finish": "stop"}]}]});
+    rig.mock.install("default", Script::from_json(&script.to_string()).unwrap());
+    let mut params = send("make it huge");
     params["send_id"] = json!("huge");
     let sent = rig.call("session.send", params).unwrap();
     rig.wait_state(sent["run_id"].as_str().unwrap(), "completed");
-    let err = rig.call("session.read", json!({"from_ordinal": 5, "limit": 1})).unwrap_err();
+    let err = rig.call("session.read", json!({"from_ordinal": 6, "limit": 1})).unwrap_err();
     assert_eq!(err.code, "reply_too_large");
     let detail = err.detail.unwrap();
-    assert_eq!(detail.get("subject"), Some(&json!({"kind": "message", "session": "s1", "ordinal": 5})));
+    assert_eq!(detail.get("subject"), Some(&json!({"kind": "message", "session": "s1", "ordinal": 6})));
     assert_eq!(detail.get("limit"), Some(&json!(4_194_304)));
     assert!(!err.message.contains("yyyy"));
 }

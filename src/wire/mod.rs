@@ -248,10 +248,59 @@ pub fn strict(params: &Value, known: &[&str]) -> Result<(), Refusal> {
     }
 }
 
-/// Logs an unread `session.send` member once per key per process.
-pub(crate) fn note_unread(key: &str, harness: &str) {
-    static SEEN: OnceLock<Mutex<BTreeSet<String>>> = OnceLock::new();
-    if SEEN.get_or_init(Default::default).lock().insert(key.to_string()) {
+/// Distinct unread `session.send` member names remembered (each logged once); past it, new
+/// names are logged once more as "and others" and not remembered, so a caller inventing member
+/// names cannot grow the set.
+pub const UNREAD_NAMES_MAX: usize = 256;
+/// The longest member name (and harness) a log line repeats; longer ones are cut and marked.
+pub const LOGGED_NAME_MAX: usize = 64;
+
+/// `name` cut to [`LOGGED_NAME_MAX`] bytes at a character boundary, marked when cut.
+fn loggable(name: &str) -> String {
+    if name.len() <= LOGGED_NAME_MAX {
+        return name.to_owned();
+    }
+    let mut end = LOGGED_NAME_MAX;
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…({} bytes)", &name[..end], name.len())
+}
+
+/// Logs an unread `session.send` member once per key per process (bounded, see
+/// [`UNREAD_NAMES_MAX`]); returns whether it logged.
+pub(crate) fn note_unread(key: &str, harness: &str) -> bool {
+    static SEEN: OnceLock<Mutex<(BTreeSet<String>, bool)>> = OnceLock::new();
+    let mut seen = SEEN.get_or_init(Default::default).lock();
+    let (names, overflowed) = &mut *seen;
+    let (key, harness) = (loggable(key), loggable(harness));
+    if names.contains(&key) {
+        return false;
+    }
+    if names.len() < UNREAD_NAMES_MAX {
+        names.insert(key.clone());
         log::warn!(target: "broca.wire", "session.send member {key:?} (from harness {harness:?}) is not read by this build");
+        return true;
+    }
+    if !std::mem::replace(overflowed, true) {
+        log::warn!(target: "broca.wire", "session.send member {key:?} (from harness {harness:?}) and others are not read by this build; {UNREAD_NAMES_MAX} names were logged, later ones are not");
+        return true;
+    }
+    false
+}
+
+#[cfg(test)]
+mod unread_tests {
+    use super::*;
+
+    #[test]
+    fn unread_names_are_bounded_and_cut_in_logs() {
+        let long = "x".repeat(10_000);
+        assert!(loggable(&long).len() < 100 && loggable(&long).ends_with("(10000 bytes)"));
+        assert_eq!(loggable("é".repeat(40).as_str()).chars().next(), Some('é'), "cut on a char boundary");
+        // Thousands of invented names: the set stops growing and the log stops repeating them.
+        let logged = (0..3 * UNREAD_NAMES_MAX).filter(|i| note_unread(&format!("bogus-{i}-{long}"), "h")).count();
+        assert!(logged <= UNREAD_NAMES_MAX + 1, "{logged} lines for invented names");
+        assert!(!note_unread(&format!("bogus-{}-{long}", 3 * UNREAD_NAMES_MAX - 1), "h"), "past the bound, silent");
     }
 }

@@ -100,6 +100,25 @@ pub struct SendParams {
     pub identity: BTreeMap<String, String>,
 }
 
+/// The largest user message a send may write, as its stored JSON: every admitted message must
+/// come back whole on a `session.read` page, whose complete reply frame is at most the transport
+/// limit (4 MiB with its header); the rest is the page's envelope.
+pub const MAX_MESSAGE_JSON_BYTES: usize = subc_protocol::MAX_DELIVERED_FRAME_LEN - (64 << 10);
+
+/// Refuses a prompt whose stored message could never be read back whole, naming the limit.
+fn prompt_fits(prompt: &str) -> Result<(), Refusal> {
+    // The JSON string's length bounds the stored message's: escapes only ever lengthen it.
+    let stored = serde_json::to_string(prompt).map_or(usize::MAX, |s| s.len()) + 64;
+    if stored <= MAX_MESSAGE_JSON_BYTES {
+        return Ok(());
+    }
+    let message = format!(
+        "invalid params: prompt: its stored message would be {stored} bytes, over the {MAX_MESSAGE_JSON_BYTES}-byte limit every message must fit to be read back whole"
+    );
+    let detail = crate::detail!("field" => "prompt", "bytes" => stored, "limit" => MAX_MESSAGE_JSON_BYTES);
+    Err(Refusal::new(super::RefusalCode::InvalidParams, message, Some(detail)))
+}
+
 fn text(v: &Value) -> Option<String> {
     v.as_str().map(String::from)
 }
@@ -144,6 +163,7 @@ pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
         Some(Value::String(p)) if !p.trim().is_empty() => p.clone(),
         _ => return Err(invalid_params("prompt", "a non-empty string is required")),
     };
+    prompt_fits(&prompt)?;
     let send_id = match obj.get("send_id") {
         None => None,
         Some(Value::String(s)) if !s.is_empty() && s.len() <= 256 => Some(s.clone()),
