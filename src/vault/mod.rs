@@ -23,6 +23,10 @@ use crate::subc::consumer::{CallError, Consumer};
 pub const CLAUSTRUM_MODULE_ID: &str = "claustrum";
 /// One vault call's deadline (route open included); the client crate's whole-call bound.
 pub const VAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long admission waits for its one credential read: the send's reply waits for it, so a
+/// slow vault costs the reply at most this; the run's own read (bounded by
+/// [`VAULT_CALL_TIMEOUT`], retried) then classifies whatever the vault says.
+pub const ADMISSION_VAULT_WAIT: Duration = Duration::from_secs(2);
 /// The route identity's labels (the route's project comes from its session scope).
 const VAULT_HARNESS: &str = "broca";
 const VAULT_SESSION: &str = "credential-consumer";
@@ -60,7 +64,16 @@ pub struct Credential {
 /// [`VAULT_CALL_TIMEOUT`]); the loop makes them on its run's thread, never on the io thread.
 pub trait CredentialSource: Send + Sync {
     /// `credential.get_scoped`.
-    fn get_scoped(&self, credential_id: &str, min_ttl_ms: Option<u64>) -> Result<Credential, VaultError>;
+    fn get_scoped(&self, credential_id: &str, min_ttl_ms: Option<u64>) -> Result<Credential, VaultError> {
+        self.get_scoped_within(credential_id, min_ttl_ms, VAULT_CALL_TIMEOUT)
+    }
+    /// `credential.get_scoped` with its whole-call bound.
+    fn get_scoped_within(
+        &self,
+        credential_id: &str,
+        min_ttl_ms: Option<u64>,
+        within: Duration,
+    ) -> Result<Credential, VaultError>;
     /// `credential.report_auth_failure`, fenced on the version that failed; `Ok` is the vault's
     /// `accepted`, not proof that anything changed.
     fn report_auth_failure(&self, credential_id: &str, status: u16, record_version: &str) -> Result<bool, VaultError>;
@@ -100,7 +113,7 @@ impl Credentials {
     /// credential waits for the run's first attempt); `None` when it refused, which the run's
     /// own read then classifies (pause, named error, bounded retries).
     pub fn read_at_admission(&self, run_id: &str, credential_id: &str) -> Option<AccountIdentity> {
-        match self.source.get_scoped(credential_id, None) {
+        match self.source.get_scoped_within(credential_id, None, ADMISSION_VAULT_WAIT) {
             Ok(credential) => {
                 let account = AccountIdentity {
                     account_id: credential.account_id.clone(),
@@ -154,11 +167,15 @@ impl SubcVault {
     }
 
     fn call(&self, method: &str, params: Value) -> Result<Value, VaultError> {
+        self.call_within(method, params, VAULT_CALL_TIMEOUT)
+    }
+
+    fn call_within(&self, method: &str, params: Value, within: Duration) -> Result<Value, VaultError> {
         let target = RouteTarget::ManagementSurface { module_id: CLAUSTRUM_MODULE_ID.to_owned() };
         let identity = BindIdentity::new(VAULT_HARNESS, VAULT_SESSION);
         let body = serde_json::to_vec(&json!({"method": method, "params": params}))
             .map_err(|e| VaultError::transport(format!("cannot encode {method}: {e}")))?;
-        match self.consumer.call_on(&target, &identity, &body, VAULT_CALL_TIMEOUT) {
+        match self.consumer.call_on(&target, &identity, &body, within) {
             Ok(reply) => serde_json::from_slice(&reply).map_err(|_| {
                 VaultError::new(CredentialErrorClass::InvalidResponse, format!("{method} answered non-JSON"))
             }),
@@ -189,12 +206,17 @@ fn version_value(record_version: &str) -> Value {
 }
 
 impl CredentialSource for SubcVault {
-    fn get_scoped(&self, credential_id: &str, min_ttl_ms: Option<u64>) -> Result<Credential, VaultError> {
+    fn get_scoped_within(
+        &self,
+        credential_id: &str,
+        min_ttl_ms: Option<u64>,
+        within: Duration,
+    ) -> Result<Credential, VaultError> {
         let mut params = json!({"credential_id": credential_id});
         if let Some(ttl) = min_ttl_ms {
             params["min_ttl_ms"] = json!(ttl);
         }
-        credential(decode_credential_reply(self.call("credential.get_scoped", params)?)?)
+        credential(decode_credential_reply(self.call_within("credential.get_scoped", params, within)?)?)
     }
 
     fn report_auth_failure(&self, credential_id: &str, status: u16, record_version: &str) -> Result<bool, VaultError> {

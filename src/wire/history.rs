@@ -8,7 +8,7 @@
 
 use serde_json::Value;
 
-use super::requests::{READ_DEFAULT_LIMIT, READ_MAX_BYTES, READ_MAX_LIMIT};
+use super::requests::{parse_mid, READ_DEFAULT_LIMIT, READ_MAX_BYTES, READ_MAX_LIMIT};
 use super::{invalid_params, strict, Refusal, RefusalCode};
 
 /// The members `session.history` reads.
@@ -142,9 +142,9 @@ impl HistoryRequest {
         let (seek, named) = if let Some(c) = cursor {
             (parse_cursor(&c, lineage_id)?, Named::Cursor)
         } else if let Some(m) = from_mid {
-            (HistorySeek::From(mid_ordinal(&m)?), Named::Mid)
+            (HistorySeek::From(parse_mid(&m)?), Named::Mid)
         } else if let Some(m) = before_mid {
-            (HistorySeek::Before(mid_ordinal(&m)?), Named::Mid)
+            (HistorySeek::Before(parse_mid(&m)?), Named::Mid)
         } else if let Some(o) = from_ordinal {
             (HistorySeek::From(o.max(1)), Named::Ordinal)
         } else if let Some(o) = before_ordinal {
@@ -186,13 +186,5 @@ fn parse_cursor(cursor: &str, lineage_id: &str) -> Result<HistorySeek, Refusal> 
         "older" => Ok(HistorySeek::Before(n)),
         "newer" => Ok(HistorySeek::From(n)),
         _ => Err(bad()),
-    }
-}
-
-/// The served ordinal `m<ordinal>` names; anything else names no message.
-fn mid_ordinal(mid: &str) -> Result<u64, Refusal> {
-    match mid.strip_prefix('m').and_then(|n| n.parse::<u64>().ok()).filter(|&n| n >= 1 && mid == format!("m{n}")) {
-        Some(n) => Ok(n),
-        None => Err(super::requests::unknown_mid(mid)),
     }
 }

@@ -189,7 +189,7 @@ impl ReadRequest {
 }
 
 /// The served ordinal a `mid` names (`m<ordinal>`, ordinal ≥ 1); anything else names no message.
-fn parse_mid(mid: &str) -> Result<u64, Refusal> {
+pub(super) fn parse_mid(mid: &str) -> Result<u64, Refusal> {
     match mid.strip_prefix('m').and_then(|n| n.parse::<u64>().ok()).filter(|&n| n >= 1 && mid == format!("m{n}")) {
         Some(n) => Ok(n),
         None => Err(unknown_mid(mid)),
