@@ -35,8 +35,10 @@ use super::sse::SseFramer;
 use super::telemetry::Telemetry;
 use crate::record::{ErrorClass, ProviderError};
 
-/// Events buffered between the streamer and the loop (backpressure beyond this).
-const EVENT_QUEUE: usize = 1024;
+/// Batches of events buffered between the streamer and the loop (backpressure beyond this).
+/// Each batch is everything one socket read decoded (up to [`READ_CHUNK`] bytes), so a small
+/// queue holds a long stream; it is allocated per attempt, so it is kept small.
+const EVENT_QUEUE: usize = 64;
 const READ_CHUNK: usize = 16 << 10;
 
 /// Idle keep-alive connections an agent keeps per provider host. A loop's steps are
