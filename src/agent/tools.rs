@@ -156,7 +156,7 @@ pub(crate) fn call_target(
 /// The helper threads tool calls run on (shared by every run in the process).
 fn tool_pool() -> &'static crate::pool::Pool {
     static POOL: std::sync::OnceLock<crate::pool::Pool> = std::sync::OnceLock::new();
-    POOL.get_or_init(|| crate::pool::Pool::new("broca-tool"))
+    POOL.get_or_init(|| crate::pool::Pool::new("broca-tool", crate::limits::TOOL_THREADS))
 }
 
 /// Starts every call of a batch; results arrive as `(planned index, outcome)`. A call its
