@@ -40,9 +40,12 @@ fn limits_refuse_typed_and_write_nothing() {
     h.install(json!({"responses": [slow("one", 1500), slow("two", 10), slow("three", 10)]}));
     let first = busy.send("first");
     assert_eq!(first["state"], "active", "{first}");
+    let mut queued_runs = Vec::new();
     for prompt in ["second", "third"] {
         let queued = busy.send(prompt);
         assert_eq!(queued["state"], "pending", "{queued}");
+        // A queued send's run is run-<submission id> (spec §4, broca extension).
+        queued_runs.push(format!("run-{}", queued["submission_id"].as_str().unwrap()));
     }
     let before = wal_len(&busy);
     let (code, body) = busy.refused("session.send", send_params("fourth"));
@@ -50,11 +53,16 @@ fn limits_refuse_typed_and_write_nothing() {
     assert_eq!(body["detail"]["limit"], 2, "{body}");
     pin::assert_golden("send.session_queue_full.json", &body.to_string(), None);
     assert_eq!(wal_len(&busy), before, "a refused send writes nothing");
-    // The queue drains; below the bound sends are admitted again.
+    // The queue drains, in order.
     busy.wait_run(first["run_id"].as_str().unwrap(), "completed");
+    for run in &queued_runs {
+        busy.wait_run(run, "completed");
+    }
 
     // Subscribers: one per session, two in the process.
     let mut a = busy.subscribe(json!("start"));
+    // Attached once its replay delivers (subscriptions attach on op workers, in any order).
+    assert!(a.next().is_some());
     let mut second = busy.subscribe(json!("start"));
     while second.next().is_some() {}
     match second.ended() {
@@ -96,5 +104,24 @@ fn limits_refuse_typed_and_write_nothing() {
     }
     a.unsubscribe();
     b.unsubscribe();
+
+    // A resume cursor past the durable head names nothing broca ever published: refused by
+    // name, with the head; the head itself attaches (nothing after it yet).
+    let head = busy.ok("session.read", json!({}))["head"].clone();
+    let (seq, sub) = (head["wal_seq"].as_u64().expect("a head cursor"), head["sub_index"].as_u64().unwrap());
+    let mut ahead = busy.subscribe(json!({"wal_seq": seq + 5, "sub_index": 0}));
+    while ahead.next().is_some() {}
+    match ahead.ended() {
+        SubscriptionEnd::Error(body) => {
+            assert_eq!(body.code, "invalid_params", "{body:?}");
+            let detail = body.detail.clone().unwrap();
+            assert_eq!((detail["field"].as_str(), &detail["head"]), (Some("from"), &head), "{detail}");
+            pin::assert_golden("subscribe.cursor_beyond_head.json", &serde_json::to_string(&body).unwrap(), None);
+        }
+        other => panic!("expected invalid_params, got {other:?}"),
+    }
+    let mut at_head = busy.subscribe(json!({"wal_seq": seq, "sub_index": sub}));
+    assert!(at_head.next_within(std::time::Duration::from_millis(300)).is_err(), "nothing after the head yet");
+    at_head.unsubscribe();
     h.stop();
 }

@@ -292,6 +292,12 @@ impl Hub {
         from: From,
         mut sink: impl StreamSink,
     ) -> Option<Subscription> {
+        if let From::After(cursor) = from {
+            if let Some(refusal) = beyond_head(shared, key, cursor) {
+                sink.end(Some(refusal));
+                return None;
+            }
+        }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let stop: Stop = Arc::default();
         // Registered, with its ring positions taken, before the replay reads the WAL (and
@@ -348,6 +354,29 @@ impl Hub {
         }
         Some(Subscription { hub: Arc::clone(self), key: key.clone(), id })
     }
+}
+
+/// A resume cursor past the session's durable head names no unit broca ever made visible
+/// (units are published only once fsynced): it is refused `invalid_params` naming `from`, with
+/// the durable `head` (absent when the session has no unit), rather than silently waiting for
+/// units that would be skipped. A head that cannot be read lets the replay report the failure.
+fn beyond_head(shared: &Shared, key: &SessionKey, cursor: Cursor) -> Option<Refusal> {
+    let head = read::durable_head(shared, key).ok()?;
+    if head.is_some_and(|h| cursor <= h) {
+        return None;
+    }
+    let message = match head {
+        Some(h) => format!(
+            "invalid params: from: the cursor {{wal_seq: {}, sub_index: {}}} is past the session's durable head {{wal_seq: {}, sub_index: {}}}",
+            cursor.wal_seq, cursor.sub_index, h.wal_seq, h.sub_index
+        ),
+        None => "invalid params: from: the session has no durable unit yet; subscribe from \"start\" or \"live\"".to_string(),
+    };
+    let detail = match head {
+        Some(h) => crate::detail!("field" => "from", "head" => h),
+        None => crate::detail!("field" => "from"),
+    };
+    Some(Refusal::new(RefusalCode::InvalidParams, message, Some(detail)))
 }
 
 /// A reader's next ring positions.
