@@ -338,7 +338,15 @@ impl Registry {
             while let Ok(cmd) = rx.try_recv() {
                 self.handle(&mut lineage, cmd, &mut publish);
             }
-            match self.next_turn(&mut lineage, &rx, &mut publish) {
+            // A command whose write failed latched the WAL: every later command would be refused
+            // by this writer, so the actor ends and the next command reopens the session (which
+            // cuts the WAL back to its durable end) once the device works again.
+            let turn = if lineage.write_failed() {
+                Err(LineageError::Refused("the session's WAL latched a write failure".into()))
+            } else {
+                self.next_turn(&mut lineage, &rx, &mut publish)
+            };
+            match turn {
                 Ok(true) => continue,
                 Ok(false) => {}
                 Err(e) => {

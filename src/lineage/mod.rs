@@ -454,6 +454,12 @@ impl Lineage {
         !self.store_broken.load(Ordering::Acquire)
     }
 
+    /// Whether a failed write or fsync latched this lineage's WAL (appends are refused until
+    /// it is reopened).
+    pub fn write_failed(&self) -> bool {
+        self.wal.failed()
+    }
+
     /// The last fsynced seq.
     pub fn durable_seq(&self) -> u64 {
         self.wal.synced_seq()
