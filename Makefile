@@ -1,7 +1,7 @@
 # broca: the two commands a newcomer runs are `make demo` (once it exists) and `make test`.
 CARGO ?= cargo
 
-.PHONY: build demo test soak bench e2e mcp-check live conformance fmt lint check
+.PHONY: build demo test soak bench bench-capacity e2e mcp-check live conformance fmt lint check
 
 build:
 	$(CARGO) build --release --locked
@@ -74,6 +74,12 @@ bench:
 	$(CARGO) run --release --locked --example fanout-bench
 	$(CARGO) run --release --locked --example send-bench
 	$(CARGO) run --release --locked --example tool-bench
+
+# A thousand sessions with runs active at once (one observer each) and a boot over ten thousand
+# sessions, through the real daemon (about two minutes; not part of `make bench`).
+bench-capacity:
+	$(CARGO) build --release --locked --bins
+	$(CARGO) run --release --locked --example capacity-bench
 
 fmt:
 	$(CARGO) fmt --all
