@@ -1,7 +1,9 @@
 //! The subc layer's decoders of daemon bytes: the frame decoder (a stream of real frames,
 //! mutated and fed in random pieces), the connection file (a real file's JSON, mutated; read
-//! through the file with the owner-only check), and the client handshake (a loopback daemon that
-//! answers the real `ClientHello` with a correctly signed `ServerProof` and then mutates it).
+//! through the file with the owner-only check), the client handshake (a loopback daemon that
+//! answers the real `ClientHello` with a correctly signed `ServerProof` and then mutates it),
+//! and the io thread past registration (a scripted daemon's binds, requests, cancels, control
+//! requests and pushes with mutated bodies, over a real socket).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -291,6 +293,180 @@ fn fuzz_subc_handshake() {
                     "{e:?}"
                 );
             }
+        }
+    });
+}
+
+/// A handler that acts as broca's would on the frames it is handed: it answers requests and
+/// health checks through the outbound handle, so replies race the daemon's frames.
+struct Answering {
+    out: broca::subc::Outbound,
+}
+
+impl broca::subc::Handler for Answering {
+    fn on_request(&mut self, route: broca::subc::Route, corr: u64, _flags: Flags, body: Vec<u8>) {
+        let _ = self.out.reply(route, corr, body);
+    }
+    fn on_cancel(&mut self, _route: broca::subc::Route, _corr: u64) {}
+    fn on_route_closed(&mut self, _route: broca::subc::Route) {}
+    fn on_control(&mut self, request: broca::subc::ControlRequest) {
+        if let broca::subc::ControlRequest::HealthCheck { corr } = request {
+            let _ = self.out.health(corr, broca::subc::health_ok(json!({})));
+        }
+    }
+    fn on_shutdown(&mut self) {}
+}
+
+/// The route.bind request body the daemon sends.
+fn bind_body(channel: u16, epoch: u32) -> Value {
+    json!({
+        "op": "route.bind", "route_channel": channel, "epoch": epoch,
+        "target": {"kind": "management_surface", "module_id": "broca"},
+        "identity": {"harness": "h", "session": "s", "project_root": "/p"},
+        "principal": {"kind": "direct"}
+    })
+}
+
+const CONTROL_NAMES: &[&str] = &[
+    "op",
+    "route_channel",
+    "epoch",
+    "target",
+    "kind",
+    "module_id",
+    "identity",
+    "harness",
+    "session",
+    "project_root",
+    "principal",
+    "scope",
+    "route.bind",
+    "route.close",
+    "health.check",
+    "scope.sync",
+    "generation",
+    "scopes",
+];
+
+/// A daemon's frames after registration: binds, requests, cancels, control requests, pings,
+/// goodbyes, with their JSON bodies mutated, then damaged at the byte level now and then.
+/// Returns the bytes and whether they are still whole frames without a GOODBYE (so the module
+/// must still be serving after them).
+fn daemon_stream(g: &mut Gen) -> (Vec<u8>, bool) {
+    let mut out = Vec::new();
+    let mut goodbye = false;
+    let mut frame = |ty, flags: u8, ch: u16, ep: u32, corr: u64, body: &[u8]| {
+        out.extend(frame::encode(ty, Flags(flags), ch, ep, corr, body).unwrap());
+    };
+    for n in 0..g.range(1, 12) {
+        let corr = n as u64 + 1;
+        let (ch, ep) = (1 + g.below(3) as u16, 1 + g.below(3) as u32);
+        match g.below(8) {
+            0 | 1 => {
+                let mut body = bind_body(ch, ep);
+                if g.chance(2) {
+                    g.mutate_json(&mut body, CONTROL_NAMES);
+                }
+                frame(FrameType::Request, 0, 0, 0, corr, &serde_json::to_vec(&body).unwrap());
+            }
+            2 => {
+                let mut body = json!({"op": g.pick(&["health.check", "route.close", "scope.sync", "nope"])});
+                g.mutate_json(&mut body, CONTROL_NAMES);
+                frame(FrameType::Request, 0, 0, 0, corr, &serde_json::to_vec(&body).unwrap());
+            }
+            3 => frame(FrameType::Request, 2, ch, ep, corr, br#"{"method":"run.status","params":{}}"#),
+            4 => frame(FrameType::Cancel, 2, ch, ep, g.below(4) as u64, b""),
+            5 => frame(
+                FrameType::Push,
+                0,
+                0,
+                0,
+                corr,
+                &serde_json::to_vec(&json!({"op": "route.closed", "route_channel": ch, "epoch": ep})).unwrap(),
+            ),
+            6 => frame(FrameType::Response, 0, 0, 0, corr, br#"{"op":"scope.sync","generation":1,"results":[]}"#),
+            _ => {
+                let ty = *g.pick(&[FrameType::Ping, FrameType::Pong, FrameType::Goodbye]);
+                goodbye |= ty == FrameType::Goodbye;
+                frame(ty, 2, 0, 0, corr, b"");
+            }
+        }
+    }
+    let mut serving = !goodbye;
+    if g.chance(6) {
+        let intact = out.clone();
+        g.mutate_bytes(&mut out, &intact);
+        serving = false;
+    }
+    (out, serving)
+}
+
+#[test]
+fn fuzz_subc_io_thread() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let ack = subc_protocol::ModuleHelloAckBody {
+        negotiated_ver: 2,
+        subc_ops: Vec::new(),
+        subc_capabilities: Vec::new(),
+        storage: None,
+        machine_id: None,
+    };
+    fuzz("subc.io_thread", 50, |g| {
+        let module_side = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut daemon, _) = listener.accept().unwrap();
+        daemon.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        // As `subc::connect` sets it (and the daemon): no Nagle delay between small frames.
+        module_side.set_nodelay(true).unwrap();
+        daemon.set_nodelay(true).unwrap();
+        let conn =
+            broca::subc::ModuleConn::registered(module_side, Decoder::new(), ack.clone(), "0.39.3".into()).unwrap();
+        let out = conn.outbound();
+        let authorizer = |bind: &broca::subc::BindRequest| broca::serve::authorize(bind);
+        let running = conn.start(Answering { out }, authorizer).unwrap();
+        let (stream, serving) = daemon_stream(g);
+        // A damaged stream may leave the module waiting for the rest of a frame: wait less.
+        let wait = if serving { Duration::from_secs(5) } else { Duration::from_millis(200) };
+        daemon.set_read_timeout(Some(wait)).unwrap();
+        let _ = daemon.write_all(&stream);
+        // A final Ping: a module still serving answers it after everything before it.
+        let _ = daemon.write_all(&frame::encode(FrameType::Ping, Flags(2), 0, 0, u64::MAX, b"").unwrap());
+        let mut d = Decoder::new();
+        let mut buf = [0u8; 8192];
+        let mut ponged = false;
+        'read: loop {
+            let n = match daemon.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            d.feed(&buf[..n]);
+            // Everything the module writes is a well-formed frame.
+            while let Some(f) = d.next_frame().expect("the module writes frames") {
+                if f.header.ty == FrameType::Pong && f.header.corr == u64::MAX {
+                    ponged = true;
+                    break 'read;
+                }
+                if f.header.ty == FrameType::Error && f.header.channel == 0 {
+                    let e: subc_protocol::ErrorBody = serde_json::from_slice(&f.body).expect("a typed error body");
+                    assert!(!e.code.is_empty());
+                }
+            }
+        }
+        drop(daemon);
+        let end = running.join();
+        // A module that stopped serving says why: the stream was not frames, or the daemon
+        // said GOODBYE or closed.
+        assert!(ponged || !serving, "whole frames without a GOODBYE, and no Pong: {end:?}");
+        if !ponged {
+            assert!(
+                matches!(
+                    end,
+                    broca::subc::ConnectionEnd::Protocol(_)
+                        | broca::subc::ConnectionEnd::Goodbye
+                        | broca::subc::ConnectionEnd::Eof
+                        | broca::subc::ConnectionEnd::Reset(_)
+                ),
+                "{end:?}"
+            );
         }
     });
 }
