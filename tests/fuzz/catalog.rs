@@ -105,7 +105,11 @@ fn fuzz_catalog_lkg() {
         let (mut resigned, mut tampered) = (false, false);
         match g.below(8) {
             0..=4 => {
-                g.mutate_json(&mut file["response"], &names);
+                if g.chance(3) {
+                    g.mutate_json_typed(&mut file["response"]);
+                } else {
+                    g.mutate_json(&mut file["response"], &names);
+                }
                 tampered = jcs_sha256(&file["response"]) != digest;
                 if !g.chance(6) {
                     file["response_sha256"] = json!(jcs_sha256(&file["response"]));
@@ -205,7 +209,8 @@ fn fuzz_catalog_pages() {
                 if i == target && !g.chance(8) {
                     mutated = true;
                     match g.below(9) {
-                        0..=3 => g.mutate_json(&mut page, &names),
+                        0 => g.mutate_json_typed(&mut page),
+                        1..=3 => g.mutate_json(&mut page, &names),
                         4 => page[NEXT_PAGE_TOKEN] = g.pick(&[json!(null), json!(""), json!("t1"), json!(7)]).clone(),
                         5 => page = json!({"content": [{"type": "text", "text": page.to_string()}]}),
                         6 => page = json!({"error": {"code": g.pick(&["catalog_changed", "unavailable", "bad_request"]), "message": "m"}}),

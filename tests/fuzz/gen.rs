@@ -247,6 +247,43 @@ impl Gen {
         }
     }
 
+    /// Replaces one leaf of `v` with a hostile value of the same JSON type (a number with a
+    /// bound, zero or a huge one, a string with a long or odd one, a boolean flipped), so the
+    /// mutant still decodes into its typed shape and its values reach the code behind it.
+    pub fn mutate_json_typed(&mut self, v: &mut Value) {
+        let mut node = v;
+        loop {
+            let next_index = match &*node {
+                Value::Object(m) if !m.is_empty() => Some(self.below(m.len())),
+                Value::Array(a) if !a.is_empty() => Some(self.below(a.len())),
+                _ => None,
+            };
+            let Some(i) = next_index else { break };
+            node = match node {
+                Value::Object(m) => m.values_mut().nth(i).expect("index in range"),
+                Value::Array(a) => &mut a[i],
+                _ => unreachable!(),
+            };
+        }
+        *node = match &*node {
+            Value::Number(n) if n.is_u64() => {
+                json!(*self.pick(&[
+                    0,
+                    1,
+                    u64::MAX,
+                    u64::MAX - 1,
+                    u64::from(u32::MAX),
+                    1 << 53,
+                    n.as_u64().unwrap_or(0).saturating_add(1)
+                ]))
+            }
+            Value::Number(_) => json!(*self.pick(&[0.0, -1.0, 1e300, f64::MIN_POSITIVE, -0.0])),
+            Value::String(_) => Value::String(hostile_string(self)),
+            Value::Bool(b) => Value::Bool(!b),
+            other => other.clone(),
+        };
+    }
+
     /// One to a few JSON mutations.
     pub fn mutate_json(&mut self, v: &mut Value, names: &[&str]) {
         for _ in 0..self.range(1, 4) {

@@ -141,7 +141,11 @@ fn fuzz_ops_session_send_params() {
     let corpus = sends();
     fuzz("ops.session_send.parse", 300, |g| {
         let mut params = g.pick(&corpus).clone();
-        g.mutate_json(&mut params, SEND_NAMES);
+        if g.chance(3) {
+            g.mutate_json_typed(&mut params);
+        } else {
+            g.mutate_json(&mut params, SEND_NAMES);
+        }
         if g.chance(20) {
             params = g.hostile_value();
         }
@@ -260,7 +264,9 @@ fn fuzz_ops_strict_params() {
     fuzz("ops.strict_params", 200, |g| {
         let op = g.pick(&ops);
         let mut params = g.pick(&op.valid).clone();
-        if !g.chance(10) {
+        if g.chance(4) {
+            g.mutate_json_typed(&mut params);
+        } else if !g.chance(10) {
             g.mutate_json(&mut params, op.members);
         }
         let before = wal_len(&rig);
@@ -309,7 +315,11 @@ fn fuzz_ops_session_send_served() {
     let corpus = sends();
     fuzz("ops.session_send.served", 30, |g| {
         let mut params = g.pick(&corpus).clone();
-        g.mutate_json(&mut params, SEND_NAMES);
+        if g.chance(3) {
+            g.mutate_json_typed(&mut params);
+        } else {
+            g.mutate_json(&mut params, SEND_NAMES);
+        }
         let before = wal_len(&rig);
         match rig.call("session.send", params.clone()) {
             Ok(body) => {

@@ -83,7 +83,11 @@ fn mutate_event(g: &mut Gen, event: &str, names: &[&str]) -> String {
             for line in lines.iter_mut() {
                 if let Some(data) = line.strip_prefix("data: ") {
                     if let Ok(mut v) = serde_json::from_str::<Value>(data) {
-                        g.mutate_json(&mut v, names);
+                        if g.chance(3) {
+                            g.mutate_json_typed(&mut v);
+                        } else {
+                            g.mutate_json(&mut v, names);
+                        }
                         // Type names are swapped too, so a mutant reaches other arms.
                         if g.chance(3) {
                             if let Some(obj) = v.as_object_mut() {

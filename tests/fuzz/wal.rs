@@ -215,7 +215,14 @@ fn mutant(g: &mut Gen, goldens: &[Golden], names: &[&str]) -> Vec<u8> {
             // A record mutated as JSON, re-framed: it reaches the record decoder and the replay.
             0..=3 => {
                 let mut v: Value = serde_json::from_slice(payload).unwrap();
-                g.mutate_json(&mut v, names);
+                if g.chance(2) {
+                    // Same-typed values: the record still decodes, its values reach the replay.
+                    for _ in 0..g.range(1, 4) {
+                        g.mutate_json_typed(&mut v);
+                    }
+                } else {
+                    g.mutate_json(&mut v, names);
+                }
                 frames[i] = framed(FrameKind::Record, seq, &[], &serde_json::to_vec(&v).unwrap());
             }
             // Raw payload damage under a valid checksum.
