@@ -29,6 +29,7 @@ mod inproc;
 #[path = "../../bin/broca-mock/mock/mod.rs"]
 mod mock;
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -36,6 +37,40 @@ use std::sync::Once;
 use std::time::{Duration, Instant};
 
 pub use gen::Gen;
+
+/// The largest single allocation made since [`take_largest_allocation`] last looked: no
+/// decoder may allocate in proportion to a length an input merely declares.
+static LARGEST_ALLOCATION: AtomicUsize = AtomicUsize::new(0);
+
+/// The system allocator, noting the largest request.
+struct Noting;
+
+// SAFETY: every call is forwarded unchanged to the system allocator.
+unsafe impl GlobalAlloc for Noting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LARGEST_ALLOCATION.fetch_max(layout.size(), Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        LARGEST_ALLOCATION.fetch_max(layout.size(), Ordering::Relaxed);
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LARGEST_ALLOCATION.fetch_max(new_size, Ordering::Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Noting = Noting;
+
+/// The largest allocation since the last call (and resets it).
+pub fn take_largest_allocation() -> usize {
+    LARGEST_ALLOCATION.swap(0, Ordering::Relaxed)
+}
 
 /// The seed when `BROCA_FUZZ_SEED` is not set (fixed, so `make test` is reproducible).
 pub const DEFAULT_SEED: u64 = 0x0b5c_a0f2_2026_0014;
@@ -94,11 +129,23 @@ fn count_panics() {
     });
 }
 
-/// Runs `case` and says whether it failed: it panicked, or something else panicked meanwhile.
+/// No case may make a single allocation larger than this: every input is far smaller, so a
+/// larger one is a buffer sized by a length the input only declares.
+pub const MAX_CASE_ALLOCATION: usize = 32 << 20;
+
+/// Runs `case` and says whether it failed: it panicked, something else panicked meanwhile, or
+/// something allocated more than [`MAX_CASE_ALLOCATION`] at once.
 fn case_failed(case: impl FnOnce()) -> bool {
     count_panics();
     let before = PANICS.load(Ordering::SeqCst);
-    catch_unwind(AssertUnwindSafe(case)).is_err() || PANICS.load(Ordering::SeqCst) != before
+    take_largest_allocation();
+    let failed = catch_unwind(AssertUnwindSafe(case)).is_err() || PANICS.load(Ordering::SeqCst) != before;
+    let largest = take_largest_allocation();
+    if largest > MAX_CASE_ALLOCATION {
+        println!("FUZZ-ALLOC one allocation of {largest} bytes (limit {MAX_CASE_ALLOCATION})");
+        return true;
+    }
+    failed
 }
 
 /// Runs `case` with a fresh generator per case until the budget is spent (at least `min_cases`

@@ -315,3 +315,28 @@ fn open_for_writing(shared: &Shared, session: &str, bytes: &[u8]) -> bool {
     }
     opened
 }
+
+/// A hostile length prefix: a valid (length, check) pair declaring the largest body a frame may
+/// carry, after the golden frames, in a file that holds only a few bytes of it. The reader must
+/// see a torn tail without allocating the declared 64 MiB (it once sized its buffer to the
+/// declared frame before reading a byte of it).
+#[test]
+fn fuzz_wal_hostile_length_prefix_allocates_only_what_the_file_holds() {
+    let goldens = goldens();
+    let dir = crate::scratch_dir();
+    let path = dir.path().join("hostile.wal");
+    crate::fuzz("wal.hostile_length", 20, |g| {
+        let w = g.pick(&goldens);
+        let mut bytes = w.bytes.clone();
+        let len = *g.pick(&[frame::MAX_BODY_LEN as u32, (frame::MAX_BODY_LEN / 2) as u32, 1 << 24, 1 << 20]);
+        bytes.extend_from_slice(&len.to_le_bytes());
+        bytes.extend_from_slice(&(!len).to_le_bytes());
+        let tail = g.below(64);
+        bytes.extend(g.bytes(4 + tail));
+        std::fs::write(&path, &bytes).unwrap();
+        let seqs = read_every_way(&path, false).unwrap_or_else(|e| panic!("declared {len}, tail {tail}: {e}"));
+        assert_eq!(seqs, w.frames.iter().map(|f| f.2).collect::<Vec<_>>());
+        let largest = crate::take_largest_allocation();
+        assert!(largest <= 16 << 20, "reading a {}-byte WAL allocated {largest} bytes at once", bytes.len());
+    });
+}
