@@ -301,20 +301,30 @@ fn bench(h: &Harness) -> Result<(), Failure> {
     }
     eprintln!("capacity-bench: {} delta samples (of {})", deltas.len(), SESSIONS * DELTAS);
     report("capacity.delta_p99_ms", percentile(&deltas, 99.0), "ms");
+    report("capacity.refusals", t.refusals.load(Ordering::Relaxed) as f64, "refusals");
+    report("capacity.errors", t.errors.load(Ordering::Relaxed) as f64, "errors");
+    boot(h, c, &t)
+}
+
+/// Phase 3: the boot over [`BOOT_SESSIONS`] sessions (`BROCA_CAPACITY_BOOT_SESSIONS` sets
+/// another count).
+fn boot(h: &Harness, c: &SubcConsumer, t: &Tally) -> Result<(), Failure> {
+    let boot_sessions =
+        std::env::var("BROCA_CAPACITY_BOOT_SESSIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(BOOT_SESSIONS);
 
     // 3. Boot over BOOT_SESSIONS sessions, WORK_SESSIONS of them with work waiting.
-    let more = BOOT_SESSIONS - SESSIONS - WORK_SESSIONS;
+    let more = boot_sessions.saturating_sub(SESSIONS + WORK_SESSIONS);
     h.install(json!({"responses": vec![quick(); more]}));
     each(more, |i| {
         let name = session_name("boot", i);
-        let run = run_of(&h.block_on(call(c, &t, &name, "session.send", send_params("hello")))?)?;
-        h.block_on(terminal(c, &t, &name, &run, Duration::from_secs(60))).map(drop)
+        let run = run_of(&h.block_on(call(c, t, &name, "session.send", send_params("hello")))?)?;
+        h.block_on(terminal(c, t, &name, &run, Duration::from_secs(60))).map(drop)
     })?;
     h.install(json!({"responses": vec![held(); WORK_SESSIONS]}));
     let work: Vec<(String, String, String)> = each(WORK_SESSIONS, |i| {
         let name = session_name("work", i);
-        let held = run_of(&h.block_on(call(c, &t, &name, "session.send", send_params("held")))?)?;
-        let queued = run_of(&h.block_on(call(c, &t, &name, "session.send", send_params("queued")))?)?;
+        let held = run_of(&h.block_on(call(c, t, &name, "session.send", send_params("held")))?)?;
+        let queued = run_of(&h.block_on(call(c, t, &name, "session.send", send_params("queued")))?)?;
         Ok((name, held, queued))
     })?;
     // The held streams have started (each run is on the provider) before the kill.
@@ -329,8 +339,8 @@ fn bench(h: &Harness) -> Result<(), Failure> {
     let registered = killed.elapsed();
     each(WORK_SESSIONS, |i| {
         let (name, held, queued) = &work[i];
-        let sealed = h.block_on(terminal(c, &t, name, held, Duration::from_secs(60)))?;
-        let drained = h.block_on(terminal(c, &t, name, queued, Duration::from_secs(60)))?;
+        let sealed = h.block_on(terminal(c, t, name, held, Duration::from_secs(60)))?;
+        let drained = h.block_on(terminal(c, t, name, queued, Duration::from_secs(60)))?;
         if sealed != "interrupted" || drained != "completed" {
             return Err(format!("{name}: held run {sealed}, queued run {drained}"));
         }
@@ -339,7 +349,7 @@ fn bench(h: &Harness) -> Result<(), Failure> {
     let recovered = killed.elapsed();
     report("capacity.boot_register_ms", registered.as_secs_f64() * 1e3, "ms");
     report("capacity.boot_recover_ms", recovered.as_secs_f64() * 1e3, "ms");
-    report("capacity.refusals", t.refusals.load(Ordering::Relaxed) as f64, "refusals");
-    report("capacity.errors", t.errors.load(Ordering::Relaxed) as f64, "errors");
+    report("capacity.boot_refusals", t.refusals.load(Ordering::Relaxed) as f64, "refusals");
+    report("capacity.boot_errors", t.errors.load(Ordering::Relaxed) as f64, "errors");
     Ok(())
 }
