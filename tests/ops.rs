@@ -55,9 +55,11 @@ fn reads_and_the_head_serve_the_published_contract() {
     let rig = rig(Duration::from_secs(5));
     let script = json!({"responses": [reply_script("first", 0), reply_script("second", 0)]});
     rig.mock.install("default", Script::from_json(&script.to_string()).unwrap());
-    // A never-written session: the cache pair, nothing else.
+    // A never-written session: the cache pair, and the caller's grant (its next send would
+    // make it the owner; an in-process caller is `direct`, so it never becomes one).
     let head = rig.call("session.head", json!({})).unwrap();
-    assert_eq!(head, json!({"history_version": 0, "incarnation": "unwritten"}));
+    let grant = json!({"modes": ["steer", "idle_start"], "interrupt": true, "owner": true});
+    assert_eq!(head, json!({"history_version": 0, "incarnation": "unwritten", "sender": grant}));
     let empty = rig.call("session.read", json!({})).unwrap();
     assert_eq!((empty["history_version"].clone(), empty["incarnation"].clone()), (json!(0), json!("unwritten")));
     for prompt in ["one", "two"] {
