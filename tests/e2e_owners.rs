@@ -101,6 +101,12 @@ fn recorded_owners(path: &Path) -> Vec<Value> {
     owners.0
 }
 
+/// `health.check`'s per-op counters.
+fn counted(h: &Harness) -> Value {
+    let health = h.block_on(h.client().consumer().supervisor_health_probe(support::MODULE_ID)).unwrap();
+    health.metrics.expect("health metrics")["management_ops"].clone()
+}
+
 fn wal_len(s: &Session) -> u64 {
     std::fs::metadata(s.wal_path()).map_or(0, |m| m.len())
 }
@@ -130,6 +136,7 @@ fn strangers_are_refused(h: &Harness) {
     assert_eq!(queued["state"], "pending", "{queued}");
     let submission = queued["submission_id"].as_str().unwrap().to_owned();
     let before = wal_len(&s);
+    let counted_before = counted(h);
 
     let body = mismatch(h, B, &s, "run.cancel", json!({"run_id": run2}));
     pin::assert_golden("scope_owner_mismatch.run_cancel.json", &body.to_string(), None);
@@ -151,6 +158,12 @@ fn strangers_are_refused(h: &Harness) {
     let (code, body) = s.refused("run.cancel", json!({"run_id": run2}));
     assert_eq!((code.as_str(), &body["detail"]["principal"]), ("scope_owner_mismatch", &json!("direct")), "{body}");
     assert_eq!(wal_len(&s), before, "refused calls wrote nothing");
+    // Authorization refusals are not counted (spec §4); the owner's invalid one is.
+    let counted_after = counted(h);
+    for op in ["session.baseline", "session.retract", "session.send"] {
+        assert_eq!(counted_after[op], counted_before[op], "{op}: {counted_after}");
+    }
+    assert_eq!(counted_after["run.cancel"], counted_before["run.cancel"].as_u64().unwrap() + 1, "{counted_after}");
     let status = ok(h, A, &s, "run.status", json!({"run_id": run2}));
     assert_eq!(status["state"], "active", "the stranger's cancel left the run going: {status}");
 
