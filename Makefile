@@ -16,14 +16,18 @@ test:
 
 # The crash campaign at full size (`make test` runs 60 kills of it): broca under the real daemon,
 # SIGKILLed BROCA_SOAK_KILLS times at random moments and at every named fail point while sessions
-# run tool loops; then no call ran twice (broca-mock's call log), every intent without a durable
-# result is unknown and its run interrupted, every run is terminal, every accepted send is in its
-# transcript once. Bounded by BROCA_SOAK_SECS (default 3 s per kill + 60 s). It prints one line
-# `CRASH-TOOLS kills=<n> ... duplicates=0 ... violations=0 ...`.
-BROCA_SOAK_KILLS ?= 300
+# run tool loops with queued, steered and interrupting sends, retracts and cancels; then no call
+# ran twice (broca-mock's call log), every intent without a durable result is unknown and its run
+# interrupted, every run is terminal, every accepted send is in its transcript once (a retracted
+# one never), finished sessions read as they did, cursors are continuous, and every session
+# rebuilds from its WAL alone. Bounded by BROCA_SOAK_SECS (default 3 s per kill + 60 s). The
+# last line is `SOAK kills=<n> violations=<n> sends=<n> calls=<n>`; the exit status is the test's.
+BROCA_SOAK_KILLS ?= 1000
 soak:
+	@out=$$(mktemp); status=0; \
 	BROCA_SOAK_KILLS=$(BROCA_SOAK_KILLS) RUST_LOG=$${RUST_LOG:-error} $(CARGO) test --locked --test crash_tools \
-		-- --nocapture --test-threads=1 tool_calls_are_at_most_once_under_real_kills
+		-- --nocapture --test-threads=1 tool_calls_are_at_most_once_under_real_kills >"$$out" 2>&1 || status=$$?; \
+	grep -v '^SOAK ' "$$out"; grep '^SOAK ' "$$out" | tail -n 1; rm -f "$$out"; exit $$status
 
 # A real subc daemon supervising broca, with broca-mock as its provider (scripts/rig up), the
 # scripted scenario against it through the consumer SDK, and the rig stopped whatever happened

@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use crate::limits::Limits;
 use crate::state_root::{Placement, StateRoot};
 
 /// The file name inside the state root.
@@ -39,6 +40,8 @@ pub struct BrocaConfig {
     /// Session classes whose live WALs go to `wal-durable/` (captured by backup).
     pub backup_classes: Vec<String>,
     pub context_management: ContextDefaults,
+    /// `limits`: the operator-tunable bounds ([`crate::limits`]).
+    pub limits: Limits,
 }
 
 /// `context_management`: the values a first send that omits the field binds.
@@ -55,6 +58,7 @@ impl Default for BrocaConfig {
         BrocaConfig {
             backup_classes: DEFAULT_BACKUP_CLASSES.iter().map(|s| s.to_string()).collect(),
             context_management: ContextDefaults::default(),
+            limits: Limits::default(),
         }
     }
 }
@@ -124,6 +128,9 @@ impl BrocaConfig {
         }
         if let Some(v) = top.get("context_management") {
             config.context_management = parse_context(v).map_err(|(m, r)| member_error(path, m, r))?;
+        }
+        if let Some(v) = top.get("limits") {
+            config.limits = Limits::parse(v).map_err(|(m, r)| member_error(path, m, r))?;
         }
         Ok(config)
     }
@@ -332,6 +339,16 @@ mod tests {
             }
             other => panic!("expected a member refusal for {text}, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn limits_override_defaults_and_bad_ones_refuse_boot_by_name() {
+        let config = parse(r#"{"limits": {"open_sessions": 12}}"#).unwrap();
+        assert_eq!(config.limits.open_sessions, 12);
+        assert_eq!(config.limits.subscribers_per_session, Limits::default().subscribers_per_session);
+        assert_eq!(refused_member(r#"{"limits": {"open_sessions": 0}}"#), "limits.open_sessions");
+        assert_eq!(refused_member(r#"{"limits": {"queue": 3}}"#), "limits.queue");
+        assert_eq!(refused_member(r#"{"limits": 3}"#), "limits");
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod config;
 pub mod failpoint;
 pub mod fanout;
 pub mod frozen;
+pub mod limits;
 pub mod lineage;
 pub mod message;
 pub mod module;

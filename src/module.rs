@@ -151,7 +151,7 @@ impl ModuleBuilder {
             tools: self.plane.clone(),
             credentials: self.opts.credentials.clone(),
         });
-        let hub = Hub::new();
+        let hub = Arc::new(Hub::with_limits(&admission.config.limits));
         let readmit = if self.readmit_from_catalog {
             let admission = Arc::clone(&admission);
             Some(Arc::new(move |config: &_| admission.readmit(config)) as Readmit)

@@ -56,6 +56,7 @@ impl Metrics {
             "management_ops": management,
             "session_reads": self.session_reads.load(Ordering::Relaxed),
             "actor_opens": load(&gauges.actor_opens),
+            "open_sessions": load(&gauges.open_sessions),
             "runs_in_flight": load(&gauges.runs_in_flight),
             "opening": load(&gauges.opening),
             "closing": load(&gauges.closing),
@@ -86,7 +87,7 @@ impl Server {
             ops,
             hub,
             outbound,
-            workers: Arc::new(Pool::new("broca-op")),
+            workers: Arc::new(Pool::new("broca-op", crate::limits::OP_THREADS)),
             metrics: Arc::new(Metrics::default()),
             routes: HashMap::new(),
             streams: Arc::new(Mutex::new(HashMap::new())),
@@ -113,6 +114,21 @@ impl Server {
         let _ = self.outbound.refuse(route, corr, refusal);
     }
 
+    /// A request no op worker could take is refused, never dropped: `too_many_requests` when
+    /// every worker is busy ([`crate::limits::OP_THREADS`]), else transient `open_failed`.
+    fn refuse_unstarted(&self, route: Route, corr: u64, e: &crate::pool::PoolError) {
+        let refusal = match e {
+            crate::pool::PoolError::Full { limit } => {
+                crate::wire::over_limit(RefusalCode::TooManyRequests, "every op worker is busy", *limit, None)
+            }
+            crate::pool::PoolError::Spawn(_) => {
+                log::error!("cannot start an op worker: {e}");
+                Refusal::new(RefusalCode::OpenFailed, e.to_string(), Some(crate::detail!("class" => "transient")))
+            }
+        };
+        self.refuse(route, corr, &refusal);
+    }
+
     fn subscribe(&mut self, route: Route, corr: u64, key: SessionKey, params: &Value) {
         let from = match parse_from(params) {
             Ok(f) => f,
@@ -125,7 +141,7 @@ impl Server {
         // the io thread.
         let registry = Arc::clone(&self.ops.registry);
         let job = move || {
-            let sub = hub.attach(registry.shared(), &key, from, sink);
+            let Some(sub) = hub.attach(registry.shared(), &key, from, sink) else { return };
             streams.lock().insert((route, corr), sub);
             // A subscription (re)opens the session's actor, which then holds the lease while
             // observers remain. A lease held by another process leaves the stream read-only.
@@ -135,7 +151,7 @@ impl Server {
             }
         };
         if let Err(e) = self.workers.run(job) {
-            log::error!("cannot start an op worker: {e}");
+            self.refuse_unstarted(route, corr, &e);
         }
     }
 }
@@ -273,7 +289,7 @@ impl Handler for Server {
             );
         };
         if let Err(e) = self.workers.run(job) {
-            log::error!("cannot start an op worker: {e}");
+            self.refuse_unstarted(route, corr, &e);
         }
     }
 

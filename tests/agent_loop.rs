@@ -24,7 +24,7 @@ use broca::lineage::{read, Lineage, Shared};
 use broca::message::{Message, Part, Role};
 use broca::provider::client::HttpClient;
 use broca::provider::config::RenderConfig;
-use broca::record::{CancelAt, FinishReason, PauseReason, Record};
+use broca::record::{CallOutcome, CancelAt, FinishReason, PauseReason, Record};
 use broca::session_key::SessionKey;
 use broca::state_root::StateRoot;
 use broca::wal::{self, ScannedFrame, WalError};
@@ -207,6 +207,45 @@ fn a_tool_batch_is_intended_durably_dispatched_once_and_answered_in_planned_orde
         let received: Vec<String> = r.mock.requests(&r.lane).iter().map(|q| q.body_sha256.clone()).collect();
         assert_eq!(shas, received, "{model}");
     }
+}
+
+#[test]
+fn calls_past_the_batch_limit_are_never_sent_and_answered_in_planned_order() {
+    let limit = broca::limits::CALLS_PER_BATCH;
+    let r = rig("wide");
+    let ids: Vec<String> = (0..limit + 2).map(|i| format!("w{i}")).collect();
+    let calls: Vec<(&str, &str)> = ids.iter().map(|id| (id.as_str(), "fast")).collect();
+    r.script(json!({"responses": [tool_steps(&calls), text_step("Done.")]}));
+    let mut l = r.shared.open_lineage(&key()).unwrap();
+    let recorder = Recorder::new(l.wal_path());
+    let (_tx, rx) = idle();
+    let (outcome, _) = turn(&mut l, &r.config("mock/echo-chat", None), "wide", recorder.clone(), &rx, &opts());
+    assert_eq!(outcome.reason, Some(FinishReason::Completed));
+    // Counted at the dispatcher: exactly the first `limit` calls were sent, once each.
+    let mut sent: Vec<String> = recorder.calls.lock().unwrap().iter().map(|c| c.tool_call_id.clone()).collect();
+    sent.sort_by_key(|id| id[1..].parse::<usize>().unwrap());
+    assert_eq!(sent, ids[..limit].to_vec());
+    let page = l.transcript(0, 100).unwrap();
+    let results: Vec<(&str, &Value)> = page.messages[2]
+        .1
+        .content
+        .iter()
+        .filter_map(|p| match p {
+            Part::ToolResult { tool_call_id, output, .. } => Some((tool_call_id.as_str(), output)),
+            _ => None,
+        })
+        .collect();
+    let order: Vec<&str> = results.iter().map(|(id, _)| *id).collect();
+    assert_eq!(order, ids.iter().map(String::as_str).collect::<Vec<_>>(), "every call answered, in planned order");
+    for (id, output) in &results[limit..] {
+        assert_eq!(output["reason"], "too_many_calls", "{id}: {output}");
+        assert_eq!((output["nothing_sent"].as_bool(), output["limit"].as_u64()), (Some(true), Some(limit as u64)));
+    }
+    let not_executed = records(l.wal_path())
+        .into_iter()
+        .filter(|rec| matches!(rec, Record::ToolResult { outcome: Some(CallOutcome::NotExecuted), .. }))
+        .count();
+    assert_eq!(not_executed, 2);
 }
 
 #[test]

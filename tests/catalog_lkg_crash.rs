@@ -78,3 +78,28 @@ fn an_lkg_write_killed_at_every_step_leaves_a_whole_lkg() {
         assert_eq!(left.len(), 1, "killed at {step:?}: only the LKG remains");
     }
 }
+
+#[test]
+fn the_named_fail_point_kills_mid_write_and_leaves_the_previous_lkg() {
+    if std::env::var_os(ENV_STEP).is_some() {
+        return;
+    }
+    let seeded = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/catalog/fusiform-lkg.json")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("catalog/fusiform-lkg.json");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, &seeded).unwrap();
+    // The child writes to the end (no hook stop): the fail point is what kills it.
+    let status = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_main", "--nocapture", "--test-threads=1"])
+        .env(ENV_STEP, usize::MAX.to_string())
+        .env(ENV_PATH, &path)
+        .env(broca::failpoint::ENV, "catalog.mid_lkg_write")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL), "{status:?}");
+    assert_eq!(std::fs::read(&path).unwrap(), seeded, "the previous LKG is intact");
+    assert_eq!(lkg::remove_stray_temps(&path), 1, "the killed write left its temp file, and only that");
+}

@@ -18,7 +18,8 @@
 //! # The load
 //!
 //! [`DRIVERS`] threads each run sessions of one to four sends, sometimes two back to back (the
-//! second queues). The first send of a session carries the fetch plan (`mock-tools`); every
+//! second queued, steered into the first one's run, or interrupting it); now and then the owner
+//! retracts a queued send or cancels the running run (`now` or `step_boundary`). The first send of a session carries the fetch plan (`mock-tools`); every
 //! send has a `send_id` and is retried with the same bytes until broca answers, so every send
 //! ends accepted exactly once. The model FIFO is kept topped up with steps that call `echo`,
 //! `sleep` and `counter` with a unique tag per call (each call has its own key in the call log)
@@ -32,15 +33,21 @@
 //!   once; a `nothing_sent` result never ran; a result with an unknown outcome reads as unknown
 //!   in `session.read` (its result text, and `tool_calls[].indeterminate` once a build serves
 //!   it), a sealed one is listed in its run's `RunFinished.indeterminate_tool_calls`, and its
-//!   run is `interrupted` (`run.status`, and its WAL `RunFinished`);
+//!   run is `interrupted` (`run.status`, and its WAL `RunFinished`) unless we cancelled it;
 //! - every run started reaches a terminal (`run.status` and the WAL agree), and every tool call
 //!   in the transcript has exactly one result;
-//! - every accepted send is in its session's transcript exactly once.
+//! - every accepted send is in its session's transcript exactly once (a retracted one never);
+//! - prior episodes are intact: a session its driver finished reads exactly as it did then;
+//! - cursors are continuous: from the start they rise strictly to the durable head with frame
+//!   `seq` 1, 2, …, and a stream resumed at a middle cursor delivers exactly the rest;
+//! - the store is rebuildable: with broca stopped and `run-index.db` deleted, every session
+//!   reopened from its WAL alone reads exactly the transcript broca served.
 //!
-//! Size: `BROCA_SOAK_KILLS` (default 60, `make test`); `make soak` runs 300. `BROCA_SOAK_SECS`
+//! Size: `BROCA_SOAK_KILLS` (default 60, `make test`); `make soak` runs 1,000. `BROCA_SOAK_SECS`
 //! bounds the kill phase (default: 3 s per kill + 60 s); fewer kills than asked fails the test.
 //! `BROCA_CRASH_TOOLS_SEED` replays the campaign's choices (not the machine's timing). It prints
-//! one summary line, `CRASH-TOOLS kills=… calls=… duplicates=0 indeterminate=… violations=0 …`.
+//! one summary line, `CRASH-TOOLS kills=… calls=… duplicates=0 indeterminate=… violations=0 …`,
+//! and last `SOAK kills=… violations=… sends=… calls=…`.
 
 #[allow(dead_code)]
 #[path = "../bin/broca-mock/tools/call_log.rs"]
@@ -218,6 +225,21 @@ struct Accepted {
     session: String,
     prompt: String,
     run_id: String,
+    /// Its submission, while it may still be pending (a queued reply).
+    pending: Option<String>,
+    /// `session.retract` answered `retracted: true`: it must never reach the transcript.
+    retracted: bool,
+    /// The driver asked `run.cancel` of its run.
+    cancelled: bool,
+}
+
+/// How the second send of a group is delivered against the first one's running run.
+fn delivery(rng: &mut Rng) -> &'static str {
+    match rng.range(0, 3) {
+        0 | 1 => "queue",
+        2 => "steer",
+        _ => "interrupt",
+    }
 }
 
 /// What the drivers saw that breaks an invariant, or a wait that never ended.
@@ -287,10 +309,13 @@ struct Shared<'a> {
     accepted: &'a Mutex<Vec<Accepted>>,
     resent: &'a AtomicU64,
     bad: &'a Violations,
+    /// Each finished session's transcript as read when its driver moved on: later kills must
+    /// leave these prior episodes exactly as they were.
+    snapshots: &'a Mutex<BTreeMap<String, Vec<Value>>>,
 }
 
 fn driver(h: &Harness, d: usize, seed: u64, sh: &Shared<'_>) {
-    let Shared { stop, accepted, resent, bad } = *sh;
+    let Shared { stop, accepted, resent, bad, snapshots } = *sh;
     let mut rng = Rng::new(seed ^ (d as u64 + 1).wrapping_mul(0xA24B_AED4_963E_E407));
     let mut sends = 0u64;
     for n in 0.. {
@@ -311,6 +336,9 @@ fn driver(h: &Harness, d: usize, seed: u64, sh: &Shared<'_>) {
                 if first {
                     params["plan"] = plan();
                 }
+                if !runs.is_empty() {
+                    params["delivery"] = json!(delivery(&mut rng));
+                }
                 let mut tries = 0;
                 let answer = call_through_counted(&s, "session.send", &params, Instant::now() + SETTLE, &mut tries);
                 if tries > 1 {
@@ -329,14 +357,39 @@ fn driver(h: &Harness, d: usize, seed: u64, sh: &Shared<'_>) {
                                 continue;
                             }
                         };
-                        let a = Accepted { session: s.id.clone(), prompt, run_id };
-                        accepted.lock().unwrap().push(a.clone());
+                        let pending = (reply["state"] == "pending").then(|| reply["submission_id"].as_str()).flatten();
+                        let pending = pending.map(String::from);
+                        let a = Accepted {
+                            session: s.id.clone(),
+                            prompt,
+                            run_id,
+                            pending,
+                            retracted: false,
+                            cancelled: false,
+                        };
                         runs.push(a);
                     }
                     Err(why) => bad.lock().unwrap().push(format!("{}: {prompt}: {why}", s.id)),
                 }
             }
-            for a in runs {
+            // Now and then the owner takes a queued send back, or cancels the running run.
+            if let Some(last) = runs.last_mut().filter(|a| a.pending.is_some() && rng.chance(25)) {
+                let params = json!({"submission_id": last.pending.clone()});
+                match call_through(&s, "session.retract", &params, Instant::now() + SETTLE) {
+                    Ok(reply) => last.retracted = reply["retracted"] == true,
+                    Err(why) => bad.lock().unwrap().push(format!("{}: retract: {why}", s.id)),
+                }
+            }
+            if let Some(running) = runs.first_mut().filter(|_| rng.chance(10)) {
+                let at = if rng.chance(50) { "now" } else { "step_boundary" };
+                let params = json!({"run_id": running.run_id, "at": at});
+                running.cancelled = true;
+                if let Err(why) = call_through(&s, "run.cancel", &params, Instant::now() + SETTLE) {
+                    bad.lock().unwrap().push(format!("{}: run.cancel: {why}", s.id));
+                }
+            }
+            accepted.lock().unwrap().extend(runs.iter().cloned());
+            for a in runs.iter().filter(|a| !a.retracted) {
                 if let Err(why) = wait_terminal(&s, &a.run_id) {
                     bad.lock().unwrap().push(why);
                 }
@@ -345,6 +398,7 @@ fn driver(h: &Harness, d: usize, seed: u64, sh: &Shared<'_>) {
                 return;
             }
         }
+        snapshots.lock().unwrap().insert(s.id.clone(), transcript(&s));
     }
 }
 
@@ -606,10 +660,88 @@ struct Totals {
     sealed: usize,
     not_sent: usize,
     interrupted_runs: usize,
+    retracted: usize,
+    cancelled_runs: usize,
+    /// Finished sessions compared with their snapshot, and cursors replayed.
+    snapshots: usize,
+    cursors: usize,
 }
 
-fn check(h: &Harness, log: &Path, scripted: &Scripted, accepted: &[Accepted], bad: &mut Vec<String>) -> Totals {
+/// A control cursor `(wal_seq, sub_index)`; tuples order as the spec does.
+type Cursor = (u64, u64);
+
+fn cursor_of(v: &Value) -> Option<Cursor> {
+    Some((v["wal_seq"].as_u64()?, v["sub_index"].as_u64()?))
+}
+
+/// The control cursors a subscription from `from` delivers up to `head` (the stream is left).
+fn cursors_until(s: &Session, from: Value, head: Cursor) -> Result<Vec<Cursor>, String> {
+    let mut sub = s.subscribe(from);
+    let mut out = Vec::new();
+    let mut frames = 0u64;
+    while out.last() != Some(&head) {
+        let Ok(Some(event)) = sub.next_within(support::STEP) else {
+            return Err(format!("the stream stopped before the head {head:?} (after {:?})", out.last()));
+        };
+        frames += 1;
+        if event["seq"].as_u64() != Some(frames) {
+            return Err(format!("frame {frames} has seq {}", event["seq"]));
+        }
+        if let Some(c) = cursor_of(&event["cursor"]) {
+            out.push(c);
+        }
+    }
+    sub.unsubscribe();
+    Ok(out)
+}
+
+/// Cursors are continuous: a subscription from the start delivers strictly rising cursors up
+/// to the durable head `session.read` names, and one resumed from a middle cursor delivers
+/// exactly the rest. Returns how many cursors were checked.
+fn check_cursors(s: &Session, bad: &mut Vec<String>) -> usize {
+    let page = call_through(s, "session.read", &json!({}), Instant::now() + SETTLE).unwrap_or_default();
+    let Some(head) = cursor_of(&page["head"]) else { return 0 };
+    let all = match cursors_until(s, json!("start"), head) {
+        Ok(all) => all,
+        Err(why) => {
+            bad.push(format!("{}: from start: {why}", s.id));
+            return 0;
+        }
+    };
+    if let Some(w) = all.windows(2).find(|w| w[0] >= w[1]) {
+        bad.push(format!("{}: cursors not rising: {:?} then {:?}", s.id, w[0], w[1]));
+    }
+    if all.len() < 2 {
+        return all.len();
+    }
+    let at = (all.len() - 1) / 2;
+    let mid = all[at];
+    match cursors_until(s, json!({"wal_seq": mid.0, "sub_index": mid.1}), head) {
+        Ok(rest) if rest[..] == all[at + 1..] => {}
+        Ok(rest) => {
+            bad.push(format!("{}: resumed at {mid:?}: {} cursors, expected {}", s.id, rest.len(), all.len() - at - 1))
+        }
+        Err(why) => bad.push(format!("{}: resumed at {mid:?}: {why}", s.id)),
+    }
+    all.len()
+}
+
+/// What [`check`] read of each session (its key and served transcript), for the rebuild check.
+type Served = BTreeMap<String, (broca::session_key::SessionKey, Vec<Value>)>;
+
+/// Sessions whose cursors [`check`] replays (each costs two subscriptions).
+const CURSOR_SESSIONS: usize = 12;
+
+fn check(
+    h: &Harness,
+    log: &Path,
+    scripted: &Scripted,
+    accepted: &[Accepted],
+    snapshots: &BTreeMap<String, Vec<Value>>,
+    bad: &mut Vec<String>,
+) -> (Totals, Served) {
     let mut t = Totals { sends: accepted.len(), ..Totals::default() };
+    let mut served = Served::new();
     let counts = call_log::read(log).unwrap_or_else(|e| panic!("the provider's call log: {e}"));
     t.calls = counts.calls;
     // 1. No call ran twice.
@@ -651,6 +783,17 @@ fn check(h: &Harness, log: &Path, scripted: &Scripted, accepted: &[Accepted], ba
         seen_wals += 1;
         t.runs += facts.started.len();
         let messages = transcript(&s);
+        // Prior episodes intact: a session its driver had finished reads as it did then.
+        if let Some(before) = snapshots.get(*session) {
+            t.snapshots += 1;
+            if *before != messages {
+                bad.push(format!("{session}: its transcript changed after its driver finished it"));
+            }
+        }
+        if served.len() < CURSOR_SESSIONS {
+            t.cursors += check_cursors(&s, bad);
+        }
+        served.insert(session.to_string(), (s.key(), messages.clone()));
         // Every accepted send exactly once.
         let users: Vec<String> = messages
             .iter()
@@ -661,9 +804,11 @@ fn check(h: &Harness, log: &Path, scripted: &Scripted, accepted: &[Accepted], ba
             .collect();
         for a in sends {
             let n = users.iter().filter(|u| **u == a.prompt).count();
-            if n != 1 {
+            let expected = usize::from(!a.retracted);
+            if n != expected {
                 bad.push(format!("{session}: accepted send {:?} is in the transcript {n} times", a.prompt));
             }
+            t.retracted += usize::from(a.retracted);
         }
         // Every tool call in the transcript has exactly one result, and unknown outcomes read so.
         let mut results_text: BTreeMap<String, Vec<Value>> = BTreeMap::new();
@@ -755,7 +900,11 @@ fn check(h: &Harness, log: &Path, scripted: &Scripted, accepted: &[Accepted], ba
             if status == "interrupted" {
                 t.interrupted_runs += 1;
             }
-            if unknown_runs.contains(run) && status != "interrupted" {
+            if status == "cancelled" {
+                t.cancelled_runs += 1;
+            }
+            let cancelled_by_us = sends.iter().any(|a| a.cancelled && a.run_id == *run) && status == "cancelled";
+            if unknown_runs.contains(run) && status != "interrupted" && !cancelled_by_us {
                 bad.push(format!("{session}: run {run} has an unknown-outcome call but ended {status}"));
             }
         }
@@ -763,7 +912,49 @@ fn check(h: &Harness, log: &Path, scripted: &Scripted, accepted: &[Accepted], ba
     if seen_wals != by_session.len() {
         bad.push(format!("{} sessions with sends, {seen_wals} WALs read", by_session.len()));
     }
-    t
+    (t, served)
+}
+
+/// The store is rebuildable from the WALs: with broca stopped and `run-index.db` deleted, every
+/// session reopened from its WAL alone (which rebuilds its rows) reads exactly the transcript
+/// broca served. Returns how many sessions were rebuilt.
+fn check_rebuild(state: &Path, served: &Served, bad: &mut Vec<String>) -> usize {
+    for name in ["run-index.db", "run-index.db-wal", "run-index.db-shm"] {
+        let _ = fs::remove_file(state.join(name));
+    }
+    let root = broca::state_root::StateRoot::at(state).expect("the state root");
+    let shared = broca::lineage::Shared::open(root).expect("a fresh run index");
+    for (session, (key, messages)) in served {
+        match shared.open_lineage(key) {
+            Ok(lineage) => drop(lineage),
+            Err(e) => {
+                bad.push(format!("{session}: does not reopen from its WAL: {e}"));
+                continue;
+            }
+        }
+        shared.settle();
+        let Some(reader) = broca::lineage::reader::Reader::open(&shared, key) else {
+            bad.push(format!("{session}: its WAL is gone"));
+            continue;
+        };
+        let page = match broca::lineage::read::transcript(&reader, 0, u64::MAX) {
+            Ok(page) => page,
+            Err(e) => {
+                bad.push(format!("{session}: rebuilt read failed: {e}"));
+                continue;
+            }
+        };
+        let rebuilt: Vec<Value> = page.messages.iter().map(|(_, m)| serde_json::to_value(m).unwrap()).collect();
+        let served: Vec<Value> = messages.iter().map(|m| m["message"].clone()).collect();
+        if rebuilt != served {
+            bad.push(format!(
+                "{session}: rebuilt transcript ({} messages) differs from the served one ({})",
+                rebuilt.len(),
+                served.len()
+            ));
+        }
+    }
+    served.len()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -817,9 +1008,10 @@ fn tool_calls_are_at_most_once_under_real_kills() {
     let accepted = Mutex::new(Vec::new());
     let violations: Violations = Mutex::new(Vec::new());
     let resent = AtomicU64::new(0);
+    let snapshots = Mutex::new(BTreeMap::new());
     let (stop, stop_model) = (AtomicBool::new(false), AtomicBool::new(false));
     let mut rng = Rng::new(seed);
-    let shared = Shared { stop: &stop, accepted: &accepted, resent: &resent, bad: &violations };
+    let shared = Shared { stop: &stop, accepted: &accepted, resent: &resent, bad: &violations, snapshots: &snapshots };
     let stats = std::thread::scope(|scope| {
         // The model FIFO, kept topped up (an empty FIFO answers a final text).
         scope.spawn(|| {
@@ -858,12 +1050,14 @@ fn tool_calls_are_at_most_once_under_real_kills() {
     let kill_phase = started.elapsed();
     let mut bad = violations.into_inner().unwrap();
     let accepted = accepted.into_inner().unwrap();
-    let totals = check(&h, &log, &scripted, &accepted, &mut bad);
+    let snapshots = snapshots.into_inner().unwrap();
+    let (totals, served) = check(&h, &log, &scripted, &accepted, &snapshots, &mut bad);
     let journaled = journaled_kills(&h);
     let fired = fired(&h);
     let points: u64 = fired.values().sum();
     let duplicates = call_log::read(&log).map(|c| c.duplicates().len()).unwrap_or(usize::MAX);
     h.stop();
+    let rebuilt = check_rebuild(&h.state_root(), &served, &mut bad);
     let per_point: Vec<String> = POINTS
         .iter()
         .map(|(p, _)| {
@@ -895,6 +1089,11 @@ fn tool_calls_are_at_most_once_under_real_kills() {
         bad.len(),
         started.elapsed().as_secs_f64()
     );
+    eprintln!(
+        "crash_tools: retracted {} cancelled runs {} snapshots compared {} cursors replayed {} sessions rebuilt {rebuilt}",
+        totals.retracted, totals.cancelled_runs, totals.snapshots, totals.cursors
+    );
+    println!("SOAK kills={journaled} violations={} sends={} calls={}", bad.len(), totals.sends, totals.calls);
     for v in bad.iter().take(30) {
         eprintln!("VIOLATION {v}");
     }

@@ -370,6 +370,123 @@ fn io_fault_a_failed_fsync_mid_run_refuses_sends_then_recovers() {
     assert_eq!(texts, ["one", "three", "answer"], "run one's durable prompt kept, its undurable answer gone");
 }
 
+/// A small tmpfs mounted for one test (unmounted when dropped); `Err` says why it cannot be.
+struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    fn mount(bytes: u64) -> Result<SmallDisk, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes},mode=0700"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("mount -t tmpfs refused: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        }
+        Ok(SmallDisk { dir })
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(self.dir.path()).status();
+    }
+}
+
+/// Fills the file system under `dir` until a write fails with ENOSPC; the filler's path.
+fn fill(dir: &Path) -> std::path::PathBuf {
+    use std::io::Write;
+    let path = dir.join("filler");
+    let mut f = std::fs::File::create(&path).unwrap();
+    for chunk in [64 << 10, 4 << 10, 1] {
+        let bytes = vec![0u8; chunk];
+        while f.write_all(&bytes).is_ok() {}
+    }
+    path
+}
+
+/// `io_fault_*` on a real full disk (a small tmpfs state root; skipped by name where this
+/// machine refuses the mount): filled while a run streams, its answer's WAL write fails with
+/// ENOSPC; sends are refused transiently while the disk is full and reads still serve every
+/// durable message; once space is freed the session reopens, seals the cut run with the storage
+/// error, and serves new sends.
+#[test]
+fn io_fault_a_full_disk_mid_run_refuses_sends_keeps_what_was_durable_and_recovers() {
+    let disk = match SmallDisk::mount(8 << 20) {
+        Ok(d) => d,
+        Err(why) => {
+            eprintln!("SKIPPED io_fault_a_full_disk_mid_run: {why}");
+            return;
+        }
+    };
+    let mock = crate::mock::MockServer::start("127.0.0.1:0").unwrap();
+    let storage: Arc<dyn broca::wal::Storage> = Arc::new(broca::wal::FileStorage);
+    let ops = inproc::ops_on(disk.dir.path(), mock.base_url(None), Duration::from_secs(5), None, storage);
+    let rig = inproc::Rig { dir: tempfile::tempdir().unwrap(), mock, ops };
+    let long = "x".repeat(64 << 10);
+    rig.script(json!({"responses": [reply_script("answer one", 0), reply_script(&long, 600)]}));
+    let one = rig.call("session.send", send("one")).unwrap();
+    rig.wait_state(one["run_id"].as_str().unwrap(), "completed");
+    let two = rig.call("session.send", send("two")).unwrap();
+    let run2 = two["run_id"].as_str().unwrap().to_string();
+    // The disk fills while run two's model streams: its 64 KiB answer cannot be written. Sends
+    // fit into what the WAL's last page still holds for a while; then one is refused.
+    let filler = fill(disk.dir.path());
+    let mut admitted = Vec::new();
+    let refused = loop {
+        let prompt = format!("queued {}", admitted.len());
+        match rig.call("session.send", send(&prompt)) {
+            Err(refusal) => break refusal,
+            Ok(_) => admitted.push(prompt),
+        }
+        assert!(admitted.len() < 500, "sends were never refused on a full disk");
+    };
+    assert_eq!(refused.detail.as_ref().and_then(|d| d.get("class")).cloned(), Some(json!("transient")), "{refused:?}");
+    let page = rig.call("session.read", json!({})).unwrap();
+    let texts = |page: &serde_json::Value| -> Vec<String> {
+        let messages = page["messages"].as_array().cloned().unwrap_or_default();
+        messages.iter().filter_map(|m| m["message"]["content"][0]["text"].as_str().map(String::from)).collect()
+    };
+    assert_eq!(texts(&page)[..3], ["one", "answer one", "two"], "every durable message still reads");
+    // Space again: the session reopens, seals the cut run, drains what it admitted, serves more.
+    std::fs::remove_file(&filler).unwrap();
+    // A transient refusal is retried, as any client does.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let after = loop {
+        match rig.call("session.send", send("after")) {
+            Ok(reply) => break reply,
+            Err(e) => assert!(Instant::now() < deadline, "the session never recovered: {e:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let status = loop {
+        let status = rig.call("run.status", json!({"run_id": run2})).unwrap();
+        if status["state"] != "active" {
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status["state"], "interrupted", "{status}");
+    let code = status["error"]["provider_code"].as_str().unwrap_or_default().to_string();
+    assert!(
+        [broca::record::STORAGE_FAILED_CODE, broca::record::ORPHAN_PROVIDER_CODE].contains(&code.as_str()),
+        "{status}"
+    );
+    let run_after = after["run_id"]
+        .as_str()
+        .map(String::from)
+        .or_else(|| after["submission_id"].as_str().map(|s| format!("run-{s}")));
+    rig.wait_state(&run_after.unwrap(), "completed");
+    let all = texts(&rig.call("session.read", json!({"limit": 1000})).unwrap());
+    for prompt in admitted.iter().chain(std::iter::once(&"after".to_string())) {
+        assert_eq!(all.iter().filter(|t| *t == prompt).count(), 1, "{prompt} once: {all:?}");
+    }
+    assert!(!all.iter().any(|t| t.len() == long.len()), "run two's undurable answer is gone");
+}
+
 /// A session's actor takes at most `MAILBOX` waiting commands: one more is refused with a
 /// transient `open_failed`, never queued without bound; a closed session's registry slot is
 /// dropped, so the registry holds only sessions in use.

@@ -43,7 +43,7 @@ pub fn publish_ns(dir: &std::path::Path, subs: usize) -> f64 {
     let key = SessionKey::new("/bench", "bench", "publish");
     let hub = Hub::new();
     let mut publisher = hub.publisher(&key);
-    let subs: Vec<_> = (0..subs).map(|_| hub.attach(&shared, &key, From::Live, Discard)).collect();
+    let subs: Vec<_> = (0..subs).filter_map(|_| hub.attach(&shared, &key, From::Live, Discard)).collect();
     std::thread::sleep(Duration::from_millis(50));
     let mut spent = Duration::ZERO;
     for b in 0..BURSTS {

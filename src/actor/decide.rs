@@ -63,6 +63,11 @@ pub fn send(
         return Err(inherit_refused());
     }
     let state = lineage.state();
+    let queue_limit = admission.config.limits.queued_sends_per_session;
+    if state.queue.len() >= queue_limit {
+        let what = "the session's queue of sends is full";
+        return Err(crate::wire::over_limit(RefusalCode::SessionQueueFull, what, queue_limit, None));
+    }
     let frozen: Option<RenderConfig> = state.last.as_ref().and_then(|e| e.config.config()).cloned();
     if let Resolution::Paused { run_id, reason: PauseReason::AuthRequired } = state.resolution() {
         if send.delivery != Delivery::Interrupt {

@@ -34,8 +34,7 @@ use crate::replay::Resolution;
 use crate::session_key::SessionKey;
 use crate::state_root::Placement;
 
-/// Commands one session's actor may have waiting; a send past it is refused transiently.
-pub const MAILBOX: usize = 1024;
+pub use crate::limits::MAILBOX;
 /// How long a control command (cancel, drain, seal) may wait for room in a full mailbox.
 const CONTROL_WAIT: Duration = Duration::from_secs(2);
 
@@ -86,9 +85,21 @@ pub struct Registry {
 #[derive(Default)]
 pub struct Gauges {
     pub actor_opens: AtomicU64,
+    /// Actors alive now (bounded by `limits.open_sessions`).
+    pub open_sessions: AtomicU64,
     pub opening: AtomicU64,
     pub closing: AtomicU64,
     pub runs_in_flight: AtomicU64,
+}
+
+/// One open session counted in [`Gauges::open_sessions`]: given back when dropped (its actor
+/// ended, however it ended, or the open failed).
+struct OpenSession(Arc<Registry>);
+
+impl Drop for OpenSession {
+    fn drop(&mut self) {
+        self.0.gauges.open_sessions.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 thread_local! {
@@ -125,8 +136,16 @@ impl Registry {
         &self.deps.opts.steps
     }
 
+    /// The session's slot, made if it has none (only for a command that may open it: an
+    /// unused slot is pruned by the actor that closes, so a slot never outlives its use).
     fn slot(&self, key: &SessionKey) -> Slot {
         Arc::clone(self.slots.lock().entry(key.clone()).or_default())
+    }
+
+    /// The session's slot if it has one; queries never make one (the map would grow with
+    /// every key ever asked about).
+    fn existing_slot(&self, key: &SessionKey) -> Option<Slot> {
+        self.slots.lock().get(key).cloned()
     }
 
     /// Hands `cmd` to the session's actor, opening it first if needed (a NEW session's WAL is
@@ -150,7 +169,7 @@ impl Registry {
     /// Asks the session's running turn to cancel. Returns false when no actor is open (so no
     /// run is active in this process).
     pub fn cancel(&self, key: &SessionKey, at: CancelAt) -> bool {
-        let slot = self.slot(key);
+        let Some(slot) = self.existing_slot(key) else { return false };
         let guard = slot.lock();
         guard.as_ref().is_some_and(|a| a.tx.send_timeout(SessionCommand::CancelRunning(at), CONTROL_WAIT).is_ok())
     }
@@ -226,13 +245,28 @@ impl Registry {
 
     /// Whether the session has an open actor.
     pub fn is_open(&self, key: &SessionKey) -> bool {
-        self.slot(key).lock().is_some()
+        self.existing_slot(key).is_some_and(|slot| slot.lock().is_some())
     }
 
     /// Hands `cmd` to the session's actor, opening one (with `placement` for a new WAL) if none
     /// is open or the open one died.
     fn send(self: &Arc<Self>, key: &SessionKey, placement: Placement, cmd: SessionCommand) -> Result<(), LineageError> {
         let slot = self.slot(key);
+        let sent = self.send_to(key, placement, &slot, cmd);
+        if sent.is_err() {
+            // A failed open leaves no slot behind.
+            self.prune(key, slot);
+        }
+        sent
+    }
+
+    fn send_to(
+        self: &Arc<Self>,
+        key: &SessionKey,
+        placement: Placement,
+        slot: &Slot,
+        cmd: SessionCommand,
+    ) -> Result<(), LineageError> {
         let mut guard = slot.lock();
         if let Some(actor) = guard.as_ref() {
             match actor.tx.try_send(cmd) {
@@ -241,11 +275,11 @@ impl Registry {
                 // The actor died (a panic or a poisoned WAL); open a fresh one.
                 Err(TrySendError::Disconnected(cmd)) => {
                     *guard = None;
-                    return self.open_locked(key, placement, &slot, &mut guard, cmd);
+                    return self.open_locked(key, placement, slot, &mut guard, cmd);
                 }
             }
         }
-        self.open_locked(key, placement, &slot, &mut guard, cmd)
+        self.open_locked(key, placement, slot, &mut guard, cmd)
     }
 
     fn open_locked(
@@ -256,6 +290,16 @@ impl Registry {
         guard: &mut Option<Actor>,
         first: SessionCommand,
     ) -> Result<(), LineageError> {
+        let limit = self.deps.admission.config.limits.open_sessions;
+        let counted = self
+            .gauges
+            .open_sessions
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit as u64).then_some(n + 1));
+        if counted.is_err() {
+            return Err(LineageError::TooManySessions { limit });
+        }
+        // From here the count is the actor's: its thread gives it back when it ends.
+        let open = OpenSession(Arc::clone(self));
         self.gauges.opening.fetch_add(1, Ordering::Relaxed);
         let opened = self.shared.open_lineage_placed(key, placement);
         self.gauges.opening.fetch_sub(1, Ordering::Relaxed);
@@ -269,7 +313,10 @@ impl Registry {
         let name = format!("broca-actor-{}", &key.addr()[..8]);
         std::thread::Builder::new()
             .name(name)
-            .spawn(move || registry.actor_main(lineage, rx, slot))
+            .spawn(move || {
+                let _open = open;
+                registry.actor_main(lineage, rx, slot)
+            })
             .map_err(|e| LineageError::Refused(format!("cannot start the session's actor: {e}")))?;
         *guard = Some(Actor { tx });
         Ok(())
@@ -291,7 +338,15 @@ impl Registry {
             while let Ok(cmd) = rx.try_recv() {
                 self.handle(&mut lineage, cmd, &mut publish);
             }
-            match self.next_turn(&mut lineage, &rx, &mut publish) {
+            // A command whose write failed latched the WAL: every later command would be refused
+            // by this writer, so the actor ends and the next command reopens the session (which
+            // cuts the WAL back to its durable end) once the device works again.
+            let turn = if lineage.write_failed() {
+                Err(LineageError::Refused("the session's WAL latched a write failure".into()))
+            } else {
+                self.next_turn(&mut lineage, &rx, &mut publish)
+            };
+            match turn {
                 Ok(true) => continue,
                 Ok(false) => {}
                 Err(e) => {

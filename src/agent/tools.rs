@@ -98,15 +98,33 @@ pub enum ToolOutcome {
 /// the loop runs it on a helper thread, never on its own.
 pub trait ToolDispatcher: Send + Sync {
     fn call(&self, call: &ToolCall, deadline: Instant, cancel: &Cancel) -> ToolOutcome;
+
+    /// The outcome of `call` when it is known without sending anything or waiting (a tool
+    /// nothing serves): the loop then records it on its own thread instead of handing the call
+    /// to a helper thread and waiting for the hand-back. `None` (the default): call it.
+    fn answer_locally(&self, _call: &ToolCall) -> Option<ToolOutcome> {
+        None
+    }
 }
 
 /// The dispatcher of a run with no tool providers: every call is an error result the model can
 /// read, and nothing is sent anywhere.
 pub struct NoTools;
 
+impl NoTools {
+    /// The error result of a call nothing serves.
+    pub fn unserved(call: &ToolCall) -> ToolOutcome {
+        ToolOutcome::Error(format!("no tool named {:?} is available in this run", call.name))
+    }
+}
+
 impl ToolDispatcher for NoTools {
     fn call(&self, call: &ToolCall, _deadline: Instant, _cancel: &Cancel) -> ToolOutcome {
-        ToolOutcome::Error(format!("no tool named {:?} is available in this run", call.name))
+        NoTools::unserved(call)
+    }
+
+    fn answer_locally(&self, call: &ToolCall) -> Option<ToolOutcome> {
+        Some(NoTools::unserved(call))
     }
 }
 
@@ -138,10 +156,11 @@ pub(crate) fn call_target(
 /// The helper threads tool calls run on (shared by every run in the process).
 fn tool_pool() -> &'static crate::pool::Pool {
     static POOL: std::sync::OnceLock<crate::pool::Pool> = std::sync::OnceLock::new();
-    POOL.get_or_init(|| crate::pool::Pool::new("broca-tool"))
+    POOL.get_or_init(|| crate::pool::Pool::new("broca-tool", crate::limits::TOOL_THREADS))
 }
 
-/// Starts every call of a batch; results arrive as `(planned index, outcome)`.
+/// Starts every call of a batch; results arrive as `(planned index, outcome)`. A call its
+/// dispatcher answers locally is answered at once, without a helper thread.
 pub(crate) fn dispatch_batch(
     dispatcher: &Arc<dyn ToolDispatcher>,
     calls: Vec<ToolCall>,
@@ -150,6 +169,10 @@ pub(crate) fn dispatch_batch(
 ) -> Receiver<(usize, ToolOutcome)> {
     let (tx, rx) = unbounded();
     for (index, call) in calls.into_iter().enumerate() {
+        if let Some(outcome) = dispatcher.answer_locally(&call) {
+            let _ = tx.send((index, outcome));
+            continue;
+        }
         let worker_tx = tx.clone();
         let (dispatcher, cancel) = (Arc::clone(dispatcher), cancel.clone());
         let spawned = tool_pool().run(move || {

@@ -688,8 +688,16 @@ impl<C> Driver<'_, C> {
     /// Intents (durable before any call) → calls → results in planned order → one tool message.
     /// Returns whether a call ended indeterminate (unanswered past its wait, or its dispatcher
     /// could not tell): its outcome is unknown and the run ends `interrupted`.
-    fn tool_batch(&mut self, step: u64, calls: Vec<(String, String, serde_json::Value)>) -> Result<bool, LineageError> {
+    /// Calls past [`crate::limits::CALLS_PER_BATCH`] get their intents and a never-executed
+    /// result (`reason: "too_many_calls"`), after the dispatched ones, in planned order.
+    fn tool_batch(
+        &mut self,
+        step: u64,
+        mut calls: Vec<(String, String, serde_json::Value)>,
+    ) -> Result<bool, LineageError> {
+        let over = calls.split_off(calls.len().min(crate::limits::CALLS_PER_BATCH));
         let batch = self.append_intents(step, calls)?;
+        let unsent = self.append_intents(step, over)?;
         self.commit()?;
         crate::failpoint!("tool.after_intent_fsync");
         let ids: Vec<String> = batch.iter().map(|c| c.tool_call_id.clone()).collect();
@@ -767,6 +775,12 @@ impl<C> Driver<'_, C> {
                 at_ms: Some(now_ms()),
             })?;
             parts.push(Part::ToolResult { tool_call_id: id, output: out.output, is_error: out.is_error });
+        }
+        if !unsent.is_empty() {
+            let limit = crate::limits::CALLS_PER_BATCH;
+            let output = json!({"kind": "error", "reason": "too_many_calls", "nothing_sent": true, "limit": limit,
+                "message": format!("not executed: one step may call at most {limit} tools")});
+            parts.extend(self.append_not_executed(step, unsent, &output)?);
         }
         self.history.push(Message { role: Role::Tool, content: parts, origin: None });
         Ok(timed_out || indeterminate)

@@ -66,6 +66,7 @@ pub fn write_atomic_with(path: &Path, bytes: &[u8], hook: &mut dyn FnMut(WriteSt
     hook(WriteStep::TempCreated);
     temp.write_all(bytes)?;
     hook(WriteStep::TempWritten);
+    crate::failpoint!("catalog.mid_lkg_write");
     temp.as_file().sync_all()?;
     hook(WriteStep::TempSynced);
     temp.persist(path).map_err(|e| e.error)?;

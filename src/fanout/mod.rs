@@ -41,10 +41,7 @@ use crate::session_key::SessionKey;
 use crate::wire::{Refusal, RefusalCode};
 use ring::{Bell, Ring, Slot, Writer};
 
-/// Control units a subscriber may lag before it is detached (the control ring's capacity).
-pub const CONTROL_LANE: usize = 4096;
-/// Display events a subscriber may lag before deltas are dropped (the display ring's capacity).
-pub const DISPLAY_LANE: usize = 1024;
+pub use crate::limits::{CONTROL_LANE, DISPLAY_LANE};
 /// Records read per replay batch (no lock is held while a batch's units are sent).
 const REPLAY_BATCH: usize = 256;
 /// How long an idle fan-out thread sleeps before it looks again (a lost wake costs this).
@@ -116,11 +113,21 @@ impl Topic {
     }
 }
 
-/// All sessions' subscribers in this process.
-#[derive(Default)]
+/// All sessions' subscribers in this process. `attached` is the number of members over every
+/// topic; it changes only under the `topics` lock, so the per-process bound is exact.
 pub struct Hub {
     topics: Mutex<HashMap<SessionKey, Topic>>,
     next_id: AtomicU64,
+    attached: AtomicUsize,
+    per_session: usize,
+    per_process: usize,
+}
+
+impl Default for Hub {
+    fn default() -> Hub {
+        let limits = crate::limits::Limits::default();
+        Hub::with_limits(&limits)
+    }
 }
 
 /// A live subscription; dropping it does not end the stream (use `cancel`).
@@ -201,6 +208,17 @@ impl Hub {
         Arc::new(Hub::default())
     }
 
+    /// A hub bounded by `limits.subscribers_per_session` and `limits.subscribers_per_process`.
+    pub fn with_limits(limits: &crate::limits::Limits) -> Hub {
+        Hub {
+            topics: Mutex::default(),
+            next_id: AtomicU64::new(0),
+            attached: AtomicUsize::new(0),
+            per_session: limits.subscribers_per_session,
+            per_process: limits.subscribers_per_process,
+        }
+    }
+
     /// The session's publisher, for the lineage thread that writes it (one at a time: the
     /// lease makes it so). A writer still held by a closing predecessor is waited for briefly;
     /// if it never comes free, control output detaches every subscriber (they resubscribe from
@@ -232,6 +250,7 @@ impl Hub {
         let Some(topic) = topics.get_mut(key) else { return };
         if let Some(pos) = topic.members.iter().position(|m| m.id == id) {
             let m = topic.members.remove(pos);
+            self.attached.fetch_sub(1, Ordering::SeqCst);
             m.stop.lock().get_or_insert(why);
             topic.lanes.subscribers.fetch_sub(1, Ordering::SeqCst);
             topic.lanes.bell.ring_all();
@@ -264,20 +283,42 @@ impl Hub {
     }
 
     /// Attaches a subscriber to `key`'s session and starts its thread. Reads the durable head
-    /// for `live`: call it from a worker, never from the io thread.
+    /// for `live`: call it from a worker, never from the io thread. Past a subscriber limit the
+    /// stream ends at once with `too_many_subscribers` (`detail {limit, scope}`) and `None`.
     pub fn attach(
         self: &Arc<Self>,
         shared: &Arc<Shared>,
         key: &SessionKey,
         from: From,
-        sink: impl StreamSink,
-    ) -> Subscription {
+        mut sink: impl StreamSink,
+    ) -> Option<Subscription> {
+        if let From::After(cursor) = from {
+            if let Some(refusal) = beyond_head(shared, key, cursor) {
+                sink.end(Some(refusal));
+                return None;
+            }
+        }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let stop: Stop = Arc::default();
         // Registered, with its ring positions taken, before the replay reads the WAL (and
         // before the live head is read): nothing published from here on is missed.
         let (lanes, positions) = {
             let mut topics = self.topics.lock();
+            let members = topics.get(key).map_or(0, |t| t.members.len());
+            let over = if members >= self.per_session {
+                Some((self.per_session, "session"))
+            } else if self.attached.load(Ordering::SeqCst) >= self.per_process {
+                Some((self.per_process, "process"))
+            } else {
+                None
+            };
+            if let Some((limit, scope)) = over {
+                drop(topics);
+                let what = format!("no more subscribers may attach to this {scope}");
+                sink.end(Some(crate::wire::over_limit(RefusalCode::TooManySubscribers, &what, limit, Some(scope))));
+                return None;
+            }
+            self.attached.fetch_add(1, Ordering::SeqCst);
             let topic = topics.entry(key.clone()).or_insert_with(Topic::new);
             topic.members.push(Member { id, stop: Arc::clone(&stop) });
             topic.lanes.subscribers.fetch_add(1, Ordering::SeqCst);
@@ -311,8 +352,31 @@ impl Hub {
             log::error!("cannot start a subscriber thread: {e}");
             self.remove(key, id, None);
         }
-        Subscription { hub: Arc::clone(self), key: key.clone(), id }
+        Some(Subscription { hub: Arc::clone(self), key: key.clone(), id })
     }
+}
+
+/// A resume cursor past the session's durable head names no unit broca ever made visible
+/// (units are published only once fsynced): it is refused `invalid_params` naming `from`, with
+/// the durable `head` (absent when the session has no unit), rather than silently waiting for
+/// units that would be skipped. A head that cannot be read lets the replay report the failure.
+fn beyond_head(shared: &Shared, key: &SessionKey, cursor: Cursor) -> Option<Refusal> {
+    let head = read::durable_head(shared, key).ok()?;
+    if head.is_some_and(|h| cursor <= h) {
+        return None;
+    }
+    let message = match head {
+        Some(h) => format!(
+            "invalid params: from: the cursor {{wal_seq: {}, sub_index: {}}} is past the session's durable head {{wal_seq: {}, sub_index: {}}}",
+            cursor.wal_seq, cursor.sub_index, h.wal_seq, h.sub_index
+        ),
+        None => "invalid params: from: the session has no durable unit yet; subscribe from \"start\" or \"live\"".to_string(),
+    };
+    let detail = match head {
+        Some(h) => crate::detail!("field" => "from", "head" => h),
+        None => crate::detail!("field" => "from"),
+    };
+    Some(Refusal::new(RefusalCode::InvalidParams, message, Some(detail)))
 }
 
 /// A reader's next ring positions.

@@ -55,6 +55,10 @@ pub enum LineageError {
     MailboxFull {
         limit: usize,
     },
+    /// `limit` sessions are open in this process already (`limits.open_sessions`).
+    TooManySessions {
+        limit: usize,
+    },
     Store(StoreError),
 }
 
@@ -70,6 +74,9 @@ impl std::fmt::Display for LineageError {
             LineageError::Refused(why) => write!(f, "append refused: {why}"),
             LineageError::MailboxFull { limit } => {
                 write!(f, "the session is busy: its actor has {limit} commands waiting; try again shortly")
+            }
+            LineageError::TooManySessions { limit } => {
+                write!(f, "{limit} sessions are open in this process; try again when one closes")
             }
             LineageError::Store(e) => e.fmt(f),
         }
@@ -115,6 +122,9 @@ impl LineageError {
             ),
             LineageError::Lease(e @ LeaseError::Stale { .. }) => {
                 Refusal::new(RefusalCode::LeaseStale, e.to_string(), None)
+            }
+            LineageError::TooManySessions { limit } => {
+                crate::wire::over_limit(RefusalCode::TooManySessions, "no more sessions may open", *limit, None)
             }
             // An I/O failure (interrupted, or a latched write/fsync failure) or a full mailbox:
             // try again later.
@@ -442,6 +452,12 @@ impl Lineage {
     /// flush: the store then stays at its older checkpoint until the lineage is reopened).
     pub fn store_current(&self) -> bool {
         !self.store_broken.load(Ordering::Acquire)
+    }
+
+    /// Whether a failed write or fsync latched this lineage's WAL (appends are refused until
+    /// it is reopened).
+    pub fn write_failed(&self) -> bool {
+        self.wal.failed()
     }
 
     /// The last fsynced seq.

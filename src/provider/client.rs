@@ -35,14 +35,13 @@ use super::sse::SseFramer;
 use super::telemetry::Telemetry;
 use crate::record::{ErrorClass, ProviderError};
 
-/// Events buffered between the streamer and the loop (backpressure beyond this).
-const EVENT_QUEUE: usize = 1024;
+/// Batches of events buffered between the streamer and the loop (backpressure beyond this).
+/// Each batch is everything one socket read decoded (up to [`READ_CHUNK`] bytes), so a small
+/// queue holds a long stream; it is allocated per attempt, so it is kept small.
+const EVENT_QUEUE: usize = 64;
 const READ_CHUNK: usize = 16 << 10;
 
-/// Idle keep-alive connections an agent keeps per provider host. A loop's steps are
-/// sequential, so one run reuses one connection step after step; the rest serve sessions
-/// running at once against the same provider (beyond this, finished connections are closed).
-pub const POOL_IDLE_PER_HOST: usize = 8;
+pub use crate::limits::{POOL_IDLE_PER_HOST, STREAMER_THREADS};
 /// An agent idle longer than this is replaced by a fresh one (its pooled connections are then
 /// closed, not reused): real providers close idle connections after tens of seconds, and a
 /// POST on a connection the server is closing would fail instead of being retried.
@@ -186,7 +185,7 @@ impl HttpClient {
             agents: Mutex::new(Vec::new()),
             extra_roots: extra.to_vec(),
             tls: std::sync::OnceLock::new(),
-            streamers: crate::pool::Pool::new("broca-stream"),
+            streamers: crate::pool::Pool::new("broca-stream", STREAMER_THREADS),
         }
     }
 

@@ -17,8 +17,7 @@ use parking_lot::{Condvar, Mutex};
 use super::{Store, StoreBatch};
 use crate::session_key::SessionKey;
 
-/// Batches that may wait for the writer before senders block.
-const QUEUE: usize = 256;
+use crate::limits::RUN_INDEX_QUEUE as QUEUE;
 
 enum Msg {
     Flush { key: SessionKey, wal: PathBuf, batch: Box<StoreBatch>, broken: Arc<AtomicBool>, mark: Mark },

@@ -60,8 +60,7 @@ use super::frame::TooLarge;
 /// The code and message a consumer answers a reverse request it has no handler for (the same
 /// reply the subc Rust consumer SDK sends).
 pub const REVERSE_REQUEST_UNHANDLED: &str = "reverse_request_unhandled";
-/// Routes one connection keeps open by default (far below the daemon's 65,535 channels).
-pub const ROUTE_CACHE_CAPACITY: usize = 256;
+pub use crate::limits::ROUTE_CACHE_CAPACITY;
 /// How long an unused route stays open by default.
 pub const ROUTE_IDLE_TTL: Duration = Duration::from_secs(120);
 /// The first wait before dialing again after a failed dial.

@@ -21,7 +21,7 @@ impl ToolDispatcher for ToolPlane {
     fn call(&self, call: &ToolCall, deadline: Instant, cancel: &Cancel) -> ToolOutcome {
         let Some(target) = &call.target else {
             // A send's own tool: nothing serves it.
-            return NoTools.call(call, deadline, cancel);
+            return NoTools::unserved(call);
         };
         let module = target.module.as_str();
         let mut request = json!({"name": call.name, "arguments": call.arguments, "tool_call_id": call.tool_call_id});
@@ -64,6 +64,10 @@ impl ToolDispatcher for ToolPlane {
                 ToolOutcome::Indeterminate(why)
             }
         }
+    }
+
+    fn answer_locally(&self, call: &ToolCall) -> Option<ToolOutcome> {
+        call.target.is_none().then(|| NoTools::unserved(call))
     }
 }
 

@@ -14,8 +14,7 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
-/// Calls one process may have in flight across every session.
-pub const MAX_CALLS_IN_FLIGHT: usize = crate::subc::consumer::MAX_PENDING_CALLS;
+pub use crate::limits::MAX_CALLS_IN_FLIGHT;
 /// The window of a provider whose concurrency is undeclared or unknown (`module_managed`).
 pub const DEFAULT_WINDOW: usize = 32;
 

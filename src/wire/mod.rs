@@ -139,6 +139,14 @@ pub enum RefusalCode {
     /// An owner-only operation from a caller other than the session's owner (`crate::owner`;
     /// `detail.principal` is the caller as the daemon stamped it).
     ScopeOwnerMismatch,
+    /// Every op worker is busy (`detail {limit}`): send again shortly.
+    TooManyRequests,
+    /// Opening one more session would cross the open-session limit (`detail {limit}`).
+    TooManySessions,
+    /// One more subscription would cross a subscriber limit (`detail {limit, scope}`).
+    TooManySubscribers,
+    /// The session already holds its limit of queued sends (`detail {limit}`).
+    SessionQueueFull,
 }
 
 impl RefusalCode {
@@ -184,6 +192,10 @@ impl RefusalCode {
             RefusalCode::CursorExpired => "cursor_expired",
             RefusalCode::HistoryUnrepresentable => "history_unrepresentable",
             RefusalCode::ScopeOwnerMismatch => "scope_owner_mismatch",
+            RefusalCode::TooManyRequests => "too_many_requests",
+            RefusalCode::TooManySessions => "too_many_sessions",
+            RefusalCode::TooManySubscribers => "too_many_subscribers",
+            RefusalCode::SessionQueueFull => "session_queue_full",
         }
     }
 }
@@ -229,6 +241,17 @@ impl Refusal {
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("refusals serialize")
     }
+}
+
+/// A bound of [`crate::limits`] was reached: `code` with `detail {limit, class: "transient"}`
+/// (and `scope` when the bound is one of several of its kind). Nothing was written.
+pub fn over_limit(code: RefusalCode, what: &str, limit: usize, scope: Option<&str>) -> Refusal {
+    let message = format!("{what}: the limit of {limit} is reached; try again shortly");
+    let detail = match scope {
+        Some(scope) => crate::detail!("limit" => limit, "scope" => scope, "class" => "transient"),
+        None => crate::detail!("limit" => limit, "class" => "transient"),
+    };
+    Refusal::new(code, message, Some(detail))
 }
 
 /// `invalid_params` naming the member at fault.

@@ -10,8 +10,7 @@ use crate::session_key::SessionKey;
 
 /// `session.read` page size when `limit` is omitted.
 pub const READ_DEFAULT_LIMIT: u64 = 100;
-/// The largest `session.read` page a request may ask for (a larger `limit` is clamped).
-pub const READ_MAX_LIMIT: u64 = 1000;
+pub use crate::limits::READ_MAX_LIMIT;
 
 /// `session.retract {session?, submission_id}`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,8 +28,7 @@ pub struct CancelRequest {
 /// The history version every broca session serves: its history is append-only, never
 /// rewritten, so the version never moves (spec §4: "its history version is zero").
 pub const HISTORY_VERSION: u64 = 0;
-/// The largest `session.read` page in bytes, and the default (spec §4: 3 MiB).
-pub const READ_MAX_BYTES: u64 = 3 << 20;
+pub use crate::limits::READ_MAX_BYTES;
 
 /// Where a `session.read` page starts. Ordinals here are the served ones (from 1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -100,10 +100,7 @@ pub struct SendParams {
     pub identity: BTreeMap<String, String>,
 }
 
-/// The largest user message a send may write, as its stored JSON: every admitted message must
-/// come back whole on a `session.read` page, whose complete reply frame is at most the transport
-/// limit (4 MiB with its header); the rest is the page's envelope.
-pub const MAX_MESSAGE_JSON_BYTES: usize = subc_protocol::MAX_DELIVERED_FRAME_LEN - (64 << 10);
+pub use crate::limits::MAX_MESSAGE_JSON_BYTES;
 
 /// Refuses a prompt whose stored message could never be read back whole, naming the limit.
 fn prompt_fits(prompt: &str) -> Result<(), Refusal> {

@@ -108,6 +108,8 @@ pub struct Options {
     pub launcher: Option<PathBuf>,
     /// Seed `catalog/fusiform-lkg.json` in the state root (false: a fresh root with no catalog).
     pub seed_lkg: bool,
+    /// broca's `broca.jsonc` (written into the state root before broca starts), if any.
+    pub broca_jsonc: Option<Value>,
 }
 
 impl Default for Options {
@@ -123,6 +125,7 @@ impl Default for Options {
             modules: Vec::new(),
             launcher: None,
             seed_lkg: true,
+            broca_jsonc: None,
         }
     }
 }
@@ -201,6 +204,9 @@ impl Harness {
             seeded["written_at_ms"] = json!(now);
             fs::write(root.join("state/catalog/fusiform-lkg.json"), serde_json::to_vec_pretty(&seeded).unwrap())
                 .unwrap();
+        }
+        if let Some(config) = &opts.broca_jsonc {
+            fs::write(root.join("state/broca.jsonc"), config.to_string()).unwrap();
         }
         let mut env = json!({
             "CK_LOG": opts.ck_log,

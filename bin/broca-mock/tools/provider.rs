@@ -131,7 +131,7 @@ impl Provider {
         };
         Provider {
             shared: Arc::new(shared),
-            workers: Arc::new(Pool::new("mock-tool")),
+            workers: Arc::new(Pool::new("mock-tool", broca::limits::OP_THREADS)),
             routes: HashMap::new(),
             draining: false,
             stopped,

@@ -48,8 +48,21 @@ impl<C> Driver<'_, C> {
                 json!({"kind": "error", "reason": "not_executed", "nothing_sent": true, "message": "not executed: the run reached its max_steps"})
             }
         };
-        let mut parts = Vec::with_capacity(batch.len());
-        for call in batch {
+        let parts = self.append_not_executed(step, batch, &output)?;
+        self.history.push(Message { role: Role::Tool, content: parts, origin: None });
+        Ok(())
+    }
+
+    /// A never-executed error result (`output`) for each of `calls`, whose intents are
+    /// appended: the parts of the tool message that carries them.
+    pub(super) fn append_not_executed(
+        &mut self,
+        step: u64,
+        calls: Vec<ToolCall>,
+        output: &serde_json::Value,
+    ) -> Result<Vec<Part>, LineageError> {
+        let mut parts = Vec::with_capacity(calls.len());
+        for call in calls {
             self.lineage.append(&Record::ToolResult {
                 run_id: self.run_id.clone(),
                 step,
@@ -61,7 +74,6 @@ impl<C> Driver<'_, C> {
             })?;
             parts.push(Part::ToolResult { tool_call_id: call.tool_call_id, output: output.clone(), is_error: true });
         }
-        self.history.push(Message { role: Role::Tool, content: parts, origin: None });
-        Ok(())
+        Ok(parts)
     }
 }

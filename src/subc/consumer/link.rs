@@ -40,8 +40,7 @@ use super::writer::{self, Lanes};
 use super::{reader, CallError, ClientRoute, ConsumerIdentity, ConsumerOptions, Totals};
 use crate::subc::{connection_file, frame, handshake};
 
-/// Calls (route opens included) that may be open on one connection at once.
-pub const MAX_PENDING_CALLS: usize = 4096;
+pub use crate::limits::MAX_PENDING_CALLS;
 /// `route.open`s in flight on one connection: subc-daemon 0.39.3's
 /// `MAX_PENDING_ROUTE_OPENS_PER_CONNECTION`.
 pub const MAX_CONCURRENT_ROUTE_OPENS: usize = 8;
