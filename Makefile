@@ -1,7 +1,7 @@
 # broca: the two commands a newcomer runs are `make demo` (once it exists) and `make test`.
 CARGO ?= cargo
 
-.PHONY: build demo test soak bench e2e mcp-check live conformance fmt lint check
+.PHONY: build demo test soak fuzz bench bench-capacity e2e mcp-check live conformance fmt lint check
 
 build:
 	$(CARGO) build --release --locked
@@ -28,6 +28,15 @@ soak:
 	BROCA_SOAK_KILLS=$(BROCA_SOAK_KILLS) RUST_LOG=$${RUST_LOG:-error} $(CARGO) test --locked --test crash_tools \
 		-- --nocapture --test-threads=1 tool_calls_are_at_most_once_under_real_kills >"$$out" 2>&1 || status=$$?; \
 	grep -v '^SOAK ' "$$out"; grep '^SOAK ' "$$out" | tail -n 1; rm -f "$$out"; exit $$status
+
+# The structure-aware fuzz targets (tests/fuzz/: frame decoder, connection file, handshake, WAL
+# reader, the three SSE decoders, session.send and the strict ops' params, the catalog) for
+# BROCA_FUZZ_SECS seconds each (`make test` runs them for 2 s), every byte and every cut of the
+# golden WALs included. One line per target: `FUZZ <target> ... cases=<n> panics=0 ...`; a
+# failing case prints how to replay it (BROCA_FUZZ_SEED, BROCA_FUZZ_CASE).
+BROCA_FUZZ_SECS ?= 60
+fuzz:
+	BROCA_FUZZ_SECS=$(BROCA_FUZZ_SECS) BROCA_FUZZ_SWEEP=full $(CARGO) test --locked --test fuzz -- --nocapture fuzz_
 
 # A real subc daemon supervising broca, with broca-mock as its provider (scripts/rig up), the
 # scripted scenario against it through the consumer SDK, and the rig stopped whatever happened
@@ -74,6 +83,12 @@ bench:
 	$(CARGO) run --release --locked --example fanout-bench
 	$(CARGO) run --release --locked --example send-bench
 	$(CARGO) run --release --locked --example tool-bench
+
+# A thousand sessions with runs active at once (one observer each) and a boot over ten thousand
+# sessions, through the real daemon (about two minutes; not part of `make bench`).
+bench-capacity:
+	$(CARGO) build --release --locked --bins
+	$(CARGO) run --release --locked --example capacity-bench
 
 fmt:
 	$(CARGO) fmt --all

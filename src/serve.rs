@@ -156,7 +156,9 @@ impl Server {
     }
 }
 
-fn parse_from(params: &Value) -> Result<From, Refusal> {
+/// `session.subscribe {from?}`: strict, refused by name (public for the fuzz targets).
+#[doc(hidden)]
+pub fn parse_from(params: &Value) -> Result<From, Refusal> {
     if let Some(map) = params.as_object() {
         if let Some(k) = map.keys().find(|k| k.as_str() != "from") {
             return Err(invalid_params(k, "unknown member"));

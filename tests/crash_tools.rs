@@ -231,6 +231,11 @@ struct Accepted {
     retracted: bool,
     /// The driver asked `run.cancel` of its run.
     cancelled: bool,
+    /// Its `delivery` (`queue` when not given) and broca's reply (shown in violations).
+    #[allow(dead_code)]
+    delivery: &'static str,
+    #[allow(dead_code)]
+    reply: Value,
 }
 
 /// How the second send of a group is delivered against the first one's running run.
@@ -336,8 +341,9 @@ fn driver(h: &Harness, d: usize, seed: u64, sh: &Shared<'_>) {
                 if first {
                     params["plan"] = plan();
                 }
-                if !runs.is_empty() {
-                    params["delivery"] = json!(delivery(&mut rng));
+                let mode = if runs.is_empty() { "queue" } else { delivery(&mut rng) };
+                if mode != "queue" {
+                    params["delivery"] = json!(mode);
                 }
                 let mut tries = 0;
                 let answer = call_through_counted(&s, "session.send", &params, Instant::now() + SETTLE, &mut tries);
@@ -366,6 +372,8 @@ fn driver(h: &Harness, d: usize, seed: u64, sh: &Shared<'_>) {
                             pending,
                             retracted: false,
                             cancelled: false,
+                            delivery: mode,
+                            reply: reply.clone(),
                         };
                         runs.push(a);
                     }
@@ -376,7 +384,9 @@ fn driver(h: &Harness, d: usize, seed: u64, sh: &Shared<'_>) {
             if let Some(last) = runs.last_mut().filter(|a| a.pending.is_some() && rng.chance(25)) {
                 let params = json!({"submission_id": last.pending.clone()});
                 match call_through(&s, "session.retract", &params, Instant::now() + SETTLE) {
-                    Ok(reply) => last.retracted = reply["retracted"] == true,
+                    // A retract retried across a kill may find its own tombstone: `not_pending`
+                    // for a send that was queued here means it is retracted.
+                    Ok(reply) => last.retracted = reply["retracted"] == true || reply["reason"] == "not_pending",
                     Err(why) => bad.lock().unwrap().push(format!("{}: retract: {why}", s.id)),
                 }
             }
@@ -787,7 +797,17 @@ fn check(
         if let Some(before) = snapshots.get(*session) {
             t.snapshots += 1;
             if *before != messages {
-                bad.push(format!("{session}: its transcript changed after its driver finished it"));
+                let at =
+                    before.iter().zip(&messages).position(|(a, b)| a != b).unwrap_or(before.len().min(messages.len()));
+                let cut = |v: Option<&Value>| v.map_or("-".to_string(), |v| v.to_string().chars().take(700).collect());
+                bad.push(format!(
+                    "{session}: its transcript changed after its driver finished it ({} then {} messages; first \
+                     difference at {at}: {} became {})",
+                    before.len(),
+                    messages.len(),
+                    cut(before.get(at)),
+                    cut(messages.get(at))
+                ));
             }
         }
         if served.len() < CURSOR_SESSIONS {
@@ -806,7 +826,7 @@ fn check(
             let n = users.iter().filter(|u| **u == a.prompt).count();
             let expected = usize::from(!a.retracted);
             if n != expected {
-                bad.push(format!("{session}: accepted send {:?} is in the transcript {n} times", a.prompt));
+                bad.push(format!("{session}: accepted send {:?} ({a:?}) is in the transcript {n} times", a.prompt));
             }
             t.retracted += usize::from(a.retracted);
         }
@@ -1057,6 +1077,13 @@ fn tool_calls_are_at_most_once_under_real_kills() {
     let points: u64 = fired.values().sum();
     let duplicates = call_log::read(&log).map(|c| c.duplicates().len()).unwrap_or(usize::MAX);
     h.stop();
+    if !bad.is_empty() {
+        // The evidence outlives the rig: every WAL and the provider's call log.
+        let evidence = std::env::temp_dir().join(format!("crash-tools-evidence-{seed}"));
+        let _ = Command::new("cp").arg("-r").arg(h.state_root()).arg(&evidence).status();
+        let _ = fs::copy(&log, evidence.join("calls.jsonl"));
+        eprintln!("crash_tools: evidence kept in {}", evidence.display());
+    }
     let rebuilt = check_rebuild(&h.state_root(), &served, &mut bad);
     let per_point: Vec<String> = POINTS
         .iter()

@@ -302,6 +302,48 @@ fn draining_lets_the_step_and_its_batch_finish_then_seals_at_the_boundary() {
     assert_eq!(roles, ["user", "assistant", "tool"], "the step and its batch finished and were recorded");
 }
 
+/// A steer acknowledged into a run a previous process left open joins the transcript when that
+/// run is sealed; no new turn is started for it (spec §4; found by the kill campaign).
+#[test]
+fn a_steer_into_an_orphaned_run_is_delivered_by_its_seal_not_run_as_a_turn() {
+    let rig = rig(Duration::from_secs(5));
+    let shared = rig.ops.registry.shared();
+    let lkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json");
+    let catalog = Catalog::load_lkg(&lkg).unwrap();
+    let req = broca::catalog::route::ModelRequest { model: "mock/echo-chat".into(), ..Default::default() };
+    let overrides = broca::catalog::route::RouteOverrides {
+        base_url_override: Some(rig.mock.base_url(None)),
+        ..Default::default()
+    };
+    let config = broca::catalog::route::resolve(Ok(&catalog), lkg, &req, &overrides).unwrap();
+    let mut l = shared.open_lineage(&key()).unwrap();
+    let first = broca::message::Message::user_text("first");
+    broca::agent::admit(&mut l, "run-open", None, &config, first, None, None).unwrap();
+    let request = broca::record::RequestIdentity {
+        config: Some(broca::record::Frozen::new(config.clone())),
+        delivery: Some(broca::record::Delivery::Steer),
+        target_run: Some("run-open".into()),
+        ..Default::default()
+    };
+    l.enqueue("sub-steer", broca::message::Message::user_text("also this"), request).unwrap();
+    drop(l);
+    shared.settle();
+    rig.ops.registry.recover();
+    rig.wait_state("run-open", "interrupted");
+    std::thread::sleep(Duration::from_millis(200));
+    let page = rig.call("session.read", json!({})).unwrap();
+    let texts: Vec<&str> = page["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["message"]["content"][0]["text"].as_str())
+        .collect();
+    assert_eq!(texts, ["first", "also this"], "the steer is in the transcript once, and no turn ran for it");
+    assert!(rig.mock.requests("default").is_empty(), "no model request");
+    let status = rig.call("run.status", json!({"run_id": "run-sub-steer"})).unwrap();
+    assert_ne!(status["state"], "completed", "{status}");
+}
+
 #[test]
 fn boot_recovery_drains_queued_work_left_by_a_previous_process() {
     let rig = rig(Duration::from_secs(5));
@@ -368,6 +410,38 @@ fn io_fault_a_failed_fsync_mid_run_refuses_sends_then_recovers() {
         .filter_map(|m| m["message"]["content"][0]["text"].as_str())
         .collect();
     assert_eq!(texts, ["one", "three", "answer"], "run one's durable prompt kept, its undurable answer gone");
+}
+
+/// A queued send consumed into its run answers a retract `already_started`, never
+/// `not_pending`, however soon after its `RunStarted` the retract comes (and across reopens).
+#[test]
+fn a_consumed_send_answers_retract_already_started() {
+    let rig = rig(Duration::from_millis(200));
+    for round in 0..20 {
+        rig.script(json!({"responses": [reply_script("first", 30), reply_script("second", 300)]}));
+        let a = rig.call("session.send", send(&format!("a{round}"))).unwrap();
+        let b = rig.call("session.send", send(&format!("b{round}"))).unwrap();
+        assert_eq!(b["state"], "pending", "{b}");
+        let sub = b["submission_id"].as_str().unwrap().to_string();
+        let run_b = format!("run-{sub}");
+        // Retract as soon as B's run exists.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let status = rig.call("run.status", json!({"run_id": run_b})).unwrap();
+            if status["state"] == "active" {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{status}");
+        }
+        let answer = rig.call("session.retract", json!({"submission_id": sub})).unwrap();
+        assert_eq!(answer, json!({"retracted": false, "reason": "already_started"}), "round {round}");
+        rig.wait_state(a["run_id"].as_str().unwrap(), "completed");
+        rig.wait_state(&run_b, "completed");
+        if round % 2 == 1 {
+            // Let the session close, so the next round reopens it from the store.
+            std::thread::sleep(Duration::from_millis(400));
+        }
+    }
 }
 
 /// A small tmpfs mounted for one test (unmounted when dropped); `Err` says why it cannot be.

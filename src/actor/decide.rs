@@ -288,7 +288,14 @@ pub fn retract(store: &Store, lineage: &mut Lineage, submission_id: &str) -> Res
     if outcome == RetractOutcome::Retracted {
         return Ok((RetractReply::RETRACTED, units));
     }
-    // Not pending: consumed into a run (or delivered as a steer), or never queued here.
+    // Not pending: consumed into a run (or delivered as a steer), or never queued here. The
+    // run the session is on is known without the ledger (it may have consumed the send a moment
+    // ago); older ones are looked up once this lineage's own rows are in the store.
+    let consumed_now = lineage.state().last.as_ref().is_some_and(|e| e.submission_id.as_deref() == Some(submission_id));
+    if consumed_now {
+        return Ok((RetractReply::missed(RetractMiss::AlreadyStarted), units));
+    }
+    lineage.settle();
     let page = lineage.transcript(u64::MAX, 0).map_err(|e| e.refusal())?;
     let row = ledger::send(store, &lineage.key().addr(), &page, SendLookup::Submission(submission_id))
         .map_err(|e| e.refusal())?;

@@ -274,16 +274,8 @@ impl<C> Driver<'_, C> {
         if e.is_none_or(|e| (e.step_open && !at_finish) || e.batch.iter().any(|c| c.result.is_none())) {
             return Ok(());
         }
-        let steers: Vec<_> = self.lineage.state().pending_steers(&self.run_id).cloned().collect();
-        for p in steers {
-            self.lineage.append(&Record::Steered {
-                run_id: self.run_id.clone(),
-                submission_id: p.submission_id,
-                message: p.message.clone(),
-                title: p.request.title,
-            })?;
-            self.history.push(p.message);
-        }
+        let delivered = self.lineage.deliver_steers(&self.run_id)?;
+        self.history.extend(delivered);
         Ok(())
     }
 

@@ -372,6 +372,9 @@ impl Lineage {
                 at_ms: Some(crate::provider::client::now_ms()),
             })?;
         }
+        // Steers acknowledged into this run and not yet delivered join its transcript now, as
+        // at any run's end (spec §4: no new turn is started for them).
+        self.deliver_steers(&run_id)?;
         // A durably acknowledged cancel ends it `cancelled`, unless the cancel came from an
         // interrupt still waiting to start: that unfinished interrupted run is `interrupted`.
         let cancelled = self.replay.last.as_ref().and_then(|e| e.cancel).is_some() && !self.replay.interrupt_pending();
@@ -389,6 +392,23 @@ impl Lineage {
         log::info!("sealed run {run_id} left open by a previous process as {}", reason.as_str());
         self.report.sealed_orphan = Some(run_id);
         Ok(())
+    }
+
+    /// Appends a `Steered` record for every queued steer that targets `run_id` (not yet durable):
+    /// their messages join the transcript. Returns the messages, in queue order.
+    pub fn deliver_steers(&mut self, run_id: &str) -> Result<Vec<Message>, LineageError> {
+        let steers: Vec<_> = self.replay.pending_steers(run_id).cloned().collect();
+        let mut delivered = Vec::with_capacity(steers.len());
+        for p in steers {
+            self.append(&Record::Steered {
+                run_id: run_id.to_string(),
+                submission_id: p.submission_id,
+                message: p.message.clone(),
+                title: p.request.title,
+            })?;
+            delivered.push(p.message);
+        }
+        Ok(delivered)
     }
 
     /// Appends the last episode's `RunFinished` with its counters (not yet durable).

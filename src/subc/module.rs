@@ -329,7 +329,9 @@ fn pre_ack(stream: &mut TcpStream, f: Frame) -> Result<Option<ModuleHelloAckBody
 
 impl ModuleConn {
     /// Wraps a socket whose registration is done; `decoder` holds any bytes read past HELLO_ACK.
-    pub(crate) fn registered(
+    /// Public (hidden) so the fuzz targets drive the io thread from a scripted daemon.
+    #[doc(hidden)]
+    pub fn registered(
         stream: TcpStream,
         decoder: Decoder,
         hello_ack: ModuleHelloAckBody,

@@ -3,7 +3,8 @@
 //! The reader tells a torn tail (what a crash leaves: a prefix of the last frame, a last frame
 //! whose checksum fails, or a zero-filled extension) from corruption (a bad frame with bytes
 //! after it). It never panics on file contents and never buffers more than one frame plus its
-//! read-ahead, so memory does not grow with the length of the file.
+//! read-ahead, so memory does not grow with the length of the file; nor with a length a frame
+//! only declares: the buffer grows by at most the read-ahead per read, as bytes arrive.
 //!
 //! A reader may be bounded: with `limit`, bytes at or after that offset do not exist for it
 //! (a reader of an open WAL stops at its writer's published fsynced end).
@@ -65,9 +66,12 @@ impl FrameReader {
         while self.buf.len() < target {
             let have = self.buf.len();
             let at = self.buf_offset + have as u64;
+            // At most READ_AHEAD more per read: a frame's declared length (up to MAX_BODY_LEN)
+            // is only a claim, so the buffer grows with the bytes the file really holds.
+            let step = (target - have).min(READ_AHEAD);
             let room = match self.limit {
-                Some(limit) => limit.saturating_sub(at).min((target - have) as u64) as usize,
-                None => target - have,
+                Some(limit) => limit.saturating_sub(at).min(step as u64) as usize,
+                None => step,
             };
             if room == 0 {
                 self.eof = true;

@@ -1,0 +1,345 @@
+//! `capacity-bench` (`make bench-capacity`): how many sessions broca serves at once on this
+//! machine, through the real subc daemon. Prints only `BENCH <name> <value> <unit>` lines on
+//! stdout (progress on stderr); targets are in the README, nothing here asserts them.
+//!
+//! The rig is the tests' harness (`tests/support`) supervising the release broca
+//! (`BROCA_BENCH_BROCA`, or `../broca` beside this example's directory) with `broca.jsonc`
+//! `limits.open_sessions` raised for the boot phase; one consumer connection drives everything.
+//!
+//! 1. **Idle lineages**: [`SESSIONS`] sessions each get one quick run (their actors stay open
+//!    for the idle TTL). `capacity.rss_kib_per_idle_lineage` is broca's RSS growth over its
+//!    post-boot RSS, per session.
+//! 2. **Active runs**: each of those sessions gets one observer (`session.subscribe` from its
+//!    start, proven attached by its replay) and then a send whose model stream is paced
+//!    ([`DELTAS`] stamped deltas, [`GAP_MS`] ms apart), so every run stays active while the others
+//!    are admitted. `capacity.admit_p{50,99}_ms` is the client-side time of those sends;
+//!    `capacity.active_sessions` the `runs_in_flight` gauge once all are admitted;
+//!    `capacity.threads` broca's threads then; `capacity.rss_kib_per_active_run` its RSS growth
+//!    over phase 1, per run; `capacity.delta_p99_ms` receive minus stamp of every delta at the
+//!    observers; `capacity.refusals` / `capacity.errors` every refused call and every other
+//!    failure (stream errors included).
+//! 3. **Boot**: [`BOOT_SESSIONS`] sessions in the state root ([`WORK_SESSIONS`] of them with a
+//!    held run and a queued send behind it), broca SIGKILLed and respawned by the daemon:
+//!    `capacity.boot_register_ms` from the kill to broca registered again,
+//!    `capacity.boot_recover_ms` to every orphan sealed and every queued send run to its end.
+
+#[allow(dead_code, unused_imports)]
+#[path = "../../bin/broca-mock/mock/mod.rs"]
+mod mock;
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+use subc_client_rs::{CallError, SubcConsumer, SubscribeOptions};
+use subc_protocol::BindIdentity;
+use support::{call_options, send_params, target, Harness, Options, MODULE_ID};
+
+const HARNESS: &str = "capacity-bench";
+/// Sessions served at once in phases 1 and 2.
+const SESSIONS: usize = 1000;
+/// Stamped deltas per active run and their spacing: each run streams for about 20 s.
+const DELTAS: usize = 40;
+const GAP_MS: u64 = 500;
+/// Calls in flight at once while sessions are set up or admitted.
+const CONCURRENCY: usize = 32;
+/// Sessions in the state root at boot, and those with work waiting.
+const BOOT_SESSIONS: usize = 10_000;
+const WORK_SESSIONS: usize = 100;
+
+type Failure = String;
+
+/// Refused calls and other failures, over every phase.
+#[derive(Default)]
+struct Tally {
+    refusals: AtomicU64,
+    errors: AtomicU64,
+}
+
+fn main() -> ExitCode {
+    if std::env::args().nth(1).is_some_and(|a| a == "--help" || a == "-h") {
+        eprintln!("usage: capacity-bench   (environment: BROCA_BENCH_BROCA = the broca binary; BROCA_BENCH_DIR)");
+        return ExitCode::SUCCESS;
+    }
+    let broca = match support::bench_broca_binary() {
+        Ok(path) => path,
+        Err(why) => {
+            eprintln!("capacity-bench: {why}");
+            return ExitCode::from(1);
+        }
+    };
+    let base_dir = std::env::var_os("BROCA_BENCH_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    let opts = Options {
+        broca,
+        base_dir,
+        ck_log: "warn".into(),
+        test_writer: false,
+        prefix: "bcap".into(),
+        broca_jsonc: Some(
+            json!({"limits": {"open_sessions": 2 * BOOT_SESSIONS, "subscribers_per_process": 2 * SESSIONS}}),
+        ),
+        restart: Some(json!({"max_restarts": 10, "window_secs": 600, "backoff_ms": 1, "max_backoff_ms": 10})),
+        ..Default::default()
+    };
+    let h = Harness::start_with(opts);
+    eprintln!("capacity-bench: rig {}", h.rig_root().display());
+    let outcome = bench(&h);
+    if let Err(why) = &outcome {
+        eprintln!("capacity-bench: {why}");
+        eprintln!("capacity-bench: broca's log (tail):\n{}", h.broca_log_tail(30));
+    }
+    h.stop();
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(_) => ExitCode::from(1),
+    }
+}
+
+fn report(name: &str, value: f64, unit: &str) {
+    println!("BENCH {name} {value:.3} {unit}");
+}
+
+/// Nearest-rank percentile of sorted samples.
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
+    sorted[rank.min(sorted.len()) - 1]
+}
+
+/// `VmRSS` (KiB) and `Threads` of a process.
+fn proc_status(pid: i32) -> Result<(u64, u64), Failure> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|e| format!("broca's status: {e}"))?;
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .ok_or_else(|| format!("no {name} in broca's status"))
+    };
+    Ok((field("VmRSS:")?, field("Threads:")?))
+}
+
+fn now_us() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
+}
+
+fn quick() -> Value {
+    json!({"events": [{"text": "ok"}, {"usage": {"input": 5, "output": 1}}, {"finish": "stop"}]})
+}
+
+fn paced() -> Value {
+    let mut events = Vec::with_capacity(2 * DELTAS + 2);
+    for i in 0..DELTAS {
+        if i > 0 {
+            events.push(json!({"delay_ms": GAP_MS}));
+        }
+        events.push(json!({"text": "t={{now_us}};"}));
+    }
+    events.push(json!({"usage": {"input": 10, "output": DELTAS}}));
+    events.push(json!({"finish": "stop"}));
+    json!({"events": events})
+}
+
+fn held() -> Value {
+    json!({"events": [{"text": "holding"}, {"delay_ms": 600_000}, {"finish": "stop"}]})
+}
+
+async fn call(c: &SubcConsumer, t: &Tally, session: &str, method: &str, params: Value) -> Result<Value, Failure> {
+    let body = json!({"method": method, "params": params}).to_string().into_bytes();
+    match c.call(target(), BindIdentity::new(HARNESS, session), body, call_options()).await {
+        Ok(reply) => serde_json::from_slice::<Value>(&reply)
+            .map(|v| v["result"].clone())
+            .map_err(|e| format!("{method}: the reply is not JSON: {e}")),
+        Err(CallError::Module(body)) => {
+            t.refusals.fetch_add(1, Ordering::Relaxed);
+            Err(format!("{method} on {session} was refused: {body:?}"))
+        }
+        Err(e) => {
+            t.errors.fetch_add(1, Ordering::Relaxed);
+            Err(format!("{method} on {session} failed: {e:?}"))
+        }
+    }
+}
+
+fn run_of(reply: &Value) -> Result<String, Failure> {
+    reply["run_id"]
+        .as_str()
+        .map(String::from)
+        .or_else(|| reply["submission_id"].as_str().map(|s| format!("run-{s}")))
+        .ok_or_else(|| format!("session.send answered {reply}"))
+}
+
+/// Polls `run.status` until the run is terminal; its state.
+async fn terminal(c: &SubcConsumer, t: &Tally, session: &str, run: &str, within: Duration) -> Result<String, Failure> {
+    let until = Instant::now() + within;
+    loop {
+        let status = call(c, t, session, "run.status", json!({"run_id": run})).await?;
+        let state = status["state"].as_str().unwrap_or_default().to_string();
+        if !["active", "pending", "unknown", "paused"].contains(&state.as_str()) {
+            return Ok(state);
+        }
+        if Instant::now() >= until {
+            return Err(format!("run {run} of {session} still {state} after {within:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Runs `job(i)` for `0..n` on [`CONCURRENCY`] threads (each blocks on the harness runtime for
+/// its calls, one at a time); the results in index order, or the first failure.
+fn each<T: Send>(n: usize, job: impl Fn(usize) -> Result<T, Failure> + Sync) -> Result<Vec<T>, Failure> {
+    let lanes: Vec<Vec<(usize, Result<T, Failure>)>> = std::thread::scope(|scope| {
+        let job = &job;
+        let handles: Vec<_> = (0..CONCURRENCY)
+            .map(|lane| scope.spawn(move || (lane..n).step_by(CONCURRENCY).map(|i| (i, job(i))).collect()))
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("a bench lane panicked")).collect()
+    });
+    let mut all: Vec<(usize, Result<T, Failure>)> = lanes.into_iter().flatten().collect();
+    all.sort_by_key(|(i, _)| *i);
+    all.into_iter().map(|(_, r)| r).collect()
+}
+
+fn session_name(phase: &str, i: usize) -> String {
+    format!("{phase}-{}-{i}", std::process::id())
+}
+
+fn bench(h: &Harness) -> Result<(), Failure> {
+    let c = h.client().consumer();
+    let t = Arc::new(Tally::default());
+    let pid = h.broca_pid().ok_or("no broca process")?;
+    let (rss_boot, _) = proc_status(pid)?;
+
+    // 1. Idle lineages.
+    h.install(json!({"responses": vec![quick(); SESSIONS]}));
+    each(SESSIONS, |i| {
+        let name = session_name("cap", i);
+        let run = run_of(&h.block_on(call(c, &t, &name, "session.send", send_params("hello")))?)?;
+        h.block_on(terminal(c, &t, &name, &run, Duration::from_secs(60))).map(drop)
+    })?;
+    let (rss_idle, threads_idle) = proc_status(pid)?;
+    eprintln!("capacity-bench: {SESSIONS} idle lineages: RSS {rss_boot} -> {rss_idle} KiB, {threads_idle} threads");
+    report("capacity.rss_kib_per_idle_lineage", (rss_idle.saturating_sub(rss_boot)) as f64 / SESSIONS as f64, "KiB");
+
+    // 2. Active runs, one observer each.
+    let stamps: Arc<parking_lot::Mutex<Vec<f64>>> = Arc::default();
+    let opts = SubscribeOptions { event_buffer: 4 * DELTAS + 64, ..SubscribeOptions::default() };
+    let mut observers = Vec::with_capacity(SESSIONS);
+    for i in 0..SESSIONS {
+        let name = session_name("cap", i);
+        let body = json!({"method": "session.subscribe", "params": {"from": "start"}}).to_string().into_bytes();
+        let sub = h
+            .block_on(c.subscribe(target(), BindIdentity::new(HARNESS, &name), body, opts.clone()))
+            .map_err(|e| format!("subscribe {name}: {e:?}"))?;
+        observers.push(sub);
+    }
+    // Attached: each replay delivers its first (durable) unit.
+    for (i, sub) in observers.iter_mut().enumerate() {
+        let first = h.block_on(async { tokio::time::timeout(Duration::from_secs(30), sub.events().recv()).await });
+        if !matches!(first, Ok(Some(_))) {
+            return Err(format!("observer {i} saw no replay"));
+        }
+    }
+    let rt = h.rt().clone();
+    let readers: Vec<_> = observers
+        .into_iter()
+        .map(|mut sub| {
+            let (stamps, t) = (Arc::clone(&stamps), Arc::clone(&t));
+            rt.spawn(async move {
+                let deadline = Instant::now() + Duration::from_secs(120);
+                let mut seen = 0usize;
+                while seen < DELTAS && Instant::now() < deadline {
+                    match tokio::time::timeout(Duration::from_secs(60), sub.events().recv()).await {
+                        Ok(Some(bytes)) => {
+                            let at = now_us();
+                            let Ok(v) = serde_json::from_slice::<Value>(&bytes) else { continue };
+                            let text = v["event"]["delta"].as_str().or(v["delta"].as_str()).unwrap_or_default();
+                            for stamp in text.split("t=").skip(1).filter_map(|r| r.get(..16)?.parse::<i64>().ok()) {
+                                stamps.lock().push((at - stamp) as f64 / 1e3);
+                                seen += 1;
+                            }
+                        }
+                        _ => {
+                            t.errors.fetch_add(1, Ordering::Relaxed);
+                            break;
+                        }
+                    }
+                }
+                let _ = sub.unsubscribe();
+            })
+        })
+        .collect();
+    h.install(json!({"responses": vec![paced(); SESSIONS]}));
+    let admits: Vec<f64> = each(SESSIONS, |i| {
+        let name = session_name("cap", i);
+        let start = Instant::now();
+        h.block_on(call(c, &t, &name, "session.send", send_params("stream")))?;
+        Ok(start.elapsed().as_secs_f64() * 1e3)
+    })?;
+    let health = h.block_on(c.supervisor_health_probe(MODULE_ID)).map_err(|e| format!("health: {e:?}"))?;
+    let active = health.metrics.as_ref().and_then(|m| m["runs_in_flight"].as_u64()).unwrap_or(0);
+    let (rss_active, threads_active) = proc_status(pid)?;
+    eprintln!("capacity-bench: {active} runs in flight: RSS {rss_active} KiB, {threads_active} threads");
+    report("capacity.active_sessions", active as f64, "sessions");
+    report("capacity.threads", threads_active as f64, "threads");
+    report("capacity.rss_kib_per_active_run", rss_active.saturating_sub(rss_idle) as f64 / SESSIONS as f64, "KiB");
+    let mut admits = admits;
+    admits.sort_by(f64::total_cmp);
+    report("capacity.admit_p50_ms", percentile(&admits, 50.0), "ms");
+    report("capacity.admit_p99_ms", percentile(&admits, 99.0), "ms");
+    for r in readers {
+        let _ = h.block_on(r);
+    }
+    let mut deltas = std::mem::take(&mut *stamps.lock());
+    deltas.sort_by(f64::total_cmp);
+    if deltas.is_empty() {
+        return Err("no observer received a stamped delta".into());
+    }
+    eprintln!("capacity-bench: {} delta samples (of {})", deltas.len(), SESSIONS * DELTAS);
+    report("capacity.delta_p99_ms", percentile(&deltas, 99.0), "ms");
+
+    // 3. Boot over BOOT_SESSIONS sessions, WORK_SESSIONS of them with work waiting.
+    let more = BOOT_SESSIONS - SESSIONS - WORK_SESSIONS;
+    h.install(json!({"responses": vec![quick(); more]}));
+    each(more, |i| {
+        let name = session_name("boot", i);
+        let run = run_of(&h.block_on(call(c, &t, &name, "session.send", send_params("hello")))?)?;
+        h.block_on(terminal(c, &t, &name, &run, Duration::from_secs(60))).map(drop)
+    })?;
+    h.install(json!({"responses": vec![held(); WORK_SESSIONS]}));
+    let work: Vec<(String, String, String)> = each(WORK_SESSIONS, |i| {
+        let name = session_name("work", i);
+        let held = run_of(&h.block_on(call(c, &t, &name, "session.send", send_params("held")))?)?;
+        let queued = run_of(&h.block_on(call(c, &t, &name, "session.send", send_params("queued")))?)?;
+        Ok((name, held, queued))
+    })?;
+    // The held streams have started (each run is on the provider) before the kill.
+    let until = Instant::now() + Duration::from_secs(30);
+    while h.mock.pending("default") > 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    h.install(json!({"responses": vec![quick(); WORK_SESSIONS]}));
+    let killed = Instant::now();
+    let old = h.kill_broca();
+    h.wait_respawn(old);
+    let registered = killed.elapsed();
+    each(WORK_SESSIONS, |i| {
+        let (name, held, queued) = &work[i];
+        let sealed = h.block_on(terminal(c, &t, name, held, Duration::from_secs(60)))?;
+        let drained = h.block_on(terminal(c, &t, name, queued, Duration::from_secs(60)))?;
+        if sealed != "interrupted" || drained != "completed" {
+            return Err(format!("{name}: held run {sealed}, queued run {drained}"));
+        }
+        Ok(())
+    })?;
+    let recovered = killed.elapsed();
+    report("capacity.boot_register_ms", registered.as_secs_f64() * 1e3, "ms");
+    report("capacity.boot_recover_ms", recovered.as_secs_f64() * 1e3, "ms");
+    report("capacity.refusals", t.refusals.load(Ordering::Relaxed) as f64, "refusals");
+    report("capacity.errors", t.errors.load(Ordering::Relaxed) as f64, "errors");
+    Ok(())
+}
