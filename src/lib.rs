@@ -12,6 +12,7 @@ pub mod lineage;
 pub mod message;
 pub mod module;
 pub mod ops;
+pub mod owner;
 pub mod pool;
 pub mod provider;
 pub mod record;

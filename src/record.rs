@@ -346,6 +346,11 @@ pub struct RunStarted {
     /// The credential and account decision frozen at admission (spec §4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth_selection: Option<Value>,
+    /// The session's attested owner (`crate::owner`): stamped from the route of its first
+    /// send and carried unchanged by every later episode. Absent on sessions written before
+    /// owners were stamped and on sessions an unattested caller started (unrestricted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<crate::owner::Owner>,
 }
 
 /// Telemetry of one model attempt (spec §14); every measurement is optional.

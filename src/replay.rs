@@ -102,6 +102,10 @@ pub struct Episode {
     /// model of this run.
     #[serde(default)]
     pub unrendered_steers: Vec<String>,
+    /// The session's owner as this episode's `RunStarted` recorded it (`crate::owner`; the
+    /// same on every episode of a session).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<crate::owner::Owner>,
 }
 
 /// How the last episode stands: what opening the lineage must do with it.
@@ -469,6 +473,7 @@ impl Replay {
             last_assistant: None,
             title: r.title.clone(),
             unrendered_steers: Vec::new(),
+            owner: r.owner.clone(),
         });
         self.lower_input_cap(r.config.input_cap());
         let state = RunState::Active {

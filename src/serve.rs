@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use serde_json::{json, Value};
-use subc_protocol::Flags;
+use subc_protocol::{Flags, Principal};
 
 use crate::actor::Gauges;
 use crate::catalog::poller::CatalogHealth;
@@ -22,6 +22,7 @@ use crate::fanout::{From, Hub, SinkError, StreamSink, Subscription};
 use crate::lineage::projection::Cursor;
 use crate::ops::table::OPS;
 use crate::ops::{invalid_params, Ops};
+use crate::owner::Caller;
 use crate::pool::Pool;
 use crate::session_key::SessionKey;
 use crate::subc::consumer::Consumer;
@@ -195,6 +196,20 @@ pub fn authorize(bind: &BindRequest) -> Result<(), subc_protocol::ErrorBody> {
     Ok(())
 }
 
+/// The caller a bind stamps: its principal and its work scope's owner, spelled as the role
+/// contract spells a `RouteStamp` principal (`reserved:<module>`, `direct`, `unverified`).
+fn caller_of(bind: &BindRequest) -> Caller {
+    let spell = |p: &Principal| match p {
+        Principal::Reserved { module_id } => format!("{}{module_id}", crate::owner::RESERVED_PREFIX),
+        Principal::Direct => "direct".to_owned(),
+        Principal::Unverified => "unverified".to_owned(),
+    };
+    Caller {
+        principal: bind.principal.as_ref().map_or_else(|| "unverified".to_owned(), spell),
+        scope_owner: bind.scope.as_ref().map(|s| spell(&s.owner)),
+    }
+}
+
 /// The session a bind addresses.
 fn session_of(bind: &BindRequest) -> SessionKey {
     let root = bind
@@ -208,7 +223,8 @@ fn session_of(bind: &BindRequest) -> SessionKey {
 impl Handler for Server {
     fn on_route_bound(&mut self, bind: BindRequest) {
         let scoped = bind.scope.is_some();
-        self.routes.insert(bind.route, crate::ops::Route { key: session_of(&bind), scoped });
+        let caller = caller_of(&bind);
+        self.routes.insert(bind.route, crate::ops::Route { key: session_of(&bind), scoped, caller });
     }
 
     fn on_request(&mut self, route: Route, corr: u64, flags: Flags, body: Vec<u8>) {
@@ -228,8 +244,8 @@ impl Handler for Server {
             return self.refuse(route, corr, &invalid_params("method", "required"));
         };
         let params = envelope.get("params").cloned().unwrap_or(Value::Null);
-        self.metrics.count(&method);
         if method == "session.subscribe" {
+            self.metrics.count(&method);
             if !flags.is_subscription() {
                 return self.refuse(
                     route,
@@ -239,28 +255,33 @@ impl Handler for Server {
             }
             return self.subscribe(route, corr, key, &params);
         }
-        if method == "session.send" && self.draining.load(Ordering::Acquire) {
-            let refusal = Refusal::new(RefusalCode::ModuleReloading, "broca is draining; send again shortly", None);
-            return self.refuse(route, corr, &refusal);
-        }
-        let (ops, outbound) = (Arc::clone(&self.ops), self.outbound.clone());
+        let (ops, outbound, metrics) = (Arc::clone(&self.ops), self.outbound.clone(), Arc::clone(&self.metrics));
+        let draining = Arc::clone(&self.draining);
         let job = move || {
             let out = outbound.clone();
             let started = std::time::Instant::now();
             let session = bound.key.session.clone();
             crate::actor::take_opened_here();
             let log_method = method.clone();
-            ops.handle_on(
-                &bound,
-                &method,
-                params,
-                Box::new(move |result| {
-                    let _ = match result {
-                        Ok(answer) => out.reply(route, corr, json!({"result": answer}).to_string().into_bytes()),
-                        Err(refusal) => out.refuse(route, corr, &refusal),
-                    };
-                }),
-            );
+            let reply = Box::new(move |result: Result<Value, Refusal>| {
+                let _ = match result {
+                    Ok(answer) => out.reply(route, corr, json!({"result": answer}).to_string().into_bytes()),
+                    Err(refusal) => out.refuse(route, corr, &refusal),
+                };
+            });
+            // Counted once authorized (spec §4); a draining module refuses sends after that.
+            let authorized = || {
+                metrics.count(&method);
+                if method == "session.send" && draining.load(Ordering::Acquire) {
+                    return Err(Refusal::new(
+                        RefusalCode::ModuleReloading,
+                        "broca is draining; send again shortly",
+                        None,
+                    ));
+                }
+                Ok(())
+            };
+            ops.handle_counted(&bound, &method, params, reply, authorized);
             // One record per served op: never its parameters (spec §4, CK_LOG).
             log::debug!(
                 target: "broca.requests",

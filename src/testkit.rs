@@ -15,6 +15,7 @@ pub fn run_started(run_id: &str, submission_id: Option<&str>, prompt: &str) -> R
         title: None,
         started_at_ms: 1_700_000_000_000,
         auth_selection: None,
+        owner: None,
     }))
 }
 

@@ -131,6 +131,7 @@ async fn describe(config: &rig::RigConfig, root: &Path) -> Result<Value, String>
     let route = route::Route {
         instance: Arc::clone(&instance),
         identity: subc_protocol::BindIdentity::new(subject::HARNESS, "describe-probe"),
+        via: None,
     };
     let reply = route.request("role.describe", json!({})).await.map_err(|e| e.message)?;
     if let Some(mut rig) = instance.take_rig() {

@@ -128,6 +128,7 @@ fn run_started(run_id: &str, sub: Option<&str>) -> Record {
         title: None,
         started_at_ms: 1_000,
         auth_selection: None,
+        owner: None,
     }))
 }
 

@@ -707,7 +707,7 @@ fn a_session_another_writer_holds_is_session_busy_naming_its_run() {
 #[test]
 fn a_scoped_session_refuses_legacy_tools_before_writing() {
     let rig = rig(Duration::from_secs(5));
-    let route = broca::ops::Route { key: key(), scoped: true };
+    let route = broca::ops::Route { scoped: true, ..broca::ops::Route::direct(key()) };
     let call = |params: Value| {
         let (tx, rx) = crossbeam_channel::bounded(1);
         rig.ops.handle_on(&route, "session.send", params, Box::new(move |r| tx.send(r).unwrap()));

@@ -452,6 +452,7 @@ fn restart_pause_resumes_at_boot(h: &Harness) {
         title: None,
         started_at_ms: 1,
         auth_selection: None,
+        owner: None,
     };
     l.append(&broca::record::Record::RunStarted(Box::new(started))).unwrap();
     l.append(&broca::record::Record::RunPaused {

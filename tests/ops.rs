@@ -55,9 +55,11 @@ fn reads_and_the_head_serve_the_published_contract() {
     let rig = rig(Duration::from_secs(5));
     let script = json!({"responses": [reply_script("first", 0), reply_script("second", 0)]});
     rig.mock.install("default", Script::from_json(&script.to_string()).unwrap());
-    // A never-written session: the cache pair, nothing else.
+    // A never-written session: the cache pair, and the caller's grant (its next send would
+    // make it the owner; an in-process caller is `direct`, so it never becomes one).
     let head = rig.call("session.head", json!({})).unwrap();
-    assert_eq!(head, json!({"history_version": 0, "incarnation": "unwritten"}));
+    let grant = json!({"modes": ["steer", "idle_start"], "interrupt": true, "owner": true});
+    assert_eq!(head, json!({"history_version": 0, "incarnation": "unwritten", "sender": grant}));
     let empty = rig.call("session.read", json!({})).unwrap();
     assert_eq!((empty["history_version"].clone(), empty["incarnation"].clone()), (json!(0), json!("unwritten")));
     for prompt in ["one", "two"] {
@@ -678,4 +680,34 @@ fn history_refuses_a_page_whose_entry_has_no_recorded_time() {
     // session.read stays the recovery path: the same entries, written_at absent where unknown.
     let page = rig.call("session.read", json!({})).unwrap();
     assert!(page["messages"].as_array().unwrap().iter().any(|m| m.get("written_at").is_none()));
+}
+
+/// The scope's owner is a session owner beside the route's own principal, and is admitted on
+/// any route; a caller merely under the same scope is not (llm-runner §6.2). The route stamps
+/// are set by hand here; `e2e_owners.rs` takes them from the real daemon.
+#[test]
+fn a_scope_owner_owns_the_session_its_scope_froze_and_a_caller_under_the_scope_does_not() {
+    use broca::ops::Route;
+    use broca::owner::Caller;
+    let rig = rig(Duration::from_secs(5));
+    rig.script(json!({"responses": [reply_script("scoped", 0)]}));
+    let route = |principal: &str, scope_owner: Option<&str>| Route {
+        caller: Caller { principal: principal.into(), scope_owner: scope_owner.map(String::from) },
+        ..Route::direct(key())
+    };
+    let call = |route: &Route, method: &str, params: serde_json::Value| {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        rig.ops.handle_on(route, method, params, Box::new(move |r| tx.send(r).unwrap()));
+        rx.recv_timeout(Duration::from_secs(10)).expect("an answer")
+    };
+    let carrier = route("reserved:carrier", Some("reserved:lead"));
+    let sent = call(&carrier, "session.send", send("under the scope")).unwrap();
+    rig.wait_state(sent["run_id"].as_str().unwrap(), "completed");
+    for owner in [route("reserved:lead", None), carrier.clone()] {
+        assert_eq!(call(&owner, "session.baseline", json!({})).unwrap()["state"], "ready", "{owner:?}");
+    }
+    let sibling = route("reserved:sibling", Some("reserved:lead"));
+    let refused = call(&sibling, "session.baseline", json!({})).unwrap_err();
+    assert_eq!((refused.code.as_str(), refused.detail.is_some()), ("scope_owner_mismatch", true), "{refused:?}");
+    assert!(call(&sibling, "session.head", json!({})).unwrap().get("sender").is_none(), "no grant for the sibling");
 }

@@ -268,11 +268,12 @@ fn role_describe_declares_only_what_broca_serves_and_passes_the_check() {
         "host_history",
         "history_display",
         "streaming",
+        "head_sender",
     ] {
         assert!(caps.contains(&group), "{group} missing from {caps:?}");
     }
     // Groups broca does not serve in full are not declared (a request needing one is refused).
-    for group in ["retention", "output_refs", "head_sender", "live_events", "attachments", "structured_output"] {
+    for group in ["retention", "output_refs", "live_events", "attachments", "structured_output"] {
         assert!(!caps.contains(&group), "{group} is declared but not served: {caps:?}");
     }
     assert!(!caps.contains(&"retract"), "broca's retract answer is the spec's object, not the role's string");

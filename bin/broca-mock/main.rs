@@ -13,6 +13,7 @@ use std::process::ExitCode;
 mod fusiform;
 #[allow(dead_code, unused_imports)]
 mod mock;
+mod relay;
 mod tools;
 mod vault;
 
@@ -46,6 +47,11 @@ DELETE /_mock/lanes/<lane>, GET /_mock/health.
 Vault mode: `broca-mock claustrum --vault FILE [--vault-log PATH] --subc FILE` serves a scripted
 claustrum vault (credential.get_scoped, credential.get, credential.report_auth_failure) as the
 subc module `claustrum`; see bin/broca-mock/vault/mod.rs.
+
+Relay mode: `broca-mock relay [--target MODULE] --subc FILE` relays every session request it is
+sent to MODULE's management surface (default broca) under its own attested principal
+(reserved:<its module id>), so a test can call broca as two distinct owners; see
+bin/broca-mock/relay.rs.
 
 Tool-provider mode (--subc, as the subc daemon starts modules): registers with the daemon named
 by the connection file as SUBC_MODULE_ID (default broca-mock-tools) and serves tool-provider/v1:
@@ -241,6 +247,9 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().is_some_and(|a| a == "claustrum") {
         return vault::main(&args[1..]);
+    }
+    if args.first().is_some_and(|a| a == "relay") {
+        return relay::main(&args[1..]);
     }
     let command = match parse_args(&args) {
         Ok(c) => c,

@@ -37,11 +37,13 @@ pub struct Admission {
 }
 
 /// What the pre-check settled: the named model's route, and the plan a session's first
-/// episode fetched.
+/// episode fetched; and who sent it, as the daemon stamped its route (the session's actor
+/// checks it against the recorded owner, and a first episode records it as the owner).
 #[derive(Clone, Debug, Default)]
 pub struct Checked {
     pub resolved: Option<RenderConfig>,
     pub fetched: Option<FetchedPlan>,
+    pub caller: crate::owner::Caller,
 }
 
 /// Where a send arrives: the facts of its front-end that admission weighs.
@@ -69,7 +71,7 @@ impl Admission {
             Some(plan) if !at.has_episode => Some(self.fetch_plan(at.key, plan)?),
             _ => None,
         };
-        Ok(Checked { resolved, fetched })
+        Ok(Checked { resolved, fetched, caller: crate::owner::Caller::direct() })
     }
 
     /// Fetches a first episode's plan through the tool plane.

@@ -11,6 +11,7 @@ use super::admission::Checked;
 use super::decide;
 use crate::agent::{Handled, RunCommand};
 use crate::lineage::Lineage;
+use crate::owner::Caller;
 use crate::record::CancelAt;
 use crate::store::Store;
 use crate::wire::answers::{CancelReply, RetractReply, SendReply};
@@ -23,20 +24,12 @@ pub enum SessionCommand {
     /// (boot recovery, `run.status` on a run left open), and an observer holds the lease.
     Open,
     /// Admit a send with what its pre-check settled (the named model, a first plan's fetch).
-    Send {
-        send: Box<SendParams>,
-        checked: Box<Checked>,
-        answer: Answer<SendReply>,
-    },
-    Retract {
-        request: RetractRequest,
-        answer: Answer<RetractReply>,
-    },
-    /// `run.cancel` of a named run.
-    Cancel {
-        request: CancelRequest,
-        answer: Answer<CancelReply>,
-    },
+    Send { send: Box<SendParams>, checked: Box<Checked>, answer: Answer<SendReply> },
+    /// `session.retract` from `caller` (checked against the session's owner here too, so an
+    /// owner recorded after the op's own check still decides).
+    Retract { request: RetractRequest, caller: Caller, answer: Answer<RetractReply> },
+    /// `run.cancel` of a named run, from `caller` (checked as a retract is).
+    Cancel { request: CancelRequest, caller: Caller, answer: Answer<CancelReply> },
     /// Cancel whatever run is going (no answer; nothing when none is).
     CancelRunning(CancelAt),
     /// Shutdown: stop now and seal the running run `interrupted`.
@@ -74,13 +67,19 @@ pub(super) fn handle(
             answer.send(decide::send(admission, store, lineage, *send, *checked, &mut units));
             Handled { units, signal: None }
         }
-        SessionCommand::Retract { request, answer } => {
-            let (reply, units) = split(decide::retract(store, lineage, &request.submission_id));
+        SessionCommand::Retract { request, caller, answer } => {
+            let (reply, units) = split(
+                decide::owner_admits(lineage, "session.retract", &caller)
+                    .and_then(|()| decide::retract(store, lineage, &request.submission_id)),
+            );
             answer.send(reply);
             Handled { units, signal: None }
         }
-        SessionCommand::Cancel { request, answer } => {
-            let (reply, units) = split(decide::cancel(lineage, &request.run_id, request.at));
+        SessionCommand::Cancel { request, caller, answer } => {
+            let (reply, units) = split(
+                decide::owner_admits(lineage, "run.cancel", &caller)
+                    .and_then(|()| decide::cancel(lineage, &request.run_id, request.at)),
+            );
             answer.send(reply);
             Handled { units, signal: None }
         }

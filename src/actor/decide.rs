@@ -20,6 +20,7 @@ use crate::lineage::projection::ControlUnit;
 use crate::lineage::read::TranscriptPage;
 use crate::lineage::{Lineage, LineageError, RetractOutcome};
 use crate::message::Message;
+use crate::owner::Caller;
 use crate::provider::client::now_ms;
 use crate::provider::config::RenderConfig;
 use crate::record::{CancelAt, Delivery, FinishReason, Frozen, PauseReason, Record, RequestIdentity};
@@ -43,6 +44,7 @@ pub fn send(
     checked: Checked,
     units: &mut Units,
 ) -> Result<SendReply, Refusal> {
+    owner_admits(lineage, "session.send", &checked.caller)?;
     if let Some(send_id) = send.send_id.clone() {
         if let Some(row) = recorded_send(store, lineage, &send_id)? {
             if let Some(field) = differing_field(&row.request.identity, &send.identity) {
@@ -107,7 +109,18 @@ pub fn send(
         // `tools: []` beside the plan: the model is offered no tools at all, plan tools included.
         config.tools = if send.tools.as_ref().is_some_and(Vec::is_empty) { Vec::new() } else { tools };
     }
-    deliver(lineage, send, config, admission.credentials.as_ref(), units).map_err(|e| e.refusal())
+    let first_owner = checked.caller.as_owner();
+    deliver(lineage, send, config, admission.credentials.as_ref(), first_owner.as_ref(), units).map_err(|e| e.refusal())
+}
+
+/// The owner check against the session's durable state (`crate::owner`): the recorded owner,
+/// or none (unrestricted) before the first episode and on a session recorded without one.
+pub fn owner_admits(lineage: &Lineage, method: &str, caller: &Caller) -> Result<(), Refusal> {
+    let owner = lineage.state().last.as_ref().and_then(|e| e.owner.as_ref());
+    if crate::owner::admits(owner, caller) {
+        return Ok(());
+    }
+    Err(crate::wire::scope_owner_mismatch(method, caller))
 }
 
 /// The plan a send runs under (spec §4): a session's first episode freezes the plan it
@@ -154,6 +167,7 @@ fn deliver(
     send: SendParams,
     config: RenderConfig,
     credentials: Option<&crate::vault::Credentials>,
+    first_owner: Option<&crate::owner::Owner>,
     units: &mut Units,
 ) -> Result<SendReply, LineageError> {
     let submission_id = format!("sub-{}", uuid::Uuid::new_v4().simple());
@@ -189,7 +203,7 @@ fn deliver(
         (None, _) => {
             // Queued and consumed in one barrier: durable before the reply says "active".
             let run_id = format!("run-{submission_id}");
-            units.extend(agent::admit(
+            units.extend(agent::admit_owned(
                 lineage,
                 &run_id,
                 Some(&submission_id),
@@ -197,6 +211,7 @@ fn deliver(
                 message,
                 send.title,
                 credentials,
+                first_owner,
             )?);
             let first = lineage.state().episodes == 1;
             let mut reply = SendReply::active(run_id, Some(submission_id));

@@ -47,6 +47,7 @@ pub struct TurnOutcome {
 
 /// Admission's write: the durable `RunStarted` with the frozen config. The caller resolved the
 /// model (and everything else that can refuse) before, so a refusal never leaves a ghost run.
+/// A session's first episode admitted here records no owner (see [`admit_owned`]).
 pub fn admit(
     lineage: &mut Lineage,
     run_id: &str,
@@ -55,6 +56,23 @@ pub fn admit(
     input: Message,
     title: Option<String>,
     credentials: Option<&crate::vault::Credentials>,
+) -> Result<Vec<ControlUnit>, LineageError> {
+    admit_owned(lineage, run_id, submission_id, config, input, title, credentials, None)
+}
+
+/// [`admit`] with `first_owner`, what a session's first episode records as its owner; every
+/// later episode carries the session's recorded owner instead, so an owner never changes
+/// (`crate::owner`).
+#[allow(clippy::too_many_arguments)]
+pub fn admit_owned(
+    lineage: &mut Lineage,
+    run_id: &str,
+    submission_id: Option<&str>,
+    config: &RenderConfig,
+    input: Message,
+    title: Option<String>,
+    credentials: Option<&crate::vault::Credentials>,
+    first_owner: Option<&crate::owner::Owner>,
 ) -> Result<Vec<ControlUnit>, LineageError> {
     use crate::provider::config::AuthSource;
     let account = match (&config.auth, credentials) {
@@ -70,6 +88,10 @@ pub fn admit(
         title,
         started_at_ms: now_ms(),
         auth_selection: auth_selection(config, account.as_ref()),
+        owner: match lineage.state().last.as_ref() {
+            Some(previous) => previous.owner.clone(),
+            None => first_owner.cloned(),
+        },
     }));
     Ok(lineage.append_commit(&rec)?.1)
 }

@@ -7,20 +7,26 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::{Ops, Reply};
+use super::{Ops, Reply, Route};
 use crate::actor::{Answer, SessionCommand};
 use crate::session_key::SessionKey;
 use crate::state_root::Placement;
 use crate::wire::answers::{CancelReply, RetractMiss, RetractReply};
 use crate::wire::requests::{CancelRequest, RetractRequest};
 
-pub(super) fn session_retract(ops: &Arc<Ops>, key: &SessionKey, request: RetractRequest, reply: Reply) {
+pub(super) fn session_retract(ops: &Arc<Ops>, route: &Route, request: RetractRequest, reply: Reply) {
     let absent = RetractReply::missed(RetractMiss::NotPending);
-    on_actor(ops, key, reply, absent, |answer| SessionCommand::Retract { request, answer });
+    let caller = route.caller.clone();
+    on_actor(ops, &route.key, reply, absent, |answer| SessionCommand::Retract { request, caller, answer });
 }
 
-pub(super) fn run_cancel(ops: &Arc<Ops>, key: &SessionKey, request: CancelRequest, reply: Reply) {
-    on_actor(ops, key, reply, CancelReply::NotActive, |answer| SessionCommand::Cancel { request, answer });
+pub(super) fn run_cancel(ops: &Arc<Ops>, route: &Route, request: CancelRequest, reply: Reply) {
+    let caller = route.caller.clone();
+    on_actor(ops, &route.key, reply, CancelReply::NotActive, |answer| SessionCommand::Cancel {
+        request,
+        caller,
+        answer,
+    });
 }
 
 /// Hands the command `make` builds to the session's actor, answering `absent` when the

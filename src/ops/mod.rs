@@ -11,6 +11,7 @@ mod baseline;
 mod calls;
 mod driver;
 mod history;
+mod owners;
 mod read;
 mod send;
 mod status;
@@ -21,6 +22,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::actor::{Admission, Registry};
+use crate::owner::Caller;
 use crate::session_key::SessionKey;
 use crate::wire::requests::{
     CancelRequest, Empty, ReadRequest, ResultRequest, RetractRequest, SendStatusRequest, StatusRequest,
@@ -28,12 +30,21 @@ use crate::wire::requests::{
 };
 use crate::wire::{Refusal, RefusalCode};
 
-/// What an op knows of the route it came on: the bound session, and whether the daemon
-/// stamped a work scope on the bind (scoped sessions take tools only from a fetch plan).
+/// What an op knows of the route it came on: the bound session, whether the daemon stamped a
+/// work scope on the bind (scoped sessions take tools only from a fetch plan), and the caller
+/// as the daemon stamped it (owner-only ops check it, `crate::owner`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Route {
     pub key: SessionKey,
     pub scoped: bool,
+    pub caller: Caller,
+}
+
+impl Route {
+    /// An unscoped route of a caller with no consumer identity (in-process callers).
+    pub fn direct(key: SessionKey) -> Route {
+        Route { key, scoped: false, caller: Caller::direct() }
+    }
 }
 
 /// One answer, delivered once (possibly from another thread).
@@ -56,28 +67,46 @@ impl Ops {
     /// Serves `method` for the session `key`. Blocking work (opening a lineage, reading the
     /// store) happens here: call it from a worker thread.
     pub fn handle(self: &Arc<Self>, key: &SessionKey, method: &str, params: Value, reply: Reply) {
-        self.handle_on(&Route { key: key.clone(), scoped: false }, method, params, reply)
+        self.handle_on(&Route::direct(key.clone()), method, params, reply)
     }
 
-    /// [`Ops::handle`] for a route whose bind carried the daemon's stamped work scope. Each op's
-    /// request is decoded (strict ops refuse unknown members by name) before it is served.
+    /// [`Ops::handle`] for a route as the daemon stamped it (its caller, its work scope).
     pub fn handle_on(self: &Arc<Self>, route: &Route, method: &str, params: Value, reply: Reply) {
+        self.handle_counted(route, method, params, reply, || Ok(()))
+    }
+
+    /// Serves `method` on `route`: the caller is authorized first (an owner-only op from
+    /// anyone but the session's owner is refused `scope_owner_mismatch` whatever its params),
+    /// then `authorized` runs (the op counters count only authorized requests, spec §4; it may
+    /// still refuse, as a draining module refuses sends), then the op's request is decoded
+    /// (strict ops refuse unknown members by name) and served.
+    pub fn handle_counted(
+        self: &Arc<Self>,
+        route: &Route,
+        method: &str,
+        params: Value,
+        reply: Reply,
+        authorized: impl FnOnce() -> Result<(), Refusal>,
+    ) {
+        if let Err(refusal) = owners::authorize(self, route, method).and_then(|()| authorized()) {
+            return reply(Err(refusal));
+        }
         let key = &route.key;
         match method {
             "role.describe" => reply(Empty::decode(&params).map(|Empty| describe(&self.admission.config))),
             "session.send" => send::session_send(self, route, params, reply),
             "session.retract" => match RetractRequest::decode(&params, key) {
-                Ok(request) => driver::session_retract(self, key, request, reply),
+                Ok(request) => driver::session_retract(self, route, request, reply),
                 Err(r) => reply(Err(r)),
             },
             "run.cancel" => match CancelRequest::decode(&params) {
-                Ok(request) => driver::run_cancel(self, key, request, reply),
+                Ok(request) => driver::run_cancel(self, route, request, reply),
                 Err(r) => reply(Err(r)),
             },
             "session.read" => {
                 reply(ReadRequest::decode(&params, &key.addr()).and_then(|r| read::session_read(self, key, r)))
             }
-            "session.head" => reply(Empty::decode(&params).and_then(|Empty| read::session_head(self, key))),
+            "session.head" => reply(Empty::decode(&params).and_then(|Empty| read::session_head(self, route))),
             "session.history" => reply(
                 crate::wire::history::HistoryRequest::decode(&params, &key.addr())
                     .and_then(|r| history::session_history(self, key, r)),
@@ -99,15 +128,11 @@ impl Ops {
     }
 }
 
-/// The `role.describe` answer: this build's major, the ops it serves on a session route, and
-/// exactly the capability groups whose answers broca gives in the role's shapes (spec §4).
-/// `retract` is not declared: broca answers `session.retract` with the project spec's object,
-/// which a contract consumer would misread (reference §14, row 13).
-pub fn describe(config: &crate::config::BrocaConfig) -> Value {
+/// The capability groups `role.describe` declares: exactly those whose answers broca gives in
+/// the role's shapes (spec §4).
+pub const GROUPS: &[&str] = {
     use cortexkit_role_llm_runner::capabilities as cap;
-    use cortexkit_role_llm_runner::describe::{Major, RoleDescribe};
-    let ops = table::OPS.iter().map(|op| op.name.to_owned()).collect();
-    let groups = [
+    &[
         cap::TRANSCRIPT_READS,
         cap::STREAMING,
         cap::RUN_OPS,
@@ -130,13 +155,23 @@ pub fn describe(config: &crate::config::BrocaConfig) -> Value {
         cap::PLANS,
         cap::RUN_TOOL_CALLS,
         cap::DISPATCH_ATTRIBUTION,
+        cap::HEAD_SENDER,
         "fetch-plan-optional-tools/v1",
-    ];
+    ]
+};
+
+/// The `role.describe` answer: this build's major, the ops it serves on a session route, and
+/// exactly the capability groups whose answers broca gives in the role's shapes (spec §4).
+/// `retract` is not declared: broca answers `session.retract` with the project spec's object,
+/// which a contract consumer would misread (reference §14, row 13).
+pub fn describe(config: &crate::config::BrocaConfig) -> Value {
+    use cortexkit_role_llm_runner::describe::{Major, RoleDescribe};
+    let ops = table::OPS.iter().map(|op| op.name.to_owned()).collect();
     let describe = RoleDescribe::new(
         vec![Major::new(cortexkit_role_llm_runner::PROVIDES, ops, "alpha")],
         env!("CARGO_PKG_VERSION"),
     )
-    .with_capabilities(groups.iter().map(|g| (*g).to_owned()).collect())
+    .with_capabilities(GROUPS.iter().map(|g| (*g).to_owned()).collect())
     .with_run_cancel(vec!["now".into(), "step_boundary".into()])
     .with_session_capabilities_from(cortexkit_role_llm_runner::capabilities::source::ADMISSION)
     .with_max_bytes(read::MAX_BYTES, read::MAX_BYTES);

@@ -216,7 +216,8 @@ fn dispatch_facts(
 }
 
 /// `session.head` (llm-runner §4.3, spec §4): where the transcript stands, without bodies.
-pub(super) fn session_head(ops: &Ops, key: &SessionKey) -> Result<Value, Refusal> {
+pub(super) fn session_head(ops: &Ops, route: &super::Route) -> Result<Value, Refusal> {
+    let key = &route.key;
     let lineage_id = key.addr();
     let Some(reader) = Reader::open(ops.registry.shared(), key) else {
         return Ok(super::body(HeadMeta {
@@ -232,6 +233,7 @@ pub(super) fn session_head(ops: &Ops, key: &SessionKey) -> Result<Value, Refusal
             usage: None,
             title: None,
             lineage_id: None,
+            sender: super::owners::sender_grant(None, &route.caller),
         }));
     };
     // The last run's status as `run.status` serves it (an orphan a previous process left is
@@ -277,6 +279,7 @@ pub(super) fn session_head(ops: &Ops, key: &SessionKey) -> Result<Value, Refusal
             .map(|since| SessionUsage { usage: page.state.session_usage.clone(), since }),
         title: last.and_then(|e| e.title.clone()),
         lineage_id: Some(lineage_id),
+        sender: super::owners::sender_grant(last.and_then(|e| e.owner.as_ref()), &route.caller),
     };
     Ok(super::body(answer))
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{Ops, Reply};
-use crate::actor::admission::Arrival;
+use crate::actor::admission::{Arrival, Checked};
 use crate::actor::{Answer, SessionCommand};
 use crate::lineage::read;
 use crate::lineage::LineageError;
@@ -31,7 +31,7 @@ pub(super) fn session_send(ops: &Arc<Ops>, route: &super::Route, params: Value, 
         && read::snapshot(shared, key).ok().flatten().is_some_and(|page| page.state.last.is_some());
     let arrival = Arrival { key, scoped: route.scoped, sealing: ops.registry.is_sealing(), exists, has_episode };
     let checked = match ops.admission.precheck(&send, arrival) {
-        Ok(c) => c,
+        Ok(c) => Checked { caller: route.caller.clone(), ..c },
         Err(r) => return reply(Err(r)),
     };
     let placement = ops.admission.config.placement_for(send.session_class.as_deref(), send.retention.is_some());

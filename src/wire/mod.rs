@@ -136,6 +136,9 @@ pub enum RefusalCode {
     CursorExpired,
     /// A history page holds an entry without a recorded creation time.
     HistoryUnrepresentable,
+    /// An owner-only operation from a caller other than the session's owner (`crate::owner`;
+    /// `detail.principal` is the caller as the daemon stamped it).
+    ScopeOwnerMismatch,
     /// Every op worker is busy (`detail {limit}`): send again shortly.
     TooManyRequests,
     /// Opening one more session would cross the open-session limit (`detail {limit}`).
@@ -188,6 +191,7 @@ impl RefusalCode {
             RefusalCode::UnknownOrdinal => "unknown_ordinal",
             RefusalCode::CursorExpired => "cursor_expired",
             RefusalCode::HistoryUnrepresentable => "history_unrepresentable",
+            RefusalCode::ScopeOwnerMismatch => "scope_owner_mismatch",
             RefusalCode::TooManyRequests => "too_many_requests",
             RefusalCode::TooManySessions => "too_many_sessions",
             RefusalCode::TooManySubscribers => "too_many_subscribers",
@@ -257,6 +261,16 @@ pub fn invalid_params(field: &str, why: &str) -> Refusal {
         format!("invalid params: {field}: {why}"),
         Some(crate::detail!("field" => field)),
     )
+}
+
+/// `scope_owner_mismatch`: `method` is owner-only and `caller` is not the session's owner. It
+/// names the caller's own stamped principal (never the owner's) and nothing of the session.
+pub fn scope_owner_mismatch(method: &str, caller: &crate::owner::Caller) -> Refusal {
+    let message = format!(
+        "scope owner mismatch: only the session's owner may call {method}; this route's caller is {}",
+        caller.principal
+    );
+    Refusal::new(RefusalCode::ScopeOwnerMismatch, message, Some(crate::detail!("principal" => caller.principal)))
 }
 
 /// Refuses members outside `known` (strict ops).

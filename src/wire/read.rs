@@ -125,6 +125,9 @@ pub struct HeadMeta {
     pub title: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lineage_id: Option<String>,
+    /// The caller's own delivery grant (`head_sender`); absent: no grant.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sender: Option<cortexkit_role_llm_runner::read::HeadSender>,
 }
 
 /// `session.head`'s `usage` (`session_usage`): run usage's shape over every counted step of

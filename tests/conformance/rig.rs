@@ -27,6 +27,10 @@ use subc_client_rs::{CallOptions, ConsumerOptions, SubcConsumer};
 pub const BROCA: &str = "broca";
 /// The scripted tool provider's module id.
 pub const TOOLS: &str = "mock-tools";
+/// The relay modules (`broca-mock relay`) the suite's owner and stranger call broca through:
+/// their ids are their attested principals (`reserved:<id>`).
+pub const OWNER: &str = "conformance-owner";
+pub const STRANGER: &str = "conformance-stranger";
 /// The longest wait for a rig to come up, or to stop after SIGTERM.
 const BOOT: Duration = Duration::from_secs(60);
 const STOP: Duration = Duration::from_secs(30);
@@ -107,6 +111,10 @@ impl Rig {
             TOOLS: {"program": config.broca_mock,
                     "args": ["--tools", config.tool_script, "--call-log", config.call_log, "--call-log-fsync"],
                     "env": {"CK_LOG": "info"}, "enabled": true, "reserved": true},
+            OWNER: {"program": config.broca_mock, "args": ["relay"], "env": {"CK_LOG": "warn"},
+                    "enabled": true, "reserved": true},
+            STRANGER: {"program": config.broca_mock, "args": ["relay"], "env": {"CK_LOG": "warn"},
+                       "enabled": true, "reserved": true},
         });
         let table = json!({"version": 1, "modules": modules});
         let table_path = dir.join("config/cortexkit/subc.jsonc");
@@ -151,12 +159,16 @@ impl Rig {
         loop {
             if let Ok(list) = consumer.catalog_list().await {
                 let ready = |id: &str| list.modules.iter().any(|m| m.module_id == id && m.ready);
-                if ready(BROCA) && ready(TOOLS) {
+                if [BROCA, TOOLS, OWNER, STRANGER].into_iter().all(ready) {
                     return Ok(rig);
                 }
             }
             if Instant::now() > until {
-                return Err(format!("broca and {TOOLS} did not register in {}: {}", dir.display(), rig.tail()));
+                return Err(format!(
+                    "broca, {TOOLS}, {OWNER} and {STRANGER} did not register in {}: {}",
+                    dir.display(),
+                    rig.tail()
+                ));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

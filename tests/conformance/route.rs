@@ -30,11 +30,20 @@ const MAX_EVENTS: usize = 100_000;
 pub struct Route {
     pub instance: Arc<Instance>,
     pub identity: BindIdentity,
+    /// The relay module (`broca-mock relay`, `rig::OWNER` or `rig::STRANGER`) whose attested
+    /// principal unary requests go under; `None`: straight to broca as the daemon's `direct`
+    /// caller. Subscriptions always go straight to broca (reads need no owner, and the relay
+    /// relays unary calls only).
+    pub via: Option<&'static str>,
 }
 
 fn target() -> RouteTarget {
     RouteTarget::ManagementSurface { module_id: rig::BROCA.into() }
 }
+
+/// The relay's own refusals: the call never reached broca's answer, so they are route
+/// failures, as the same failure on a direct route is.
+const RELAY_FAILURES: [&str; 3] = ["relay_failed", "relay_busy", "relay_unsupported"];
 
 fn failure(what: &str, e: &CallError) -> RouteFailure {
     RouteFailure::new(format!("{what}: {e}"))
@@ -45,10 +54,14 @@ impl RunnerRoute for Route {
     async fn request(&self, method: &str, params: Value) -> Result<Reply, RouteFailure> {
         let consumer = self.instance.consumer().map_err(RouteFailure::new)?;
         let body = serde_json::to_vec(&envelope(method, params)).map_err(|e| RouteFailure::new(e.to_string()))?;
-        match consumer.call(target(), self.identity.clone(), body, rig::call_options()).await {
+        let to = self.via.map_or_else(target, |relay| RouteTarget::ManagementSurface { module_id: relay.into() });
+        match consumer.call(to, self.identity.clone(), body, rig::call_options()).await {
             Ok(bytes) => read_reply::<Value>(&bytes)
                 .map(Reply::Response)
                 .map_err(|e| RouteFailure::new(format!("{method}: the reply is not {{\"result\": ...}}: {e:?}"))),
+            Err(CallError::Module(body)) if self.via.is_some() && RELAY_FAILURES.contains(&body.code.as_str()) => {
+                Err(RouteFailure::new(format!("{method}: {}: {}", body.code, body.message)))
+            }
             Err(CallError::Module(body)) => Ok(Reply::Error(body)),
             Err(e) => Err(failure(method, &e)),
         }

@@ -30,8 +30,6 @@ use crate::tools::Tools;
 pub const HARNESS: &str = "conformance";
 /// The model every session runs on: broca-mock's OpenAI Chat row in the seeded catalog.
 const MODEL: (&str, &str) = ("mock", "echo-chat");
-/// The principal the daemon stamps on this process's routes: a direct key-holder.
-const DIRECT: &str = "direct";
 /// How long a held model request is awaited.
 const ARRIVAL: Duration = Duration::from_secs(30);
 
@@ -283,23 +281,32 @@ impl LlmRunnerSubject for Subject {
     }
 
     fn owner_stamp(&self) -> RouteStamp {
-        RouteStamp { principal: DIRECT.into(), scope: None }
+        RouteStamp { principal: format!("reserved:{}", crate::rig::OWNER), scope: None }
     }
 
     fn stranger_stamp(&self) -> RouteStamp {
-        RouteStamp { principal: "reserved:conformance-stranger".into(), scope: None }
+        RouteStamp { principal: format!("reserved:{}", crate::rig::STRANGER), scope: None }
     }
 
+    /// The daemon stamps every route this process opens as its `direct` caller, which is never
+    /// a session's owner: the owner and the stranger call through relay modules the daemon
+    /// launched (`broca-mock relay`), so broca sees their attested principals.
     async fn session_route(&self, handle: &Handle, session: &str, stamp: &RouteStamp) -> Result<Route, HarnessError> {
-        if stamp != &self.owner_stamp() {
-            // The daemon stamps every route this process opens as its direct caller; a second
-            // attested principal needs a module the daemon launched, which this adapter has not.
+        let via = [crate::rig::OWNER, crate::rig::STRANGER]
+            .into_iter()
+            .find(|relay| stamp.scope.is_none() && stamp.principal == format!("reserved:{relay}"));
+        let Some(via) = via else {
             return Err(HarnessError::new(format!(
-                "this adapter opens routes only as the daemon's direct caller, not as {}",
-                stamp.principal
+                "this adapter opens routes only as {} or {}, not as {stamp:?}",
+                self.owner_stamp().principal,
+                self.stranger_stamp().principal
             )));
-        }
-        Ok(Route { instance: Arc::clone(handle.instance()), identity: BindIdentity::new(HARNESS, session) })
+        };
+        Ok(Route {
+            instance: Arc::clone(handle.instance()),
+            identity: BindIdentity::new(HARNESS, session),
+            via: Some(via),
+        })
     }
 
     fn send_fields(&self, session: &str, first: bool) -> Map<String, Value> {

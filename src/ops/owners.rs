@@ -1,0 +1,61 @@
+//! The owner check of every owner-only op (`crate::owner`), made before the op reads its
+//! params (spec §9: authorization before validation), and `session.head.sender`, the caller's
+//! own grant from the same rule. The session's actor checks sends, retracts and cancels again
+//! against its durable state, so an owner recorded after this check still decides.
+
+use cortexkit_role_llm_runner::delivery_order::Mode;
+use cortexkit_role_llm_runner::read::HeadSender;
+
+use super::{Ops, Route};
+use crate::lineage::reader::{Reader, Sink, Start};
+use crate::lineage::LineageError;
+use crate::owner::{self, Caller, Owner};
+use crate::record::{Record, RunStarted};
+use crate::wire::Refusal;
+
+/// Refuses an owner-only `method` from anyone but the session's recorded owner. A session
+/// without a WAL, without an episode, or recorded without an owner admits every caller.
+pub(super) fn authorize(ops: &Ops, route: &Route, method: &str) -> Result<(), Refusal> {
+    if !owner::is_owner_only(method) {
+        return Ok(());
+    }
+    let Some(reader) = Reader::open(ops.registry.shared(), &route.key) else { return Ok(()) };
+    let first = first_run_started(&reader).map_err(|e| e.refusal())?;
+    if owner::admits(first.as_ref().and_then(|r| r.owner.as_ref()), &route.caller) {
+        return Ok(());
+    }
+    Err(crate::wire::scope_owner_mismatch(method, &route.caller))
+}
+
+/// The session's first durable `RunStarted`, reading only as far as it (it is the first or
+/// second record of a WAL, so this reads a few kilobytes).
+pub(super) fn first_run_started(reader: &Reader) -> Result<Option<Box<RunStarted>>, LineageError> {
+    struct First(Option<Box<RunStarted>>);
+    impl Sink for First {
+        fn record(&mut self, _seq: u64, record: &Record) -> bool {
+            if let Record::RunStarted(r) = record {
+                self.0 = Some(r.clone());
+            }
+            // Stop the scan at the first episode: it is all this needs.
+            self.0.is_none()
+        }
+    }
+    let mut sink = First(None);
+    reader.scan(Start::Beginning, &mut sink)?;
+    Ok(sink.0)
+}
+
+/// `session.head.sender` (`head_sender`): the caller's own grant on its next send. The owner
+/// (and every caller of a session with no recorded owner, whose next send is admitted as the
+/// owner's) gets every delivery mode broca declares and interruption; anyone else no grant.
+pub(super) fn sender_grant(owner: Option<&Owner>, caller: &Caller) -> Option<HeadSender> {
+    if !owner::admits(owner, caller) {
+        return None;
+    }
+    let modes = [Mode::ToolResult, Mode::TurnSystem, Mode::Steer, Mode::IdleStart]
+        .into_iter()
+        .filter(|m| m.is_declared(super::GROUPS))
+        .map(|m| m.as_str().to_owned())
+        .collect();
+    Some(HeadSender::for_owner(modes))
+}

@@ -1,0 +1,129 @@
+//! Session owners (llm-runner 0.8.0 §6.2, §9, §10; spec §4 "Sessions recorded before attested
+//! owners were stamped…"): who may drive a session, decided from the daemon's stamps only.
+//!
+//! Invariants:
+//! - an [`Owner`] is recorded once, in the `RunStarted` of a session's first episode, from the
+//!   stamps of the route its first send came on: the bind's attested principal and the work
+//!   scope's owner. Never from a request field;
+//! - only a daemon-attested principal (`reserved:<module>`, a module that proved its launch
+//!   nonce) can be an owner. `direct` and `unverified` callers never are: a session they start
+//!   records no owner;
+//! - an owner never changes: every later `RunStarted` carries the first one's owner (or none);
+//! - a session with no recorded owner (written before owners were stamped, or first sent by an
+//!   unattested caller) keeps its unrestricted admission: every caller is admitted as its owner.
+//!
+//! The owner-only operations are `session.send`, `session.retract`, `run.cancel` and
+//! `session.baseline` ([`OWNER_ONLY`]); another caller is refused `scope_owner_mismatch`
+//! before its parameters are read.
+
+use serde::{Deserialize, Serialize};
+
+/// How an attested principal is spelled: `reserved:<module id>` (the role contract's
+/// `RouteStamp.principal`).
+pub const RESERVED_PREFIX: &str = "reserved:";
+
+/// The operations only a session's owner may call.
+pub const OWNER_ONLY: &[&str] = &["session.send", "session.retract", "run.cancel", "session.baseline"];
+
+/// Whether `method` is owner-only.
+pub fn is_owner_only(method: &str) -> bool {
+    OWNER_ONLY.contains(&method)
+}
+
+/// Who called, as the daemon stamped the route: its principal and its work scope's owner.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Caller {
+    /// The bind's principal as stamped: `reserved:<module>`, `direct` or `unverified`.
+    pub principal: String,
+    /// The stamped work scope's owner, in the same spelling; `None` on an unscoped route.
+    pub scope_owner: Option<String>,
+}
+
+impl Caller {
+    /// A caller with no consumer identity: in-process callers (tests, `broca-run`).
+    pub fn direct() -> Caller {
+        Caller { principal: "direct".into(), scope_owner: None }
+    }
+
+    /// The route principal when the daemon attested it.
+    pub fn attested(&self) -> Option<&str> {
+        attested(&self.principal)
+    }
+
+    /// The owner a session records when this caller's send starts its first episode: `None`
+    /// when neither the caller nor its scope owner is attested (the session stays unrestricted).
+    pub fn as_owner(&self) -> Option<Owner> {
+        let principal = self.attested().map(String::from);
+        let scope_owner = self.scope_owner.as_deref().and_then(attested).map(String::from);
+        (principal.is_some() || scope_owner.is_some()).then_some(Owner { principal, scope_owner })
+    }
+}
+
+impl Default for Caller {
+    fn default() -> Caller {
+        Caller::direct()
+    }
+}
+
+fn attested(principal: &str) -> Option<&str> {
+    principal.strip_prefix(RESERVED_PREFIX).filter(|id| !id.is_empty()).map(|_| principal)
+}
+
+/// A session's owner principals (llm-runner §6.2): the attested principal that sent its first
+/// episode, and the owner of the work scope that send froze. At least one is present.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owner {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope_owner: Option<String>,
+}
+
+impl Owner {
+    /// Whether `caller` is one of the owner principals. Principals are compared, not routes:
+    /// an owner is admitted on any route, scoped or not, at any scope epoch.
+    pub fn admits(&self, caller: &Caller) -> bool {
+        caller
+            .attested()
+            .is_some_and(|p| self.principal.as_deref() == Some(p) || self.scope_owner.as_deref() == Some(p))
+    }
+}
+
+/// Whether `caller` may drive a session whose recorded owner is `owner` (none: unrestricted).
+pub fn admits(owner: Option<&Owner>, caller: &Caller) -> bool {
+    owner.is_none_or(|o| o.admits(caller))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caller(principal: &str, scope_owner: Option<&str>) -> Caller {
+        Caller { principal: principal.into(), scope_owner: scope_owner.map(String::from) }
+    }
+
+    #[test]
+    fn only_attested_principals_become_owners() {
+        assert_eq!(caller("direct", None).as_owner(), None);
+        assert_eq!(caller("unverified", None).as_owner(), None);
+        assert_eq!(caller("reserved:", None).as_owner(), None, "an empty module id attests nothing");
+        let a = caller("reserved:a", None).as_owner().unwrap();
+        assert_eq!(a, Owner { principal: Some("reserved:a".into()), scope_owner: None });
+        let scoped = caller("direct", Some("reserved:lead")).as_owner().unwrap();
+        assert_eq!(scoped, Owner { principal: None, scope_owner: Some("reserved:lead".into()) });
+    }
+
+    #[test]
+    fn an_owner_admits_its_principals_on_any_route_and_nobody_else() {
+        let owner = caller("reserved:a", Some("reserved:lead")).as_owner().unwrap();
+        assert!(owner.admits(&caller("reserved:a", None)));
+        assert!(owner.admits(&caller("reserved:lead", Some("reserved:other"))), "the scope owner, on any route");
+        assert!(
+            !owner.admits(&caller("reserved:b", Some("reserved:lead"))),
+            "a caller under the scope is not its owner"
+        );
+        assert!(!owner.admits(&caller("direct", None)), "direct is never an owner");
+        assert!(admits(None, &caller("direct", None)), "no recorded owner: unrestricted");
+        assert!(!admits(Some(&owner), &caller("reserved:b", None)));
+    }
+}
