@@ -302,12 +302,8 @@ fn draining_lets_the_step_and_its_batch_finish_then_seals_at_the_boundary() {
     assert_eq!(roles, ["user", "assistant", "tool"], "the step and its batch finished and were recorded");
 }
 
-/// A steer acknowledged into a run a previous process left open joins the transcript when that
-/// run is sealed; no new turn is started for it (spec §4; found by the kill campaign).
-#[test]
-fn a_steer_into_an_orphaned_run_is_delivered_by_its_seal_not_run_as_a_turn() {
-    let rig = rig(Duration::from_secs(5));
-    let shared = rig.ops.registry.shared();
+/// The route of `mock/echo-chat` on the rig's mock, as admission resolves it.
+fn mock_route(rig: &inproc::Rig) -> broca::provider::config::RenderConfig {
     let lkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json");
     let catalog = Catalog::load_lkg(&lkg).unwrap();
     let req = broca::catalog::route::ModelRequest { model: "mock/echo-chat".into(), ..Default::default() };
@@ -315,7 +311,16 @@ fn a_steer_into_an_orphaned_run_is_delivered_by_its_seal_not_run_as_a_turn() {
         base_url_override: Some(rig.mock.base_url(None)),
         ..Default::default()
     };
-    let config = broca::catalog::route::resolve(Ok(&catalog), lkg, &req, &overrides).unwrap();
+    broca::catalog::route::resolve(Ok(&catalog), lkg, &req, &overrides).unwrap()
+}
+
+/// A steer acknowledged into a run a previous process left open joins the transcript when that
+/// run is sealed; no new turn is started for it (spec §4; found by the kill campaign).
+#[test]
+fn a_steer_into_an_orphaned_run_is_delivered_by_its_seal_not_run_as_a_turn() {
+    let rig = rig(Duration::from_secs(5));
+    let shared = rig.ops.registry.shared();
+    let config = mock_route(&rig);
     let mut l = shared.open_lineage(&key()).unwrap();
     let first = broca::message::Message::user_text("first");
     broca::agent::admit(&mut l, "run-open", None, &config, first, None, None).unwrap();
@@ -349,14 +354,7 @@ fn boot_recovery_drains_queued_work_left_by_a_previous_process() {
     let rig = rig(Duration::from_secs(5));
     let shared = rig.ops.registry.shared();
     // A previous process queued a send (with its admitted config) and died before running it.
-    let lkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json");
-    let catalog = Catalog::load_lkg(&lkg).unwrap();
-    let req = broca::catalog::route::ModelRequest { model: "mock/echo-chat".into(), ..Default::default() };
-    let overrides = broca::catalog::route::RouteOverrides {
-        base_url_override: Some(rig.mock.base_url(None)),
-        ..Default::default()
-    };
-    let config = broca::catalog::route::resolve(Ok(&catalog), lkg, &req, &overrides).unwrap();
+    let config = mock_route(&rig);
     let mut l = shared.open_lineage(&key()).unwrap();
     let request = broca::record::RequestIdentity {
         config: Some(broca::record::Frozen::new(config.clone())),
