@@ -48,6 +48,9 @@ const DELTAS: usize = 40;
 const GAP_MS: u64 = 500;
 /// Calls in flight at once while sessions are set up or admitted.
 const CONCURRENCY: usize = 32;
+/// Sessions per consumer connection: below the SDK's per-connection route cache (256), so no
+/// route is retired and reopened mid-bench (a real consumer holds its sessions' routes).
+const SESSIONS_PER_CONNECTION: usize = 200;
 /// Sessions in the state root at boot, and those with work waiting.
 const BOOT_SESSIONS: usize = 10_000;
 const WORK_SESSIONS: usize = 100;
@@ -209,6 +212,9 @@ fn session_name(phase: &str, i: usize) -> String {
 }
 
 fn bench(h: &Harness) -> Result<(), Failure> {
+    let connections: Vec<support::Client> =
+        (0..BOOT_SESSIONS.div_ceil(SESSIONS_PER_CONNECTION)).map(|_| h.connect()).collect();
+    let conn = |i: usize| connections[i / SESSIONS_PER_CONNECTION].consumer();
     let c = h.client().consumer();
     let t = Arc::new(Tally::default());
     let pid = h.broca_pid().ok_or("no broca process")?;
@@ -218,8 +224,8 @@ fn bench(h: &Harness) -> Result<(), Failure> {
     h.install(json!({"responses": vec![quick(); SESSIONS]}));
     each(SESSIONS, |i| {
         let name = session_name("cap", i);
-        let run = run_of(&h.block_on(call(c, &t, &name, "session.send", send_params("hello")))?)?;
-        h.block_on(terminal(c, &t, &name, &run, Duration::from_secs(60))).map(drop)
+        let run = run_of(&h.block_on(call(conn(i), &t, &name, "session.send", send_params("hello")))?)?;
+        h.block_on(terminal(conn(i), &t, &name, &run, Duration::from_secs(60))).map(drop)
     })?;
     let (rss_idle, threads_idle) = proc_status(pid)?;
     eprintln!("capacity-bench: {SESSIONS} idle lineages: RSS {rss_boot} -> {rss_idle} KiB, {threads_idle} threads");
@@ -233,7 +239,7 @@ fn bench(h: &Harness) -> Result<(), Failure> {
         let name = session_name("cap", i);
         let body = json!({"method": "session.subscribe", "params": {"from": "start"}}).to_string().into_bytes();
         let sub = h
-            .block_on(c.subscribe(target(), BindIdentity::new(HARNESS, &name), body, opts.clone()))
+            .block_on(conn(i).subscribe(target(), BindIdentity::new(HARNESS, &name), body, opts.clone()))
             .map_err(|e| format!("subscribe {name}: {e:?}"))?;
         observers.push(sub);
     }
@@ -277,7 +283,7 @@ fn bench(h: &Harness) -> Result<(), Failure> {
     let admits: Vec<f64> = each(SESSIONS, |i| {
         let name = session_name("cap", i);
         let start = Instant::now();
-        h.block_on(call(c, &t, &name, "session.send", send_params("stream")))?;
+        h.block_on(call(conn(i), &t, &name, "session.send", send_params("stream")))?;
         Ok(start.elapsed().as_secs_f64() * 1e3)
     })?;
     let health = h.block_on(c.supervisor_health_probe(MODULE_ID)).map_err(|e| format!("health: {e:?}"))?;
@@ -303,12 +309,12 @@ fn bench(h: &Harness) -> Result<(), Failure> {
     report("capacity.delta_p99_ms", percentile(&deltas, 99.0), "ms");
     report("capacity.refusals", t.refusals.load(Ordering::Relaxed) as f64, "refusals");
     report("capacity.errors", t.errors.load(Ordering::Relaxed) as f64, "errors");
-    boot(h, c, &t)
+    boot(h, &conn, &t)
 }
 
 /// Phase 3: the boot over [`BOOT_SESSIONS`] sessions (`BROCA_CAPACITY_BOOT_SESSIONS` sets
 /// another count).
-fn boot(h: &Harness, c: &SubcConsumer, t: &Tally) -> Result<(), Failure> {
+fn boot<'a>(h: &Harness, conn: &(dyn Fn(usize) -> &'a SubcConsumer + Sync), t: &Tally) -> Result<(), Failure> {
     let boot_sessions =
         std::env::var("BROCA_CAPACITY_BOOT_SESSIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(BOOT_SESSIONS);
 
@@ -316,13 +322,13 @@ fn boot(h: &Harness, c: &SubcConsumer, t: &Tally) -> Result<(), Failure> {
     let more = boot_sessions.saturating_sub(SESSIONS + WORK_SESSIONS);
     h.install(json!({"responses": vec![quick(); more]}));
     each(more, |i| {
-        let name = session_name("boot", i);
+        let (name, c) = (session_name("boot", i), conn(SESSIONS + i));
         let run = run_of(&h.block_on(call(c, t, &name, "session.send", send_params("hello")))?)?;
         h.block_on(terminal(c, t, &name, &run, Duration::from_secs(60))).map(drop)
     })?;
     h.install(json!({"responses": vec![held(); WORK_SESSIONS]}));
     let work: Vec<(String, String, String)> = each(WORK_SESSIONS, |i| {
-        let name = session_name("work", i);
+        let (name, c) = (session_name("work", i), conn(SESSIONS + more + i));
         let held = run_of(&h.block_on(call(c, t, &name, "session.send", send_params("held")))?)?;
         let queued = run_of(&h.block_on(call(c, t, &name, "session.send", send_params("queued")))?)?;
         Ok((name, held, queued))
@@ -339,6 +345,7 @@ fn boot(h: &Harness, c: &SubcConsumer, t: &Tally) -> Result<(), Failure> {
     let registered = killed.elapsed();
     each(WORK_SESSIONS, |i| {
         let (name, held, queued) = &work[i];
+        let c = conn(SESSIONS + more + i);
         let sealed = h.block_on(terminal(c, t, name, held, Duration::from_secs(60)))?;
         let drained = h.block_on(terminal(c, t, name, queued, Duration::from_secs(60)))?;
         if sealed != "interrupted" || drained != "completed" {
