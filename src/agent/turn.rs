@@ -144,6 +144,7 @@ struct Driver<'a, C> {
     out: &'a mut dyn FnMut(Output),
     run_id: String,
     config: RenderConfig,
+    /// The transcript the model sees. Only ever appended to (the render cache relies on it).
     history: Vec<Message>,
     /// `history` rendered so far: each step renders only the messages added since the last.
     render_cache: crate::provider::render_cache::RenderCache,
@@ -286,7 +287,7 @@ impl<C> Driver<'_, C> {
         step: u64,
         calls: Vec<(String, String, serde_json::Value)>,
     ) -> Result<Vec<ToolCall>, LineageError> {
-        let lineage_id = self.lineage.key().addr();
+        let lineage_id = self.lineage.addr().to_owned();
         let mut batch = Vec::with_capacity(calls.len());
         for (id, name, arguments) in calls {
             let call_key = format!("{lineage_id}:{}", self.lineage.next_seq());
@@ -465,7 +466,7 @@ impl<C> Driver<'_, C> {
 
     /// Attempts with retries until an answer, a pause or an end.
     fn model_step_attempts(&mut self, step: u64) -> Result<StepEnd, LineageError> {
-        let body = self.render_cache.render(&self.config, &self.history);
+        let body = self.render_cache.render_appended(&self.config, &self.history);
         let sha = crate::session_key::hex(&Sha256::digest(&body));
         for attempt in 0.. {
             if let Some(end) = self.ensure_credential()? {

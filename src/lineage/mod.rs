@@ -171,6 +171,8 @@ fn decode(seq: u64, payload: &[u8]) -> Result<Record, LineageError> {
 /// The single writer of one session.
 pub struct Lineage {
     key: SessionKey,
+    /// `key.addr()`, computed once (call keys name it at every dispatch).
+    addr: String,
     store: Arc<Store>,
     wal: Wal,
     replay: Replay,
@@ -266,6 +268,7 @@ impl Lineage {
         replay.last_epoch = lease.epoch();
         let mut lineage = Lineage {
             key: key.clone(),
+            addr: key.addr(),
             store,
             wal,
             replay,
@@ -449,6 +452,11 @@ impl Lineage {
 
     pub fn key(&self) -> &SessionKey {
         &self.key
+    }
+
+    /// The session address (`key().addr()`).
+    pub fn addr(&self) -> &str {
+        &self.addr
     }
 
     pub fn wal_path(&self) -> &Path {

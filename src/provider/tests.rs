@@ -520,6 +520,27 @@ fn the_render_cache_gives_the_bytes_of_a_whole_render() {
             let mut edited = transcript.clone();
             edited[0] = Message::user_text("Something else entirely.");
             assert_eq!(cache.render(&config, &edited), render_request(&config, &edited), "{name}, edited");
+            // Another config (its shell) is rendered again, not reused.
+            let mut other = config.clone();
+            other.system = Some("Another system text.".into());
+            assert_eq!(cache.render(&other, &edited), render_request(&other, &edited), "{name}, other config");
         }
+    }
+}
+
+#[test]
+fn the_loops_render_of_a_growing_transcript_gives_the_bytes_of_a_whole_render() {
+    for (name, config, transcript) in request_cases() {
+        let mut cache = super::render_cache::RenderCache::default();
+        for n in 0..=transcript.len() {
+            let want = render_request(&config, &transcript[..n]);
+            assert_eq!(cache.render_appended(&config, &transcript[..n]), want, "{name}, {n} messages");
+        }
+        // A shorter transcript (a new cache's caller, say) is rendered afresh.
+        assert_eq!(
+            cache.render_appended(&config, &transcript[..1]),
+            render_request(&config, &transcript[..1]),
+            "{name}"
+        );
     }
 }
