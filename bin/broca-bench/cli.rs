@@ -99,11 +99,23 @@ fn strace_fsyncs(trace: &PathBuf, turn: impl Fn(&[&str]) -> Option<Instant>) -> 
 
 /// Process CPU time (user + system) so far.
 pub fn cpu_time() -> Duration {
+    let (user, system) = cpu_times();
+    user + system
+}
+
+/// Process CPU time in user mode so far: the engine's own work, without the kernel's
+/// (fsync, scheduling), and so steadier on a shared machine.
+pub fn user_cpu_time() -> Duration {
+    cpu_times().0
+}
+
+/// Process (user, system) CPU time so far.
+fn cpu_times() -> (Duration, Duration) {
     // SAFETY: getrusage only writes the struct it is given.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
-        return Duration::ZERO;
+        return (Duration::ZERO, Duration::ZERO);
     }
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(usage.ru_utime) + tv(usage.ru_stime)
+    (tv(usage.ru_utime), tv(usage.ru_stime))
 }

@@ -97,6 +97,9 @@ fn report_loop(dir: &Path, raw: f64) {
     report("loop.cpu_us_per_step", l.cpu_us, "us");
     report("provider.bare_cpu_us_per_step", l.bare_cpu_us, "us");
     report("loop.cpu_ratio_to_bare", l.cpu_us / l.bare_cpu_us, "x");
+    report("loop.user_cpu_us_per_step", l.user_cpu_us, "us");
+    report("provider.bare_user_cpu_us_per_step", l.bare_user_cpu_us, "us");
+    report("loop.user_cpu_ratio_to_bare", l.user_cpu_us / l.bare_user_cpu_us, "x");
     report("provider.handshakes_per_run", handshakes_per_run(dir), "handshakes");
     if let Some(c) = cli::measure(dir) {
         report("cli.start_ms", c.start_ms, "ms");
@@ -338,54 +341,68 @@ struct LoopFigures {
     /// (both include the in-process mock serving it).
     cpu_us: f64,
     bare_cpu_us: f64,
+    /// The same in user mode only (no kernel fsync or scheduling work).
+    user_cpu_us: f64,
+    bare_user_cpu_us: f64,
     fsyncs: f64,
 }
 
 /// Per-step wall time of a 20-step run through the loop minus that of a bare ureq client
-/// streaming the same 20 responses from the same mock, as the median of five paired rounds
-/// (the machine's noise is larger than the difference); the process CPU time per step of
-/// each; and the loop's fsyncs per step.
+/// posting the same 20 request bodies (recorded from a warm-up run through the loop) to the same
+/// mock and reading each whole stream, as the median of 21 paired rounds (the machine's noise is
+/// larger than the difference); the process CPU time per step of each; and the loop's fsyncs
+/// per step. Sending the loop's own bodies keeps the mock's work (parsing a growing transcript)
+/// out of the difference.
 fn loop_step_overhead(dir: &Path) -> LoopFigures {
     let mock = MockServer::start("127.0.0.1:0").expect("mock");
     let root = StateRoot::at(&dir.join("loop-root")).expect("state root");
     let shared = Shared::open(root).expect("shared");
-    let config = bench_config(&mock, "loop");
     let client = HttpClient::default();
     let bare_agent = ureq::AgentBuilder::new().build();
-    let (mut overheads, mut bares, mut cpus, mut bare_cpus) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut fsyncs = 0.0;
-    // More rounds for a profiler (`perf record ... broca-bench loop`); five by default.
-    let rounds = std::env::var("BROCA_BENCH_LOOP_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(5usize).max(1);
-    for round in 0..rounds {
-        // The bare client: one HTTP round trip and the whole stream per step, nothing else.
-        mock.install("bare", loop_script());
-        let url = format!("{}/chat/completions", mock.base_url(Some("bare")));
-        let body = broca::provider::render_request(&config, &[broca::message::Message::user_text("go")]);
-        let (start, cpu) = (Instant::now(), cli::cpu_time());
-        for _ in 0..LOOP_STEPS {
-            let resp =
-                bare_agent.post(&url).set("content-type", "application/json").send_bytes(&body).expect("bare post");
-            let mut sink = Vec::new();
-            resp.into_reader().read_to_end(&mut sink).expect("bare read");
-        }
-        let bare = start.elapsed().as_secs_f64() * 1e6 / LOOP_STEPS as f64;
-        bare_cpus.push((cli::cpu_time() - cpu).as_secs_f64() * 1e6 / LOOP_STEPS as f64);
-
-        mock.install("loop", loop_script());
-        let key = SessionKey::new("/bench", "bench", &format!("loop-{round}"));
-        let mut lineage = shared.open_lineage(&key).expect("lineage");
+    let run_loop = |lane: &str, session: &str| {
+        mock.install(lane, loop_script());
+        let config = bench_config(&mock, lane);
+        let mut lineage = shared.open_lineage(&SessionKey::new("/bench", "bench", session)).expect("lineage");
         let tools: Arc<dyn ToolDispatcher> = Arc::new(NoTools);
         let (_tx, rx) = crossbeam_channel::unbounded();
         let input = broca::message::Message::user_text("go");
         agent::admit(&mut lineage, "run-bench", None, &config, input, None, None).expect("admit");
         let fsyncs_before = lineage.fsyncs();
-        let (start, cpu) = (Instant::now(), cli::cpu_time());
+        let (start, cpu, user) = (Instant::now(), cli::cpu_time(), cli::user_cpu_time());
         let outcome =
             agent::drive(&mut lineage, &client, &tools, &rx, &LoopOptions::default(), &mut |_| {}).expect("drive");
-        let looped = start.elapsed().as_secs_f64() * 1e6 / LOOP_STEPS as f64;
-        cpus.push((cli::cpu_time() - cpu).as_secs_f64() * 1e6 / LOOP_STEPS as f64);
+        let figures = (start.elapsed(), cli::cpu_time() - cpu, cli::user_cpu_time() - user);
         assert_eq!(outcome.reason, Some(FinishReason::Completed), "the bench run completes");
-        fsyncs = (lineage.fsyncs() - fsyncs_before) as f64 / LOOP_STEPS as f64;
+        (figures, (lineage.fsyncs() - fsyncs_before) as f64 / LOOP_STEPS as f64)
+    };
+    run_loop("warm", "warm-up");
+    let bodies: Vec<Vec<u8>> = mock.requests("warm").into_iter().map(|r| r.body).collect();
+    assert_eq!(bodies.len(), LOOP_STEPS, "the warm-up run sent one request per step");
+    let (mut overheads, mut bares, mut cpus, mut bare_cpus) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut user_cpus, mut bare_user_cpus) = (Vec::new(), Vec::new());
+    let mut fsyncs = 0.0;
+    // 21 rounds by default (a round is about 30 ms); more for a profiler (`perf record ... broca-bench loop`).
+    let rounds = std::env::var("BROCA_BENCH_LOOP_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(21usize).max(1);
+    for round in 0..rounds {
+        // The bare client: one HTTP round trip and the whole stream per step, nothing else.
+        mock.install("bare", loop_script());
+        let url = format!("{}/chat/completions", mock.base_url(Some("bare")));
+        let (start, cpu, user) = (Instant::now(), cli::cpu_time(), cli::user_cpu_time());
+        for body in &bodies {
+            let resp =
+                bare_agent.post(&url).set("content-type", "application/json").send_bytes(body).expect("bare post");
+            let mut sink = Vec::new();
+            resp.into_reader().read_to_end(&mut sink).expect("bare read");
+        }
+        let bare = per_step(start.elapsed());
+        bare_cpus.push(per_step(cli::cpu_time() - cpu));
+        bare_user_cpus.push(per_step(cli::user_cpu_time() - user));
+
+        let ((wall, cpu, user), round_fsyncs) = run_loop(&format!("loop-{round}"), &format!("loop-{round}"));
+        let looped = per_step(wall);
+        cpus.push(per_step(cpu));
+        user_cpus.push(per_step(user));
+        fsyncs = round_fsyncs;
         if std::env::var_os("BROCA_BENCH_VERBOSE").is_some() {
             eprintln!("loop {looped:.0} us/step, bare {bare:.0} us/step");
         }
@@ -401,8 +418,15 @@ fn loop_step_overhead(dir: &Path) -> LoopFigures {
         bare_us: median(bares),
         cpu_us: median(cpus),
         bare_cpu_us: median(bare_cpus),
+        user_cpu_us: median(user_cpus),
+        bare_user_cpu_us: median(bare_user_cpus),
         fsyncs,
     }
+}
+
+/// Microseconds per loop step of `d`.
+fn per_step(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e6 / LOOP_STEPS as f64
 }
 
 /// Wall time of `broca-run --demo` end to end (the binary beside this one), if it is built.
