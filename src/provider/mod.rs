@@ -4,6 +4,7 @@
 //! transcript into request bytes, and response bytes into typed [`event::StreamEvent`]s.
 
 pub mod anthropic;
+mod chat_chunk;
 pub mod client;
 mod common;
 /// The frozen config as the providers render it (it lives in the records layer, `crate::frozen`).

@@ -20,6 +20,7 @@
 
 use serde_json::{json, Value};
 
+use super::chat_chunk::{self, CallView, ChoiceView, ChunkView};
 use super::common::{
     arguments_text, class, data_object, data_url, finish, finish_body, is_done, push_text, reasoning_delta, str_at,
     text_delta, tool_output, u64_at, usage_from_total, with_description,
@@ -172,11 +173,20 @@ struct Call {
 /// wire `index`; a fragment carrying a new `id` under an index already used starts a new call
 /// (compatibles that send every parallel call at index 0), so a `ToolCallStart` index is always
 /// the call's position in the message. `finished` once `[DONE]` or an error chunk.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ChatDecoder {
     calls: Vec<Call>,
     refused: bool,
     finished: bool,
+    /// Whether chunks of the common shape are read without a JSON tree ([`chat_chunk::fast`]);
+    /// off only to compare the two readings.
+    fast: bool,
+}
+
+impl Default for ChatDecoder {
+    fn default() -> ChatDecoder {
+        ChatDecoder { calls: Vec::new(), refused: false, finished: false, fast: true }
+    }
 }
 
 impl ChatDecoder {
@@ -184,10 +194,17 @@ impl ChatDecoder {
         ChatDecoder::default()
     }
 
+    /// A decoder that reads every chunk through its JSON tree (tests compare it with the
+    /// fast reading).
+    #[cfg(test)]
+    pub(crate) fn tree_only() -> ChatDecoder {
+        ChatDecoder { fast: false, ..ChatDecoder::default() }
+    }
+
     /// The call position a tool-call fragment belongs to, starting a call when it is new.
-    fn call_for(&mut self, tc: &Value, out: &mut Vec<StreamEvent>) -> usize {
-        let wire_index = u64_at(tc, &["index"]);
-        let id = str_at(tc, &["id"]).filter(|s| !s.is_empty());
+    fn call_for(&mut self, tc: &CallView<'_>, out: &mut Vec<StreamEvent>) -> usize {
+        let wire_index = tc.index;
+        let id = tc.id.as_deref().filter(|s| !s.is_empty());
         let known = self.calls.iter().rposition(|c| {
             (wire_index.is_none() || c.wire_index == wire_index) && (id.is_none() || c.id.as_deref() == id)
         });
@@ -199,32 +216,41 @@ impl ChatDecoder {
         out.push(StreamEvent::ToolCallStart {
             index,
             id: id.unwrap_or_default().to_string(),
-            name: str_at(tc, &["function", "name"]).unwrap_or_default().to_string(),
+            name: tc.name.as_deref().unwrap_or_default().to_string(),
         });
         index
     }
 
     /// Choice 0's delta and finish reason; returns whether it carried content.
-    fn choice(&mut self, choice: &Value, out: &mut Vec<StreamEvent>) -> bool {
-        let delta = choice.get("delta").unwrap_or(&Value::Null);
-        let mut content = push_text(out, str_at(delta, &["content"]), text_delta);
-        let reasoning = str_at(delta, &["reasoning_content"]).or_else(|| str_at(delta, &["reasoning"]));
-        content |= push_text(out, reasoning, reasoning_delta);
-        if push_text(out, str_at(delta, &["refusal"]), text_delta) {
+    fn choice(&mut self, choice: &ChoiceView<'_>, out: &mut Vec<StreamEvent>) -> bool {
+        let mut content = push_text(out, choice.content.as_deref(), text_delta);
+        content |= push_text(out, choice.reasoning.as_deref(), reasoning_delta);
+        if push_text(out, choice.refusal.as_deref(), text_delta) {
             self.refused = true;
             content = true;
         }
-        for tc in delta.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+        for tc in &choice.tool_calls {
             let index = self.call_for(tc, out);
-            if let Some(args) = str_at(tc, &["function", "arguments"]).filter(|a| !a.is_empty()) {
+            if let Some(args) = tc.arguments.as_deref().filter(|a| !a.is_empty()) {
                 out.push(StreamEvent::ToolCallArgsDelta { index, delta: args.to_string() });
                 content = true;
             }
         }
-        if let Some(raw) = str_at(choice, &["finish_reason"]) {
+        if let Some(raw) = choice.finish_reason.as_deref() {
             out.push(finish(normalize_finish_reason(raw, self.refused, !self.calls.is_empty()), raw));
         }
         content
+    }
+
+    /// A chunk's choice: its events, and the event's class (`unknown` when it had neither
+    /// choices nor usage).
+    fn chunk(&mut self, view: &ChunkView<'_>, usage: bool, out: &mut Vec<StreamEvent>) -> EventClass {
+        let content = match &view.choice {
+            Some(choice) => self.choice(choice, out),
+            None => false,
+        };
+        let kind = view.object.as_deref().unwrap_or("chat.completion.chunk");
+        class(kind, content, !view.has_choices && !usage)
     }
 }
 
@@ -248,6 +274,11 @@ impl StreamDecoder for ChatDecoder {
             self.finished = true;
             return Ok(class("[DONE]", false, false));
         }
+        if self.fast {
+            if let Some(view) = chat_chunk::fast(&event.data) {
+                return Ok(self.chunk(&view, false, out));
+            }
+        }
         let data = data_object(event)?;
         if let Some(err) = data.get("error").filter(|e| !e.is_null()) {
             let message = str_at(err, &["message"]).or(err.as_str());
@@ -255,17 +286,12 @@ impl StreamDecoder for ChatDecoder {
             self.finished = true;
             return Ok(class("error", false, false));
         }
-        let kind = str_at(&data, &["object"]).unwrap_or("chat.completion.chunk").to_string();
-        let choices = data.get("choices").and_then(Value::as_array);
-        let mut content = false;
-        if let Some(choice) = choices.and_then(|cs| cs.iter().find(|c| u64_at(c, &["index"]).unwrap_or(0) == 0)) {
-            content = self.choice(choice, out);
-        }
         let reported = data.get("usage").filter(|u| u.is_object());
+        let class = self.chunk(&chat_chunk::from_value(&data), reported.is_some(), out);
         if let Some(usage) = reported.map(usage).filter(|u| !u.is_unreported()) {
             out.push(StreamEvent::Usage { usage });
         }
-        Ok(class(kind, content, choices.is_none() && reported.is_none()))
+        Ok(class)
     }
 
     fn finished(&self) -> bool {

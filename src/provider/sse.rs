@@ -48,21 +48,29 @@ impl SseFramer {
     /// Feeds bytes; returns the events completed by them.
     pub fn push(&mut self, bytes: &[u8]) -> Result<Pushed, SseError> {
         let mut out = Pushed::default();
-        for &b in bytes {
-            if b == b'\n' {
-                let mut line = std::mem::take(&mut self.line);
-                if line.last() == Some(&b'\r') {
-                    line.pop();
-                }
-                self.line_done(&line, &mut out)?;
-            } else {
-                self.line.push(b);
-                if self.line.len() + self.event_bytes > MAX_EVENT_BYTES {
-                    return Err(SseError(format!("an SSE event exceeds {MAX_EVENT_BYTES} bytes")));
-                }
-            }
+        let mut rest = bytes;
+        while let Some(end) = rest.iter().position(|&b| b == b'\n') {
+            self.extend_line(&rest[..end])?;
+            rest = &rest[end + 1..];
+            // The line buffer keeps its capacity across lines.
+            let mut line = std::mem::take(&mut self.line);
+            let text = line.strip_suffix(b"\r").unwrap_or(&line);
+            let done = self.line_done(text, &mut out);
+            line.clear();
+            self.line = line;
+            done?;
         }
+        self.extend_line(rest)?;
         Ok(out)
+    }
+
+    /// Adds bytes of the current line, refusing an event past [`MAX_EVENT_BYTES`].
+    fn extend_line(&mut self, part: &[u8]) -> Result<(), SseError> {
+        if self.line.len() + part.len() + self.event_bytes > MAX_EVENT_BYTES {
+            return Err(SseError(format!("an SSE event exceeds {MAX_EVENT_BYTES} bytes")));
+        }
+        self.line.extend_from_slice(part);
+        Ok(())
     }
 
     /// Ends the stream. As the SSE specification says, an event not terminated by a blank

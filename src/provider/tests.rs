@@ -153,6 +153,29 @@ fn recorded_streams_decode_to_their_goldens() {
     }
 }
 
+/// The chat decoder's fast reading of common chunks gives, event by event, what reading every
+/// chunk through its JSON tree gives (`chat_chunk`'s invariant), and reads most recorded chunks.
+#[test]
+fn the_chat_decoders_fast_reading_is_its_tree_reading() {
+    let (mut events, mut fast) = (0, 0);
+    for (name, family, bytes) in sse_cases() {
+        if family != Family::OpenaiChat {
+            continue;
+        }
+        let sse = SseFramer::new().push(&bytes).expect("frames").events;
+        let (mut quick, mut tree) =
+            (super::openai_chat::ChatDecoder::new(), super::openai_chat::ChatDecoder::tree_only());
+        for event in &sse {
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            let got = (quick.decode(event, &mut a), a);
+            assert_eq!(got, (tree.decode(event, &mut b), b), "{name}: {}", event.data);
+            events += 1;
+            fast += usize::from(super::chat_chunk::fast(&event.data).is_some());
+        }
+    }
+    assert!(fast * 2 > events, "only {fast} of {events} recorded chunks were read fast");
+}
+
 /// When a stream finishes with `tool_calls`, each call's fragments concatenate to a JSON object.
 fn assert_tool_arguments_complete(name: &str, lines: &str) {
     let mut args: Vec<String> = Vec::new();

@@ -273,7 +273,8 @@ pub const WAL_KEEP_BYTES: u64 = 1 << 20;
 const READ_CONNECTIONS: usize = 4;
 
 /// Invariants: `conn` is the only connection that writes (the run-index writer thread's
-/// flushes, and the rare `forget_lineage`); `readers` run `SELECT`s only (`query_only`).
+/// flushes, and the rare `forget_lineage`), each write one transaction under its lock;
+/// `readers` run `SELECT`s only (`query_only`), and so does a read that borrows `conn`.
 pub struct Store {
     path: PathBuf,
     conn: Mutex<Connection>,
@@ -281,6 +282,10 @@ pub struct Store {
     /// (a `broca-run` turn reads one checkpoint) should not pay four times at start.
     readers: Vec<Mutex<Option<Connection>>>,
     next_reader: std::sync::atomic::AtomicUsize,
+    /// Whether a read ever found `conn` busy (and so opened a reader). Until then reads use
+    /// `conn` when it is free: between flushes it holds no transaction, and a `broca-run` turn
+    /// then opens one connection, not two, before its request.
+    readers_needed: std::sync::atomic::AtomicBool,
 }
 
 fn now_ms() -> u64 {
@@ -350,11 +355,24 @@ impl Store {
             tx.commit()?;
         }
         let readers = (0..READ_CONNECTIONS).map(|_| Mutex::new(None)).collect();
-        Ok(Store { path: path.to_path_buf(), conn: Mutex::new(conn), readers, next_reader: Default::default() })
+        Ok(Store {
+            path: path.to_path_buf(),
+            conn: Mutex::new(conn),
+            readers,
+            next_reader: Default::default(),
+            readers_needed: Default::default(),
+        })
     }
 
     /// A read connection: a free one if any, else the next in turn; opened on first use.
     fn reader(&self) -> Result<parking_lot::MappedMutexGuard<'_, Connection>, StoreError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if !self.readers_needed.load(Relaxed) {
+            match self.conn.try_lock() {
+                Some(idle) => return Ok(parking_lot::MutexGuard::map(idle, |c| c)),
+                None => self.readers_needed.store(true, Relaxed),
+            }
+        }
         let mut slot = match self.readers.iter().find_map(|r| r.try_lock()) {
             Some(free) => free,
             None => {
