@@ -18,11 +18,13 @@
 //!    over phase 1, per run; `capacity.delta_p99_ms` receive minus stamp of every delta at the
 //!    observers; `capacity.refusals` / `capacity.errors` every refused call and every other
 //!    failure (stream errors included).
-//! 3. **Boot**: [`BOOT_SESSIONS`] sessions in the state root ([`WORK_SESSIONS`] of them with a
-//!    held run and a queued send behind it), broca SIGKILLed and respawned by the daemon:
-//!    `capacity.boot_register_ms` from the kill to broca registered again,
-//!    `capacity.boot_recover_ms` to every orphan sealed and every queued send run to its end.
+//! 3. **Boot** over a state root of ten thousand sessions, a hundred of them with work waiting
+//!    (`capacity_boot.rs`).
+//!
+//! `BROCA_CAPACITY_ONLY=boot` runs phase 3 alone.
 
+#[path = "capacity_boot.rs"]
+mod capacity_boot;
 #[allow(dead_code, unused_imports)]
 #[path = "../../bin/broca-mock/mock/mod.rs"]
 mod mock;
@@ -51,9 +53,7 @@ const CONCURRENCY: usize = 32;
 /// Sessions per consumer connection: below the SDK's per-connection route cache (256), so no
 /// route is retired and reopened mid-bench (a real consumer holds its sessions' routes).
 const SESSIONS_PER_CONNECTION: usize = 200;
-/// Sessions in the state root at boot, and those with work waiting.
-const BOOT_SESSIONS: usize = 10_000;
-const WORK_SESSIONS: usize = 100;
+use capacity_boot::BOOT_SESSIONS;
 
 type Failure = String;
 
@@ -77,8 +77,24 @@ fn main() -> ExitCode {
         }
     };
     let base_dir = std::env::var_os("BROCA_BENCH_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    let work = match tempfile::Builder::new().prefix("bcap-launch").tempdir_in(&base_dir) {
+        Ok(dir) => dir,
+        Err(e) => {
+            eprintln!("capacity-bench: a work directory: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let hold = work.path().join("hold");
+    let launcher = match capacity_boot::write_launcher(work.path(), &broca, &hold) {
+        Ok(path) => path,
+        Err(why) => {
+            eprintln!("capacity-bench: {why}");
+            return ExitCode::from(1);
+        }
+    };
     let opts = Options {
         broca,
+        launcher: Some(launcher),
         base_dir,
         ck_log: "warn".into(),
         test_writer: false,
@@ -91,7 +107,7 @@ fn main() -> ExitCode {
     };
     let h = Harness::start_with(opts);
     eprintln!("capacity-bench: rig {}", h.rig_root().display());
-    let outcome = bench(&h);
+    let outcome = bench(&h, &hold);
     if let Err(why) = &outcome {
         eprintln!("capacity-bench: {why}");
         eprintln!("capacity-bench: broca's log (tail):\n{}", h.broca_log_tail(30));
@@ -211,12 +227,15 @@ fn session_name(phase: &str, i: usize) -> String {
     format!("{phase}-{}-{i}", std::process::id())
 }
 
-fn bench(h: &Harness) -> Result<(), Failure> {
+fn bench(h: &Harness, hold: &std::path::Path) -> Result<(), Failure> {
     let connections: Vec<support::Client> =
-        (0..BOOT_SESSIONS.div_ceil(SESSIONS_PER_CONNECTION)).map(|_| h.connect()).collect();
+        (0..(SESSIONS + capacity_boot::WORK_SESSIONS).div_ceil(SESSIONS_PER_CONNECTION)).map(|_| h.connect()).collect();
     let conn = |i: usize| connections[i / SESSIONS_PER_CONNECTION].consumer();
-    let c = h.client().consumer();
     let t = Arc::new(Tally::default());
+    if std::env::var("BROCA_CAPACITY_ONLY").is_ok_and(|v| v == "boot") {
+        return boot(h, &conn, &t, 0, hold);
+    }
+    let c = h.client().consumer();
     let pid = h.broca_pid().ok_or("no broca process")?;
     let (rss_boot, _) = proc_status(pid)?;
 
@@ -309,54 +328,20 @@ fn bench(h: &Harness) -> Result<(), Failure> {
     report("capacity.delta_p99_ms", percentile(&deltas, 99.0), "ms");
     report("capacity.refusals", t.refusals.load(Ordering::Relaxed) as f64, "refusals");
     report("capacity.errors", t.errors.load(Ordering::Relaxed) as f64, "errors");
-    boot(h, &conn, &t)
+    boot(h, &conn, &t, SESSIONS, hold)
 }
 
-/// Phase 3: the boot over [`BOOT_SESSIONS`] sessions (`BROCA_CAPACITY_BOOT_SESSIONS` sets
-/// another count).
-fn boot<'a>(h: &Harness, conn: &(dyn Fn(usize) -> &'a SubcConsumer + Sync), t: &Tally) -> Result<(), Failure> {
-    let boot_sessions =
-        std::env::var("BROCA_CAPACITY_BOOT_SESSIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(BOOT_SESSIONS);
-
-    // 3. Boot over BOOT_SESSIONS sessions, WORK_SESSIONS of them with work waiting.
-    let more = boot_sessions.saturating_sub(SESSIONS + WORK_SESSIONS);
-    h.install(json!({"responses": vec![quick(); more]}));
-    each(more, |i| {
-        let (name, c) = (session_name("boot", i), conn(SESSIONS + i));
-        let run = run_of(&h.block_on(call(c, t, &name, "session.send", send_params("hello")))?)?;
-        h.block_on(terminal(c, t, &name, &run, Duration::from_secs(60))).map(drop)
-    })?;
-    h.install(json!({"responses": vec![held(); WORK_SESSIONS]}));
-    let work: Vec<(String, String, String)> = each(WORK_SESSIONS, |i| {
-        let (name, c) = (session_name("work", i), conn(SESSIONS + more + i));
-        let held = run_of(&h.block_on(call(c, t, &name, "session.send", send_params("held")))?)?;
-        let queued = run_of(&h.block_on(call(c, t, &name, "session.send", send_params("queued")))?)?;
-        Ok((name, held, queued))
-    })?;
-    // The held streams have started (each run is on the provider) before the kill.
-    let until = Instant::now() + Duration::from_secs(30);
-    while h.mock.pending("default") > 0 && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    h.install(json!({"responses": vec![quick(); WORK_SESSIONS]}));
-    let killed = Instant::now();
-    let old = h.kill_broca();
-    h.wait_respawn(old);
-    let registered = killed.elapsed();
-    each(WORK_SESSIONS, |i| {
-        let (name, held, queued) = &work[i];
-        let c = conn(SESSIONS + more + i);
-        let sealed = h.block_on(terminal(c, t, name, held, Duration::from_secs(60)))?;
-        let drained = h.block_on(terminal(c, t, name, queued, Duration::from_secs(60)))?;
-        if sealed != "interrupted" || drained != "completed" {
-            return Err(format!("{name}: held run {sealed}, queued run {drained}"));
-        }
-        Ok(())
-    })?;
-    let recovered = killed.elapsed();
-    report("capacity.boot_register_ms", registered.as_secs_f64() * 1e3, "ms");
-    report("capacity.boot_recover_ms", recovered.as_secs_f64() * 1e3, "ms");
-    report("capacity.boot_refusals", t.refusals.load(Ordering::Relaxed) as f64, "refusals");
-    report("capacity.boot_errors", t.errors.load(Ordering::Relaxed) as f64, "errors");
+/// Phase 3 and its tallies.
+fn boot<'a>(
+    h: &Harness,
+    conn: &(dyn Fn(usize) -> &'a SubcConsumer + Sync),
+    t: &Tally,
+    sessions_before: usize,
+    hold: &std::path::Path,
+) -> Result<(), Failure> {
+    let (refusals, errors) = (t.refusals.load(Ordering::Relaxed), t.errors.load(Ordering::Relaxed));
+    capacity_boot::boot(h, conn, t, sessions_before, hold)?;
+    report("capacity.boot_refusals", (t.refusals.load(Ordering::Relaxed) - refusals) as f64, "refusals");
+    report("capacity.boot_errors", (t.errors.load(Ordering::Relaxed) - errors) as f64, "errors");
     Ok(())
 }
