@@ -35,6 +35,7 @@ fn child_main() {
                 std::thread::park();
             }
         }
+        Ok(())
     })
     .unwrap();
 }

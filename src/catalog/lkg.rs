@@ -18,7 +18,8 @@ use super::{jcs_sha256, LKG_FORMAT};
 const TEMP_PREFIX: &str = ".fusiform-lkg.";
 const TEMP_SUFFIX: &str = ".tmp";
 
-/// The steps of [`write_atomic_with`], in order; its hook runs after each.
+/// The steps of [`write_atomic_with`], in order; its hook runs after each (and may fail it,
+/// as an I/O error at that step would).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WriteStep {
     TempCreated,
@@ -54,25 +55,29 @@ pub fn envelope(response: &Value, pages: usize, written_at_ms: u64) -> Vec<u8> {
 
 /// Writes `bytes` to `path` atomically.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    write_atomic_with(path, bytes, &mut |_| {})
+    write_atomic_with(path, bytes, &mut |_| Ok(()))
 }
 
 /// [`write_atomic`], calling `hook` after each [`WriteStep`] (the crash test stops there).
-pub fn write_atomic_with(path: &Path, bytes: &[u8], hook: &mut dyn FnMut(WriteStep)) -> std::io::Result<()> {
+pub fn write_atomic_with(
+    path: &Path,
+    bytes: &[u8],
+    hook: &mut dyn FnMut(WriteStep) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     let dir = path.parent().ok_or_else(|| std::io::Error::other("the LKG path has no directory"))?;
     std::fs::create_dir_all(dir)?;
     // tempfile creates the file 0600 with O_EXCL.
     let mut temp = tempfile::Builder::new().prefix(TEMP_PREFIX).suffix(TEMP_SUFFIX).tempfile_in(dir)?;
-    hook(WriteStep::TempCreated);
+    hook(WriteStep::TempCreated)?;
     temp.write_all(bytes)?;
-    hook(WriteStep::TempWritten);
+    hook(WriteStep::TempWritten)?;
     crate::failpoint!("catalog.mid_lkg_write");
     temp.as_file().sync_all()?;
-    hook(WriteStep::TempSynced);
+    hook(WriteStep::TempSynced)?;
     temp.persist(path).map_err(|e| e.error)?;
-    hook(WriteStep::Renamed);
+    hook(WriteStep::Renamed)?;
     std::fs::File::open(dir)?.sync_all()?;
-    hook(WriteStep::DirSynced);
+    hook(WriteStep::DirSynced)?;
     Ok(())
 }
 
@@ -105,12 +110,44 @@ mod tests {
         let response = serde_json::from_slice::<Value>(&seeded).unwrap()["response"].clone();
         let path = dir.path().join("catalog/fusiform-lkg.json");
         let mut steps = Vec::new();
-        write_atomic_with(&path, &envelope(&response, 3, 42), &mut |s| steps.push(s)).unwrap();
+        write_atomic_with(&path, &envelope(&response, 3, 42), &mut |s| {
+            steps.push(s);
+            Ok(())
+        })
+        .unwrap();
         assert_eq!(steps, WriteStep::ALL);
         assert_eq!(Catalog::load_lkg(&path).unwrap().len(), 13);
         assert_eq!(written_at_ms(&path), Some(42));
         std::fs::write(dir.path().join("catalog/.fusiform-lkg.abc.tmp"), b"torn").unwrap();
         assert_eq!(remove_stray_temps(&path), 1);
         assert!(path.exists());
+    }
+
+    /// An I/O error at any step of a write refuses it with that error, leaves the previous
+    /// LKG whole (or, past the rename, the new one whole), and the next write succeeds.
+    #[test]
+    fn io_fault_at_every_lkg_write_step_keeps_a_whole_lkg_and_recovers() {
+        let seeded = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/catalog/fusiform-lkg.json")).unwrap();
+        let response = serde_json::from_slice::<Value>(&seeded).unwrap()["response"].clone();
+        let mut newer = response.clone();
+        newer["catalog_version"] = 99.into();
+        for (i, failing) in WriteStep::ALL.into_iter().enumerate() {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("catalog/fusiform-lkg.json");
+            write_atomic(&path, &envelope(&response, 3, 1)).unwrap();
+            let mut fail = |s: WriteStep| match s == failing {
+                true => Err(std::io::Error::from_raw_os_error(libc::ENOSPC)),
+                false => Ok(()),
+            };
+            let err = write_atomic_with(&path, &envelope(&newer, 3, 2), &mut fail).unwrap_err();
+            assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{failing:?}: the step's error is returned");
+            let whole = Catalog::load_lkg(&path).unwrap_or_else(|e| panic!("{failing:?}: the LKG is not whole: {e}"));
+            let renamed = i >= WriteStep::ALL.iter().position(|s| *s == WriteStep::Renamed).unwrap();
+            assert_eq!(written_at_ms(&path), Some(if renamed { 2 } else { 1 }), "{failing:?}");
+            assert_eq!(whole.catalog_version, if renamed { 99 } else { response["catalog_version"].as_u64().unwrap() });
+            assert_eq!(remove_stray_temps(&path), 0, "{failing:?}: a failed write leaves no temp file");
+            write_atomic(&path, &envelope(&newer, 3, 3)).unwrap();
+            assert_eq!(written_at_ms(&path), Some(3), "{failing:?}: the next write succeeds");
+        }
     }
 }

@@ -286,6 +286,36 @@ pub struct Store {
     /// `conn` when it is free: between flushes it holds no transaction, and a `broca-run` turn
     /// then opens one connection, not two, before its request.
     readers_needed: std::sync::atomic::AtomicBool,
+    #[cfg(debug_assertions)]
+    faults: FlushFaults,
+}
+
+/// The armed flush fault of [`Store::fail_flush`].
+#[cfg(debug_assertions)]
+#[derive(Default)]
+struct FlushFaults {
+    /// Flushes that reached their commit.
+    seen: std::sync::atomic::AtomicU64,
+    /// The `seen` count whose commit fails (0: none).
+    fail_at: std::sync::atomic::AtomicU64,
+}
+
+#[cfg(debug_assertions)]
+impl FlushFaults {
+    fn arm(&self, nth: u64) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.fail_at.store(self.seen.load(SeqCst) + nth.max(1), SeqCst);
+    }
+
+    fn at_commit(&self, path: &Path) -> Result<(), StoreError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let n = self.seen.fetch_add(1, SeqCst) + 1;
+        if self.fail_at.compare_exchange(n, 0, SeqCst, SeqCst).is_ok() {
+            let source = std::io::Error::from_raw_os_error(libc::EIO);
+            return Err(StoreError::Io { path: path.to_path_buf(), source });
+        }
+        Ok(())
+    }
 }
 
 fn now_ms() -> u64 {
@@ -361,6 +391,8 @@ impl Store {
             readers,
             next_reader: Default::default(),
             readers_needed: Default::default(),
+            #[cfg(debug_assertions)]
+            faults: Default::default(),
         })
     }
 
@@ -482,8 +514,24 @@ impl Store {
             "UPDATE export_meta SET value = (SELECT COALESCE(MAX(export_seq), 0) FROM export_facts) WHERE key = 'high_water'",
             [],
         )?;
+        #[cfg(debug_assertions)]
+        self.faults.at_commit(&self.path)?;
         tx.commit()?;
         Ok(())
+    }
+
+    /// Fails the `nth` flush from now (1: the next) at its commit, as an I/O error there would:
+    /// the transaction rolls back and the flush returns the error (debug builds only; the
+    /// storage-seam tests' fault point for `run-index.db`).
+    #[cfg(debug_assertions)]
+    pub fn fail_flush(&self, nth: u64) {
+        self.faults.arm(nth);
+    }
+
+    /// Flushes committed or failed so far (debug builds only).
+    #[cfg(debug_assertions)]
+    pub fn flushes(&self) -> u64 {
+        self.faults.seen.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Materialized messages `[from, from + limit)` of a lineage, in ordinal order.

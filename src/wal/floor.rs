@@ -39,6 +39,17 @@ impl FeatureFloor {
     /// Makes sure every one of `features` is in the floor, writing the file (temp, fsync,
     /// rename, fsync directory) only when one is new.
     pub fn raise(&self, features: &[&str]) -> Result<(), WalError> {
+        self.raise_with(features, &mut |_| Ok(()))
+    }
+
+    /// [`Self::raise`], calling `hook` after each [`FloorStep`] (an I/O fault test fails one).
+    /// A failed raise leaves the floor it had in memory, so the next raise writes the file
+    /// again: the floor file never names less than a durable frame needs.
+    pub fn raise_with(
+        &self,
+        features: &[&str],
+        hook: &mut dyn FnMut(FloorStep) -> std::io::Result<()>,
+    ) -> Result<(), WalError> {
         let mut known = self.known.lock();
         if features.iter().all(|f| known.contains(*f)) {
             return Ok(());
@@ -55,13 +66,60 @@ impl FeatureFloor {
             .mode(0o600)
             .open(&tmp)
             .map_err(|e| io("write feature floor", e))?;
-        file.write_all(text.as_bytes()).map_err(|e| io("write feature floor", e))?;
-        file.sync_all().map_err(|e| io("fsync feature floor", e))?;
-        fs::rename(&tmp, &self.path).map_err(|e| io("rename feature floor", e))?;
+        file.write_all(text.as_bytes())
+            .and_then(|()| hook(FloorStep::TempWritten))
+            .map_err(|e| io("write feature floor", e))?;
+        file.sync_all().and_then(|()| hook(FloorStep::TempSynced)).map_err(|e| io("fsync feature floor", e))?;
+        fs::rename(&tmp, &self.path)
+            .and_then(|()| hook(FloorStep::Renamed))
+            .map_err(|e| io("rename feature floor", e))?;
         if let Some(dir) = self.path.parent() {
             sync_dir(dir)?;
+            hook(FloorStep::DirSynced).map_err(|e| io("fsync feature floor directory", e))?;
         }
         *known = next;
         Ok(())
+    }
+}
+
+/// The steps of [`FeatureFloor::raise_with`], in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FloorStep {
+    TempWritten,
+    TempSynced,
+    Renamed,
+    DirSynced,
+}
+
+impl FloorStep {
+    pub const ALL: [FloorStep; 4] =
+        [FloorStep::TempWritten, FloorStep::TempSynced, FloorStep::Renamed, FloorStep::DirSynced];
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An I/O error at any step of a raise refuses it, typed, with the floor's memory unchanged;
+    /// the floor file still names every feature raised before; the next raise succeeds.
+    #[test]
+    fn io_fault_at_every_floor_step_refuses_the_raise_and_recovers() {
+        for failing in FloorStep::ALL {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("wal-feature-floor");
+            let floor = FeatureFloor::load(&path).unwrap();
+            floor.raise(&["a"]).unwrap();
+            let mut fail = |s: FloorStep| match s == failing {
+                true => Err(std::io::Error::from_raw_os_error(libc::EIO)),
+                false => Ok(()),
+            };
+            let err = floor.raise_with(&["a", "b"], &mut fail).unwrap_err();
+            assert!(matches!(err, WalError::Io { .. }), "{failing:?}: {err}");
+            assert_eq!(floor.features(), vec!["a".to_string()], "{failing:?}: the floor in memory is unchanged");
+            let on_disk = FeatureFloor::load(&path).unwrap().features();
+            assert!(on_disk.contains(&"a".to_string()), "{failing:?}: the file still names what was raised");
+            floor.raise(&["a", "b"]).unwrap();
+            assert_eq!(FeatureFloor::load(&path).unwrap().features(), vec!["a".to_string(), "b".to_string()]);
+        }
     }
 }
