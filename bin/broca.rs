@@ -207,6 +207,12 @@ fn serve(conn_file: &Path) -> ExitCode {
         }
     };
     broca::subc::sigterm::close_on_sigterm(outbound, "broca");
+    // Retained sessions expire and are deleted from now on; a deletion a crash interrupted
+    // finishes on the first pass.
+    if let Err(e) = registry.start_retention_sweep() {
+        eprintln!("broca: cannot start the retention sweep: {e}");
+        return ExitCode::from(1);
+    }
     // Boot recovery off the startup path: queued sends drain, orphans are sealed.
     let recovering = Arc::clone(&registry);
     let _ = std::thread::Builder::new().name("broca-recover".into()).spawn(move || {

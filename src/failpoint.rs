@@ -24,7 +24,7 @@
 //! at all (the same rule as the other debug-only test switches, e.g. `BROCA_TEST_TOOL_WAIT_MS`).
 //! In a debug build with the variable unset a hit is one `OnceLock` load and a `None` check.
 //!
-//! The points this build has (each a real site; `tests/crash_tools.rs` kills at all but the last):
+//! The points this build has (each a real site; `tests/crash_tools.rs` kills at all but the last two):
 //!
 //! | name | site | the durable state when it fires |
 //! |---|---|---|
@@ -37,6 +37,7 @@
 //! | `queue.between_queued_and_started` | `actor` `next_turn` | a `Queued` send durable and chosen, its `RunStarted` not written |
 //! | `store.mid_checkpoint` | `store` `flush` | a run-index transaction holding the checkpoint row, not committed |
 //! | `catalog.mid_lkg_write` | `catalog::lkg` `write_atomic_with` | the new LKG written to its temp file, not synced or renamed (killed in `tests/catalog_lkg_crash.rs`) |
+//! | `retention.after_tombstone` | `retention` `Expiry::settle` | an expired session's tombstone durable, its store rows and WAL not yet deleted (killed by the conformance suite's `crash_at_RetentionTombstoned`) |
 
 /// The environment variable naming the armed points.
 pub const ENV: &str = "BROCA_FAILPOINTS";

@@ -17,6 +17,7 @@ pub mod pool;
 pub mod provider;
 pub mod record;
 pub mod replay;
+pub mod retention;
 pub mod serve;
 pub mod session_key;
 pub mod state_root;

@@ -46,6 +46,17 @@ pub const MAX_CALLS_IN_FLIGHT: usize = MAX_PENDING_CALLS;
 /// refuses the open.
 pub const ROUTE_CACHE_CAPACITY: usize = 256;
 
+/// The longest `session.send.retention` accepted, in seconds (llm-runner §9.1: declared as
+/// `role.describe.retention.max_seconds`): 30 days.
+pub const RETENTION_MAX_SECONDS: u64 = 30 * 24 * 3600;
+/// The most time from a retained session's expiry to the deletion of everything broca holds of
+/// it (`role.describe.retention.delete_within_ms`). The sweep runs every
+/// [`RETENTION_SWEEP_MS`], and an idle actor closes at expiry, so deletion lands within one
+/// sweep of it; the rest is margin for a slow disk.
+pub const RETENTION_DELETE_WITHIN_MS: u64 = 2_000;
+/// How often the retention sweep looks at the sessions of `wal-ephemeral/` with no open actor.
+pub const RETENTION_SWEEP_MS: u64 = 250;
+
 /// The largest `session.read` page a request may ask for (a larger `limit` is clamped).
 pub const READ_MAX_LIMIT: u64 = 1000;
 /// The largest `session.read` (and `session.history`, `run.tool_calls`) page in bytes, and the

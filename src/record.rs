@@ -502,6 +502,20 @@ impl Record {
         }
     }
 
+    /// When this record was durable activity of its session (llm-runner §9.1: a send, a step or
+    /// a terminal), as recorded. Records broca writes on its own initiative (cache warms) and
+    /// records without a time are not activity.
+    pub fn activity_ms(&self) -> Option<u64> {
+        match self {
+            Record::RunStarted(r) => Some(r.started_at_ms),
+            Record::StepStarted { at_ms, .. } => Some(*at_ms),
+            Record::ModelStepFinished { at_ms, .. } | Record::ToolResult { at_ms, .. } => *at_ms,
+            Record::RunFinished { at_ms, .. } => Some(*at_ms),
+            _ => None,
+        }
+        .filter(|&at| at > 0)
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("records always serialize")
     }

@@ -229,6 +229,10 @@ pub struct Replay {
     /// The first run counted in `session_usage`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage_since: Option<String>,
+    /// The newest durable activity's recorded time (unix ms, [`Record::activity_ms`]): what a
+    /// retained session's expiry counts from, and its `session.head.updated_at`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_activity_ms: Option<u64>,
 }
 
 impl Replay {
@@ -388,6 +392,9 @@ impl Replay {
     pub fn apply(&mut self, seq: u64, record: &Record, sink: &mut dyn FnMut(Effect)) -> Result<(), ReplayError> {
         self.check(record).map_err(|reason| ReplayError { seq, reason })?;
         self.last_seq = seq;
+        if let Some(at) = record.activity_ms() {
+            self.last_activity_ms = Some(self.last_activity_ms.map_or(at, |last| last.max(at)));
+        }
         match record {
             Record::RunStarted(r) => self.start_run(seq, r, sink),
             Record::StepStarted { step, .. } => {

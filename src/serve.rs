@@ -139,13 +139,17 @@ impl Server {
         let streams = Arc::clone(&self.streams);
         // Attaching reads the disk (the WAL's place, the live head): a worker does it, never
         // the io thread.
-        let registry = Arc::clone(&self.ops.registry);
+        let ops = Arc::clone(&self.ops);
         let job = move || {
+            let registry = &ops.registry;
             let Some(sub) = hub.attach(registry.shared(), &key, from, sink) else { return };
             streams.lock().insert((route, corr), sub);
             // A subscription (re)opens the session's actor, which then holds the lease while
-            // observers remain. A lease held by another process leaves the stream read-only.
-            let opened = if registry.shared().wal_path(&key).exists() { registry.open(&key) } else { Ok(()) };
+            // observers remain. A lease held by another process leaves the stream read-only. An
+            // expired record is not opened (its open would delete it and start an empty one).
+            let live =
+                registry.shared().wal_path(&key).exists() && crate::ops::expiry::record_version(&ops, &key).is_ok();
+            let opened = if live { registry.open(&key) } else { Ok(()) };
             if let Err(e) = opened {
                 log::info!("subscribe on {}: the session stays closed here ({e})", key.addr());
             }

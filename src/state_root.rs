@@ -184,7 +184,12 @@ impl StateRoot {
     }
 
     pub fn lease_path(&self, key: &SessionKey) -> PathBuf {
-        self.root.join("leases").join(format!("{}.lease", key.addr()))
+        self.lease_path_of(&key.addr())
+    }
+
+    /// [`StateRoot::lease_path`] of the session at address `addr`.
+    pub fn lease_path_of(&self, addr: &str) -> PathBuf {
+        self.root.join("leases").join(format!("{addr}.lease"))
     }
 
     pub fn run_index_path(&self) -> PathBuf {

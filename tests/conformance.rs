@@ -33,6 +33,8 @@ mod kill;
 mod model;
 #[path = "conformance/report.rs"]
 mod report;
+#[path = "conformance/retention.rs"]
+mod retention;
 #[path = "conformance/rig.rs"]
 mod rig;
 #[path = "conformance/route.rs"]

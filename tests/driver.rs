@@ -845,15 +845,7 @@ fn wals(rig: &Rig) -> Vec<std::path::PathBuf> {
 #[test]
 fn members_of_groups_broca_does_not_declare_are_refused_by_name_and_write_nothing() {
     let rig = rig(Duration::from_secs(5));
-    // retention (llm-runner §9.1): refused, never ignored, until the group is served.
-    let mut first = keyed("short-lived", "e-1");
-    first["retention"] = json!(3600);
-    let e = rig.call("session.send", first).unwrap_err();
-    assert_eq!(
-        (e.code.as_str(), e.detail.as_ref().and_then(|d| d.get("field").cloned())),
-        ("invalid_params", Some(json!("retention")))
-    );
-    assert_golden("send.retention_undeclared.json", &e.to_json(), None);
+    // (retention is served since the group is declared: tests/retention.rs.)
     // plan.*.output_refs (§9.13): refused even when false.
     let mut plan_send = keyed("with refs", "e-2");
     plan_send["plan"] = json!({"tool_items": [{"provider": "fs", "output_refs": false}]});

@@ -42,6 +42,7 @@ const SCENARIOS: &[Scenario] = &[
     ("many drivers, a SIGKILL and a respawn lose and duplicate nothing", stress_with_restart),
     ("a restart-paused run is resumed at boot under the same run id", restart_pause_resumes_at_boot),
     ("unknown send members are tolerated and logged once per key", unknown_members_logged_once),
+    ("a retained session expires, is deleted and a later send starts fresh", retention_expires_and_deletes),
 ];
 
 /// `session.send` is lenient: members it does not read are accepted and each is logged once per
@@ -546,4 +547,33 @@ fn driver_surface() {
     let exit = h.last_exit().unwrap_or_else(|| panic!("no exit of broca in the journal: {:?}", h.journal()));
     assert_eq!(exit["exit_code"], 0, "{exit}\nbroca's log:\n{}", h.broca_log());
     assert_eq!(exit["disposition"], "daemon_shutdown", "{exit}");
+}
+
+/// A send with `retention` lives in `wal-ephemeral/`; once idle for its retention the real
+/// binary's sweep deletes it (WAL and store rows), every read answers `expired` with its last
+/// activity plus retention, and a later send starts a fresh record at history version 1.
+fn retention_expires_and_deletes(h: &Harness) {
+    let s = h.session(HARNESS, &h.unique("retained"), None);
+    let a = s.ok("session.send", with(keyed("retained secret", "r-1"), "retention", json!(1)));
+    let run_id = a["run_id"].as_str().unwrap().to_owned();
+    s.wait_run(&run_id, "completed");
+    let wal = s.wal_path();
+    assert!(wal.starts_with(h.state_root().join("wal-ephemeral")), "{}", wal.display());
+    let head = s.ok("session.head", json!({}));
+    let expired_at = head["updated_at"].as_u64().expect("a retained head has its activity") + 1000;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while wal.exists() {
+        assert!(Instant::now() < deadline, "the expired session was not deleted");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for (method, params) in
+        [("session.read", json!({})), ("session.head", json!({})), ("run.result", json!({"run_id": run_id}))]
+    {
+        let (code, body) = s.refused(method, params);
+        assert_eq!((code.as_str(), &body["detail"]["expired_at_ms"]), ("expired", &json!(expired_at)), "{method}");
+    }
+    s.wait_run(s.ok("session.send", keyed("fresh", "r-2"))["run_id"].as_str().unwrap(), "completed");
+    let page = s.ok("session.read", json!({}));
+    assert_eq!(page["history_version"], json!(1));
+    assert!(!page.to_string().contains("retained secret"), "expired content came back: {page}");
 }

@@ -269,11 +269,14 @@ fn role_describe_declares_only_what_broca_serves_and_passes_the_check() {
         "history_display",
         "streaming",
         "head_sender",
+        "retention",
     ] {
         assert!(caps.contains(&group), "{group} missing from {caps:?}");
     }
+    // Retention is declared with its limits (llm-runner §9.1).
+    assert_eq!(describe["retention"], json!({"max_seconds": 2_592_000, "delete_within_ms": 2_000}));
     // Groups broca does not serve in full are not declared (a request needing one is refused).
-    for group in ["retention", "output_refs", "live_events", "attachments", "structured_output"] {
+    for group in ["output_refs", "live_events", "attachments", "structured_output"] {
         assert!(!caps.contains(&group), "{group} is declared but not served: {caps:?}");
     }
     assert!(!caps.contains(&"retract"), "broca's retract answer is the spec's object, not the role's string");

@@ -238,6 +238,27 @@ impl Registry {
         keys.iter().filter(opened).count()
     }
 
+    /// Starts the retention sweep (`crate::retention::Sweep`): one thread that, every
+    /// [`crate::limits::RETENTION_SWEEP_MS`], deletes the retained sessions whose expiry has
+    /// come and finishes deletions a crash interrupted (at boot too). It ends when the
+    /// registry is dropped.
+    pub fn start_retention_sweep(self: &Arc<Self>) -> std::io::Result<()> {
+        let registry = Arc::downgrade(self);
+        let every = Duration::from_millis(crate::limits::RETENTION_SWEEP_MS);
+        std::thread::Builder::new().name("broca-retention".into()).spawn(move || {
+            let mut sweep = crate::retention::Sweep::default();
+            while let Some(registry) = registry.upgrade() {
+                let deleted = sweep.pass(&registry.shared.expiry(), crate::retention::now_ms());
+                if deleted > 0 {
+                    log::info!("retention: deleted {deleted} expired session(s)");
+                }
+                drop(registry);
+                std::thread::sleep(every);
+            }
+        })?;
+        Ok(())
+    }
+
     /// Whether shutdown has begun (no new turn may start).
     pub fn is_sealing(&self) -> bool {
         self.sealing.load(Ordering::Acquire)
@@ -336,6 +357,12 @@ impl Registry {
         }
         loop {
             while let Ok(cmd) = rx.try_recv() {
+                if matches!(cmd, SessionCommand::Send { .. }) && expired(&lineage) {
+                    // The send starts a fresh record: this actor closes, and the next open
+                    // deletes the expired one first (`crate::retention`).
+                    drop(publish);
+                    return self.close_expired(lineage, &rx, slot, cmd);
+                }
                 self.handle(&mut lineage, cmd, &mut publish);
             }
             // A command whose write failed latched the WAL: every later command would be refused
@@ -357,13 +384,27 @@ impl Registry {
                     return;
                 }
             }
-            match rx.recv_timeout(self.deps.idle_ttl) {
+            // A retained session closes at its expiry, observed or not: its lease is then free
+            // for the retention sweep to delete it within `delete_within_ms`.
+            let expiry = crate::retention::expiry_of(lineage.state());
+            let wait = match expiry {
+                Some(at) => {
+                    Duration::from_millis(at.saturating_sub(crate::retention::now_ms())).min(self.deps.idle_ttl)
+                }
+                None => self.deps.idle_ttl,
+            };
+            match rx.recv_timeout(wait) {
                 Ok(cmd) => {
+                    if matches!(cmd, SessionCommand::Send { .. }) && expired(&lineage) {
+                        drop(publish);
+                        return self.close_expired(lineage, &rx, slot, cmd);
+                    }
                     self.handle(&mut lineage, cmd, &mut publish);
                 }
                 Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {
                     let mut guard = slot.lock();
-                    if rx.is_empty() && lineage.state().queue.is_empty() && !(self.deps.observed)(&key) {
+                    let quiet = rx.is_empty() && lineage.state().queue.is_empty();
+                    if quiet && (expired(&lineage) || !(self.deps.observed)(&key)) {
                         self.gauges.closing.fetch_add(1, Ordering::Relaxed);
                         *guard = None;
                         drop(publish);
@@ -374,6 +415,37 @@ impl Registry {
                         return;
                     }
                 }
+            }
+        }
+    }
+
+    /// Closes the actor of an expired session and hands `first` and every command still in its
+    /// mailbox to a fresh actor, whose open deletes the expired record before anything runs.
+    fn close_expired(
+        self: &Arc<Self>,
+        lineage: Lineage,
+        rx: &Receiver<SessionCommand>,
+        slot: Slot,
+        first: SessionCommand,
+    ) {
+        let key = lineage.key().clone();
+        let mut waiting = vec![first];
+        {
+            let mut guard = slot.lock();
+            *guard = None;
+            drop(lineage);
+            waiting.extend(rx.try_iter());
+        }
+        self.prune(&key, slot);
+        for cmd in waiting {
+            let placement = match &cmd {
+                SessionCommand::Send { send, .. } => {
+                    self.deps.admission.config.placement_for(send.session_class.as_deref(), send.retention.is_some())
+                }
+                _ => Placement::Standard,
+            };
+            if let Err(e) = self.send(&key, placement, cmd) {
+                log::warn!("session {}: a command for the expired record was dropped: {e}", key.addr());
             }
         }
     }
@@ -487,6 +559,11 @@ impl Registry {
         driven?;
         Ok(true)
     }
+}
+
+/// Whether the session's record is past its retention now (`crate::retention::expiry_of`).
+fn expired(lineage: &Lineage) -> bool {
+    crate::retention::expiry_of(lineage.state()).is_some_and(|at| crate::retention::now_ms() >= at)
 }
 
 /// A placeholder config recorded for a queued send whose own config cannot be read.

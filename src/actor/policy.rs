@@ -53,6 +53,7 @@ pub fn session_policy(
         }
         (new, cap) => new.or(cap),
     };
+    let retention = retention(send.retention, prior.retention, had_episode)?;
     let inherits = matches!(send.delivery, Delivery::Steer | Delivery::Interrupt);
     let (conversation_key, source) = match (&send.conversation_key, &prior.conversation_key) {
         (Some(k), _) => (k.clone(), "caller"),
@@ -67,9 +68,23 @@ pub fn session_policy(
         cache: send.cache.clone().or_else(|| if inherits { prior.cache.clone() } else { None }),
         conversation_key: Some(conversation_key),
         conversation_key_source: Some(source.into()),
-        retention: send.retention.or(prior.retention),
+        retention,
         route_decision_id: send.route_decision_id.clone(),
     })
+}
+
+/// The session's retention after this send (llm-runner §9.1): the first send freezes it (its
+/// absence means kept forever); a later send may only shorten it, and omitting it keeps it.
+fn retention(sent: Option<u64>, frozen: Option<u64>, had_episode: bool) -> Result<Option<u64>, Refusal> {
+    match (sent, frozen) {
+        (Some(_), None) if had_episode => {
+            Err(invalid_params("retention", "the session was first sent without retention: it is kept forever"))
+        }
+        (Some(new), Some(old)) if new > old => {
+            Err(invalid_params("retention", &format!("the session's retention is {old} s and can only be shortened")))
+        }
+        (sent, frozen) => Ok(sent.or(frozen)),
+    }
 }
 
 pub(super) fn context_unavailable(mode: &Value) -> Refusal {

@@ -60,6 +60,9 @@ pub enum LineageError {
         limit: usize,
     },
     Store(StoreError),
+    /// Settling the session's retention at open failed (nothing was deleted before its
+    /// tombstone was durable).
+    Retention(crate::retention::RetentionError),
 }
 
 impl std::fmt::Display for LineageError {
@@ -79,6 +82,7 @@ impl std::fmt::Display for LineageError {
                 write!(f, "{limit} sessions are open in this process; try again when one closes")
             }
             LineageError::Store(e) => e.fmt(f),
+            LineageError::Retention(e) => e.fmt(f),
         }
     }
 }
@@ -217,6 +221,13 @@ impl Lineage {
         let mut lease = Lease::acquire(&root.lease_path(key))?;
         // A previous holder in this process may still have rows queued: let them land first.
         shared.writer.settle();
+        // A retained session past its expiry (or with a deletion a crash interrupted) is
+        // deleted before anything reads it: a send to it starts a fresh record.
+        shared.expiry().settle(&key.addr(), crate::retention::now_ms()).map_err(|e| match e {
+            // A WAL this build cannot read is refused as any open refuses it.
+            crate::retention::RetentionError::Wal(e) => LineageError::Wal(e),
+            other => LineageError::Retention(other),
+        })?;
         let end = shared.ends.writer(&key.addr());
         // Readers of this session wait while it opens: the scan may cut a torn tail.
         let mut opening = end.opening();
@@ -667,6 +678,16 @@ impl Shared {
     /// existing one is opened where it is).
     pub fn open_lineage_placed(&self, key: &SessionKey, placement: Placement) -> Result<Lineage, LineageError> {
         Lineage::open(self, key, placement)
+    }
+
+    /// The retention deleter of this state root (`crate::retention`).
+    pub fn expiry(&self) -> crate::retention::Expiry<'_> {
+        crate::retention::Expiry {
+            root: &self.root,
+            storage: self.storage.as_ref(),
+            store: &self.store,
+            writer: &self.writer,
+        }
     }
 
     /// Returns once every derived row queued so far is in `run-index.db`.

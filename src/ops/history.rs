@@ -17,7 +17,7 @@ use crate::message::{Message, Part};
 use crate::session_key::SessionKey;
 use crate::wire::history::{newer_cursor, older_cursor, HistoryRequest, HistorySeek, Named};
 use crate::wire::read::UNWRITTEN_INCARNATION;
-use crate::wire::requests::{unknown_mid, HISTORY_VERSION};
+use crate::wire::requests::unknown_mid;
 use crate::wire::{Refusal, RefusalCode};
 
 /// A raw history entry: the read envelope with its required write time.
@@ -50,7 +50,12 @@ struct HistoryPage<T> {
     newer: Option<String>,
 }
 
-pub(super) fn session_history(ops: &Ops, key: &SessionKey, request: HistoryRequest) -> Result<Value, Refusal> {
+pub(super) fn session_history(
+    ops: &Ops,
+    key: &SessionKey,
+    request: HistoryRequest,
+    version: u64,
+) -> Result<Value, Refusal> {
     let lineage_id = key.addr();
     let Some(reader) = Reader::open(ops.registry.shared(), key) else {
         if request.named != Named::Newest {
@@ -58,7 +63,7 @@ pub(super) fn session_history(ops: &Ops, key: &SessionKey, request: HistoryReque
         }
         let page = HistoryPage::<RawEntry> {
             messages: Vec::new(),
-            history_version: HISTORY_VERSION,
+            history_version: version,
             incarnation: UNWRITTEN_INCARNATION.into(),
             older: None,
             newer: None,
@@ -102,11 +107,11 @@ pub(super) fn session_history(ops: &Ops, key: &SessionKey, request: HistoryReque
                 row: row(&e.message, request.limits.as_ref()),
             })
             .collect();
-        let page = HistoryPage { messages, history_version: HISTORY_VERSION, incarnation, older, newer };
+        let page = HistoryPage { messages, history_version: version, incarnation, older, newer };
         super::body(page)
     } else {
         let messages = kept.iter().map(raw).collect();
-        super::body(HistoryPage { messages, history_version: HISTORY_VERSION, incarnation, older, newer })
+        super::body(HistoryPage { messages, history_version: version, incarnation, older, newer })
     };
     frame_fits("session.history", &body, key, lo)?;
     Ok(body)

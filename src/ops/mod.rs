@@ -10,6 +10,7 @@
 mod baseline;
 mod calls;
 mod driver;
+pub mod expiry;
 mod history;
 mod owners;
 mod read;
@@ -92,6 +93,14 @@ impl Ops {
             return reply(Err(refusal));
         }
         let key = &route.key;
+        // Every session op but these two answers `expired` for an expired record (§9.1).
+        let version = match method {
+            "role.describe" | "session.send" => 0,
+            _ => match expiry::record_version(self, key) {
+                Ok(version) => version,
+                Err(refusal) => return reply(Err(refusal)),
+            },
+        };
         match method {
             "role.describe" => reply(Empty::decode(&params).map(|Empty| describe(&self.admission.config))),
             "session.send" => send::session_send(self, route, params, reply),
@@ -103,13 +112,14 @@ impl Ops {
                 Ok(request) => driver::run_cancel(self, route, request, reply),
                 Err(r) => reply(Err(r)),
             },
-            "session.read" => {
-                reply(ReadRequest::decode(&params, &key.addr()).and_then(|r| read::session_read(self, key, r)))
-            }
-            "session.head" => reply(Empty::decode(&params).and_then(|Empty| read::session_head(self, route))),
+            "session.read" => reply(
+                ReadRequest::decode_at(&params, &key.addr(), version)
+                    .and_then(|r| read::session_read(self, key, r, version)),
+            ),
+            "session.head" => reply(Empty::decode(&params).and_then(|Empty| read::session_head(self, route, version))),
             "session.history" => reply(
                 crate::wire::history::HistoryRequest::decode(&params, &key.addr())
-                    .and_then(|r| history::session_history(self, key, r)),
+                    .and_then(|r| history::session_history(self, key, r, version)),
             ),
             "run.status" => reply(StatusRequest::decode(&params, key).and_then(|r| status::run_status(self, key, r))),
             "run.result" => reply(ResultRequest::decode(&params).and_then(|r| status::run_result(self, key, r))),
@@ -156,6 +166,7 @@ pub const GROUPS: &[&str] = {
         cap::RUN_TOOL_CALLS,
         cap::DISPATCH_ATTRIBUTION,
         cap::HEAD_SENDER,
+        cap::RETENTION,
         "fetch-plan-optional-tools/v1",
     ]
 };
@@ -174,7 +185,8 @@ pub fn describe(config: &crate::config::BrocaConfig) -> Value {
     .with_capabilities(GROUPS.iter().map(|g| (*g).to_owned()).collect())
     .with_run_cancel(vec!["now".into(), "step_boundary".into()])
     .with_session_capabilities_from(cortexkit_role_llm_runner::capabilities::source::ADMISSION)
-    .with_max_bytes(read::MAX_BYTES, read::MAX_BYTES);
+    .with_max_bytes(read::MAX_BYTES, read::MAX_BYTES)
+    .with_retention(crate::limits::RETENTION_MAX_SECONDS, crate::limits::RETENTION_DELETE_WITHIN_MS);
     let mut out = serde_json::to_value(describe).expect("role.describe serializes");
     out["session_class"] = serde_json::json!({"backup_classes": config.backup_classes});
     out

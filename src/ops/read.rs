@@ -16,7 +16,7 @@ use crate::wire::read::{
     HeadMeta, HeadModel, LastRunError, LastRunState, ReadEntry, ReadPage, ReadTool, ReadToolCall, RunAttribution,
     SessionUsage, UNWRITTEN_INCARNATION,
 };
-use crate::wire::requests::{unknown_mid, ReadCursor, ReadRequest, HISTORY_VERSION, READ_MAX_BYTES};
+use crate::wire::requests::{unknown_mid, ReadCursor, ReadRequest, READ_MAX_BYTES};
 use crate::wire::status::RunState;
 use crate::wire::{Refusal, RefusalCode};
 
@@ -43,7 +43,8 @@ pub(super) fn role_name(role: Role) -> &'static str {
     }
 }
 
-pub(super) fn session_read(ops: &Ops, key: &SessionKey, request: ReadRequest) -> Result<Value, Refusal> {
+/// `version` is the session's history version (`crate::retention::history_version`).
+pub(super) fn session_read(ops: &Ops, key: &SessionKey, request: ReadRequest, version: u64) -> Result<Value, Refusal> {
     let lineage_id = key.addr();
     let Some(reader) = Reader::open(ops.registry.shared(), key) else {
         if let ReadCursor::After(o) = request.cursor {
@@ -51,7 +52,7 @@ pub(super) fn session_read(ops: &Ops, key: &SessionKey, request: ReadRequest) ->
         }
         return Ok(super::body(ReadPage {
             messages: Vec::new(),
-            history_version: HISTORY_VERSION,
+            history_version: version,
             incarnation: UNWRITTEN_INCARNATION.into(),
             next_from_ordinal: None,
             head: None,
@@ -118,7 +119,7 @@ pub(super) fn session_read(ops: &Ops, key: &SessionKey, request: ReadRequest) ->
     };
     let answer = ReadPage {
         messages: items.into_iter().skip(skip).take(take).collect(),
-        history_version: HISTORY_VERSION,
+        history_version: version,
         incarnation: page.incarnation.clone(),
         next_from_ordinal: (end < page.prompt_len).then_some(served_ordinal(end)),
         head: page.head,
@@ -216,14 +217,14 @@ fn dispatch_facts(
 }
 
 /// `session.head` (llm-runner §4.3, spec §4): where the transcript stands, without bodies.
-pub(super) fn session_head(ops: &Ops, route: &super::Route) -> Result<Value, Refusal> {
+pub(super) fn session_head(ops: &Ops, route: &super::Route, version: u64) -> Result<Value, Refusal> {
     let key = &route.key;
     let lineage_id = key.addr();
     let Some(reader) = Reader::open(ops.registry.shared(), key) else {
         return Ok(super::body(HeadMeta {
             last_ordinal: None,
             first_ordinal: None,
-            history_version: HISTORY_VERSION,
+            history_version: version,
             incarnation: UNWRITTEN_INCARNATION.into(),
             head: None,
             last_run_state: None,
@@ -252,11 +253,17 @@ pub(super) fn session_head(ops: &Ops, route: &super::Route) -> Result<Value, Ref
         state: status.state.as_str().to_owned(),
         reason: status.reason.map(str::to_owned),
     });
-    let updated_at = std::fs::metadata(reader.path())
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map(|d| d.as_millis() as u64);
+    // A retained session's activity is what its expiry counts from (llm-runner §9.1): its
+    // recorded send, step and terminal times, never a maintenance write.
+    let retained = last.and_then(|e| e.config.config()).is_some_and(|c| c.policy.retention.is_some());
+    let mtime = || {
+        std::fs::metadata(reader.path())
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_millis() as u64)
+    };
+    let updated_at = if retained { page.state.last_activity_ms } else { mtime() };
     let model = last.and_then(|e| e.config.config()).map(|c| HeadModel {
         provider: c.provider.clone(),
         model: c.model.clone(),
@@ -265,7 +272,7 @@ pub(super) fn session_head(ops: &Ops, route: &super::Route) -> Result<Value, Ref
     let answer = HeadMeta {
         last_ordinal: page.prompt_len.checked_sub(1).map(served_ordinal),
         first_ordinal: Some(1),
-        history_version: HISTORY_VERSION,
+        history_version: version,
         incarnation: page.incarnation.clone(),
         head: page.head,
         last_run_state,

@@ -147,6 +147,9 @@ pub enum RefusalCode {
     TooManySubscribers,
     /// The session already holds its limit of queued sends (`detail {limit}`).
     SessionQueueFull,
+    /// The session's record expired under its retention (`detail {expired_at_ms}`, llm-runner
+    /// §9.1); terminal.
+    Expired,
 }
 
 impl RefusalCode {
@@ -196,6 +199,7 @@ impl RefusalCode {
             RefusalCode::TooManySessions => "too_many_sessions",
             RefusalCode::TooManySubscribers => "too_many_subscribers",
             RefusalCode::SessionQueueFull => "session_queue_full",
+            RefusalCode::Expired => "expired",
         }
     }
 }

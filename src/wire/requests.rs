@@ -131,6 +131,12 @@ impl ReadRequest {
     /// order the goldens pin, then the cursor, then the cache identity (a read naming another
     /// history version or lineage is refused whatever its mode).
     pub fn decode(params: &Value, lineage_id: &str) -> Result<Self, Refusal> {
+        Self::decode_at(params, lineage_id, HISTORY_VERSION)
+    }
+
+    /// [`ReadRequest::decode`] for a session whose history version is `version` (a record
+    /// started after a retention expiry serves a later one).
+    pub fn decode_at(params: &Value, lineage_id: &str, version: u64) -> Result<Self, Refusal> {
         strict(params, &READ_MEMBERS)?;
         let limit = match count(params, "limit")? {
             Some(0) => return Err(invalid_params("limit", "must be at least 1")),
@@ -168,10 +174,9 @@ impl ReadRequest {
             (None, Some(from)) => ReadCursor::From(from.max(1)),
             (None, None) => ReadCursor::Tail,
         };
-        if let Some(v) = history_version.filter(|&v| v != HISTORY_VERSION) {
-            let message =
-                format!("history version {v} is not the session's ({HISTORY_VERSION}): read again from the tail");
-            let detail = crate::detail!("history_version" => HISTORY_VERSION);
+        if let Some(v) = history_version.filter(|&v| v != version) {
+            let message = format!("history version {v} is not the session's ({version}): read again from the tail");
+            let detail = crate::detail!("history_version" => version);
             return Err(Refusal::new(RefusalCode::HistoryChanged, message, Some(detail)));
         }
         if let Some(l) = lineage.filter(|l| l != lineage_id) {

@@ -120,6 +120,23 @@ fn text(v: &Value) -> Option<String> {
     v.as_str().map(String::from)
 }
 
+/// `retention` (llm-runner §9.1): whole seconds, from 1 to [`crate::limits::RETENTION_MAX_SECONDS`]
+/// (above it the refusal carries `max_seconds`). Whether it may change an existing session's
+/// policy is the actor's decision (`actor::policy`).
+fn retention(v: Option<&Value>) -> Result<Option<u64>, Refusal> {
+    use crate::limits::RETENTION_MAX_SECONDS;
+    match v.map(Value::as_u64) {
+        None => Ok(None),
+        Some(Some(n)) if (1..=RETENTION_MAX_SECONDS).contains(&n) => Ok(Some(n)),
+        Some(Some(n)) if n > RETENTION_MAX_SECONDS => {
+            let message = format!("retention {n} s is above this runner's maximum of {RETENTION_MAX_SECONDS} s");
+            let detail = crate::detail!("field" => "retention", "max_seconds" => RETENTION_MAX_SECONDS);
+            Err(Refusal::new(super::RefusalCode::InvalidParams, message, Some(detail)))
+        }
+        Some(_) => Err(invalid_params("retention", "a positive whole number of seconds is required")),
+    }
+}
+
 fn positive(params: &Value, pointer: &str, field: &str) -> Result<Option<u64>, Refusal> {
     match params.pointer(pointer) {
         None => Ok(None),
@@ -186,12 +203,7 @@ pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
         Some(Value::String(c)) if crate::config::valid_session_class(c) => Some(c.clone()),
         Some(_) => return Err(invalid_params("session_class", "a label matching [a-z0-9_-]{1,32} is required")),
     };
-    // The `retention` group is not served yet: a retention is refused, never ignored
-    // (llm-runner §9.1), and nothing is written.
-    if obj.contains_key("retention") {
-        return Err(invalid_params("retention", "retention is not served by this build (the group is not declared)"));
-    }
-    let retention = None;
+    let retention = retention(obj.get("retention"))?;
     let cache = match obj.get("cache") {
         None => None,
         Some(c) => Some(cache(c)?),

@@ -55,13 +55,19 @@ const POINTS: &[(&str, &str, &str)] = &[
         "run.after_finished_before_index@1",
         "RunFinished is durable in the WAL; its run-index row is only queued",
     ),
+    (
+        points::RETENTION_TOMBSTONED,
+        "retention.after_tombstone@1",
+        "the expired session's content-free tombstone is fsynced (wal-ephemeral/<addr>.tombstone); \
+         its store rows and WAL are not yet deleted (src/retention.rs, Expiry::settle)",
+    ),
 ];
 
 /// The points declared, each reached by a fail point followed by the process's own SIGKILL.
 ///
 /// Not declared: `StepRecorded` (broca commits a tool step's `ModelStepFinished` together with its
 /// dispatch intents, so no durable state has the step without its intents),
-/// `RetentionTombstoned`, `ReleasePending` and `UserCommandForwarded` (no such state in broca).
+/// `ReleasePending` and `UserCommandForwarded` (no such state in broca).
 pub fn declarations() -> Vec<PointDeclaration> {
     POINTS
         .iter()

@@ -270,6 +270,10 @@ impl LlmRunnerSubject for Subject {
         }
     }
 
+    async fn retention_deletion_finished(&self, handle: &Handle, session: &str) -> Result<bool, HarnessError> {
+        crate::retention::deletion_finished(&handle.instance().root, session).map_err(HarnessError::new)
+    }
+
     fn runner_id(&self) -> &str {
         crate::rig::BROCA
     }
