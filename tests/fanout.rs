@@ -223,14 +223,14 @@ fn an_attach_mid_step_replays_the_step_so_far() {
     let events = json!([
         {"reasoning": "think"}, {"delay_ms": 20}, {"reasoning": "ing"},
         {"text": "Hello "}, {"delay_ms": 20}, {"text": "world"},
-        {"delay_ms": 1500}, {"text": "!"}, {"finish": "stop"}
+        {"delay_ms": 3000}, {"text": "!"}, {"finish": "stop"}
     ]);
     rig.mock.install("default", Script::from_json(&json!({"responses": [{"events": events}]}).to_string()).unwrap());
     let run = rig.send("one")["run_id"].as_str().unwrap().to_string();
     let so_far = vec![
         ("display_reset".to_owned(), String::new(), String::new(), String::new()),
-        ("reasoning_delta".to_owned(), "m2".to_owned(), "0".to_owned(), "thinking".to_owned()),
-        ("text_delta".to_owned(), "m2".to_owned(), "1".to_owned(), "Hello world".to_owned()),
+        ("reasoning_delta".to_owned(), "m2".to_owned(), "p0".to_owned(), "thinking".to_owned()),
+        ("text_delta".to_owned(), "m2".to_owned(), "p1".to_owned(), "Hello world".to_owned()),
     ];
     let deadline = Instant::now() + Duration::from_secs(10);
     let live = loop {

@@ -1,8 +1,8 @@
 //! The durable live events of the control projection (llm-runner/v1 `live_events`, CONTRACT
 //! §7.1), from records alone: every stored message has `message_started` and then
 //! `message_finished` naming its `mid` (the tool message of a closed batch included), tool
-//! events carry the times broca recorded and none it did not, and `run_started` names the send
-//! that started the run.
+//! events carry the times broca recorded and none it did not (and the content's length as the
+//! display row shows it), and `run_started` names the send that started the run.
 
 use broca::lineage::projection::{self, ControlUnit};
 use broca::record::{Record, RequestIdentity};
@@ -103,6 +103,8 @@ fn tool_events_carry_the_recorded_times_and_invent_none() {
     let (started, finished) = (started.expect("tool_started"), finished.expect("tool_finished"));
     assert_eq!((started.mid.as_str(), started.started_at), ("m2", Some(STARTED_AT)));
     assert_eq!((finished.mid.as_str(), finished.finished_at), ("m2", Some(FINISHED_AT)));
+    // The uncut length of the content the display row shows: the text "ok", not its JSON.
+    assert_eq!((finished.outcome.as_str(), finished.output_bytes), ("ok", 2));
     // Records from before broca kept call times: the members stay out.
     let (units, _) = project(&tool_run(false));
     for event in events(&units) {

@@ -617,18 +617,21 @@ pub fn control_frame(unit: &ControlUnit) -> Value {
     frame
 }
 
-/// A display frame (live only): the role's typed delta as `event`. A status line has no role
-/// equivalent, so it travels as broca's own `status` member, without an `event`.
+/// A display frame (live only): the role's typed delta as `event`, its `part` the key the
+/// stored message's display row gives that part (`p<index>`, `ops::history::row`). A status
+/// line has no role equivalent, so it travels as broca's own `status` member, without an
+/// `event`.
 pub fn display_frame(d: &DisplayEvent) -> Value {
+    let key = |part: &usize| format!("p{part}");
     let event = match d {
         DisplayEvent::TextDelta { mid, part, text, .. } => {
-            LiveEvent::TextDelta(TextDelta::new("", text, mid, part.to_string()))
+            LiveEvent::TextDelta(TextDelta::new("", text, mid, key(part)))
         }
         DisplayEvent::ReasoningDelta { mid, part, text, .. } => {
-            LiveEvent::ReasoningDelta(TextDelta::new("", text, mid, part.to_string()))
+            LiveEvent::ReasoningDelta(TextDelta::new("", text, mid, key(part)))
         }
         DisplayEvent::ToolInputDelta { mid, part, tool_call_id, delta, .. } => {
-            LiveEvent::ToolInputDelta(ToolInputDelta::new(tool_call_id, delta, mid, part.to_string()))
+            LiveEvent::ToolInputDelta(ToolInputDelta::new(tool_call_id, delta, mid, key(part)))
         }
         DisplayEvent::Status { text } => return json!({"kind": "display", "status": {"text": text}}),
     };

@@ -309,7 +309,7 @@ fn tool_result(call: &FinishedCall<'_>, assistant_mid: Option<&str>) -> (Value, 
     let event = assistant_mid.map(|m| {
         unit["mid"] = json!(m);
         let outcome = outcome.unwrap_or(if is_error { CallOutcome::Error } else { CallOutcome::Ok }).as_str();
-        let bytes = serde_json::to_string(output).map_or(0, |t| t.len() as u64);
+        let bytes = crate::message::tool_result_content(output).len() as u64;
         LiveEvent::ToolFinished(ToolFinished::new(m, tool_call_id, outcome, bytes, at_ms))
     });
     (unit, event)
