@@ -27,7 +27,7 @@ pub const CONTROL_LANE: usize = 4096;
 /// the subscriber sees `display_gap`).
 pub const DISPLAY_LANE: usize = 1024;
 /// Text one session keeps of its step in flight for an attaching subscriber's replay (the
-/// coalesced deltas, `crate::fanout` step snapshot). Past it that step's attach replay is
+/// coalesced deltas of the fan-out's step snapshot). Past it that step's attach replay is
 /// `display_reset` alone, then the live deltas.
 pub const STEP_SNAPSHOT_BYTES: usize = 512 << 10;
 
