@@ -26,6 +26,10 @@ pub const CONTROL_LANE: usize = 4096;
 /// Display events a subscriber may lag before deltas are dropped (the display ring's capacity;
 /// the subscriber sees `display_gap`).
 pub const DISPLAY_LANE: usize = 1024;
+/// Text one session keeps of its step in flight for an attaching subscriber's replay (the
+/// coalesced deltas of the fan-out's step snapshot). Past it that step's attach replay is
+/// `display_reset` alone, then the live deltas.
+pub const STEP_SNAPSHOT_BYTES: usize = 512 << 10;
 
 /// Idle keep-alive connections an agent keeps per provider host. A loop's steps are
 /// sequential, so one run reuses one connection step after step; the rest serve sessions
@@ -93,6 +97,10 @@ const _: () = assert!(CALLS_PER_BATCH <= MAX_CALLS_IN_FLIGHT, "one batch can be 
 const _: () = assert!(TOOL_THREADS <= MAX_CALLS_IN_FLIGHT, "a tool thread waits for one pending call");
 const _: () = assert!(STREAMER_THREADS >= 2 * DEFAULT_OPEN_SESSIONS, "every open session can stream");
 const _: () = assert!(DISPLAY_LANE <= CONTROL_LANE, "display lags before control detaches");
+const _: () = assert!(
+    6 * STEP_SNAPSHOT_BYTES + (64 << 10) <= FRAME_LIMIT,
+    "a replayed part fits in one frame even with every byte JSON-escaped"
+);
 
 /// The bounds an operator may change in `broca.jsonc` (`"limits": {"open_sessions": 2048}`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

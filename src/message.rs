@@ -56,6 +56,16 @@ pub struct Message {
     pub origin: Option<Value>,
 }
 
+/// The text a tool result's `output` shows as: a text output's text, else its `message`, else
+/// its JSON. A display row's `tool_result.content` holds it, and a live `tool_finished`'s
+/// `output_bytes` is its length, so the two always agree.
+pub fn tool_result_content(output: &Value) -> String {
+    match output.get("text").and_then(Value::as_str) {
+        Some(text) if output.get("kind").and_then(Value::as_str) == Some("text") => text.to_owned(),
+        _ => output.get("message").and_then(Value::as_str).map_or_else(|| output.to_string(), String::from),
+    }
+}
+
 impl Message {
     pub fn user_text(text: impl Into<String>) -> Message {
         Message { role: Role::User, content: vec![Part::Text { text: text.into() }], origin: None }

@@ -409,6 +409,10 @@ pub enum Record {
         /// The exact argument JSON text the call is sent with (absent in older records).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         arguments: Option<String>,
+        /// When the call started: the intent is recorded just before the call is sent
+        /// (`tool_started.started_at`; absent in older records, and then never invented).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        at_ms: Option<u64>,
     },
     ToolResult {
         run_id: String,

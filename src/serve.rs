@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use cortexkit_role_llm_runner::display::Limits;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use subc_protocol::{Flags, Principal};
@@ -130,8 +131,8 @@ impl Server {
     }
 
     fn subscribe(&mut self, route: Route, corr: u64, key: SessionKey, params: &Value) {
-        let from = match parse_from(params) {
-            Ok(f) => f,
+        let SubscribeParams { from, limits } = match parse_subscribe(params) {
+            Ok(p) => p,
             Err(r) => return self.refuse(route, corr, &r),
         };
         let hub = Arc::clone(&self.hub);
@@ -142,7 +143,7 @@ impl Server {
         let ops = Arc::clone(&self.ops);
         let job = move || {
             let registry = &ops.registry;
-            let Some(sub) = hub.attach(registry.shared(), &key, from, sink) else { return };
+            let Some(sub) = hub.attach_with(registry.shared(), &key, from, limits, sink) else { return };
             streams.lock().insert((route, corr), sub);
             // A subscription (re)opens the session's actor, which then holds the lease while
             // observers remain. A lease held by another process leaves the stream read-only. An
@@ -160,11 +161,45 @@ impl Server {
     }
 }
 
-/// `session.subscribe {from?}`: strict, refused by name (public for the fuzz targets).
+/// A `session.subscribe` request: where it attaches, and the byte bounds its `tool_started`
+/// events cut arguments to (llm-runner/v1 `LiveSubscribeRequest`; absent: whole arguments).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SubscribeParams {
+    pub from: From,
+    pub limits: Option<Limits>,
+}
+
+/// `session.subscribe {from?, limits?}`: strict, refused by name. `live_ids` is refused as an
+/// unknown member: broca does not declare `live_ids` (CONTRACT §7.1, "older runners refuse the
+/// unknown request field").
+#[doc(hidden)]
+pub fn parse_subscribe(params: &Value) -> Result<SubscribeParams, Refusal> {
+    let from = parse_from(params)?;
+    let limits = params.get("limits").map(parse_limits).transpose()?;
+    Ok(SubscribeParams { from, limits })
+}
+
+/// `limits {arguments_bytes, result_bytes, error_result_bytes}` (`display::Limits`): strict,
+/// every bound required, a wrong or missing one refused naming it.
+fn parse_limits(limits: &Value) -> Result<Limits, Refusal> {
+    const BOUNDS: [&str; 3] = ["arguments_bytes", "result_bytes", "error_result_bytes"];
+    let Some(map) = limits.as_object() else {
+        return Err(invalid_params("limits", "an object {arguments_bytes, result_bytes, error_result_bytes}"));
+    };
+    if let Some(k) = map.keys().find(|k| !BOUNDS.contains(&k.as_str())) {
+        return Err(invalid_params(k, "unknown member of limits"));
+    }
+    let bound = |name: &str| {
+        map.get(name).and_then(Value::as_u64).ok_or_else(|| invalid_params(name, "an unsigned integer is required"))
+    };
+    Ok(Limits::new(bound(BOUNDS[0])?, bound(BOUNDS[1])?, bound(BOUNDS[2])?))
+}
+
+/// The attach point of a `session.subscribe` request (public for the fuzz targets).
 #[doc(hidden)]
 pub fn parse_from(params: &Value) -> Result<From, Refusal> {
     if let Some(map) = params.as_object() {
-        if let Some(k) = map.keys().find(|k| k.as_str() != "from") {
+        if let Some(k) = map.keys().find(|k| !matches!(k.as_str(), "from" | "limits")) {
             return Err(invalid_params(k, "unknown member"));
         }
     } else if !params.is_null() {

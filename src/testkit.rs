@@ -55,6 +55,7 @@ pub fn intent(run_id: &str, step: u64, id: &str, name: &str) -> Record {
         module_id: None,
         call_key: format!("{run_id}:{id}"),
         arguments: None,
+        at_ms: None,
     }
 }
 

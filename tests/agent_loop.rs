@@ -596,11 +596,23 @@ fn frames_carry_the_llm_runner_live_events_and_every_path_projects_the_same_unit
     let page = l.transcript(0, 100).unwrap();
     let mut assistant_of_step = std::collections::HashMap::new();
     let mut finished_mids = Vec::new();
+    let mut started_mids = Vec::new();
     for (unit, frame) in written.iter().zip(&expected) {
         let ty = unit.unit["type"].as_str().unwrap();
         let event = strict_event(frame);
         match (ty, &event) {
             ("run_started", Some(LiveEvent::RunStarted(e))) => assert_eq!(json!(e.run_id), unit.unit["run_id"]),
+            ("message_started", Some(LiveEvent::MessageStarted(e))) => {
+                assert_eq!(json!(e.mid), unit.unit["mid"]);
+                assert!(!finished_mids.contains(&e.mid), "{} started before it finishes", e.mid);
+                started_mids.push(e.mid.clone());
+            }
+            ("tool_message", Some(LiveEvent::MessageFinished(e))) => {
+                assert_eq!(json!(e.mid), unit.unit["mid"]);
+                let served: usize = e.mid.strip_prefix('m').unwrap().parse().unwrap();
+                assert_eq!(page.messages[served - 1].1.role, Role::Tool, "{}", e.mid);
+                finished_mids.push(e.mid.clone());
+            }
             ("user_message" | "steered" | "assistant_message", Some(LiveEvent::MessageFinished(e))) => {
                 assert_eq!(json!(e.mid), unit.unit["mid"]);
                 // Served ordinals (and mids) count from 1; the transcript's from 0.
@@ -618,13 +630,15 @@ fn frames_carry_the_llm_runner_live_events_and_every_path_projects_the_same_unit
                 assert_eq!(json!(e.tool_call_id), unit.unit["tool_call_id"]);
                 let arguments: Value = serde_json::from_str(&e.arguments).unwrap();
                 assert_eq!(arguments, json!({"path": format!("{}.txt", e.tool_call_id)}));
+                assert!(e.started_at.is_some(), "broca records when a call it ran started");
             }
             ("tool_result", Some(LiveEvent::ToolFinished(e))) => {
                 assert_eq!(Some(&e.mid), assistant_of_step.get(&1), "tool_finished names the asking message");
                 assert_eq!(json!(e.tool_call_id), unit.unit["result"]["tool_call_id"]);
                 assert_eq!(e.outcome, "ok");
-                let output = serde_json::to_string(&unit.unit["result"]["output"]).unwrap();
-                assert_eq!(e.output_bytes, output.len() as u64);
+                let output = broca::message::tool_result_content(&unit.unit["result"]["output"]);
+                assert_eq!(e.output_bytes, output.len() as u64, "the display row's content, uncut");
+                assert!(e.finished_at.is_some(), "broca records when a call it ran finished");
             }
             ("run_finished", Some(LiveEvent::RunFinished(e))) => {
                 assert_eq!((json!(e.run_id), e.reason.as_str()), (unit.unit["run_id"].clone(), "completed"))
@@ -633,7 +647,8 @@ fn frames_carry_the_llm_runner_live_events_and_every_path_projects_the_same_unit
             other => panic!("unexpected unit/event pair {other:?}"),
         }
     }
-    assert_eq!(finished_mids, ["m1", "m2", "m4"], "user, tool-asking answer, final answer");
+    assert_eq!(finished_mids, ["m1", "m2", "m3", "m4"], "user, tool-asking answer, tool message, final answer");
+    assert_eq!(started_mids, finished_mids, "every stored message is started, then finished");
 
     // Display frames: the role's deltas, named by the stored message and part they build.
     assert!(displays.iter().any(|d| matches!(d, DisplayEvent::ToolInputDelta { .. })));
@@ -642,7 +657,7 @@ fn frames_carry_the_llm_runner_live_events_and_every_path_projects_the_same_unit
         let event = strict_event(&frame);
         let (step, mid, part) = match (d, &event) {
             (DisplayEvent::TextDelta { step, mid, part, .. }, Some(LiveEvent::TextDelta(e))) => {
-                assert_eq!((e.mid.as_ref(), e.part.clone()), (Some(mid), Some(part.to_string())));
+                assert_eq!((e.mid.as_ref(), e.part.clone()), (Some(mid), Some(format!("p{part}"))));
                 (step, mid, part)
             }
             (
@@ -650,7 +665,7 @@ fn frames_carry_the_llm_runner_live_events_and_every_path_projects_the_same_unit
                 Some(LiveEvent::ToolInputDelta(e)),
             ) => {
                 assert_eq!(&e.tool_call_id, tool_call_id);
-                assert_eq!((e.mid.as_ref(), e.part.clone()), (Some(mid), Some(part.to_string())));
+                assert_eq!((e.mid.as_ref(), e.part.clone()), (Some(mid), Some(format!("p{part}"))));
                 let served: usize = mid.strip_prefix('m').unwrap().parse().unwrap();
                 match &page.messages[served - 1].1.content[*part] {
                     Part::ToolCall { tool_call_id: id, .. } => assert_eq!(id, tool_call_id, "part {part}"),

@@ -167,6 +167,7 @@ fn intent(run_id: &str, step: u64, call: &str) -> Record {
         module_id: None,
         call_key: format!("key-{call}"),
         arguments: Some(format!("{{\"path\":\"{call}.txt\"}}")),
+        at_ms: None,
     }
 }
 
@@ -1065,13 +1066,19 @@ impl Model {
             assert_eq!(seq, self.replay.last_seq + 1, "seq gap");
             let rec = Record::decode(&payload).unwrap_or_else(|e| panic!("seq {seq} does not decode: {}", e.0));
             let messages = &mut out.messages;
+            let mut tool_message = false;
             let units = projection::apply(&mut self.replay, seq, &rec, &mut |e| {
+                tool_message |= projection::is_tool_message(&e);
                 if let Effect::Message { ordinal, message, .. } = e {
                     messages.push((ordinal, message));
                 }
             })
             .unwrap_or_else(|e| panic!("durable wal does not replay: {e}"));
-            assert_eq!(units.len(), projection::unit_count(&rec), "unit_count disagrees with project at seq {seq}");
+            assert_eq!(
+                units.len(),
+                projection::unit_count(&rec, tool_message),
+                "unit_count disagrees with project at seq {seq}"
+            );
             self.walker.feed(seq, &rec, &units);
             if epoch < self.last_epoch {
                 self.epoch_regressions.push((seq, self.last_epoch, epoch));

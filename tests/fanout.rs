@@ -185,3 +185,78 @@ fn an_observed_session_keeps_its_actor_and_lease() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Every frame `rx` delivers until it is quiet for `quiet`.
+fn until_quiet(rx: &Receiver<Result<Value, Option<Refusal>>>, quiet: Duration) -> Vec<Value> {
+    let mut frames = Vec::new();
+    while let Ok(frame) = rx.recv_timeout(quiet) {
+        frames.push(frame.expect("the stream stays open"));
+    }
+    frames
+}
+
+/// The display frames of `frames`: `(type, mid, part, delta)` of each event.
+fn display(frames: &[Value]) -> Vec<(String, String, String, String)> {
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    frames
+        .iter()
+        .filter(|f| f["kind"] == "display")
+        .map(|f| {
+            let e = &f["event"];
+            (text(&e["type"]), text(&e["mid"]), text(&e["part"]), text(&e["delta"]))
+        })
+        .collect()
+}
+
+fn seqs_from_one(frames: &[Value]) -> bool {
+    let seqs: Vec<u64> = frames.iter().map(|f| f["seq"].as_u64().unwrap()).collect();
+    seqs == (1..=seqs.len() as u64).collect::<Vec<_>>()
+}
+
+/// A subscriber attaching while a step streams gets `display_reset`, then one coalesced delta
+/// per part so far with the `mid` the answer is stored under, then the live deltas — from
+/// `live` and, after the durable replay, from `start`, `seq` rising across both lanes. With no
+/// step in flight there is nothing to replay.
+#[test]
+fn an_attach_mid_step_replays_the_step_so_far() {
+    let rig = rig();
+    let events = json!([
+        {"reasoning": "think"}, {"delay_ms": 20}, {"reasoning": "ing"},
+        {"text": "Hello "}, {"delay_ms": 20}, {"text": "world"},
+        {"delay_ms": 3000}, {"text": "!"}, {"finish": "stop"}
+    ]);
+    rig.mock.install("default", Script::from_json(&json!({"responses": [{"events": events}]}).to_string()).unwrap());
+    let run = rig.send("one")["run_id"].as_str().unwrap().to_string();
+    let so_far = vec![
+        ("display_reset".to_owned(), String::new(), String::new(), String::new()),
+        ("reasoning_delta".to_owned(), "m2".to_owned(), "p0".to_owned(), "thinking".to_owned()),
+        ("text_delta".to_owned(), "m2".to_owned(), "p1".to_owned(), "Hello world".to_owned()),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let live = loop {
+        let rx = rig.attach(From::Live);
+        let frames = until_quiet(&rx, Duration::from_millis(150));
+        if display(&frames) == so_far {
+            assert!(seqs_from_one(&frames), "seq from 1: {frames:?}");
+            break rx;
+        }
+        rig.hub.cancel_all(&key());
+        assert!(Instant::now() < deadline, "no attach replayed the step so far; the last got {frames:?}");
+    };
+    let start = rig.attach(From::Start);
+    let frames = until_quiet(&start, Duration::from_millis(150));
+    let first_display = frames.iter().position(|f| f["kind"] == "display").expect("the step's replay");
+    assert!(frames[..first_display].iter().all(|f| f["kind"] == "control"), "the durable replay comes first");
+    assert!(frames[..first_display].iter().any(|f| f["event"]["type"] == "message_finished"), "m1 is replayed");
+    assert_eq!(display(&frames), so_far);
+    assert!(seqs_from_one(&frames), "seq rises across both lanes: {frames:?}");
+    // The live deltas follow the replay; the answer is stored as the mid the replay named.
+    let mut rest = Vec::new();
+    until_finished(&live, &run, &mut rest);
+    assert!(display(&rest).iter().any(|(t, mid, _, d)| t == "text_delta" && mid == "m2" && d == "!"));
+    let stored = rest.iter().find(|f| f["unit"]["type"] == "assistant_message").expect("the answer");
+    assert_eq!((&stored["unit"]["mid"], &stored["event"]["type"]), (&json!("m2"), &json!("message_finished")));
+    // No step in flight: a new subscriber gets no display frame at all.
+    let idle = until_quiet(&rig.attach(From::Start), Duration::from_millis(300));
+    assert!(display(&idle).is_empty(), "{idle:?}");
+}

@@ -162,8 +162,8 @@ fn units_are_visible_only_after_commit_and_cursors_are_continuous_across_reopen(
     );
     assert_eq!(l.head(), None);
     let units = l.commit().unwrap();
-    assert_eq!(units.len(), 2);
-    assert_eq!(l.head(), Some(Cursor { wal_seq: 1, sub_index: 1 }));
+    assert_eq!(units.len(), 3, "run_started, message_started, user_message");
+    assert_eq!(l.head(), Some(Cursor { wal_seq: 1, sub_index: 2 }));
     l.append(&step_started("run-1", 1)).unwrap();
     drop(l); // a crash-like drop: the step was never committed
     let mut l = shared.open_lineage(&key()).unwrap();
@@ -171,17 +171,17 @@ fn units_are_visible_only_after_commit_and_cursors_are_continuous_across_reopen(
     let types: Vec<_> = all.iter().map(|u| u.unit["type"].as_str().unwrap().to_string()).collect();
     assert_eq!(
         types,
-        ["run_started", "user_message", "error", "run_finished"],
+        ["run_started", "message_started", "user_message", "error", "run_finished"],
         "orphan sealed with its diagnostic first"
     );
-    assert_eq!(all[2].unit["error"]["provider_code"], "previous_process_ended_unsealed");
-    assert_eq!(all[3].unit["reason"], "interrupted");
+    assert_eq!(all[3].unit["error"]["provider_code"], "previous_process_ended_unsealed");
+    assert_eq!(all[4].unit["reason"], "interrupted");
     assert!(all.windows(2).all(|w| w[0].cursor < w[1].cursor));
-    assert_eq!(l.head(), Some(all[3].cursor), "live attaches strictly after the last durable unit");
+    assert_eq!(l.head(), Some(all[4].cursor), "live attaches strictly after the last durable unit");
     // Attach at a cursor is strictly after it.
     let after =
-        read::control_units(&Reader::at(&shared, &key(), path.clone()), Some(all[1].cursor), usize::MAX).unwrap();
-    assert_eq!(after[0].cursor, all[2].cursor);
+        read::control_units(&Reader::at(&shared, &key(), path.clone()), Some(all[2].cursor), usize::MAX).unwrap();
+    assert_eq!(after[0].cursor, all[3].cursor);
     // A new episode continues the same cursor space.
     let units = l.append_commit(&run_started("run-2", None, "again")).unwrap().1;
     assert_eq!(units[0].cursor, Cursor { wal_seq: 3, sub_index: 0 });

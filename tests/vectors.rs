@@ -8,6 +8,7 @@ mod inproc;
 #[allow(dead_code, unused_imports)]
 #[path = "../bin/broca-mock/mock/mod.rs"]
 mod mock;
+mod pin;
 
 use std::time::{Duration, Instant};
 
@@ -29,6 +30,11 @@ const DEVIATIONS: &[(&str, &str, &str)] = &[
         "run-cancel.json",
         "unknown cancellation points decode open for runner admission",
         "refused invalid_params at: the spec refuses an unlisted at (§13)",
+    ),
+    (
+        "live-events.json",
+        "after a head with limits",
+        "refused invalid_params from: the vector's cursor {seq} is another runner's; broca's is {wal_seq, sub_index} (§7)",
     ),
 ];
 
@@ -268,6 +274,8 @@ fn role_describe_declares_only_what_broca_serves_and_passes_the_check() {
         "host_history",
         "history_display",
         "streaming",
+        "live_events",
+        "run_cause",
         "head_sender",
         "retention",
     ] {
@@ -276,7 +284,7 @@ fn role_describe_declares_only_what_broca_serves_and_passes_the_check() {
     // Retention is declared with its limits (llm-runner §9.1).
     assert_eq!(describe["retention"], json!({"max_seconds": 2_592_000, "delete_within_ms": 2_000}));
     // Groups broca does not serve in full are not declared (a request needing one is refused).
-    for group in ["output_refs", "live_events", "attachments", "structured_output"] {
+    for group in ["output_refs", "step_events", "live_ids", "attachments", "structured_output"] {
         assert!(!caps.contains(&group), "{group} is declared but not served: {caps:?}");
     }
     assert!(!caps.contains(&"retract"), "broca's retract answer is the spec's object, not the role's string");
@@ -293,5 +301,32 @@ fn role_describe_declares_only_what_broca_serves_and_passes_the_check() {
         "session.send_status",
     ] {
         assert!(ops.contains(&op), "{op} missing from {ops:?}");
+    }
+}
+
+#[test]
+fn live_events_subscribe_vectors_are_accepted_and_refused_by_member() {
+    let v = vector("live-events.json");
+    for case in cases(&v, "requests") {
+        let name = case["name"].as_str().unwrap();
+        let parsed = broca::serve::parse_subscribe(&case["request"]);
+        if deviation("live-events.json", name) {
+            let refused = parsed.expect_err(name);
+            assert_eq!(refused.detail.unwrap().get("field"), Some(&json!("from")), "{name}");
+            continue;
+        }
+        let parsed = parsed.unwrap_or_else(|r| panic!("{name}: refused {}", r.to_json()));
+        assert_eq!(parsed.limits.is_some(), case["limits"] == json!(true), "{name}");
+        if let Some(limits) = parsed.limits {
+            assert_eq!(serde_json::to_value(limits).unwrap(), case["request"]["limits"], "{name}");
+        }
+    }
+    let golden = ["subscribe.unknown_member.json", "subscribe.limits_missing_bound.json"];
+    for (case, golden) in cases(&v, "refused_requests").iter().zip(golden) {
+        let name = case["name"].as_str().unwrap();
+        let refused = broca::serve::parse_subscribe(&case["request"]).expect_err(name);
+        let body = refused.to_json();
+        assert_eq!(refused.detail.unwrap().get("field"), Some(&case["field"]), "{name}: {body}");
+        pin::assert_golden(golden, &body, None);
     }
 }

@@ -301,6 +301,7 @@ impl<C> Driver<'_, C> {
                 module_id: target.as_ref().map(|t| t.module.clone()),
                 call_key: call_key.clone(),
                 arguments: Some(text),
+                at_ms: Some(now_ms()),
             })?;
             batch.push(ToolCall {
                 run_id: self.run_id.clone(),

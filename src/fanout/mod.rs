@@ -16,18 +16,25 @@
 //!   never silently dropped.
 //! - **Display** lane: live only, lossy. A reader the writer overtakes counts the positions it
 //!   missed and gets one `display_gap {dropped}` before the next delivered display event.
+//! - **Attach replay** ([`step`]): after the durable replay its attach point asks for, a new
+//!   subscriber gets the step in flight as it stands — `display_reset`, then one coalesced
+//!   delta per part so far — then the live deltas.
 //! - Every frame carries `seq`, from 1, rising by one per frame across both lanes.
 //! - A terminal run does not end a stream: subscribers stay attached for later episodes.
 //!
-//! The hub's mutex is taken to attach, detach and count subscribers, never to publish.
+//! The hub's mutex is taken to attach, detach and count subscribers, never to publish. A
+//! publish takes only its session's step lock, which an attach holds just long enough to copy
+//! the step snapshot and take its ring positions.
 
 pub mod ring;
+pub mod step;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use cortexkit_role_llm_runner::display::{self as role_display, Limits};
 use cortexkit_role_llm_runner::live::{DisplayGap, LiveEvent, TextDelta, ToolInputDelta};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -79,6 +86,10 @@ pub struct Lanes {
     bell: Bell,
     /// Attached subscribers: with none, the publisher skips the rings (nothing to hold).
     subscribers: AtomicUsize,
+    /// The step in flight. Held by a publish across its snapshot update and ring pushes, and by
+    /// an attach across its snapshot copy and ring positions, so the two always agree. Lock
+    /// order: the hub's `topics`, then this; a publish never takes `topics` while holding it.
+    step: Mutex<step::StepSnapshot>,
 }
 
 impl Lanes {
@@ -88,6 +99,7 @@ impl Lanes {
             display: Arc::new(Ring::new(DISPLAY_LANE)),
             bell: Bell::new(),
             subscribers: AtomicUsize::new(0),
+            step: Mutex::default(),
         }
     }
 }
@@ -155,8 +167,15 @@ pub struct Publisher {
 
 impl Publisher {
     /// Publishes a lineage's output: control units (already durable) and display events. O(1)
-    /// per item, no lock; one wake of one sleeping reader at most.
+    /// per item; the only lock is the session's step lock (uncontended but for an attach); one
+    /// wake of one sleeping reader at most. The step snapshot is kept with or without
+    /// subscribers: the next one to attach replays it.
     pub fn publish(&mut self, output: Output) {
+        let mut step = self.lanes.step.lock();
+        match &output {
+            Output::Control(units) => step.settle(units),
+            Output::Display(event) => step.record(event),
+        }
         if self.lanes.subscribers.load(Ordering::SeqCst) == 0 {
             return;
         }
@@ -167,7 +186,10 @@ impl Publisher {
                         w.push(unit);
                     }
                 } else if !units.is_empty() {
+                    // Never under the step lock: an attach takes `topics` before it.
+                    drop(step);
                     self.hub.detach_all(&self.key, lagged());
+                    return;
                 }
             }
             Output::Display(event) => {
@@ -176,6 +198,7 @@ impl Publisher {
                 }
             }
         }
+        drop(step);
         self.lanes.bell.ring();
     }
 }
@@ -290,6 +313,19 @@ impl Hub {
         shared: &Arc<Shared>,
         key: &SessionKey,
         from: From,
+        sink: impl StreamSink,
+    ) -> Option<Subscription> {
+        self.attach_with(shared, key, from, None, sink)
+    }
+
+    /// [`Hub::attach`] with the subscriber's byte bounds: `tool_started` arguments longer than
+    /// `limits.arguments_bytes` are cut and marked `arguments_truncated` (CONTRACT §7.1).
+    pub fn attach_with(
+        self: &Arc<Self>,
+        shared: &Arc<Shared>,
+        key: &SessionKey,
+        from: From,
+        limits: Option<Limits>,
         mut sink: impl StreamSink,
     ) -> Option<Subscription> {
         if let From::After(cursor) = from {
@@ -302,7 +338,7 @@ impl Hub {
         let stop: Stop = Arc::default();
         // Registered, with its ring positions taken, before the replay reads the WAL (and
         // before the live head is read): nothing published from here on is missed.
-        let (lanes, positions) = {
+        let (lanes, positions, step) = {
             let mut topics = self.topics.lock();
             let members = topics.get(key).map_or(0, |t| t.members.len());
             let over = if members >= self.per_session {
@@ -323,8 +359,12 @@ impl Hub {
             topic.members.push(Member { id, stop: Arc::clone(&stop) });
             topic.lanes.subscribers.fetch_add(1, Ordering::SeqCst);
             let lanes = Arc::clone(&topic.lanes);
+            // Counted as a subscriber above, so every publish from here on pushes to the rings.
+            let step = lanes.step.lock();
             let positions = Positions { control: lanes.control.head(), display: lanes.display.head() };
-            (lanes, positions)
+            let replay = step.replay();
+            drop(step);
+            (lanes, positions, replay)
         };
         // The attach barrier for `live`: the durable head is read after registration and
         // before this returns, so everything published later is delivered and nothing before.
@@ -343,7 +383,16 @@ impl Hub {
         let (key2, shared) = (key.clone(), Arc::clone(shared));
         let spawned = std::thread::Builder::new().name("broca-fanout".into()).spawn(move || {
             let mut sink = sink;
-            let mut feeder = Feeder { seq: 0, sink: &mut sink, lanes: &lanes, stop: &stop, at: positions, dropped: 0 };
+            let mut feeder = Feeder {
+                seq: 0,
+                sink: &mut sink,
+                lanes: &lanes,
+                stop: &stop,
+                at: positions,
+                dropped: 0,
+                step: Some(step),
+                limits,
+            };
             let outcome = feeder.run(&shared, &key2, from);
             hub.remove(&key2, id, None);
             sink.end(outcome.err());
@@ -395,6 +444,10 @@ struct Feeder<'a, S: StreamSink> {
     at: Positions,
     /// Display positions missed since the last delivered display event.
     dropped: u64,
+    /// The step in flight at attach, sent once after the durable replay (`None` once sent).
+    step: Option<step::Replay>,
+    /// The subscriber's byte bounds on `tool_started` arguments.
+    limits: Option<Limits>,
 }
 
 impl<S: StreamSink> Feeder<'_, S> {
@@ -405,6 +458,21 @@ impl<S: StreamSink> Feeder<'_, S> {
             Ok(()) => Ok(()),
             Err(SinkError::Closed) => Err(None),
             Err(SinkError::Undeliverable(r)) => Err(Some(r)),
+        }
+    }
+
+    /// One control unit, its `tool_started` arguments cut to the subscriber's limits.
+    fn control(&mut self, unit: &ControlUnit) -> Result<(), Option<Refusal>> {
+        match (&self.limits, &unit.event) {
+            (Some(limits), Some(LiveEvent::ToolStarted(started))) => {
+                let (arguments, truncated) = role_display::cut(&started.arguments, limits.arguments_bytes);
+                let mut cut = started.clone();
+                cut.arguments = arguments;
+                cut.arguments_truncated = truncated;
+                let unit = ControlUnit { event: Some(LiveEvent::ToolStarted(cut)), ..unit.clone() };
+                self.send(control_frame(&unit))
+            }
+            _ => self.send(control_frame(unit)),
         }
     }
 
@@ -455,7 +523,8 @@ impl<S: StreamSink> Feeder<'_, S> {
                 let mut batch = read::UnitsAfter::new(last, usize::MAX);
                 let done = reader.next(&mut scan, REPLAY_BATCH, &mut batch).map_err(replay_failed)?;
                 for unit in batch.out {
-                    self.send(control_frame(&unit))?;
+                    self.settle_replayed(&unit);
+                    self.control(&unit)?;
                     last = Some(unit.cursor);
                 }
                 if done {
@@ -463,6 +532,7 @@ impl<S: StreamSink> Feeder<'_, S> {
                 }
             }
         }
+        self.replay_step()?;
         loop {
             if let Some(why) = self.stopped() {
                 return Err(why);
@@ -478,7 +548,7 @@ impl<S: StreamSink> Feeder<'_, S> {
                         self.at.control += 1;
                         progressed = true;
                         if last.is_none_or(|l| unit.cursor > l) {
-                            self.send(control_frame(&unit))?;
+                            self.control(&unit)?;
                             last = Some(unit.cursor);
                         }
                     }
@@ -491,6 +561,29 @@ impl<S: StreamSink> Feeder<'_, S> {
                 self.lanes.bell.wait(epoch, IDLE_WAIT);
             }
         }
+    }
+
+    /// A replayed unit that stored the step's message means the step is no longer in flight:
+    /// its attach replay would only repeat the stored message.
+    fn settle_replayed(&mut self, unit: &ControlUnit) {
+        let stored = match &unit.event {
+            Some(LiveEvent::MessageFinished(m)) => Some(m.mid.as_str()),
+            _ => None,
+        };
+        if stored.is_some() && self.step.as_ref().and_then(|s| s.mid.as_deref()) == stored {
+            self.step = None;
+        }
+    }
+
+    /// The attach replay: `display_reset`, then one delta per part of the step in flight so
+    /// far. Nothing when no step is in flight.
+    fn replay_step(&mut self) -> Result<(), Option<Refusal>> {
+        let Some(step) = self.step.take().filter(|s| s.mid.is_some()) else { return Ok(()) };
+        self.send(json!({"kind": "display", "event": LiveEvent::DisplayReset}))?;
+        for delta in &step.deltas {
+            self.send(display_frame(delta))?;
+        }
+        Ok(())
     }
 
     /// Sends every display event published since the last look; returns whether there was any.
@@ -524,18 +617,21 @@ pub fn control_frame(unit: &ControlUnit) -> Value {
     frame
 }
 
-/// A display frame (live only): the role's typed delta as `event`. A status line has no role
-/// equivalent, so it travels as broca's own `status` member, without an `event`.
+/// A display frame (live only): the role's typed delta as `event`, its `part` the key the
+/// stored message's display row gives that part (`p<index>`, `ops::history::row`). A status
+/// line has no role equivalent, so it travels as broca's own `status` member, without an
+/// `event`.
 pub fn display_frame(d: &DisplayEvent) -> Value {
+    let key = |part: &usize| format!("p{part}");
     let event = match d {
         DisplayEvent::TextDelta { mid, part, text, .. } => {
-            LiveEvent::TextDelta(TextDelta::new("", text, mid, part.to_string()))
+            LiveEvent::TextDelta(TextDelta::new("", text, mid, key(part)))
         }
         DisplayEvent::ReasoningDelta { mid, part, text, .. } => {
-            LiveEvent::ReasoningDelta(TextDelta::new("", text, mid, part.to_string()))
+            LiveEvent::ReasoningDelta(TextDelta::new("", text, mid, key(part)))
         }
         DisplayEvent::ToolInputDelta { mid, part, tool_call_id, delta, .. } => {
-            LiveEvent::ToolInputDelta(ToolInputDelta::new(tool_call_id, delta, mid, part.to_string()))
+            LiveEvent::ToolInputDelta(ToolInputDelta::new(tool_call_id, delta, mid, key(part)))
         }
         DisplayEvent::Status { text } => return json!({"kind": "display", "status": {"text": text}}),
     };

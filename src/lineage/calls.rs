@@ -85,7 +85,16 @@ impl Sink for CallsSink<'_> {
     fn record(&mut self, _seq: u64, record: &Record) -> bool {
         match record {
             Record::ModelStepFinished { run_id, step, .. } => self.step_record = Some((run_id.clone(), *step)),
-            Record::ToolDispatchIntent { run_id, step, tool_call_id, tool_name, module_id, call_key, arguments } => {
+            Record::ToolDispatchIntent {
+                run_id,
+                step,
+                tool_call_id,
+                tool_name,
+                module_id,
+                call_key,
+                arguments,
+                ..
+            } => {
                 if self.run.is_some_and(|r| r != run_id) {
                     return true;
                 }

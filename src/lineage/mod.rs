@@ -334,8 +334,12 @@ impl OpenAt<'_> {
         let mut replayed = 0u64;
         let mut visit = |f: ScannedFrame<'_>| -> Result<(), LineageError> {
             let rec = decode(f.seq, f.payload)?;
-            replay.apply(f.seq, &rec, &mut |e| batch.effects.push(e))?;
-            replay.note_units(f.seq, projection::unit_count(&rec));
+            let mut tool_message = false;
+            replay.apply(f.seq, &rec, &mut |e| {
+                tool_message |= projection::is_tool_message(&e);
+                batch.effects.push(e)
+            })?;
+            replay.note_units(f.seq, projection::unit_count(&rec, tool_message));
             replay.last_epoch = replay.last_epoch.max(f.epoch);
             replayed += 1;
             if batch.len() >= FLUSH_EFFECTS {

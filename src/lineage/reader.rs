@@ -217,8 +217,12 @@ fn apply(replay: &mut Replay, f: &ScannedFrame<'_>, sink: &mut dyn Sink) -> Resu
             return Err(Halt::Stopped);
         }
     } else {
-        replay.apply(f.seq, &rec, &mut |e| sink.effect(e))?;
-        replay.note_units(f.seq, projection::unit_count(&rec));
+        let mut tool_message = false;
+        replay.apply(f.seq, &rec, &mut |e| {
+            tool_message |= projection::is_tool_message(&e);
+            sink.effect(e)
+        })?;
+        replay.note_units(f.seq, projection::unit_count(&rec, tool_message));
     }
     Ok(())
 }

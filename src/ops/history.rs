@@ -171,13 +171,7 @@ pub fn row(message: &Message, limits: Option<&Limits>) -> DisplayRow {
                     DisplayPart::ToolCall(ToolCallPart::new(key, tool_call_id, tool_name, input, limits))
                 }
                 Part::ToolResult { tool_call_id, output, is_error } => {
-                    let content = match output.get("text").and_then(Value::as_str) {
-                        Some(text) if output.get("kind").and_then(Value::as_str) == Some("text") => text.to_owned(),
-                        _ => output
-                            .get("message")
-                            .and_then(Value::as_str)
-                            .map_or_else(|| output.to_string(), String::from),
-                    };
+                    let content = crate::message::tool_result_content(output);
                     let files: Vec<FilePart> = Vec::new();
                     DisplayPart::ToolResult(ToolResultPart::new(key, tool_call_id, *is_error, &content, files, limits))
                 }

@@ -145,6 +145,8 @@ pub const GROUPS: &[&str] = {
     &[
         cap::TRANSCRIPT_READS,
         cap::STREAMING,
+        cap::LIVE_EVENTS,
+        cap::RUN_CAUSE,
         cap::RUN_OPS,
         cap::FINISH_REASON,
         cap::HOST_HISTORY,

@@ -27,7 +27,9 @@ use crate::mock::{MockServer, Script as MockScript};
 
 /// The marker the system text carries: `conformance-lane:<lane>`.
 pub const LANE_MARKER: &str = "conformance-lane:";
-/// The SSE comment the front holds a stream at (`hold_next_model_stream`); never sent on.
+/// The SSE comment the front holds a stream at (`hold_next_model_stream`). It is sent on with
+/// the stream (a comment every SSE reader skips): the stream is chunked, and cutting bytes out
+/// of a chunk would break its framing, so the released stream would fail to decode.
 const HOLD_COMMENT: &[u8] = b": conformance-hold\n\n";
 /// Request heads over this are refused.
 const MAX_HEAD: usize = 64 * 1024;
@@ -345,8 +347,8 @@ fn serve(shared: &Shared, mock: &MockServer, mut client: TcpStream) -> io::Resul
     copied
 }
 
-/// Pipes the stream, holding it at [`HOLD_COMMENT`] (what came before it is already sent) until
-/// the session's hold is released; the comment itself is dropped.
+/// Pipes the stream, holding it after [`HOLD_COMMENT`] (it and what came before it are already
+/// sent) until the session's hold is released.
 fn pipe_holding(shared: &Shared, session: &str, upstream: &mut TcpStream, client: &mut TcpStream) -> io::Result<()> {
     let mut pending: Vec<u8> = Vec::new();
     let mut chunk = [0u8; 8192];
@@ -364,7 +366,7 @@ fn pipe_holding(shared: &Shared, session: &str, upstream: &mut TcpStream, client
         }
         match pending.windows(HOLD_COMMENT.len()).position(|w| w == HOLD_COMMENT) {
             Some(at) => {
-                client.write_all(&pending[..at])?;
+                client.write_all(&pending[..at + HOLD_COMMENT.len()])?;
                 client.flush()?;
                 let rest = pending.split_off(at + HOLD_COMMENT.len());
                 pending = rest;
