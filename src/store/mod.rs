@@ -16,7 +16,14 @@
 //! Invariant: a flush writes messages, run rows, facts and the checkpoint in one transaction,
 //! so the watermark never claims messages the table lacks.
 
+mod error;
+#[cfg(debug_assertions)]
+mod faults;
 pub mod writer;
+
+pub use error::StoreError;
+#[cfg(debug_assertions)]
+use faults::FlushFaults;
 
 use std::path::{Path, PathBuf};
 
@@ -125,45 +132,6 @@ CREATE TABLE IF NOT EXISTS export_meta (
     value TEXT NOT NULL
 );
 "#;
-
-#[derive(Debug)]
-pub enum StoreError {
-    Sqlite(rusqlite::Error),
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    /// A stored row does not decode (the database is damaged; rebuild it).
-    Damaged(String),
-}
-
-impl std::fmt::Display for StoreError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            StoreError::Sqlite(e) => write!(f, "run-index.db: {e}"),
-            StoreError::Io { path, source } => {
-                write!(f, "run-index.db {}: {source}", path.display())
-            }
-            StoreError::Damaged(what) => write!(f, "run-index.db holds an unreadable row: {what}"),
-        }
-    }
-}
-
-impl std::error::Error for StoreError {}
-
-impl StoreError {
-    /// How an op answers a failed index read: transient (the WAL is the truth; retry).
-    pub fn refusal(&self) -> crate::wire::Refusal {
-        let detail = Some(crate::detail!("class" => "transient"));
-        crate::wire::Refusal::new(crate::wire::RefusalCode::OpenFailed, format!("open failed: {self}"), detail)
-    }
-}
-
-impl From<rusqlite::Error> for StoreError {
-    fn from(e: rusqlite::Error) -> Self {
-        StoreError::Sqlite(e)
-    }
-}
 
 /// Where a lineage's materialized prefix ends.
 #[derive(Clone, Debug, PartialEq)]
@@ -288,34 +256,6 @@ pub struct Store {
     readers_needed: std::sync::atomic::AtomicBool,
     #[cfg(debug_assertions)]
     faults: FlushFaults,
-}
-
-/// The armed flush fault of [`Store::fail_flush`].
-#[cfg(debug_assertions)]
-#[derive(Default)]
-struct FlushFaults {
-    /// Flushes that reached their commit.
-    seen: std::sync::atomic::AtomicU64,
-    /// The `seen` count whose commit fails (0: none).
-    fail_at: std::sync::atomic::AtomicU64,
-}
-
-#[cfg(debug_assertions)]
-impl FlushFaults {
-    fn arm(&self, nth: u64) {
-        use std::sync::atomic::Ordering::SeqCst;
-        self.fail_at.store(self.seen.load(SeqCst) + nth.max(1), SeqCst);
-    }
-
-    fn at_commit(&self, path: &Path) -> Result<(), StoreError> {
-        use std::sync::atomic::Ordering::SeqCst;
-        let n = self.seen.fetch_add(1, SeqCst) + 1;
-        if self.fail_at.compare_exchange(n, 0, SeqCst, SeqCst).is_ok() {
-            let source = std::io::Error::from_raw_os_error(libc::EIO);
-            return Err(StoreError::Io { path: path.to_path_buf(), source });
-        }
-        Ok(())
-    }
 }
 
 fn now_ms() -> u64 {
