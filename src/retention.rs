@@ -121,9 +121,13 @@ pub fn tombstone(root: &StateRoot, addr: &str) -> Option<Tombstone> {
     serde_json::from_slice(&bytes).map_err(|e| log::warn!("retention: {} does not decode: {e}", path.display())).ok()
 }
 
-/// The history version the session's current record serves: how many times it expired.
-pub fn history_version(root: &StateRoot, addr: &str) -> u64 {
-    tombstone(root, addr).map_or(0, |t| t.generation)
+/// The history version of a session that never expired. Versions count from 1, like ordinals.
+pub const FIRST_HISTORY_VERSION: u64 = 1;
+
+/// The history version the session's current record serves: the first one plus how many times
+/// the session expired (`tombstone` is its tombstone, if any).
+pub fn version_after(tombstone: Option<&Tombstone>) -> u64 {
+    FIRST_HISTORY_VERSION + tombstone.map_or(0, |t| t.generation)
 }
 
 /// Writes `tombstone` durably: a temporary file, fsynced, renamed over, directory fsynced.

@@ -574,6 +574,6 @@ fn retention_expires_and_deletes(h: &Harness) {
     }
     s.wait_run(s.ok("session.send", keyed("fresh", "r-2"))["run_id"].as_str().unwrap(), "completed");
     let page = s.ok("session.read", json!({}));
-    assert_eq!(page["history_version"], json!(1));
+    assert_eq!(page["history_version"], json!(2));
     assert!(!page.to_string().contains("retained secret"), "expired content came back: {page}");
 }

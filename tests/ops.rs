@@ -59,9 +59,9 @@ fn reads_and_the_head_serve_the_published_contract() {
     // make it the owner; an in-process caller is `direct`, so it never becomes one).
     let head = rig.call("session.head", json!({})).unwrap();
     let grant = json!({"modes": ["steer", "idle_start"], "interrupt": true, "owner": true});
-    assert_eq!(head, json!({"history_version": 0, "incarnation": "unwritten", "sender": grant}));
+    assert_eq!(head, json!({"history_version": 1, "incarnation": "log-1", "sender": grant}));
     let empty = rig.call("session.read", json!({})).unwrap();
-    assert_eq!((empty["history_version"].clone(), empty["incarnation"].clone()), (json!(0), json!("unwritten")));
+    assert_eq!((empty["history_version"].clone(), empty["incarnation"].clone()), (json!(1), json!("log-1")));
     for prompt in ["one", "two"] {
         let sent = rig.call("session.send", send(prompt)).unwrap();
         rig.wait_state(sent["run_id"].as_str().unwrap(), "completed");
@@ -88,18 +88,18 @@ fn reads_and_the_head_serve_the_published_contract() {
         (json!(1), json!(false))
     );
     // After a message, at the page's history version.
-    let after = rig.call("session.read", json!({"after_mid": "m2", "history_version": 0})).unwrap();
+    let after = rig.call("session.read", json!({"after_mid": "m2", "history_version": 1})).unwrap();
     assert_eq!(after["messages"][0]["mid"], "m3");
     let field = |e: broca::wire::Refusal| e.detail.and_then(|d| d.get("field").cloned());
     let e = rig.call("session.read", json!({"after_mid": "m2"})).unwrap_err();
     assert_eq!(e.code, "invalid_params");
     assert_eq!(field(e), Some(json!("history_version")));
-    let e = rig.call("session.read", json!({"after_mid": "m2", "from_ordinal": 1, "history_version": 0})).unwrap_err();
+    let e = rig.call("session.read", json!({"after_mid": "m2", "from_ordinal": 1, "history_version": 1})).unwrap_err();
     assert_eq!(field(e), Some(json!("from_ordinal")));
     let stale = rig.call("session.read", json!({"after_mid": "m2", "history_version": 7})).unwrap_err();
     assert_eq!(stale.code, "history_changed");
     assert_eq!(rig.call("session.read", json!({"history_version": 7})).unwrap_err().code, "history_changed");
-    let unknown = rig.call("session.read", json!({"after_mid": "m9", "history_version": 0})).unwrap_err();
+    let unknown = rig.call("session.read", json!({"after_mid": "m9", "history_version": 1})).unwrap_err();
     assert_eq!(unknown.code, "unknown_mid");
     let lineage = rig.call("session.read", json!({"after_mid": "m1", "lineage_id": "other"})).unwrap_err();
     assert_eq!(lineage.code, "lineage_changed");
@@ -120,7 +120,7 @@ fn reads_and_the_head_serve_the_published_contract() {
     pin::assert_golden("session_read.unknown_mid.json", &unknown.to_json(), None);
     assert_eq!((head["last_ordinal"].clone(), head["first_ordinal"].clone()), (json!(4), json!(1)));
     assert_eq!(head["incarnation"], incarnation.as_str());
-    assert_eq!(head["history_version"], 0);
+    assert_eq!(head["history_version"], 1);
     assert_eq!(head["head"], all["head"]);
     assert_eq!(head["last_run_state"]["state"], "completed");
     assert_eq!(head["last_run_state"]["run_id"], entries[3]["run"]["run_id"]);
@@ -606,7 +606,7 @@ fn history_pages_backward_and_forward_raw_and_as_display_rows() {
     let script = json!({"responses": [reply_script("first", 0), reply_script("second", 0), reply_script("third", 0)]});
     rig.mock.install("default", Script::from_json(&script.to_string()).unwrap());
     let never = rig.call("session.history", json!({})).unwrap();
-    assert_eq!(never, json!({"messages": [], "history_version": 0, "incarnation": "unwritten"}));
+    assert_eq!(never, json!({"messages": [], "history_version": 1, "incarnation": "log-1"}));
     for prompt in ["one", "two", "three"] {
         let sent = rig.call("session.send", send(prompt)).unwrap();
         rig.wait_state(sent["run_id"].as_str().unwrap(), "completed");

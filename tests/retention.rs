@@ -124,7 +124,7 @@ fn an_idle_retained_session_expires_is_deleted_and_a_later_send_starts_fresh() {
     finish(rig, &reply);
     let head = rig.call("session.head", json!({})).unwrap();
     let updated_at = head["updated_at"].as_u64().expect("a retained head has its last activity");
-    assert_eq!(head["history_version"], json!(0));
+    assert_eq!(head["history_version"], json!(1));
     // Reads do not extend it; its open actor closes at expiry, the sweep deletes it.
     let expired_at = updated_at + 1000;
     wait_for(Duration::from_secs(5), "deletion", || !ephemeral_wal(rig).exists());
@@ -146,10 +146,10 @@ fn an_idle_retained_session_expires_is_deleted_and_a_later_send_starts_fresh() {
     // A later send starts a fresh record (kept forever, in wal/) at the next history version.
     finish(rig, &rig.call("session.send", inproc::send("fresh")).unwrap());
     let page = rig.call("session.read", json!({})).unwrap();
-    assert_eq!(page["history_version"], json!(1));
+    assert_eq!(page["history_version"], json!(2));
     assert_ne!(page["incarnation"], head["incarnation"]);
     assert!(!page.to_string().contains("secret-prompt"), "expired content came back: {page}");
-    let e = rig.call("session.read", json!({"history_version": 0, "after_mid": "m1"})).unwrap_err();
+    let e = rig.call("session.read", json!({"history_version": 1, "after_mid": "m1"})).unwrap_err();
     assert_eq!(e.code.as_str(), "history_changed");
     std::thread::sleep(Duration::from_millis(1500));
     assert!(rig.call("session.head", json!({})).is_ok(), "the fresh record inherited no retention");

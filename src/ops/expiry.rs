@@ -23,7 +23,7 @@ pub fn record_version(ops: &Ops, key: &SessionKey) -> Result<u64, Refusal> {
     let shared = ops.registry.shared();
     let addr = key.addr();
     let tombstone = retention::tombstone(&shared.root, &addr);
-    let version = tombstone.as_ref().map_or(0, |t| t.generation);
+    let version = retention::version_after(tombstone.as_ref());
     match shared.root.placement_of(key) {
         // No live record: expired if it ever was, else never written.
         None => match tombstone {

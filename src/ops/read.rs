@@ -43,7 +43,7 @@ pub(super) fn role_name(role: Role) -> &'static str {
     }
 }
 
-/// `version` is the session's history version (`crate::retention::history_version`).
+/// `version` is the session's history version (`super::expiry::record_version`).
 pub(super) fn session_read(ops: &Ops, key: &SessionKey, request: ReadRequest, version: u64) -> Result<Value, Refusal> {
     let lineage_id = key.addr();
     let Some(reader) = Reader::open(ops.registry.shared(), key) else {

@@ -140,5 +140,9 @@ pub struct SessionUsage {
 }
 
 /// The incarnation a session with no WAL reports: no record exists, so none was minted, and a
-/// reader's cache of it is dropped once the first write mints the real one.
-pub const UNWRITTEN_INCARNATION: &str = "unwritten";
+/// reader's cache of it is dropped once the first write mints the real one (a UUID, never this).
+/// The contract leaves its value opaque (any fixed string of 1–128 bytes would do); the published
+/// conformance suite 0.17.0 pins a never-written page to `ReadPage::empty(1, "log-1")`
+/// (`retention_honoured`), so broca serves that string, with history version 1
+/// (`crate::retention::FIRST_HISTORY_VERSION`).
+pub const UNWRITTEN_INCARNATION: &str = "log-1";

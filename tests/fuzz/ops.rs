@@ -204,7 +204,7 @@ fn strict_ops(run: &str, sub: &str, addr: &str) -> Vec<StrictOp> {
             READ_MEMBERS,
             vec![
                 json!({"limit": 2, "from_ordinal": 1}),
-                json!({"after_mid": "m1", "history_version": 0, "lineage_id": addr, "max_bytes": 4096}),
+                json!({"after_mid": "m1", "history_version": 1, "lineage_id": addr, "max_bytes": 4096}),
                 json!({"include_tools": true, "include_originals": false, "view": "raw", "media": "inline"}),
             ],
         ),
