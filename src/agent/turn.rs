@@ -468,15 +468,17 @@ impl<C> Driver<'_, C> {
     /// Attempts with retries until an answer, a pause or an end.
     fn model_step_attempts(&mut self, step: u64) -> Result<StepEnd, LineageError> {
         let body = self.render_cache.render_appended(&self.config, &self.history);
-        let sha = crate::session_key::hex(&Sha256::digest(&body));
+        // The body's digest (attempt telemetry) is taken once the first attempt's request is
+        // on its way, so hashing overlaps the provider's answer instead of delaying the request.
+        let mut sha = None;
         for attempt in 0.. {
             if let Some(end) = self.ensure_credential()? {
                 return Ok(end);
             }
             self.opts.steps.attempt(&self.run_id, attempt, now_ms());
-            let (outcome, end, error, telemetry, retry_after) = match self.attempt(step, &body)? {
+            let (outcome, end, error, telemetry, retry_after) = match self.attempt(step, &body, &mut sha)? {
                 AttemptEnd::Done(asm, telemetry) => {
-                    self.record_attempt(step, attempt, "ok", &sha, None, &telemetry)?;
+                    self.record_attempt(step, attempt, "ok", sha.as_deref(), None, &telemetry)?;
                     let finish = asm.finish.clone().unwrap_or_else(|| ("stop".into(), String::new()));
                     let usage = asm.usage.clone();
                     let origin = json!({"provider_module_id": self.config.provider, "model_id": self.config.model});
@@ -517,7 +519,7 @@ impl<C> Driver<'_, C> {
                     (if retry { "retry" } else { "failed" }, end, Some(error), telemetry, retry_after)
                 }
             };
-            self.record_attempt(step, attempt, outcome, &sha, error.clone(), &telemetry)?;
+            self.record_attempt(step, attempt, outcome, sha.as_deref(), error.clone(), &telemetry)?;
             if let Some(end) = end {
                 return Ok(end);
             }
@@ -562,7 +564,7 @@ impl<C> Driver<'_, C> {
         step: u64,
         attempt: u32,
         outcome: &str,
-        sha: &str,
+        sha: Option<&str>,
         error: Option<ProviderError>,
         telemetry: &Telemetry,
     ) -> Result<(), LineageError> {
@@ -571,15 +573,16 @@ impl<C> Driver<'_, C> {
             step,
             attempt,
             outcome: outcome.into(),
-            request_body_sha256: Some(sha.into()),
+            request_body_sha256: sha.map(str::to_owned),
             error,
             telemetry: telemetry.to_map(),
         }));
         self.lineage.append(&rec).map(drop)
     }
 
-    /// Runs one attempt, streaming display events out as they arrive.
-    fn attempt(&mut self, step: u64, body: &[u8]) -> Result<AttemptEnd, LineageError> {
+    /// Runs one attempt, streaming display events out as they arrive; fills `sha` with the
+    /// body's digest (hex SHA-256) once the request is handed to the streamer.
+    fn attempt(&mut self, step: u64, body: &[u8], sha: &mut Option<String>) -> Result<AttemptEnd, LineageError> {
         let cancel = Arc::new(AtomicBool::new(false));
         let rx = self.client.start(Attempt {
             config: self.config.clone(),
@@ -591,6 +594,7 @@ impl<C> Driver<'_, C> {
             read_timeout: self.opts.idle_timeout + Duration::from_secs(1),
             cancel: Arc::clone(&cancel),
         });
+        sha.get_or_insert_with(|| crate::session_key::hex(&Sha256::digest(body)));
         let stop = |cancel: &AtomicBool| cancel.store(true, Ordering::Relaxed);
         let mut asm = Assembler::default();
         let mut last_event = Instant::now();
