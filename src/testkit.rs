@@ -74,12 +74,22 @@ pub fn tool_result(run_id: &str, step: u64, id: &str, text: &str) -> Record {
 /// The physical anchor every durability figure is read against: p50 of `samples` bare 1 KiB
 /// appends, each followed by an fdatasync, in `dir` (µs).
 pub fn raw_fsync_p50_us(dir: &std::path::Path, samples: usize) -> f64 {
+    raw_fsync_paced_p50_us(dir, samples, std::time::Duration::ZERO)
+}
+
+/// [`raw_fsync_p50_us`] with `pause` between one fsync and the next write, as a loop that does
+/// other work between its barriers has: on this machine's disk an fsync costs more the longer
+/// the device sat idle before it.
+pub fn raw_fsync_paced_p50_us(dir: &std::path::Path, samples: usize, pause: std::time::Duration) -> f64 {
     use std::io::Write;
     let path = dir.join("raw-fsync");
     let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path).expect("raw file");
     let block = [0x5au8; 1024];
     let mut times: Vec<std::time::Duration> = (0..samples.max(1))
         .map(|_| {
+            if !pause.is_zero() {
+                std::thread::sleep(pause);
+            }
             let t = std::time::Instant::now();
             f.write_all(&block).expect("write");
             f.sync_data().expect("fsync");

@@ -90,6 +90,11 @@ fn report_loop(dir: &Path, raw: f64) {
     let l = loop_step_overhead(dir);
     report("loop.step_overhead_us", l.overhead_us, "us");
     report("loop.step_budget_us", 2.0 * raw + 300.0, "us");
+    // The same raw fsync with the pause a loop step has between its barriers (about 0.4 ms of
+    // request and stream): what the loop's own fsyncs cost on this disk, beside the budget's.
+    let paced = broca::testkit::raw_fsync_paced_p50_us(dir, FSYNC_SAMPLES / 5, Duration::from_micros(400));
+    report("fs.raw_fsync_us.paced_400us", paced, "us");
+    report("fs.raw_fsync_paced_ratio", paced / raw, "x");
     report("loop.step_overhead_ratio_to_raw_fsync", l.overhead_us / raw, "x");
     report("loop.fsyncs_per_step", l.fsyncs, "fsyncs");
     report("provider.bare_step_us", l.bare_us, "us");
