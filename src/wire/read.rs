@@ -144,5 +144,5 @@ pub struct SessionUsage {
 /// The contract leaves its value opaque (any fixed string of 1–128 bytes would do); the published
 /// conformance suite 0.17.0 pins a never-written page to `ReadPage::empty(1, "log-1")`
 /// (`retention_honoured`), so broca serves that string, with history version 1
-/// (`crate::retention::FIRST_HISTORY_VERSION`).
+/// (retention's `FIRST_HISTORY_VERSION`).
 pub const UNWRITTEN_INCARNATION: &str = "log-1";
