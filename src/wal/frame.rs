@@ -85,27 +85,17 @@ pub fn body_len(prefix: &[u8]) -> Result<usize, DecodeError> {
 /// Decodes one whole frame (prefix + body) from the start of `bytes`.
 /// Returns the frame and its total length.
 pub fn decode(bytes: &[u8]) -> Result<(Frame<'_>, usize), DecodeError> {
-    let total = verify(bytes)?;
-    Ok((decode_verified(&bytes[..total])?, total))
-}
-
-/// Checks the length and checksum of the frame at the start of `bytes`; its total length.
-pub fn verify(bytes: &[u8]) -> Result<usize, DecodeError> {
     let len = body_len(bytes)?;
     let total = PREFIX_LEN + len;
     if bytes.len() < total {
         return Err(DecodeError::Incomplete);
     }
     let crc = u32::from_le_bytes(bytes[8..12].try_into().unwrap_or_default());
-    if crc32fast::hash(&bytes[PREFIX_LEN..total]) != crc {
+    let body = &bytes[PREFIX_LEN..total];
+    if crc32fast::hash(body) != crc {
         return Err(DecodeError::BadChecksum);
     }
-    Ok(total)
-}
-
-/// Decodes `frame`, exactly one frame that [`verify`] accepted.
-pub fn decode_verified(frame: &[u8]) -> Result<Frame<'_>, DecodeError> {
-    decode_body(&frame[PREFIX_LEN..])
+    Ok((decode_body(body)?, total))
 }
 
 fn decode_body(body: &[u8]) -> Result<Frame<'_>, DecodeError> {

@@ -4,16 +4,9 @@
 //! creation) followed by record frames with seqs 1, 2, 3, … across every episode. This layer
 //! frames, checksums, fsyncs and recovers bytes; it does not know what records mean.
 //!
-//! The file may end in a **reserve**: zero bytes the writer wrote (and synced) ahead of its
-//! frames, so a commit overwrites blocks that already exist and its `fdatasync` has no file
-//! size or block allocation to journal (on ext4 about half the cost of one that extends the
-//! file). A reader sees the reserve as the end of the log; a crash that tears a commit leaves
-//! a prefix of it followed by zeros, which reads as a torn tail.
-//!
 //! Invariants of [`Wal`]:
-//! - one writer: the caller holds the session's [`Lease`]; `file_len` is the file length this
-//!   writer last left, and a write finding the file at another length is refused (`Stale`);
-//! - `end <= file_len`: frames end at `end`; every byte from `end` to `file_len` is zero;
+//! - one writer: the caller holds the session's [`Lease`]; `end` is the file length this writer
+//!   last saw, and an append finding the file at another length is refused (`Stale`);
 //! - `synced_seq <= appended_seq`; an accepted seq is durable only once `sync` returned it;
 //! - unsynced frames live only in `pending` (so nothing a reader can see is undurable for long,
 //!   and a group of records costs one `write` and one `fdatasync`);
@@ -46,12 +39,6 @@ const HEADER_LAYOUT: u8 = 1;
 const HEADER_PAYLOAD_LEN: usize = 4 + 1 + 16 + 16;
 /// Unsynced bytes beyond which `append` writes (without syncing) to bound memory.
 const PENDING_FLUSH: usize = 1 << 20;
-/// The reserve a write that outgrows the file adds past its frames: a quarter of the log so
-/// far, at least [`RESERVE_MIN`] and at most [`RESERVE_MAX`] (so a long log extends its file
-/// rarely, and a short one wastes little disk). Written from a constant zero page, never
-/// buffered: an open lineage's memory does not grow with it.
-const RESERVE_MIN: u64 = 8 << 10;
-const RESERVE_MAX: u64 = 1 << 20;
 
 /// The identity a WAL file carries in its header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -190,11 +177,8 @@ pub struct Wal {
     header: WalHeader,
     epoch: u64,
     floor: Option<Arc<FeatureFloor>>,
-    /// The offset after the last written frame (the logical end of the log).
+    /// File length as this writer last left it (the integrity high-water mark).
     end: u64,
-    /// File length as this writer last left it (the integrity high-water mark): `end` plus the
-    /// reserve.
-    file_len: u64,
     /// Frames accepted but not yet written.
     pending: Vec<u8>,
     /// Frames written to the file but not yet fsynced.
@@ -254,8 +238,6 @@ struct ScanEnd {
     offset: u64,
     last_seq: u64,
     torn_bytes: u64,
-    /// Zero bytes of the writer's reserve after the last good frame.
-    reserve_bytes: u64,
 }
 
 /// Scans record frames from the reader's position, checking seq continuity and features,
@@ -269,13 +251,8 @@ fn scan<E: From<WalError>>(
 ) -> Result<ScanEnd, E> {
     loop {
         match reader.next_frame().map_err(io_err("read", path))? {
-            Next::End { offset } => return Ok(ScanEnd { offset, last_seq, torn_bytes: 0, reserve_bytes: 0 }),
-            Next::Torn { offset, bytes } => {
-                return Ok(ScanEnd { offset, last_seq, torn_bytes: bytes, reserve_bytes: 0 })
-            }
-            Next::Reserve { offset, bytes } => {
-                return Ok(ScanEnd { offset, last_seq, torn_bytes: 0, reserve_bytes: bytes })
-            }
+            Next::End { offset } => return Ok(ScanEnd { offset, last_seq, torn_bytes: 0 }),
+            Next::Torn { offset, bytes } => return Ok(ScanEnd { offset, last_seq, torn_bytes: bytes }),
             Next::Corrupt { offset, reason } => {
                 return Err(WalError::Corrupt { offset, reason: reason.to_string() }.into());
             }
@@ -407,7 +384,6 @@ impl Wal {
             epoch: opts.epoch,
             floor: opts.floor,
             end: end.offset,
-            file_len: end.offset + end.reserve_bytes,
             pending: Vec::new(),
             unsynced_written: false,
             synced_end: end.offset,
@@ -505,8 +481,7 @@ impl Wal {
         Ok(seq)
     }
 
-    /// Writes pending frames at the end with one `write`, after checking no other writer
-    /// changed the file. Frames that outgrow the reserve carry a new one behind them.
+    /// Writes pending frames with one `write`, after checking no other writer moved the end.
     fn write_pending(&mut self) -> Result<(), WalError> {
         if self.pending.is_empty() {
             return Ok(());
@@ -515,45 +490,17 @@ impl Wal {
             Ok(len) => len,
             Err(e) => return Err(self.poison("stat", e)),
         };
-        if found != self.file_len {
-            let err = WalError::Stale { expected_len: self.file_len, found_len: found };
+        if found != self.end {
+            let err = WalError::Stale { expected_len: self.end, found_len: found };
             self.poisoned = Some(err.to_string());
             return Err(err);
         }
-        let frames_end = self.end + self.pending.len() as u64;
-        if let Err(e) = self.file.write_at(&self.pending, self.end) {
+        if let Err(e) = self.file.append(&self.pending) {
             return Err(self.poison("write", e));
         }
-        self.end = frames_end;
+        self.end += self.pending.len() as u64;
         self.pending.clear();
         self.unsynced_written = true;
-        if frames_end > self.file_len {
-            // Synced with the frames: one size change per reserve, not per commit. The reserve
-            // only saves time: a device too full for it keeps whatever zeros it took.
-            let reserve = (frames_end / 4).clamp(RESERVE_MIN, RESERVE_MAX);
-            self.file_len = match self.write_zeros(frames_end, reserve) {
-                Ok(()) => frames_end + reserve,
-                Err(e) => {
-                    log::debug!("wal {}: no room for its reserve: {e}", self.path.display());
-                    match self.file.size() {
-                        Ok(len) => len.max(frames_end),
-                        Err(e) => return Err(self.poison("stat", e)),
-                    }
-                }
-            };
-        }
-        Ok(())
-    }
-
-    /// Writes `len` zero bytes at `offset` (the reserve), from a shared zero page.
-    fn write_zeros(&mut self, offset: u64, len: u64) -> io::Result<()> {
-        const ZEROS: [u8; 16 << 10] = [0; 16 << 10];
-        let mut at = 0;
-        while at < len {
-            let n = (len - at).min(ZEROS.len() as u64);
-            self.file.write_at(&ZEROS[..n as usize], offset + at)?;
-            at += n;
-        }
         Ok(())
     }
 
@@ -587,13 +534,11 @@ impl Wal {
         err
     }
 
-    /// Cuts bytes written after the last fsync, and the reserve with them (best effort; the
-    /// next open retries).
+    /// Cuts bytes written after the last fsync (best effort; the next open retries).
     fn cut_unsynced(&mut self) {
         let longer = self.file.size().map_or(true, |len| len > self.synced_end);
         if longer && self.file.truncate(self.synced_end).is_ok() {
             self.end = self.synced_end;
-            self.file_len = self.synced_end;
             self.unsynced_written = false;
         }
     }
@@ -606,7 +551,7 @@ impl Wal {
         frame::encode(&mut self.scratch, FrameKind::Record, self.appended_seq + 1, self.epoch, &[], payload);
         let cut = cut.min(self.scratch.len().saturating_sub(1));
         let bytes = self.scratch[..cut].to_vec();
-        self.file.write_at(&bytes, self.end).map_err(|e| self.poison("write", e))?;
+        self.file.append(&bytes).map_err(|e| self.poison("write", e))?;
         self.file.sync_data().map_err(|e| self.poison("fsync", e))?;
         self.poisoned = Some("torn write injected".into());
         Ok(())

@@ -1,9 +1,8 @@
 //! Sequential frame reading with a bounded, reused buffer.
 //!
 //! The reader tells a torn tail (what a crash leaves: a prefix of the last frame, a last frame
-//! whose checksum fails, either followed by nothing but zeros) and the writer's zero-filled
-//! reserve (nothing but zeros to the end of the file) from corruption (a bad frame with
-//! non-zero bytes after it). It never panics on file contents and never buffers more than one frame plus its
+//! whose checksum fails, or a zero-filled extension) from corruption (a bad frame with bytes
+//! after it). It never panics on file contents and never buffers more than one frame plus its
 //! read-ahead, so memory does not grow with the length of the file; nor with a length a frame
 //! only declares: the buffer grows by at most the read-ahead per read, as bytes arrive.
 //!
@@ -26,9 +25,6 @@ pub enum Next<'a> {
     End { offset: u64 },
     /// A torn last frame: `bytes` bytes from `offset` to the end of the file.
     Torn { offset: u64, bytes: u64 },
-    /// The writer's reserve: `bytes` zero bytes from `offset` to the end of the file, where
-    /// later frames will be written. The end of the log.
-    Reserve { offset: u64, bytes: u64 },
     /// A bad frame with more bytes after it: corruption.
     Corrupt { offset: u64, reason: &'static str },
 }
@@ -121,58 +117,38 @@ impl FrameReader {
         self.fill(PREFIX_LEN + len)?;
         let avail = self.buf.len() - self.pos;
         let start = self.pos;
-        match frame::verify(&self.buf[start..]) {
-            Ok(total) => {
+        match frame::decode(&self.buf[start..]) {
+            Ok((frame, total)) => {
                 self.pos += total;
-                match frame::decode_verified(&self.buf[start..start + total]) {
-                    Ok(frame) => Ok(Next::Frame { offset, len: total, frame }),
-                    Err(DecodeError::Malformed(reason)) => Ok(Next::Corrupt { offset, reason }),
-                    Err(_) => Ok(Next::Corrupt { offset, reason: "malformed frame" }),
-                }
+                Ok(Next::Frame { offset, len: total, frame })
             }
             Err(DecodeError::Incomplete) => Ok(Next::Torn { offset, bytes: avail as u64 }),
-            // A prefix of the frame reached the reserve and the rest of it did not.
-            Err(DecodeError::BadChecksum) => match self.zeros_after(PREFIX_LEN + len)? {
-                Some(bytes) => Ok(Next::Torn { offset, bytes }),
-                None => Ok(Next::Corrupt { offset, reason: "checksum mismatch" }),
-            },
+            Err(DecodeError::BadChecksum) if avail == PREFIX_LEN + len => {
+                Ok(Next::Torn { offset, bytes: avail as u64 })
+            }
+            Err(DecodeError::BadChecksum) => Ok(Next::Corrupt { offset, reason: "checksum mismatch" }),
             Err(DecodeError::BadLength) => Ok(Next::Corrupt { offset, reason: "damaged frame length" }),
             Err(DecodeError::Malformed(reason)) => Ok(Next::Corrupt { offset, reason }),
         }
     }
 
-    /// A length that fails its check: the reserve when everything from here to the end of the
-    /// file is zero, a torn prefix when only the length prefix itself holds non-zero bytes,
-    /// otherwise damage.
+    /// A length that fails its check is torn only when everything from here to the end of the
+    /// file is zero (a zero-filled extension left by a crash); otherwise it is damage.
     fn bad_length(&mut self, offset: u64) -> io::Result<Next<'_>> {
-        let prefix_zero = self.buf[self.pos..self.pos + PREFIX_LEN].iter().all(|&b| b == 0);
-        match self.zeros_after(PREFIX_LEN)? {
-            Some(bytes) if prefix_zero => Ok(Next::Reserve { offset, bytes }),
-            Some(bytes) => Ok(Next::Torn { offset, bytes }),
-            None => Ok(Next::Corrupt { offset, reason: "damaged frame length" }),
-        }
-    }
-
-    /// Whether every byte from `skip` bytes past the read position to the end of the file (or
-    /// the limit) is zero: then the bytes from the read position on, consumed; else `None`.
-    fn zeros_after(&mut self, skip: usize) -> io::Result<Option<u64>> {
         let mut rest = 0u64;
-        let mut skip = skip;
         loop {
             let unread = &self.buf[self.pos..];
-            let from = skip.min(unread.len());
-            if unread[from..].iter().any(|&b| b != 0) {
-                return Ok(None);
+            if unread.iter().any(|&b| b != 0) {
+                return Ok(Next::Corrupt { offset, reason: "damaged frame length" });
             }
-            skip -= from;
             rest += unread.len() as u64;
             self.pos = self.buf.len();
             if self.eof {
-                return Ok(Some(rest));
+                return Ok(Next::Torn { offset, bytes: rest });
             }
             self.fill(1)?;
             if self.buf.len() == self.pos {
-                return Ok(Some(rest));
+                return Ok(Next::Torn { offset, bytes: rest });
             }
         }
     }

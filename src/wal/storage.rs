@@ -7,8 +7,7 @@
 //! The crash model (what the WAL assumes of its media, written down as the tests check it):
 //! - bytes written and then covered by a successful `sync_data` survive a power loss;
 //! - bytes written after the last successful `sync_data` may be lost, whole or in part (a
-//!   prefix may survive: a torn tail), but are never reordered before durable bytes; bytes
-//!   they overwrote (the WAL writes only into its zero-filled reserve) are then as they were;
+//!   prefix may survive: a torn tail), but are never reordered before durable bytes;
 //! - a failed write or fsync leaves the file's unsynced tail in an unknown state; the WAL
 //!   latches the failure and never retries the fsync;
 //! - `create` (temp file, fsync, rename, directory fsync) is atomic: a crash leaves no file or
@@ -27,13 +26,12 @@ pub trait WalRead: Send {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
 }
 
-/// The writer's handle of one WAL file: reads, writes at offsets, syncs, truncates.
+/// The writer's handle of one WAL file: reads, appends at the end, syncs, truncates.
 pub trait WalFile: WalRead {
     /// The file's current length.
     fn size(&self) -> io::Result<u64>;
-    /// Writes all of `buf` at `offset` (not yet durable). The WAL writes only at its logical
-    /// end: into its zero-filled reserve or past the end of the file.
-    fn write_at(&mut self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Appends all of `buf` at the end of the file (not yet durable).
+    fn append(&mut self, buf: &[u8]) -> io::Result<()>;
     /// Makes every appended byte durable (`fdatasync`).
     fn sync_data(&mut self) -> io::Result<()>;
     /// Cuts the file to `len` bytes and makes that durable.
@@ -66,8 +64,8 @@ impl WalFile for File {
         Ok(self.metadata()?.len())
     }
 
-    fn write_at(&mut self, buf: &[u8], offset: u64) -> io::Result<()> {
-        FileExt::write_all_at(self, buf, offset)
+    fn append(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.write_all(buf)
     }
 
     fn sync_data(&mut self) -> io::Result<()> {
@@ -86,7 +84,7 @@ impl Storage for FileStorage {
     }
 
     fn open_write(&self, path: &Path) -> io::Result<Box<dyn WalFile>> {
-        Ok(Box::new(OpenOptions::new().read(true).write(true).open(path)?))
+        Ok(Box::new(OpenOptions::new().read(true).append(true).open(path)?))
     }
 
     fn create(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {

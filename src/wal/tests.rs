@@ -61,21 +61,17 @@ fn torn_tails_are_truncated_and_nothing_else_changes() {
     let (mut wal, _) = open_collect(&path).unwrap();
     accepted(wal.append(&[], b"first", false));
     accepted(wal.append(&[], b"second", true));
-    let end = wal.next_offset() as usize;
     drop(wal);
-    // The frames without the writer's reserve: a torn write lands right after them.
-    let good = fs::read(&path).unwrap()[..end].to_vec();
+    let good = fs::read(&path).unwrap();
     let mut frame_bytes = Vec::new();
     frame::encode(&mut frame_bytes, FrameKind::Record, 3, 1, &[], b"third, torn");
-    // Every strict prefix of a frame, a checksum-failing whole frame, each followed by nothing
-    // and by zeros (a torn write into the reserve), and a zero-filled tail (a reserve: kept).
+    // Every strict prefix of a frame, a checksum-failing whole frame, and a zero-filled tail.
     let mut bad_crc = frame_bytes.clone();
     let last = bad_crc.len() - 1;
     bad_crc[last] ^= 0xff;
     let mut tails: Vec<Vec<u8>> = (1..frame_bytes.len()).map(|n| frame_bytes[..n].to_vec()).collect();
     tails.push(bad_crc);
-    let into_reserve: Vec<Vec<u8>> = tails.iter().map(|t| [t.as_slice(), &[0; 512]].concat()).collect();
-    tails.extend(into_reserve);
+    tails.push(vec![0; 4096]);
     for tail in tails {
         let mut bytes = good.clone();
         bytes.extend_from_slice(&tail);
@@ -85,11 +81,6 @@ fn torn_tails_are_truncated_and_nothing_else_changes() {
         assert_eq!(fs::read(&path).unwrap(), good, "tail of {} bytes", tail.len());
         assert_eq!(wal.appended_seq(), 2);
     }
-    let reserved = [good.as_slice(), &[0; 4096]].concat();
-    fs::write(&path, &reserved).unwrap();
-    let (wal, seen) = open_collect(&path).unwrap();
-    assert_eq!((seen.len(), wal.next_offset()), (2, end as u64));
-    assert_eq!(fs::read(&path).unwrap(), reserved, "a reserve is kept");
 }
 
 #[test]
@@ -201,71 +192,4 @@ fn leases_admit_one_holder_and_count_epochs() {
     }
     drop(a);
     assert_eq!(Lease::acquire(&path).unwrap().epoch(), 2);
-}
-
-/// The bytes of `path` from `from` on.
-fn tail_of(path: &Path, from: u64) -> Vec<u8> {
-    fs::read(path).unwrap()[from as usize..].to_vec()
-}
-
-#[test]
-fn commits_write_into_a_zero_reserve_that_reopening_keeps() {
-    let (_d, path) = fresh();
-    let (mut wal, _) = open_collect(&path).unwrap();
-    accepted(wal.append(&[], b"first", true));
-    let (end, len) = (wal.next_offset(), fs::metadata(&path).unwrap().len());
-    assert_eq!(len - end, RESERVE_MIN, "the first commit outgrows the file and reserves ahead");
-    assert!(tail_of(&path, end).iter().all(|&b| b == 0));
-    // A later commit overwrites the reserve: the file does not grow.
-    accepted(wal.append(&[], b"second", true));
-    assert_eq!(fs::metadata(&path).unwrap().len(), len);
-    drop(wal);
-    // Reopening reads the reserve as the end, keeps it, and appends into it.
-    let (mut wal, seen) = open_collect(&path).unwrap();
-    assert_eq!(seen, vec![(1, b"first".to_vec()), (2, b"second".to_vec())]);
-    assert_eq!(fs::metadata(&path).unwrap().len(), len, "the reserve is not a torn tail");
-    accepted(wal.append(&[], b"third", true));
-    drop(wal);
-    let mut read_seqs = Vec::new();
-    read::<WalError>(&path, KNOWN, None, &mut |f| {
-        read_seqs.push(f.seq);
-        Ok(())
-    })
-    .unwrap();
-    assert_eq!(read_seqs, vec![1, 2, 3], "a reader stops at the reserve");
-}
-
-#[test]
-fn a_commit_torn_inside_the_reserve_is_a_torn_tail() {
-    for cut in [3, 12, 20, 40] {
-        let (_d, path) = fresh();
-        let (mut wal, _) = open_collect(&path).unwrap();
-        accepted(wal.append(&[], b"kept", true));
-        let (end, len) = (wal.next_offset(), fs::metadata(&path).unwrap().len());
-        wal.write_torn_for_test(&[0x5a; 64], cut).unwrap();
-        drop(wal);
-        assert_eq!(fs::metadata(&path).unwrap().len(), len, "the torn prefix went into the reserve");
-        let (mut wal, seen) = open_collect(&path).unwrap();
-        assert_eq!(seen, vec![(1, b"kept".to_vec())], "cut {cut}");
-        assert_eq!(fs::metadata(&path).unwrap().len(), end, "cut {cut}: the torn tail is cut off");
-        accepted(wal.append(&[], b"next", true));
-        drop(wal);
-        let (_, seen) = open_collect(&path).unwrap();
-        assert_eq!(seen.last().map(|s| s.0), Some(2), "cut {cut}");
-    }
-}
-
-#[test]
-fn damage_before_non_zero_bytes_is_corruption_even_with_a_reserve() {
-    let (_d, path) = fresh();
-    let (mut wal, _) = open_collect(&path).unwrap();
-    accepted(wal.append(&[], b"one", true));
-    let second = wal.next_offset();
-    accepted(wal.append(&[], b"two", true));
-    accepted(wal.append(&[], b"three", true));
-    drop(wal);
-    let mut bytes = fs::read(&path).unwrap();
-    bytes[second as usize + frame::PREFIX_LEN + 4] ^= 0xff;
-    fs::write(&path, &bytes).unwrap();
-    assert!(matches!(open_collect(&path), Err(WalError::Corrupt { .. })));
 }

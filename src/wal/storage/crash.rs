@@ -2,10 +2,9 @@
 //! plus a record of how much of each file is durable.
 //!
 //! Writes reach the real file at once (so readers, `exists` checks and other processes see
-//! what a page cache would show), but only a successful `sync_data` makes them durable: until
-//! then each file keeps the bytes its unsynced writes overwrote. [`CrashStorage::power_loss`]
-//! then puts every file back as it was at its last sync, or leaves a prefix of the unsynced
-//! writes (a torn tail), as a power loss would.
+//! what a page cache would show), but only a successful `sync_data` moves a file's durable
+//! length. [`CrashStorage::power_loss`] then cuts every file back to its durable length, or
+//! leaves a prefix of the unsynced tail (a torn tail), as a power loss would.
 //!
 //! Faults ([`CrashStorage::fail`]) trip on a countdown of writes or fsyncs and then **latch**:
 //! every later write and fsync fails too until [`CrashStorage::clear`] — like a device that
@@ -67,29 +66,10 @@ struct Fault {
     tripped: bool,
 }
 
-/// What a power loss leaves of one file.
-#[derive(Debug, Default)]
-struct Durable {
-    /// The file's length at its last sync.
-    len: u64,
-    /// Where the first write since that sync began (the WAL writes forward from there).
-    written_from: Option<u64>,
-    /// The end of the furthest write since that sync.
-    written_to: u64,
-    /// The durable bytes each unsynced write overwrote, oldest first: `(offset, bytes)`.
-    undo: Vec<(u64, Vec<u8>)>,
-}
-
-impl Durable {
-    fn synced(len: u64) -> Durable {
-        Durable { len, ..Durable::default() }
-    }
-}
-
 #[derive(Debug, Default)]
 struct State {
-    /// The durable state of every file opened or created through this storage.
-    durable: HashMap<PathBuf, Durable>,
+    /// Durable length of every file opened or created through this storage.
+    durable: HashMap<PathBuf, u64>,
     fault: Option<Fault>,
     syncs: u64,
     writes: u64,
@@ -193,41 +173,29 @@ impl CrashStorage {
         self.state.lock().syncs
     }
 
-    /// Bytes of `path` written since its last sync (from the first such write to the end of
-    /// the furthest).
+    /// Bytes of `path` written but not yet durable.
     pub fn unsynced_bytes(&self, path: &Path) -> u64 {
-        let state = self.state.lock();
-        let Some(d) = state.durable.get(path) else { return 0 };
-        d.written_from.map_or(0, |from| d.written_to.saturating_sub(from))
+        let durable = self.state.lock().durable.get(path).copied().unwrap_or(0);
+        std::fs::metadata(path).map_or(0, |m| m.len().saturating_sub(durable))
     }
 
-    /// The power fails: every file is put back as it was at its last sync, keeping the first
-    /// `n` bytes of its unsynced writes with [`Loss::KeepPrefix`] (a torn tail). Faults are
-    /// cleared: the machine restarts. Call it with no writer open.
+    /// The power fails: every file is cut back to its durable length (keeping a prefix of its
+    /// unsynced tail with [`Loss::KeepPrefix`]). Faults are cleared: the machine restarts.
+    /// Call it with no writer open.
     pub fn power_loss(&self, loss: Loss) -> io::Result<()> {
-        use std::os::unix::fs::FileExt;
         let mut state = self.state.lock();
         for (path, durable) in state.durable.iter_mut() {
             let Ok(meta) = std::fs::metadata(path) else { continue };
-            if let Some(from) = durable.written_from {
-                let keep_to = match loss {
-                    Loss::Clean => from,
-                    Loss::KeepPrefix(n) => from.saturating_add(n),
-                };
+            let keep = match loss {
+                Loss::Clean => *durable,
+                Loss::KeepPrefix(n) => (*durable + n).min(meta.len()),
+            };
+            if keep < meta.len() {
                 let f = std::fs::OpenOptions::new().write(true).open(path)?;
-                // Overwritten durable bytes at or after the kept prefix come back, newest
-                // write first, so the oldest (durable) content wins.
-                for (offset, old) in durable.undo.iter().rev() {
-                    let skip = keep_to.saturating_sub(*offset).min(old.len() as u64);
-                    f.write_all_at(&old[skip as usize..], offset + skip)?;
-                }
-                let len = durable.len.max(keep_to.min(meta.len()));
-                if len < meta.len() {
-                    f.set_len(len)?;
-                }
+                f.set_len(keep)?;
                 f.sync_all()?;
-                *durable = Durable::synced(len);
             }
+            *durable = keep;
         }
         state.fault = None;
         Ok(())
@@ -243,7 +211,7 @@ impl Storage for CrashStorage {
         let inner = FileStorage.open_write(path)?;
         let len = inner.size()?;
         // A file this storage has not seen was written before the test's crash model began.
-        self.state.lock().durable.entry(path.to_path_buf()).or_insert_with(|| Durable::synced(len));
+        self.state.lock().durable.entry(path.to_path_buf()).or_insert(len);
         let (state, gate) = (Arc::clone(&self.state), Arc::clone(&self.gate));
         Ok(Box::new(CrashFile { inner, path: path.to_path_buf(), state, gate }))
     }
@@ -253,7 +221,7 @@ impl Storage for CrashStorage {
             return Err(kind.error());
         }
         FileStorage.create(path, bytes)?;
-        self.state.lock().durable.insert(path.to_path_buf(), Durable::synced(bytes.len() as u64));
+        self.state.lock().durable.insert(path.to_path_buf(), bytes.len() as u64);
         Ok(())
     }
 }
@@ -276,18 +244,15 @@ impl WalFile for CrashFile {
         self.inner.size()
     }
 
-    fn write_at(&mut self, buf: &[u8], offset: u64) -> io::Result<()> {
+    fn append(&mut self, buf: &[u8]) -> io::Result<()> {
         let fault = self.state.lock().check(FaultOp::Write);
-        let written = match fault {
-            None => buf,
-            // A short write: the device filled up part-way.
-            Some(FaultKind::Enospc) => &buf[..buf.len() / 2],
-            Some(kind) => return Err(kind.error()),
-        };
-        self.remember(offset, written.len())?;
-        self.inner.write_at(written, offset)?;
         match fault {
-            None => Ok(()),
+            None => self.inner.append(buf),
+            Some(FaultKind::Enospc) => {
+                // A short write: the device filled up part-way.
+                self.inner.append(&buf[..buf.len() / 2])?;
+                Err(FaultKind::Enospc.error())
+            }
             Some(kind) => Err(kind.error()),
         }
     }
@@ -300,7 +265,7 @@ impl WalFile for CrashFile {
         }
         // The crash model needs no real fsync: durability is what this records.
         let len = self.inner.size()?;
-        state.durable.insert(self.path.clone(), Durable::synced(len));
+        state.durable.insert(self.path.clone(), len);
         Ok(())
     }
 
@@ -310,32 +275,7 @@ impl WalFile for CrashFile {
             return Err(kind.error());
         }
         self.inner.truncate(len)?;
-        state.durable.insert(self.path.clone(), Durable::synced(len));
-        Ok(())
-    }
-}
-
-impl CrashFile {
-    /// Records what a write of `len` bytes at `offset` overwrites of the durable file, so a
-    /// power loss can put it back.
-    fn remember(&self, offset: u64, len: usize) -> io::Result<()> {
-        let mut state = self.state.lock();
-        let durable = state.durable.entry(self.path.clone()).or_default();
-        let end = offset + len as u64;
-        let overwritten = durable.len.min(end).saturating_sub(offset);
-        let mut old = vec![0; overwritten as usize];
-        if overwritten > 0 {
-            let mut at = 0;
-            while at < old.len() {
-                match self.inner.read_at(&mut old[at..], offset + at as u64)? {
-                    0 => break,
-                    n => at += n,
-                }
-            }
-        }
-        durable.undo.push((offset, old));
-        durable.written_from = Some(durable.written_from.map_or(offset, |from| from.min(offset)));
-        durable.written_to = durable.written_to.max(end);
+        state.durable.insert(self.path.clone(), len);
         Ok(())
     }
 }
