@@ -14,7 +14,11 @@ use std::io;
 use super::frame::{self, DecodeError, Frame, PREFIX_LEN};
 use super::storage::WalRead;
 
+/// The largest read-ahead, reached by doubling from [`FIRST_READ_AHEAD`]: a long scan reads in
+/// big steps, while a short file (a CLI turn's session, a read of a small page) costs one
+/// small read, not a 256 KiB buffer zeroed and faulted in.
 const READ_AHEAD: usize = 256 << 10;
+const FIRST_READ_AHEAD: usize = 16 << 10;
 
 /// One step of a scan.
 #[derive(Debug)]
@@ -39,12 +43,15 @@ pub struct FrameReader {
     /// Start of the unread part of `buf`.
     pos: usize,
     eof: bool,
+    /// The read-ahead of the next fill: doubles from [`FIRST_READ_AHEAD`] to [`READ_AHEAD`].
+    ahead: usize,
 }
 
 impl FrameReader {
     /// Reads frames from `offset` on, up to `limit` (or the end of the file).
     pub fn new(file: Box<dyn WalRead>, offset: u64, limit: Option<u64>) -> Self {
-        FrameReader { file, limit, buf: Vec::with_capacity(READ_AHEAD), buf_offset: offset, pos: 0, eof: false }
+        let buf = Vec::with_capacity(FIRST_READ_AHEAD);
+        FrameReader { file, limit, buf, buf_offset: offset, pos: 0, eof: false, ahead: FIRST_READ_AHEAD }
     }
 
     /// File offset of the next unread byte.
@@ -62,7 +69,8 @@ impl FrameReader {
             self.buf_offset += self.pos as u64;
             self.pos = 0;
         }
-        let target = want.max(READ_AHEAD);
+        let target = want.max(self.ahead);
+        self.ahead = (self.ahead * 2).min(READ_AHEAD);
         while self.buf.len() < target {
             let have = self.buf.len();
             let at = self.buf_offset + have as u64;
