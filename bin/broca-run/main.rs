@@ -81,6 +81,8 @@ fn run(mut args: Args) -> u8 {
         Ok(s) => s,
         Err(e) => return fail(&args, EXIT_RUN_ERROR, &e),
     };
+    // One turn, one process: its few reads share the writer's connection.
+    shared.store.use_one_connection();
     let key = SessionKey::new(&args.project_root, &args.harness, &args.session);
     if args.read {
         return read_transcript(&args, &shared, &key);

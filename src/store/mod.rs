@@ -254,6 +254,9 @@ pub struct Store {
     /// `conn` when it is free: between flushes it holds no transaction, and a `broca-run` turn
     /// then opens one connection, not two, before its request.
     readers_needed: std::sync::atomic::AtomicBool,
+    /// Set by [`Store::use_one_connection`]: every read waits for `conn` and no reader is ever
+    /// opened.
+    one_connection: std::sync::atomic::AtomicBool,
     #[cfg(debug_assertions)]
     faults: FlushFaults,
 }
@@ -331,14 +334,26 @@ impl Store {
             readers,
             next_reader: Default::default(),
             readers_needed: Default::default(),
+            one_connection: Default::default(),
             #[cfg(debug_assertions)]
             faults: Default::default(),
         })
     }
 
+    /// For a short-lived single-turn process (a `broca-run` turn): reads wait for the writer's
+    /// connection instead of opening their own while a flush runs. Opening one parses the
+    /// schema (about 1.5 ms, on the turn's way to its first request); waiting costs one flush.
+    /// No writer path reads while it holds `conn`, so the wait cannot deadlock.
+    pub fn use_one_connection(&self) {
+        self.one_connection.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// A read connection: a free one if any, else the next in turn; opened on first use.
     fn reader(&self) -> Result<parking_lot::MappedMutexGuard<'_, Connection>, StoreError> {
         use std::sync::atomic::Ordering::Relaxed;
+        if self.one_connection.load(Relaxed) {
+            return Ok(parking_lot::MutexGuard::map(self.conn.lock(), |c| c));
+        }
         if !self.readers_needed.load(Relaxed) {
             match self.conn.try_lock() {
                 Some(idle) => return Ok(parking_lot::MutexGuard::map(idle, |c| c)),
