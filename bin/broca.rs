@@ -157,6 +157,16 @@ fn serve(conn_file: &Path) -> ExitCode {
     // The consumer connection carries every route broca opens to other modules (tools now).
     let consumer = consumer_connection(conn_file, &module_id);
     let mut opts = loop_options();
+    // Live step hints go to the bus broca.jsonc names (llm-runner §14.3), if it names one.
+    if let Some(bus) = &config.step_events {
+        match broca::bus::StepHints::start(bus) {
+            Ok(hints) => opts.step_hints = Some(hints),
+            Err(e) => {
+                eprintln!("broca: cannot start the bus publisher: {e}");
+                return ExitCode::from(1);
+            }
+        }
+    }
     // Provider credentials come only from the claustrum vault on the consumer connection.
     opts.credentials =
         consumer.as_ref().map(|c| broca::vault::Credentials::new(Arc::new(broca::vault::SubcVault::new(c.clone()))));

@@ -14,6 +14,9 @@
 //! - `context_management.projects` keys are stored without trailing `/` (the root `/` stays),
 //!   so a lookup ignores a trailing `/` on both sides.
 //!
+//! - `step_events`, when present, names a loopback NATS endpoint (`nats://<loopback>:<port>`;
+//!   the bus listener has no TLS, so another host is refused) and a concrete account token.
+//!
 //! Changing the file later never changes a session that already bound its values: callers
 //! read it only to decide a session's first send.
 
@@ -42,6 +45,18 @@ pub struct BrocaConfig {
     pub context_management: ContextDefaults,
     /// `limits`: the operator-tunable bounds ([`crate::limits`]).
     pub limits: Limits,
+    /// `step_events`: where `step.finished.v1` hints are published; `None`: the group is not
+    /// declared and nothing is published.
+    pub step_events: Option<BusConfig>,
+}
+
+/// `step_events`: the bus broca publishes its live step hints on (llm-runner §14.3).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BusConfig {
+    /// `bus`, as `host:port` (the `nats://` scheme removed); the host is loopback.
+    pub addr: String,
+    /// `account`: the `{acct}` token of `ck.{acct}.live.<runner>.…` subjects.
+    pub account: String,
 }
 
 /// `context_management`: the values a first send that omits the field binds.
@@ -59,6 +74,7 @@ impl Default for BrocaConfig {
             backup_classes: DEFAULT_BACKUP_CLASSES.iter().map(|s| s.to_string()).collect(),
             context_management: ContextDefaults::default(),
             limits: Limits::default(),
+            step_events: None,
         }
     }
 }
@@ -131,6 +147,9 @@ impl BrocaConfig {
         }
         if let Some(v) = top.get("limits") {
             config.limits = Limits::parse(v).map_err(|(m, r)| member_error(path, m, r))?;
+        }
+        if let Some(v) = top.get("step_events") {
+            config.step_events = Some(parse_step_events(v).map_err(|(m, r)| member_error(path, m, r))?);
         }
         Ok(config)
     }
@@ -234,6 +253,43 @@ fn servable_mode(v: &Value) -> Result<String, String> {
         }
         other => Err(format!("{other} is not a context-management mode (expected \"none\")")),
     }
+}
+
+/// `step_events`: `{"bus": "nats://<loopback host>:<port>", "account": "<token>"}`, both
+/// required, nothing else.
+fn parse_step_events(v: &Value) -> Result<BusConfig, MemberRefusal> {
+    let Value::Object(section) = v else {
+        return Err(("step_events".into(), "must be an object with bus and account".into()));
+    };
+    if let Some(k) = section.keys().find(|k| !matches!(k.as_str(), "bus" | "account")) {
+        return Err((format!("step_events.{k}"), "unknown member (expected bus or account)".into()));
+    }
+    let url = section.get("bus").and_then(Value::as_str).ok_or_else(|| {
+        ("step_events.bus".to_string(), "must be a nats://<loopback host>:<port> string".to_string())
+    })?;
+    let addr = loopback_nats_addr(url).map_err(|r| ("step_events.bus".to_string(), r))?;
+    let account = section.get("account").and_then(Value::as_str).unwrap_or_default();
+    if !crate::bus::concrete_token(account) {
+        return Err((
+            "step_events.account".into(),
+            "must be one subject token of 1 to 64 bytes without whitespace, '.', '*' or '>'".into(),
+        ));
+    }
+    Ok(BusConfig { addr, account: account.to_owned() })
+}
+
+/// `nats://host:port` with a loopback host, as `host:port`.
+fn loopback_nats_addr(url: &str) -> Result<String, String> {
+    let rest = url.strip_prefix("nats://").ok_or("must start with nats://")?;
+    let rest = rest.trim_end_matches('/');
+    let (host, port) = rest.rsplit_once(':').ok_or("must name a port (nats://host:port)")?;
+    port.parse::<u16>().ok().filter(|p| *p != 0).ok_or("the port must be 1 to 65535")?;
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback = bare == "localhost" || bare.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    if !loopback {
+        return Err(format!("{host} is not a loopback host: the bus listener has no TLS"));
+    }
+    Ok(rest.to_owned())
 }
 
 /// Turns JSONC into JSON: comments outside strings become whitespace (newlines kept, so
@@ -349,6 +405,26 @@ mod tests {
         assert_eq!(refused_member(r#"{"limits": {"open_sessions": 0}}"#), "limits.open_sessions");
         assert_eq!(refused_member(r#"{"limits": {"queue": 3}}"#), "limits.queue");
         assert_eq!(refused_member(r#"{"limits": 3}"#), "limits");
+    }
+
+    #[test]
+    fn step_events_name_a_loopback_bus_and_an_account() {
+        let config = parse(r#"{"step_events": {"bus": "nats://127.0.0.1:4222", "account": "acct1"}}"#).unwrap();
+        let bus = config.step_events.unwrap();
+        assert_eq!((bus.addr.as_str(), bus.account.as_str()), ("127.0.0.1:4222", "acct1"));
+        let ipv6 = parse(r#"{"step_events": {"bus": "nats://[::1]:4222/", "account": "a"}}"#).unwrap();
+        assert_eq!(ipv6.step_events.unwrap().addr, "[::1]:4222");
+        for (text, member) in [
+            (r#"{"step_events": {"bus": "nats://10.0.0.2:4222", "account": "a"}}"#, "step_events.bus"),
+            (r#"{"step_events": {"bus": "http://127.0.0.1:4222", "account": "a"}}"#, "step_events.bus"),
+            (r#"{"step_events": {"bus": "nats://127.0.0.1", "account": "a"}}"#, "step_events.bus"),
+            (r#"{"step_events": {"bus": "nats://127.0.0.1:4222", "account": "a.b"}}"#, "step_events.account"),
+            (r#"{"step_events": {"bus": "nats://127.0.0.1:4222"}}"#, "step_events.account"),
+            (r#"{"step_events": {"bus": "nats://127.0.0.1:4222", "account": "a", "tls": 1}}"#, "step_events.tls"),
+            (r#"{"step_events": "nats://127.0.0.1:4222"}"#, "step_events"),
+        ] {
+            assert_eq!(refused_member(text), member, "{text}");
+        }
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 pub mod actor;
 pub mod agent;
+pub mod bus;
 pub mod catalog;
 pub mod config;
 pub mod failpoint;

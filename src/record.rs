@@ -365,6 +365,10 @@ pub struct AttemptFinished {
     pub request_body_sha256: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ProviderError>,
+    /// The attempt's identity, `<WAL incarnation>-<seq of this record>`: unique, never reused,
+    /// and the `attempt_id` of its `step.finished.v1` hint (absent in older records).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_id: Option<String>,
     /// Content telemetry fields, kept as written.
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
     pub telemetry: serde_json::Map<String, Value>,

@@ -5,6 +5,8 @@
 #[allow(dead_code, unused_imports)]
 #[path = "../bin/broca-mock/mock/mod.rs"]
 mod mock;
+#[allow(dead_code)]
+mod nats;
 mod pin;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -286,6 +288,69 @@ fn transient_failures_are_retried_with_the_same_bytes_and_counted() {
         .next()
         .unwrap();
     assert_eq!(finished.unit["retries_used"], 2);
+}
+
+/// One `step.finished.v1` per recorded attempt (a retried one included), published on a real
+/// `nats-server` only once its record is in the WAL, with the record's position and
+/// `attempt_id`, and the usage and finish reason of the answered attempt.
+#[test]
+fn each_recorded_attempt_is_hinted_on_the_bus_after_its_record_is_durable() {
+    if !nats::available("each_recorded_attempt_is_hinted_on_the_bus_after_its_record_is_durable") {
+        return;
+    }
+    let server = nats::NatsServer::start(&[]);
+    let r = rig("hints");
+    r.script(json!({"responses": [{"status": 503}, text_step("second time")]}));
+    let mut l = r.shared.open_lineage(&key()).unwrap();
+    let wal = l.wal_path().to_owned();
+    let in_wal = move |_: &str, body: &[u8]| {
+        let hint: Value = serde_json::from_slice(body).unwrap();
+        records(&wal).iter().any(|rec| {
+            matches!(rec, Record::ModelAttemptFinished(a) if a.attempt_id.as_deref() == hint["attempt_id"].as_str())
+        })
+    };
+    let sub = nats::Subscriber::start(&server.addr(), "ck.*.live.*.step.finished.v1", Box::new(in_wal));
+    let bus = broca::config::BusConfig { addr: server.addr(), account: "acct".into() };
+    let opts = LoopOptions { step_hints: Some(broca::bus::StepHints::start(&bus).unwrap()), ..opts() };
+    let (_tx, rx) = idle();
+    let (outcome, _) = turn(&mut l, &r.config("mock/echo-messages", None), "hi", Arc::new(NoTools), &rx, &opts);
+    assert_eq!(outcome.reason, Some(FinishReason::Completed));
+    let got = sub.wait_for(2, Duration::from_secs(10));
+    assert_eq!(got.len(), 2, "one hint per attempt: {got:?}");
+    assert!(got.iter().all(|c| c.checked), "a hint arrived before its attempt record was in the WAL");
+    let hints: Vec<_> = got
+        .iter()
+        .map(|c| cortexkit_role_llm_runner::step_events::decode_step_finished(&c.subject, &c.body).unwrap())
+        .collect();
+    let mut seq = 0;
+    let attempts: Vec<(u64, String)> = records(l.wal_path())
+        .into_iter()
+        .filter_map(|rec| {
+            seq += 1;
+            match rec {
+                Record::ModelAttemptFinished(a) => Some((seq, a.attempt_id.unwrap())),
+                _ => None,
+            }
+        })
+        .collect();
+    let published: Vec<(u64, String)> = hints.iter().map(|h| (h.seq, h.attempt_id.clone().unwrap())).collect();
+    assert_eq!(published, attempts, "hints name their records' positions and attempt ids");
+    let expected_ref = cortexkit_role_llm_runner::session_ref::session_ref(
+        &cortexkit_role_llm_runner::session_ref::SessionIdentity {
+            runner: "broca",
+            harness: &key().harness,
+            session: &key().session,
+        },
+    );
+    for (h, (status, attempt)) in hints.iter().zip([("failed", 1), ("completed", 2)]) {
+        assert_eq!((h.terminal_status.as_str(), h.attempt.get()), (status, attempt));
+        assert_eq!((h.run_id.as_str(), h.step_id.as_str(), h.session_ref.as_str()), ("run-1", "1", expected_ref.as_str()));
+        assert_eq!(h.log_incarnation, l.incarnation());
+        assert!(h.started_at_ms <= h.finished_at_ms);
+    }
+    assert_eq!((hints[0].input_tokens, hints[0].finish_reason.as_deref()), (None, None));
+    assert_eq!((hints[1].input_tokens, hints[1].output_tokens), (Some(30), Some(3)));
+    assert_eq!(hints[1].finish_reason.as_deref(), Some("stop"));
 }
 
 #[test]

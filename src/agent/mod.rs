@@ -10,6 +10,7 @@
 //! the barrier that makes it durable.
 
 mod attempt;
+mod hints;
 pub mod live;
 mod tools;
 mod turn;
@@ -128,6 +129,9 @@ pub struct LoopOptions {
     /// How long a tool call without a `reply` bound may take (spec: 120 s); a call still
     /// unanswered then is indeterminate and the run ends `interrupted`.
     pub tool_wait: Duration,
+    /// Where `step.finished.v1` hints go once their attempt records are durable (`None`: no
+    /// hints; `broca.jsonc` names no bus, or this is `broca-run`).
+    pub step_hints: Option<crate::bus::StepHints>,
 }
 
 impl Default for LoopOptions {
@@ -139,6 +143,7 @@ impl Default for LoopOptions {
             credentials: None,
             steps: Default::default(),
             tool_wait: Duration::from_secs(120),
+            step_hints: None,
         }
     }
 }

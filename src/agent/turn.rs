@@ -158,6 +158,12 @@ struct Driver<'a, C> {
     /// The vault credential of an `AuthSource::Vault` run, in memory only; read before the
     /// first attempt and again after a provider refused it.
     credential: Option<crate::vault::Credential>,
+    /// The current step's request body digest (attempt telemetry), taken once per step.
+    request_sha: Option<String>,
+    /// When the current attempt's request went out.
+    attempt_started_ms: u64,
+    /// Step hints waiting for the barrier that makes their attempt records durable.
+    hints: super::hints::PendingHints,
 }
 
 /// Runs the lineage's last episode (open, or paused and now resumed) until it finishes or
@@ -226,6 +232,9 @@ pub fn drive_with<C>(
         seal_at_boundary: false,
         unknown_calls: Vec::new(),
         credential: None,
+        request_sha: None,
+        attempt_started_ms: 0,
+        hints: Default::default(),
     };
     d.run()
 }
@@ -233,6 +242,7 @@ pub fn drive_with<C>(
 impl<C> Driver<'_, C> {
     fn commit(&mut self) -> Result<(), LineageError> {
         let units = self.lineage.commit()?;
+        self.hints.release(self.opts.step_hints.as_ref(), self.lineage.durable_seq());
         if !units.is_empty() {
             (self.out)(Output::Control(units));
         }
@@ -470,17 +480,19 @@ impl<C> Driver<'_, C> {
         let body = self.render_cache.render_appended(&self.config, &self.history);
         // The body's digest (attempt telemetry) is taken once the first attempt's request is
         // on its way, so hashing overlaps the provider's answer instead of delaying the request.
-        let mut sha = None;
+        self.request_sha = None;
         for attempt in 0.. {
             if let Some(end) = self.ensure_credential()? {
                 return Ok(end);
             }
-            self.opts.steps.attempt(&self.run_id, attempt, now_ms());
-            let (outcome, end, error, telemetry, retry_after) = match self.attempt(step, &body, &mut sha)? {
+            self.attempt_started_ms = now_ms();
+            self.opts.steps.attempt(&self.run_id, attempt, self.attempt_started_ms);
+            let (outcome, end, error, telemetry, retry_after) = match self.attempt(step, &body)? {
                 AttemptEnd::Done(asm, telemetry) => {
-                    self.record_attempt(step, attempt, "ok", sha.as_deref(), None, &telemetry)?;
                     let finish = asm.finish.clone().unwrap_or_else(|| ("stop".into(), String::new()));
                     let usage = asm.usage.clone();
+                    let answer = Some((&usage, finish.0.as_str()));
+                    self.record_attempt((step, attempt, body.len()), "ok", None, &telemetry, answer)?;
                     let origin = json!({"provider_module_id": self.config.provider, "model_id": self.config.model});
                     return Ok(StepEnd::Answered { message: asm.into_message(origin), finish, usage });
                 }
@@ -519,7 +531,7 @@ impl<C> Driver<'_, C> {
                     (if retry { "retry" } else { "failed" }, end, Some(error), telemetry, retry_after)
                 }
             };
-            self.record_attempt(step, attempt, outcome, sha.as_deref(), error.clone(), &telemetry)?;
+            self.record_attempt((step, attempt, body.len()), outcome, error.clone(), &telemetry, None)?;
             if let Some(end) = end {
                 return Ok(end);
             }
@@ -559,30 +571,49 @@ impl<C> Driver<'_, C> {
         }
     }
 
+    /// Records one attempt of `(step, attempt, request body bytes)`, and holds its step hint
+    /// until the barrier that makes the record durable.
     fn record_attempt(
         &mut self,
-        step: u64,
-        attempt: u32,
+        (step, attempt, body_bytes): (u64, u32, usize),
         outcome: &str,
-        sha: Option<&str>,
         error: Option<ProviderError>,
         telemetry: &Telemetry,
+        answer: Option<(&StepUsage, &str)>,
     ) -> Result<(), LineageError> {
+        let seq = self.lineage.next_seq();
+        let attempt_id = format!("{}-{seq}", self.lineage.incarnation());
         let rec = Record::ModelAttemptFinished(Box::new(AttemptFinished {
             run_id: self.run_id.clone(),
             step,
             attempt,
             outcome: outcome.into(),
-            request_body_sha256: sha.map(str::to_owned),
+            request_body_sha256: self.request_sha.clone(),
             error,
+            attempt_id: Some(attempt_id.clone()),
             telemetry: telemetry.to_map(),
         }));
-        self.lineage.append(&rec).map(drop)
+        let seq = self.lineage.append(&rec)?;
+        let facts = super::hints::AttemptFacts {
+            run_id: &self.run_id,
+            step,
+            attempt,
+            outcome,
+            attempt_id: &attempt_id,
+            provider: &self.config.provider,
+            model: &self.config.model,
+            started_at_ms: self.attempt_started_ms,
+            finished_at_ms: now_ms(),
+            request_body_bytes: body_bytes,
+            answer,
+        };
+        self.hints.hold(self.opts.step_hints.as_ref(), self.lineage, seq, &facts);
+        Ok(())
     }
 
-    /// Runs one attempt, streaming display events out as they arrive; fills `sha` with the
-    /// body's digest (hex SHA-256) once the request is handed to the streamer.
-    fn attempt(&mut self, step: u64, body: &[u8], sha: &mut Option<String>) -> Result<AttemptEnd, LineageError> {
+    /// Runs one attempt, streaming display events out as they arrive; fills `request_sha` with
+    /// the body's digest (hex SHA-256) once the request is handed to the streamer.
+    fn attempt(&mut self, step: u64, body: &[u8]) -> Result<AttemptEnd, LineageError> {
         let cancel = Arc::new(AtomicBool::new(false));
         let rx = self.client.start(Attempt {
             config: self.config.clone(),
@@ -594,7 +625,7 @@ impl<C> Driver<'_, C> {
             read_timeout: self.opts.idle_timeout + Duration::from_secs(1),
             cancel: Arc::clone(&cancel),
         });
-        sha.get_or_insert_with(|| crate::session_key::hex(&Sha256::digest(body)));
+        self.request_sha.get_or_insert_with(|| crate::session_key::hex(&Sha256::digest(body)));
         let stop = |cancel: &AtomicBool| cancel.store(true, Ordering::Relaxed);
         let mut asm = Assembler::default();
         let mut last_event = Instant::now();

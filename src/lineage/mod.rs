@@ -478,6 +478,11 @@ impl Lineage {
         self.wal.path()
     }
 
+    /// The WAL's incarnation (its header's UUID): the scope of every `seq` in it.
+    pub fn incarnation(&self) -> String {
+        self.wal.header().incarnation_string()
+    }
+
     pub fn state(&self) -> &Replay {
         &self.replay
     }

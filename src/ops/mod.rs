@@ -175,6 +175,7 @@ pub const GROUPS: &[&str] = {
 
 /// The `role.describe` answer: this build's major, the ops it serves on a session route, and
 /// exactly the capability groups whose answers broca gives in the role's shapes (spec §4).
+/// `step_events` is declared only when `broca.jsonc` names a bus to publish on.
 /// `retract` is not declared: broca answers `session.retract` with the project spec's object,
 /// which a contract consumer would misread (reference §14, row 13).
 pub fn describe(config: &crate::config::BrocaConfig) -> Value {
@@ -189,6 +190,14 @@ pub fn describe(config: &crate::config::BrocaConfig) -> Value {
     .with_session_capabilities_from(cortexkit_role_llm_runner::capabilities::source::ADMISSION)
     .with_max_bytes(read::MAX_BYTES, read::MAX_BYTES)
     .with_retention(crate::limits::RETENTION_MAX_SECONDS, crate::limits::RETENTION_DELETE_WITHIN_MS);
+    let describe = match &config.step_events {
+        Some(_) => {
+            let mut groups = describe.capabilities.clone();
+            groups.push(cortexkit_role_llm_runner::capabilities::STEP_EVENTS.to_owned());
+            describe.with_capabilities(groups).with_step_events(crate::bus::declaration())
+        }
+        None => describe,
+    };
     let mut out = serde_json::to_value(describe).expect("role.describe serializes");
     out["session_class"] = serde_json::json!({"backup_classes": config.backup_classes});
     out
