@@ -25,6 +25,12 @@ mod call_log;
 #[path = "../bin/broca-mock/mock/mod.rs"]
 mod mock;
 
+#[allow(dead_code)]
+#[path = "nats/mod.rs"]
+mod nats;
+
+#[path = "conformance/bus.rs"]
+mod bus;
 #[path = "conformance/decode.rs"]
 mod decode;
 #[path = "conformance/kill.rs"]
@@ -99,7 +105,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn config(model: &model::Model, tools: &tools::Tools) -> Result<rig::RigConfig, String> {
+fn config(model: &model::Model, tools: &tools::Tools, bus: Option<&bus::Bus>) -> Result<rig::RigConfig, String> {
     let canonical = |p: &str| std::fs::canonicalize(p).map_err(|e| format!("{p}: {e}"));
     Ok(rig::RigConfig {
         broca: canonical(env!("CARGO_BIN_EXE_broca"))?,
@@ -108,6 +114,7 @@ fn config(model: &model::Model, tools: &tools::Tools) -> Result<rig::RigConfig, 
         tool_script: tools.script.clone(),
         call_log: tools.call_log.clone(),
         lkg: Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json"),
+        broca_jsonc: bus.map(bus::Bus::broca_jsonc),
     })
 }
 
@@ -157,7 +164,8 @@ async fn run() -> Result<bool, String> {
     let base = tempfile::Builder::new().prefix("run-").tempdir_in(&runs).map_err(|e| format!("a work dir: {e}"))?;
     let model = model::Model::start().map_err(|e| format!("the model front: {e}"))?;
     let tools = tools::Tools::create(base.path())?;
-    let config = config(&model, &tools)?;
+    let bus = bus::Bus::start(&runs).map(Arc::new);
+    let config = config(&model, &tools, bus.as_deref())?;
     let describe = describe(&config, &base.path().join("probe")).await?;
     let (mut groups, unknown) = subject::declared_groups(&describe);
     let assumed = assumed_groups()?;
@@ -175,7 +183,7 @@ async fn run() -> Result<bool, String> {
     if !unknown.is_empty() {
         eprintln!("conformance: groups the suite does not know: {}", unknown.join(", "));
     }
-    let subject = subject::Subject::new(config, model, tools, groups);
+    let subject = subject::Subject::new(config, model, tools, groups, bus);
     if std::env::var_os(SELFCHECK).is_some_and(|v| !v.is_empty()) {
         let ok = selfcheck::run(&subject, base.path()).await;
         if !ok {

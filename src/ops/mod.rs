@@ -212,4 +212,19 @@ mod tests {
             panic!("role.describe is refused: {problems:?}\n{describe}");
         }
     }
+
+    #[test]
+    fn step_events_are_declared_exactly_when_a_bus_is_configured() {
+        use cortexkit_role_llm_runner::capabilities::STEP_EVENTS;
+        let plain = super::describe(&crate::config::BrocaConfig::default());
+        assert!(!plain["capabilities"].as_array().unwrap().iter().any(|g| g == STEP_EVENTS));
+        assert!(plain.get("step_events").is_none());
+        let bus = crate::config::BusConfig { addr: "127.0.0.1:4222".into(), account: "a".into() };
+        let config = crate::config::BrocaConfig { step_events: Some(bus), ..Default::default() };
+        let describe = super::describe(&config);
+        let checked = cortexkit_role_llm_runner::describe::check_describe(&describe)
+            .unwrap_or_else(|problems| panic!("role.describe is refused: {problems:?}\n{describe}"));
+        assert_eq!(checked.step_events, Some(crate::bus::declaration()));
+        assert!(describe["capabilities"].as_array().unwrap().iter().any(|g| g == STEP_EVENTS));
+    }
 }

@@ -49,6 +49,8 @@ pub struct RigConfig {
     pub call_log: PathBuf,
     /// The catalog LKG seeded into a fresh state root.
     pub lkg: PathBuf,
+    /// The `broca.jsonc` written into a fresh state root (the bus its step hints go to).
+    pub broca_jsonc: Option<String>,
 }
 
 /// A running daemon with broca and the tool provider registered and ready.
@@ -88,6 +90,12 @@ impl Rig {
             let mut seeded: Value = serde_json::from_slice(&text).map_err(|e| format!("the LKG: {e}"))?;
             seeded["written_at_ms"] = json!(now_ms());
             fs::write(&lkg, seeded.to_string()).map_err(|e| format!("{}: {e}", lkg.display()))?;
+        }
+        if let Some(text) = &config.broca_jsonc {
+            let path = state.join("broca.jsonc");
+            if !path.exists() {
+                fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+            }
         }
         let n = NEXT_RIG.fetch_add(1, Ordering::Relaxed) + 1;
         let dir = root.join(format!("rig-{n}"));

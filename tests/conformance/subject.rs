@@ -91,11 +91,19 @@ pub struct Subject {
     tools: Tools,
     /// The groups broca's `role.describe` declares, read from the real binary before the run.
     groups: BTreeSet<Capability>,
+    /// The bus every rig's broca publishes step hints on (`None`: no `nats-server` here).
+    bus: Option<Arc<crate::bus::Bus>>,
 }
 
 impl Subject {
-    pub fn new(config: RigConfig, model: Model, tools: Tools, groups: BTreeSet<Capability>) -> Subject {
-        Subject { config, model, tools, groups }
+    pub fn new(
+        config: RigConfig,
+        model: Model,
+        tools: Tools,
+        groups: BTreeSet<Capability>,
+        bus: Option<Arc<crate::bus::Bus>>,
+    ) -> Subject {
+        Subject { config, model, tools, groups, bus }
     }
 
     pub fn rig_config(&self) -> &RigConfig {
@@ -272,6 +280,17 @@ impl LlmRunnerSubject for Subject {
 
     async fn retention_deletion_finished(&self, handle: &Handle, session: &str) -> Result<bool, HarnessError> {
         crate::retention::deletion_finished(&handle.instance().root, session).map_err(HarnessError::new)
+    }
+
+    async fn step_event_observation(
+        &self,
+        handle: &Handle,
+        session: &str,
+    ) -> Result<cortexkit_role_llm_runner_conformance::step_events::StepEventObservation, HarnessError> {
+        let Some(bus) = &self.bus else {
+            return Err(HarnessError::new("no nats-server here, so no rig names a bus"));
+        };
+        bus.observe(&handle.instance().root, session).await.map_err(HarnessError::new)
     }
 
     fn runner_id(&self) -> &str {
