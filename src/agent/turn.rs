@@ -30,8 +30,6 @@ use crate::record::{
 };
 use crate::replay::{EpisodeStatus, Resolution};
 
-/// How often the loop wakes to check its watchdog while a stream is quiet.
-const TICK: Duration = Duration::from_millis(25);
 /// Retries of a vault read refused transient or transport before the run ends `interrupted`.
 const VAULT_READ_RETRIES: u32 = 3;
 
@@ -681,7 +679,9 @@ impl<C> Driver<'_, C> {
                     stop(&cancel);
                     return Ok(AttemptEnd::Cancelled(Telemetry::default()));
                 },
-                default(TICK) => {
+                // Wakes only when the watchdog would fire: an active run costs no wake-ups while
+                // its stream is quiet (1,000 runs ticking every 25 ms were 40,000 wake-ups a second).
+                default(self.opts.idle_timeout.saturating_sub(last_event.elapsed())) => {
                     if last_event.elapsed() >= self.opts.idle_timeout {
                         stop(&cancel);
                         return Ok(AttemptEnd::Watchdog(Telemetry::default()));
