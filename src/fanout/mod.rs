@@ -1,7 +1,7 @@
 //! Fan-out (spec §6–§9, §16): many observers of one session, each with its own thread, so one
 //! slow subscriber never slows the run or the other subscribers.
 //!
-//! Per session there is one [`Lanes`]: a bounded lock-free ring per lane ([`ring`]), written
+//! Per session there is one [`Lanes`]: a bounded broadcast ring per lane ([`ring`]), written
 //! only by the session's lineage thread through its [`Publisher`] (a publish is O(1): it never
 //! blocks, never locks, whatever the number of subscribers), and a [`ring::Bell`] that wakes the
 //! fan-out threads, each of which drains both rings at its own positions.

@@ -17,18 +17,19 @@
 //!   writer will fill, so positions `< head` are published, positions `>= head` are not.
 //!   At any instant slot `p & mask` holds the newest published position congruent to `p`, or
 //!   the in-flight one (`== head`) that the writer has stored but not yet published.
-//! * **Self-describing entries.** A slot holds `Arc<Entry { pos, value }>` in an
-//!   [`ArcSwapOption`]. Storage and reclamation are arc-swap's (no hand-rolled reclamation):
-//!   a reader holding a `Slot::Ready(Arc<T>)` keeps the item alive after it is overwritten.
+//! * **Self-describing entries.** A slot ([`cell::Cell`]) holds `Arc<Entry { pos, value }>` in
+//!   one word whose low bit is a lock, held only to clone or replace the pointer. Reclamation
+//!   is the `Arc`'s: a reader holding a `Slot::Ready(Arc<T>)` keeps the item alive after it is
+//!   overwritten.
 //!
 //! # Push (writer)
 //!
-//! 1. `slots[pos & mask].swap(Some(Arc::new(Entry { pos, value })))` (arc-swap, SeqCst inside);
+//! 1. replace `slots[pos & mask]` with `Some(Arc::new(Entry { pos, value }))` under its lock bit;
 //! 2. `head.store(pos + 1, SeqCst)`;
 //! 3. drop the displaced entry (after publishing, so it is off the critical path of readers).
 //!
-//! No lock, no loop, no allocation beyond the item's own, independent of the number of readers
-//! as far as this module is concerned (but see *Caveat* below).
+//! One uncontended slot lock, no loop, no allocation beyond the item's own: O(1) whatever the
+//! number of readers, reader threads or rings in the process (see *Why not arc-swap* below).
 //!
 //! # Get (reader): why a reader can never return a wrong item
 //!
@@ -66,23 +67,23 @@
 //!   for the slot publication argument above; SeqCst is used so that `head` also takes part in
 //!   the single total order that the [`Bell`] protocol reasons in, at negligible cost on x86
 //!   (a store is an `xchg`; loads are plain).
-//! * Slots: arc-swap `swap`/`load`, which are SeqCst on the pointer and guarantee that a load
-//!   sees the latest store that happens-before it, or a later one.
+//! * Slots: the lock bit's release (unlock store) and acquire (lock CAS). The writer's unlock
+//!   is sequenced before its `head` store; a reader whose `head` load read that store (or a
+//!   later one) takes the slot's lock after that unlock in the word's modification order, so it
+//!   sees that entry or a later one.
 //! * The writer claim flag: acquire CAS on claim, release store on drop, so a new `Writer`
 //!   sees the previous writer's last `head`.
 //! * [`Bell`]: see its docs: a Dekker-style pair (writer: bump `epoch`, then read `waiters`;
 //!   reader: bump `waiters`, then read `epoch`), both SeqCst, so at least one side sees the other.
 //!
-//! # Caveat: arc-swap's writer cost
+//! # Why not arc-swap
 //!
-//! arc-swap's `swap` runs `Debt::pay_all`, which walks arc-swap's global list of per-thread
-//! debt nodes (one node per thread that has concurrently used *any* arc-swap, reused after the
-//! thread exits) to pay debts of readers that are mid-load on this slot. That walk is a few
-//! uncontended atomic operations per node and is independent of how many readers wait or lag,
-//! but it is proportional to the number of reader *threads*, so with one fan-out thread per
-//! subscriber a push is O(1) in this module but not strictly O(1) inside arc-swap. The
-//! `bench_publish_ns` test measures it (on the 2-core dev machine: no measurable difference
-//! between 1 and 32 parked reader threads, ~50-120 ns per push either way).
+//! The slots were `ArcSwapOption`s. arc-swap's store runs `Debt::pay_all`, which walks a global
+//! list with one node per thread that ever used any arc-swap, so with one fan-out thread per
+//! subscriber every push cost O(threads in the process). At 1,000 observed active runs (about
+//! 3,000 threads) that walk was 55% of broca's CPU (`make bench-capacity` under `perf`). A
+//! slot's lock bit is taken for one pointer clone or replace, by one writer and that ring's few
+//! readers.
 //!
 //! # Bell (eventcount)
 //!
@@ -103,8 +104,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwapOption;
 use crossbeam_utils::CachePadded;
+
+mod cell;
+use cell::Cell;
 
 /// What a slot holds: the position it was published at and the item.
 struct Entry<T> {
@@ -119,7 +122,7 @@ pub struct Ring<T> {
     /// True while a [`Writer`] is alive.
     writer_claimed: AtomicBool,
     mask: u64,
-    slots: Box<[ArcSwapOption<Entry<T>>]>,
+    slots: Box<[Cell<Entry<T>>]>,
 }
 
 /// The result of [`Ring::get`].
@@ -141,7 +144,7 @@ impl<T: Send + Sync + 'static> Ring<T> {
     /// If the rounded capacity does not fit in `usize`.
     pub fn new(capacity: usize) -> Ring<T> {
         let cap = capacity.max(2).checked_next_power_of_two().expect("ring capacity overflows usize");
-        let slots = (0..cap).map(|_| ArcSwapOption::empty()).collect::<Vec<_>>().into_boxed_slice();
+        let slots = (0..cap).map(|_| Cell::empty()).collect::<Vec<_>>().into_boxed_slice();
         Ring {
             head: CachePadded::new(AtomicU64::new(0)),
             writer_claimed: AtomicBool::new(false),
@@ -186,8 +189,8 @@ impl<T: Send + Sync + 'static> Ring<T> {
         if pos < floor {
             return Slot::Overwritten { missed: floor - pos, oldest: floor };
         }
-        let guard = self.slots[(pos & self.mask) as usize].load();
-        match guard.as_deref() {
+        let entry = self.slots[(pos & self.mask) as usize].load();
+        match entry.as_deref() {
             Some(entry) if entry.pos == pos => Slot::Ready(Arc::clone(&entry.value)),
             Some(entry) if entry.pos > pos => {
                 // Lapped between the head load and the slot load (or the writer is storing the
@@ -212,9 +215,9 @@ pub struct Writer<T> {
 }
 
 impl<T> Writer<T> {
-    /// O(1): store the item in slot `pos % cap` (as `Arc<Entry { pos, value }>` via
-    /// `ArcSwapOption`), then advance head (SeqCst store). Returns its position. Never blocks,
-    /// takes no lock.
+    /// O(1): store the item in slot `pos % cap` (as `Arc<Entry { pos, value }>`, under the
+    /// slot's lock bit, held for the pointer replace only), then advance head (SeqCst store).
+    /// Returns its position.
     pub fn push(&mut self, value: T) -> u64 {
         self.push_arc(Arc::new(value))
     }
@@ -223,7 +226,7 @@ impl<T> Writer<T> {
     pub fn push_arc(&mut self, value: Arc<T>) -> u64 {
         let pos = self.next;
         let entry = Arc::new(Entry { pos, value });
-        let displaced = self.ring.slots[(pos & self.ring.mask) as usize].swap(Some(entry));
+        let displaced = self.ring.slots[(pos & self.ring.mask) as usize].replace(Some(entry));
         self.ring.head.store(pos + 1, Ordering::SeqCst);
         self.next = pos + 1;
         // Dropped after publishing; readers still holding it keep it alive.
