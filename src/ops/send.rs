@@ -18,6 +18,7 @@ use crate::wal::LeaseError;
 use crate::wire::{send, Refusal, RefusalCode};
 
 pub(super) fn session_send(ops: &Arc<Ops>, route: &super::Route, params: Value, reply: Reply) {
+    let t0 = std::time::Instant::now();
     let key = &route.key;
     let send = match send::parse(&params, key) {
         Ok(s) => s,
@@ -35,7 +36,14 @@ pub(super) fn session_send(ops: &Arc<Ops>, route: &super::Route, params: Value, 
         Err(r) => return reply(Err(r)),
     };
     let placement = ops.admission.config.placement_for(send.session_class.as_deref(), send.retention.is_some());
-    let answer = Answer::new(move |r| reply(r.map(super::body)));
+    // `broca.timing` (debug): how long broca itself took to answer, apart from the daemon and
+    // the caller (`make bench-capacity` reads these lines).
+    let prechecked = t0.elapsed();
+    let answer = Answer::new(move |r| {
+        log::debug!(target: "broca.timing", "send answered in {} us ({} us before the actor)",
+            t0.elapsed().as_micros(), prechecked.as_micros());
+        reply(r.map(super::body))
+    });
     let cmd = SessionCommand::Send { send: Box::new(send), checked: Box::new(checked), answer: answer.clone() };
     if let Err(e) = ops.registry.command(key, placement, cmd) {
         answer.send(Err(open_refusal(ops, key, e)));
