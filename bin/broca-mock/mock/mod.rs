@@ -187,7 +187,7 @@ pub struct Connections {
 pub(crate) struct Shared {
     pub(crate) lanes: Lanes,
     next_id: AtomicU64,
-    stopping: AtomicBool,
+    stopping: http::Stopping,
     connections: AtomicUsize,
     options: MockOptions,
     tls: Option<Arc<rustls::ServerConfig>>,
@@ -313,7 +313,7 @@ impl MockServer {
     /// delay. Idempotent.
     pub fn shutdown(&mut self) {
         let Some(handle) = self.listener.take() else { return };
-        self.shared.stopping.store(true, Ordering::SeqCst);
+        self.shared.stopping.stop();
         // Wake the blocking accept.
         let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
         if handle.join().is_err() {
