@@ -52,7 +52,9 @@ fn main() -> ExitCode {
     let args = match cli::parse(std::env::args().skip(1)) {
         Ok(cli::Parsed::Run(args)) => *args,
         Ok(cli::Parsed::Help) => {
-            println!("{}", cli::USAGE);
+            // A closed pipe (`broca-run --help | head`) is not an error worth a panic.
+            use std::io::Write;
+            let _ = writeln!(std::io::stdout(), "{}", cli::USAGE);
             return ExitCode::SUCCESS;
         }
         Err(e) => {

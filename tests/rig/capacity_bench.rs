@@ -12,9 +12,12 @@
 //! 2. **Active runs**: each of those sessions gets one observer (`session.subscribe` from its
 //!    start, proven attached by its replay) and then a send whose model stream is paced
 //!    ([`DELTAS`] stamped deltas, [`GAP_MS`] ms apart), so every run stays active while the others
-//!    are admitted. `capacity.admit_p{50,99}_ms` is the client-side time of those sends (32 in
-//!    flight), `capacity.admit_in_broca_p{50,99}_ms` the same sends as broca's `broca.timing`
-//!    log timed them (op start to answer: precheck, actor, the `RunStarted` fsync);
+//!    are admitted (`capacity.ramp_admit_p{50,99}_ms`: client-side, [`CONCURRENCY`] in flight,
+//!    so mostly the queue that many senders make). Then, with all of them streaming,
+//!    [`PROBES`] sends to fresh sessions, [`PROBE_LANES`] in flight: `capacity.admit_p{50,99}_ms`
+//!    is their client-side time (route bind included), `capacity.active_during_probes` the
+//!    fewest runs in flight around them; the `*_in_broca_*` figures are the same sends as broca's
+//!    `broca.timing` log timed them (op start to answer: precheck, actor, the `RunStarted` fsync);
 //!    `capacity.active_sessions` the `runs_in_flight` gauge once all are admitted;
 //!    `capacity.threads` broca's threads then; `capacity.rss_kib_per_active_run` its RSS growth
 //!    over phase 1, per run; `capacity.delta_p99_ms` receive minus stamp of every delta at the
@@ -52,6 +55,10 @@ const DELTAS: usize = 40;
 const GAP_MS: u64 = 500;
 /// Calls in flight at once while sessions are set up or admitted.
 const CONCURRENCY: usize = 32;
+/// Sends that probe admission once all [`SESSIONS`] runs are active, and how many of them are
+/// in flight at once (a handful of clients, not the ramp's queue of 32).
+const PROBES: usize = 200;
+const PROBE_LANES: usize = 4;
 /// Sessions per consumer connection: below the SDK's per-connection route cache (256), so no
 /// route is retired and reopened mid-bench (a real consumer holds its sessions' routes).
 const SESSIONS_PER_CONNECTION: usize = 200;
@@ -213,10 +220,19 @@ async fn terminal(c: &SubcConsumer, t: &Tally, session: &str, run: &str, within:
 /// Runs `job(i)` for `0..n` on [`CONCURRENCY`] threads (each blocks on the harness runtime for
 /// its calls, one at a time); the results in index order, or the first failure.
 fn each<T: Send>(n: usize, job: impl Fn(usize) -> Result<T, Failure> + Sync) -> Result<Vec<T>, Failure> {
+    each_on(CONCURRENCY, n, job)
+}
+
+/// [`each`] on `lanes` threads.
+fn each_on<T: Send>(
+    lanes: usize,
+    n: usize,
+    job: impl Fn(usize) -> Result<T, Failure> + Sync,
+) -> Result<Vec<T>, Failure> {
     let lanes: Vec<Vec<(usize, Result<T, Failure>)>> = std::thread::scope(|scope| {
         let job = &job;
-        let handles: Vec<_> = (0..CONCURRENCY)
-            .map(|lane| scope.spawn(move || (lane..n).step_by(CONCURRENCY).map(|i| (i, job(i))).collect()))
+        let handles: Vec<_> = (0..lanes)
+            .map(|lane| scope.spawn(move || (lane..n).step_by(lanes).map(|i| (i, job(i))).collect()))
             .collect();
         handles.into_iter().map(|h| h.join().expect("a bench lane panicked")).collect()
     });
@@ -307,26 +323,52 @@ fn bench(h: &Harness, hold: &std::path::Path) -> Result<(), Failure> {
         h.block_on(call(conn(i), &t, &name, "session.send", send_params("stream")))?;
         Ok(start.elapsed().as_secs_f64() * 1e3)
     })?;
-    let health = h.block_on(c.supervisor_health_probe(MODULE_ID)).map_err(|e| format!("health: {e:?}"))?;
-    let active = health.metrics.as_ref().and_then(|m| m["runs_in_flight"].as_u64()).unwrap_or(0);
+    let in_flight = || -> Result<u64, Failure> {
+        let health = h.block_on(c.supervisor_health_probe(MODULE_ID)).map_err(|e| format!("health: {e:?}"))?;
+        Ok(health.metrics.as_ref().and_then(|m| m["runs_in_flight"].as_u64()).unwrap_or(0))
+    };
+    let active = in_flight()?;
     let (rss_active, threads_active) = proc_status(pid)?;
+    // Probes: with every run streaming (each for about 20 s), sends to fresh sessions from a
+    // handful of clients, on a connection of their own (its routes fit the SDK's cache). Each
+    // probe's run answers at once, so the probes add no lasting load.
+    std::thread::sleep(Duration::from_millis(500));
+    h.install(json!({"responses": vec![quick(); PROBES]}));
+    let probe_conn = h.connect();
+    let probes: Vec<f64> = each_on(PROBE_LANES, PROBES, |i| {
+        let name = session_name("probe", i);
+        let start = Instant::now();
+        h.block_on(call(probe_conn.consumer(), &t, &name, "session.send", send_params("probe")))?;
+        Ok(start.elapsed().as_secs_f64() * 1e3)
+    })?;
+    let active_after = in_flight()?;
+    eprintln!("capacity-bench: {PROBES} probes admitted with {active} -> {active_after} runs in flight");
     eprintln!("capacity-bench: {active} runs in flight: RSS {rss_active} KiB, {threads_active} threads");
     report("capacity.active_sessions", active as f64, "sessions");
     report("capacity.threads", threads_active as f64, "threads");
     report("capacity.rss_kib_per_active_run", rss_active.saturating_sub(rss_idle) as f64 / SESSIONS as f64, "KiB");
+    report("capacity.active_during_probes", active.min(active_after) as f64, "runs");
+    let mut probes = probes;
+    probes.sort_by(f64::total_cmp);
+    report("capacity.admit_p50_ms", percentile(&probes, 50.0), "ms");
+    report("capacity.admit_p99_ms", percentile(&probes, 99.0), "ms");
     let mut admits = admits;
     admits.sort_by(f64::total_cmp);
-    report("capacity.admit_p50_ms", percentile(&admits, 50.0), "ms");
-    report("capacity.admit_p99_ms", percentile(&admits, 99.0), "ms");
+    report("capacity.ramp_admit_p50_ms", percentile(&admits, 50.0), "ms");
+    report("capacity.ramp_admit_p99_ms", percentile(&admits, 99.0), "ms");
     // The same sends as broca timed them (`broca.timing`): its share of the latency, apart from
     // the daemon, the SDK and the mock provider this process also runs on the same two cores.
-    let mut inside = answered_in_broca_ms(&h.broca_log(), SESSIONS);
-    inside.sort_by(f64::total_cmp);
-    if inside.len() == SESSIONS {
-        report("capacity.admit_in_broca_p50_ms", percentile(&inside, 50.0), "ms");
-        report("capacity.admit_in_broca_p99_ms", percentile(&inside, 99.0), "ms");
-    } else {
-        eprintln!("capacity-bench: broca logged {} of {SESSIONS} send timings", inside.len());
+    let timed = answered_in_broca_ms(&h.broca_log());
+    for (name, skip_last, n) in [("admit_in_broca", 0, PROBES), ("ramp_admit_in_broca", PROBES, SESSIONS)] {
+        let end = timed.len().saturating_sub(skip_last);
+        let mut inside = timed[end.saturating_sub(n)..end].to_vec();
+        if inside.len() < n {
+            eprintln!("capacity-bench: broca logged {} of {n} send timings for {name}", inside.len());
+            continue;
+        }
+        inside.sort_by(f64::total_cmp);
+        report(&format!("capacity.{name}_p50_ms"), percentile(&inside, 50.0), "ms");
+        report(&format!("capacity.{name}_p99_ms"), percentile(&inside, 99.0), "ms");
     }
     for r in readers {
         let _ = h.block_on(r);
@@ -343,14 +385,12 @@ fn bench(h: &Harness, hold: &std::path::Path) -> Result<(), Failure> {
     boot(h, &conn, &t, SESSIONS, hold)
 }
 
-/// The last `n` `send answered in <us> us` lines of broca's log, in milliseconds.
-fn answered_in_broca_ms(log: &str, n: usize) -> Vec<f64> {
-    let all: Vec<f64> = log
-        .lines()
+/// Every `send answered in <us> us` line of broca's log, in order, in milliseconds.
+fn answered_in_broca_ms(log: &str) -> Vec<f64> {
+    log.lines()
         .filter_map(|l| l.split("send answered in ").nth(1)?.split(' ').next()?.parse::<f64>().ok())
         .map(|us| us / 1e3)
-        .collect();
-    all[all.len().saturating_sub(n)..].to_vec()
+        .collect()
 }
 
 /// Phase 3 and its tallies.
