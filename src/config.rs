@@ -264,18 +264,25 @@ fn parse_step_events(v: &Value) -> Result<BusConfig, MemberRefusal> {
     if let Some(k) = section.keys().find(|k| !matches!(k.as_str(), "bus" | "account")) {
         return Err((format!("step_events.{k}"), "unknown member (expected bus or account)".into()));
     }
-    let url = section.get("bus").and_then(Value::as_str).ok_or_else(|| {
-        ("step_events.bus".to_string(), "must be a nats://<loopback host>:<port> string".to_string())
-    })?;
+    let url = section
+        .get("bus")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ("step_events.bus".to_string(), "must be a nats://<loopback host>:<port> string".to_string()))?;
     let addr = loopback_nats_addr(url).map_err(|r| ("step_events.bus".to_string(), r))?;
     let account = section.get("account").and_then(Value::as_str).unwrap_or_default();
-    if !crate::bus::concrete_token(account) {
+    if !concrete_token(account) {
         return Err((
             "step_events.account".into(),
             "must be one subject token of 1 to 64 bytes without whitespace, '.', '*' or '>'".into(),
         ));
     }
     Ok(BusConfig { addr, account: account.to_owned() })
+}
+
+/// Whether `token` can stand as one concrete subject token: 1 to 64 bytes, no whitespace,
+/// `.`, `*` or `>`.
+fn concrete_token(token: &str) -> bool {
+    (1..=64).contains(&token.len()) && !token.bytes().any(|b| b.is_ascii_whitespace() || b"*>.".contains(&b))
 }
 
 /// `nats://host:port` with a loopback host, as `host:port`.

@@ -335,16 +335,18 @@ fn each_recorded_attempt_is_hinted_on_the_bus_after_its_record_is_durable() {
         .collect();
     let published: Vec<(u64, String)> = hints.iter().map(|h| (h.seq, h.attempt_id.clone().unwrap())).collect();
     assert_eq!(published, attempts, "hints name their records' positions and attempt ids");
-    let expected_ref = cortexkit_role_llm_runner::session_ref::session_ref(
-        &cortexkit_role_llm_runner::session_ref::SessionIdentity {
+    let expected_ref =
+        cortexkit_role_llm_runner::session_ref::session_ref(&cortexkit_role_llm_runner::session_ref::SessionIdentity {
             runner: "broca",
             harness: &key().harness,
             session: &key().session,
-        },
-    );
+        });
     for (h, (status, attempt)) in hints.iter().zip([("failed", 1), ("completed", 2)]) {
         assert_eq!((h.terminal_status.as_str(), h.attempt.get()), (status, attempt));
-        assert_eq!((h.run_id.as_str(), h.step_id.as_str(), h.session_ref.as_str()), ("run-1", "1", expected_ref.as_str()));
+        assert_eq!(
+            (h.run_id.as_str(), h.step_id.as_str(), h.session_ref.as_str()),
+            ("run-1", "1", expected_ref.as_str())
+        );
         assert_eq!(h.log_incarnation, l.incarnation());
         assert!(h.started_at_ms <= h.finished_at_ms);
     }

@@ -41,12 +41,6 @@ pub fn declaration() -> StepEvents {
     StepEvents::new("per_attempt", "step_ref")
 }
 
-/// Whether `token` can stand as one concrete subject token: 1 to 64 bytes, no whitespace,
-/// `.`, `*` or `>`.
-pub fn concrete_token(token: &str) -> bool {
-    (1..=64).contains(&token.len()) && !token.bytes().any(|b| b.is_ascii_whitespace() || b"*>.".contains(&b))
-}
-
 /// The subject broca's hints go to in `account`.
 pub fn subject(account: &str) -> String {
     format!("ck.{account}.live.{RUNNER}.step.finished.v1")

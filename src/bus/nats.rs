@@ -33,7 +33,10 @@ pub enum BusError {
     /// The server requires credentials; broca's bus configuration carries none.
     AuthRequired,
     /// A payload above the server's `max_payload`.
-    TooLarge { bytes: usize, max: usize },
+    TooLarge {
+        bytes: usize,
+        max: usize,
+    },
     /// The reader saw the connection end (EOF, `-ERR`, or a read error).
     Closed,
 }

@@ -14,8 +14,8 @@ use broca::record::{Record, KNOWN_FEATURES};
 use broca::session_key::SessionKey;
 use broca::wal::{self, ScannedFrame, WalError};
 use cortexkit_role_llm_runner::session_ref::{session_ref, SessionIdentity};
-use cortexkit_role_llm_runner_conformance::step_events::{PublishedStep, RecordedStep, StepEventObservation};
 use cortexkit_role_llm_runner::step_events::StepRef;
+use cortexkit_role_llm_runner_conformance::step_events::{PublishedStep, RecordedStep, StepEventObservation};
 use serde_json::Value;
 
 use crate::nats::{Captured, NatsServer, Subscriber};
@@ -94,8 +94,7 @@ fn wal_of(root: &Path, session: &str) -> Option<PathBuf> {
 fn recorded_steps(root: &Path, session: &str) -> Result<Vec<RecordedStep>, String> {
     let state = crate::rig::broca_root(root);
     let path = wal_of(&state, session).ok_or_else(|| format!("no WAL of {session} under {}", state.display()))?;
-    let reference =
-        session_ref(&SessionIdentity { runner: crate::rig::BROCA, harness: HARNESS, session });
+    let reference = session_ref(&SessionIdentity { runner: crate::rig::BROCA, harness: HARNESS, session });
     let mut attempts = Vec::new();
     let header = wal::read::<WalError>(&path, KNOWN_FEATURES, None, &mut |f: ScannedFrame<'_>| {
         if let Ok(Record::ModelAttemptFinished(a)) = Record::decode(f.payload) {
