@@ -8,6 +8,7 @@ use crossbeam_channel::{select, Receiver, RecvError};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
+mod attempt_record;
 mod credential;
 mod stops;
 
@@ -567,46 +568,6 @@ impl<C> Driver<'_, C> {
                 default(left) => return Ok(false),
             }
         }
-    }
-
-    /// Records one attempt of `(step, attempt, request body bytes)`, and holds its step hint
-    /// until the barrier that makes the record durable.
-    fn record_attempt(
-        &mut self,
-        (step, attempt, body_bytes): (u64, u32, usize),
-        outcome: &str,
-        error: Option<ProviderError>,
-        telemetry: &Telemetry,
-        answer: Option<(&StepUsage, &str)>,
-    ) -> Result<(), LineageError> {
-        let seq = self.lineage.next_seq();
-        let attempt_id = format!("{}-{seq}", self.lineage.incarnation());
-        let rec = Record::ModelAttemptFinished(Box::new(AttemptFinished {
-            run_id: self.run_id.clone(),
-            step,
-            attempt,
-            outcome: outcome.into(),
-            request_body_sha256: self.request_sha.clone(),
-            error,
-            attempt_id: Some(attempt_id.clone()),
-            telemetry: telemetry.to_map(),
-        }));
-        let seq = self.lineage.append(&rec)?;
-        let facts = super::hints::AttemptFacts {
-            run_id: &self.run_id,
-            step,
-            attempt,
-            outcome,
-            attempt_id: &attempt_id,
-            provider: &self.config.provider,
-            model: &self.config.model,
-            started_at_ms: self.attempt_started_ms,
-            finished_at_ms: now_ms(),
-            request_body_bytes: body_bytes,
-            answer,
-        };
-        self.hints.hold(self.opts.step_hints.as_ref(), self.lineage, seq, &facts);
-        Ok(())
     }
 
     /// Runs one attempt, streaming display events out as they arrive; fills `request_sha` with
