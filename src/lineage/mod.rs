@@ -218,9 +218,17 @@ impl Lineage {
     pub fn open(shared: &Shared, key: &SessionKey, placement: Placement) -> Result<Lineage, LineageError> {
         let (root, store, floor) = (&shared.root, Arc::clone(&shared.store), Some(Arc::clone(&shared.floor)));
         let storage = shared.storage.as_ref();
+        // No settle of the run-index writer here: a previous holder in this process waited
+        // for its own rows before it let the lease go (`Drop for Lineage`), so none of this
+        // session's rows is still queued, and a new session never waits behind every other
+        // session's queued rows.
         let mut lease = Lease::acquire(&root.lease_path(key))?;
-        // A previous holder in this process may still have rows queued: let them land first.
-        shared.writer.settle();
+        // A creation a crash cut before its first fsync holds nothing anyone was answered
+        // about: it goes, and this send starts the session afresh.
+        let found = root.wal_path(key);
+        if found.exists() {
+            wal::discard_unfinished(storage, &found)?;
+        }
         // A retained session past its expiry (or with a deletion a crash interrupted) is
         // deleted before anything reads it: a send to it starts a fresh record.
         shared.expiry().settle(&key.addr(), crate::retention::now_ms()).map_err(|e| match e {
@@ -235,7 +243,8 @@ impl Lineage {
         // Kept in the slot until this open succeeds (a failed open must not forget it).
         let failure = opening.failure.clone();
         let mut path = root.wal_path(key);
-        if !path.exists() {
+        let created = !path.exists();
+        if created {
             path = root.wal_path_placed(key, placement);
             wal::create(storage, &path, key.lineage_id())?;
         }
@@ -268,6 +277,9 @@ impl Lineage {
             None => at.replay_open(floor, None, &incarnation),
         };
         let (mut wal, mut replay, head, batch, report) = opened?;
+        if created {
+            wal.sync_directory_at_first_sync();
+        }
         opening.failed_end = None;
         opening.failure = None;
         opening.open = Some(Durable { offset: wal.synced_end(), seq: wal.synced_seq(), head });
@@ -644,11 +656,14 @@ impl Lineage {
 }
 
 impl Drop for Lineage {
-    /// A closing lineage leaves the store's checkpoint at its durable head.
+    /// A closing lineage leaves the store's checkpoint at its durable head, and waits until
+    /// its rows are written: the lease (dropped after this) is then the proof, for the next
+    /// writer of the session, that none of its rows is still queued.
     fn drop(&mut self) {
         if self.wal.appended_seq() == self.wal.synced_seq() {
             self.flush_store(self.checkpoint_seq < self.wal.synced_seq());
         }
+        self.settle();
     }
 }
 

@@ -191,16 +191,48 @@ pub struct Wal {
     scratch: Vec<u8>,
     /// fdatasync calls made by this writer (for the fsyncs-per-step benchmark).
     fsyncs: u64,
+    /// A WAL this writer's process just created: its directory is fsynced after the first
+    /// successful fsync of the file, before that fsync's frames count as durable.
+    directory_unsynced: bool,
 }
 
-/// Creates a new WAL atomically (temp file, fsync, rename, fsync of the directory), so a crash
-/// leaves either no file or a complete header.
+/// Creates a new WAL holding only its header, atomically (temp file, rename: a reader sees a
+/// whole header or no file) but not yet durably: the writer's first fsync covers the header
+/// with its first record, and the directory's fsync follows it
+/// ([`Wal::sync_directory_at_first_sync`]), so a fresh session's first answer pays two syncs,
+/// not four. A crash before that first fsync may leave less than a whole header, which no
+/// answer ever depended on: [`discard_unfinished`] removes it.
 pub fn create(storage: &dyn Storage, path: &Path, lineage: [u8; 16]) -> Result<WalHeader, WalError> {
     let header = WalHeader { lineage, incarnation: *uuid::Uuid::new_v4().as_bytes() };
+    storage.create(path, &header_frame(&header)).map_err(io_err("create", path))?;
+    Ok(header)
+}
+
+fn header_frame(header: &WalHeader) -> Vec<u8> {
     let mut out = Vec::new();
     frame::encode(&mut out, FrameKind::Header, 0, 0, &[], &header.encode());
-    storage.create(path, &out).map_err(io_err("create", path))?;
-    Ok(header)
+    out
+}
+
+/// Removes the WAL at `path` if it is a creation a crash cut before its first fsync: no longer
+/// than a header frame and without a whole header. Nothing in such a file was ever
+/// acknowledged. A file with a whole header, or with bytes past a broken one, is kept (the
+/// open refuses the latter as it always did). Returns whether the file was removed.
+pub fn discard_unfinished(storage: &dyn Storage, path: &Path) -> Result<bool, WalError> {
+    let len = fs::metadata(path).map_err(io_err("stat", path))?.len();
+    let whole = header_frame(&WalHeader { lineage: [0; 16], incarnation: [0; 16] }).len() as u64;
+    if len > whole {
+        return Ok(false);
+    }
+    match read_header_of(storage, path, &[]) {
+        Err(WalError::NotAWal { .. }) => {
+            fs::remove_file(path).map_err(io_err("remove", path))?;
+            sync_dir(path.parent().unwrap_or(Path::new(".")))?;
+            log::warn!("wal {} was cut before its first fsync ({len} bytes); the session starts fresh", path.display());
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
 }
 
 /// Fsyncs a directory so a rename or create in it is durable.
@@ -392,6 +424,7 @@ impl Wal {
             poisoned: None,
             scratch: Vec::new(),
             fsyncs: 0,
+            directory_unsynced: false,
         })
     }
 
@@ -517,10 +550,22 @@ impl Wal {
             }
             self.fsyncs += 1;
             self.unsynced_written = false;
+            if self.directory_unsynced {
+                let dir = self.path.parent().unwrap_or(Path::new(".")).to_path_buf();
+                if let Err(e) = File::open(&dir).and_then(|d| d.sync_all()) {
+                    return Err(self.poison("fsync directory", e));
+                }
+                self.directory_unsynced = false;
+            }
         }
         self.synced_seq = self.appended_seq;
         self.synced_end = self.end;
         Ok(self.synced_seq)
+    }
+
+    /// Marks this WAL as just created by [`create`]: its first fsync also fsyncs its directory.
+    pub fn sync_directory_at_first_sync(&mut self) {
+        self.directory_unsynced = true;
     }
 
     /// Latches an I/O failure: nothing more is appended, accepted frames are dropped, and the

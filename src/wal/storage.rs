@@ -10,8 +10,9 @@
 //!   prefix may survive: a torn tail), but are never reordered before durable bytes;
 //! - a failed write or fsync leaves the file's unsynced tail in an unknown state; the WAL
 //!   latches the failure and never retries the fsync;
-//! - `create` (temp file, fsync, rename, directory fsync) is atomic: a crash leaves no file or
-//!   a complete header.
+//! - `create` (temp file, rename) is atomic for readers but not durable: a crash before the
+//!   file's first `sync_data` (which the writer follows with its directory's fsync) may leave
+//!   no file, an empty one or a torn header, which `wal::discard_unfinished` removes.
 
 pub mod crash;
 
@@ -44,8 +45,8 @@ pub trait Storage: Send + Sync + 'static {
     fn open_read(&self, path: &Path) -> io::Result<Box<dyn WalRead>>;
     /// Opens an existing WAL for writing (the caller holds the session's lease).
     fn open_write(&self, path: &Path) -> io::Result<Box<dyn WalFile>>;
-    /// Creates `path` holding exactly `bytes`, atomically and durably (temp, fsync, rename,
-    /// directory fsync).
+    /// Creates `path` holding exactly `bytes`, atomically (temp, rename) but not durably: the
+    /// file's first `sync_data` and then its directory's fsync make it so.
     fn create(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
 }
 
@@ -88,12 +89,9 @@ impl Storage for FileStorage {
     }
 
     fn create(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
-        let dir = path.parent().ok_or_else(|| io::Error::other("path has no parent directory"))?;
         let tmp = path.with_extension("wal.tmp");
         let mut f = OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
         f.write_all(bytes)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)?;
-        File::open(dir)?.sync_all()
+        fs::rename(&tmp, path)
     }
 }

@@ -193,3 +193,50 @@ fn leases_admit_one_holder_and_count_epochs() {
     drop(a);
     assert_eq!(Lease::acquire(&path).unwrap().epoch(), 2);
 }
+
+/// A creation is durable only with its first fsync: a power loss before it leaves an empty file
+/// or a torn header, which `discard_unfinished` removes; after it, header and record survive.
+#[test]
+fn a_creation_cut_before_its_first_fsync_is_discarded_and_one_after_it_is_kept() {
+    use super::storage::crash::{CrashStorage, Loss};
+    for loss in [Loss::Clean, Loss::KeepPrefix(30)] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.wal");
+        let storage = CrashStorage::new();
+        create(&storage, &path, [7; 16]).unwrap();
+        storage.power_loss(loss).unwrap();
+        assert!(matches!(read_header_of(&storage, &path, KNOWN), Err(WalError::NotAWal { .. })), "{loss:?}");
+        assert!(discard_unfinished(&storage, &path).unwrap(), "{loss:?}");
+        assert!(!path.exists());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.wal");
+    let storage = CrashStorage::new();
+    create(&storage, &path, [7; 16]).unwrap();
+    let opts = WalOpen { known_features: KNOWN, resume_at: None, epoch: 1, floor: None, truncate_to: None };
+    let mut wal = Wal::open(&storage, &path, opts, &mut |_: ScannedFrame<'_>| -> Result<(), WalError> { Ok(()) })
+        .unwrap();
+    wal.sync_directory_at_first_sync();
+    accepted(wal.append(&[], b"first", true));
+    drop(wal);
+    storage.power_loss(Loss::Clean).unwrap();
+    assert!(!discard_unfinished(&storage, &path).unwrap());
+    let (_, seen) = open_collect(&path).unwrap();
+    assert_eq!(seen, vec![(1, b"first".to_vec())]);
+}
+
+/// Only a file no longer than a header is an unfinished creation: a broken header with bytes
+/// after it is damage, kept for the open to refuse.
+#[test]
+fn a_broken_header_with_records_after_it_is_not_discarded() {
+    let (_d, path) = fresh();
+    let (mut wal, _) = open_collect(&path).unwrap();
+    accepted(wal.append(&[], b"a", true));
+    drop(wal);
+    let mut bytes = fs::read(&path).unwrap();
+    bytes[10] ^= 0xff;
+    fs::write(&path, &bytes).unwrap();
+    assert!(!discard_unfinished(&FileStorage, &path).unwrap());
+    assert!(path.exists());
+    assert!(open_collect(&path).is_err());
+}

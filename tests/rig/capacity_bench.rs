@@ -306,8 +306,11 @@ fn bench(h: &Harness, hold: &std::path::Path) -> Result<(), Failure> {
                                 seen += 1;
                             }
                         }
-                        _ => {
-                            t.errors.fetch_add(1, Ordering::Relaxed);
+                        other => {
+                            if t.errors.fetch_add(1, Ordering::Relaxed) < 3 {
+                                let why = if other.is_err() { "no event within 60 s" } else { "its stream ended" };
+                                eprintln!("capacity-bench: an observer failed after {seen} of {DELTAS} deltas: {why}");
+                            }
                             break;
                         }
                     }
@@ -358,7 +361,11 @@ fn bench(h: &Harness, hold: &std::path::Path) -> Result<(), Failure> {
     report("capacity.ramp_admit_p99_ms", percentile(&admits, 99.0), "ms");
     // The same sends as broca timed them (`broca.timing`): its share of the latency, apart from
     // the daemon, the SDK and the mock provider this process also runs on the same two cores.
-    let timed = answered_in_broca_ms(&h.broca_log());
+    let log = h.broca_log();
+    if let Ok(path) = std::env::var("BROCA_CAPACITY_LOG") {
+        let _ = std::fs::write(path, &log);
+    }
+    let timed = answered_in_broca_ms(&log);
     for (name, skip_last, n) in [("admit_in_broca", 0, PROBES), ("ramp_admit_in_broca", PROBES, SESSIONS)] {
         let end = timed.len().saturating_sub(skip_last);
         let mut inside = timed[end.saturating_sub(n)..end].to_vec();

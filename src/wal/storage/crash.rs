@@ -221,7 +221,9 @@ impl Storage for CrashStorage {
             return Err(kind.error());
         }
         FileStorage.create(path, bytes)?;
-        self.state.lock().durable.insert(path.to_path_buf(), bytes.len() as u64);
+        // Not durable until the file's first `sync_data`: a power loss before it leaves an
+        // empty file or a torn header.
+        self.state.lock().durable.insert(path.to_path_buf(), 0);
         Ok(())
     }
 }
