@@ -335,6 +335,13 @@ fn bench(h: &Harness, hold: &std::path::Path) -> Result<(), Failure> {
     // Probes: with every run streaming (each for about 20 s), sends to fresh sessions from a
     // handful of clients, on a connection of their own (its routes fit the SDK's cache). Each
     // probe's run answers at once, so the probes add no lasting load.
+    // The mock's lane is one FIFO: until every active run has taken its paced response, a
+    // probe's request could take one, leaving a late run the probes' quick answer (no stamped
+    // deltas, so its observer would wait in vain).
+    let waited = Instant::now();
+    while h.mock.pending("default") > 0 && waited.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     std::thread::sleep(Duration::from_millis(500));
     h.install(json!({"responses": vec![quick(); PROBES]}));
     let probe_conn = h.connect();
