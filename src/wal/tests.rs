@@ -214,8 +214,8 @@ fn a_creation_cut_before_its_first_fsync_is_discarded_and_one_after_it_is_kept()
     let storage = CrashStorage::new();
     create(&storage, &path, [7; 16]).unwrap();
     let opts = WalOpen { known_features: KNOWN, resume_at: None, epoch: 1, floor: None, truncate_to: None };
-    let mut wal = Wal::open(&storage, &path, opts, &mut |_: ScannedFrame<'_>| -> Result<(), WalError> { Ok(()) })
-        .unwrap();
+    let mut wal =
+        Wal::open(&storage, &path, opts, &mut |_: ScannedFrame<'_>| -> Result<(), WalError> { Ok(()) }).unwrap();
     wal.sync_directory_at_first_sync();
     accepted(wal.append(&[], b"first", true));
     drop(wal);
