@@ -419,3 +419,28 @@ fn io_fault_at_every_run_index_flush_loses_nothing_and_the_reopen_rebuilds_the_r
         assert_eq!(s.store.messages(&addr, 0, u64::MAX).unwrap(), want_rows, "flush {nth}: and the rows");
     }
 }
+
+/// A session whose WAL a crash cut inside its never-fsynced header (empty, or part of the
+/// header) reads as no session, and its next writer starts it afresh: nothing in it was ever
+/// acknowledged.
+#[test]
+fn a_wal_cut_inside_its_unsynced_header_reads_as_no_session_and_starts_afresh() {
+    for kept in [0usize, 30] {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = shared(dir.path());
+        let mut l = shared.open_lineage(&key()).unwrap();
+        episode(&mut l, "run-old", None);
+        drop(l);
+        let path = shared.wal_path(&key());
+        let header = fs::read(&path).unwrap()[..69].to_vec();
+        // What a power loss before the first fsync leaves of a new WAL.
+        fs::write(&path, &header[..kept]).unwrap();
+        assert!(read::snapshot(&shared, &key()).unwrap().is_none(), "kept {kept}");
+        let mut l = shared.open_lineage(&key()).unwrap();
+        assert!(l.state().last.is_none(), "kept {kept}: the session starts with no episode");
+        episode(&mut l, "run-new", None);
+        drop(l);
+        let page = read::snapshot(&shared, &key()).unwrap().expect("the new record reads");
+        assert_eq!(page.state.last.as_ref().map(|r| r.run_id.as_str()), Some("run-new"), "kept {kept}");
+    }
+}

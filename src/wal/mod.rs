@@ -219,20 +219,22 @@ fn header_frame(header: &WalHeader) -> Vec<u8> {
 /// acknowledged. A file with a whole header, or with bytes past a broken one, is kept (the
 /// open refuses the latter as it always did). Returns whether the file was removed.
 pub fn discard_unfinished(storage: &dyn Storage, path: &Path) -> Result<bool, WalError> {
-    let len = fs::metadata(path).map_err(io_err("stat", path))?.len();
-    let whole = header_frame(&WalHeader { lineage: [0; 16], incarnation: [0; 16] }).len() as u64;
-    if len > whole {
+    if !is_unfinished(storage, path) {
         return Ok(false);
     }
-    match read_header_of(storage, path, &[]) {
-        Err(WalError::NotAWal { .. }) => {
-            fs::remove_file(path).map_err(io_err("remove", path))?;
-            sync_dir(path.parent().unwrap_or(Path::new(".")))?;
-            log::warn!("wal {} was cut before its first fsync ({len} bytes); the session starts fresh", path.display());
-            Ok(true)
-        }
-        _ => Ok(false),
-    }
+    fs::remove_file(path).map_err(io_err("remove", path))?;
+    sync_dir(path.parent().unwrap_or(Path::new(".")))?;
+    log::warn!("wal {} was cut before its first fsync; the session starts fresh", path.display());
+    Ok(true)
+}
+
+/// Whether the WAL at `path` is a creation a crash cut before its first fsync (see
+/// [`discard_unfinished`]). A live creation never is: its file appears by rename with its whole
+/// header. Readers treat such a file as no session; only the next writer removes it.
+pub fn is_unfinished(storage: &dyn Storage, path: &Path) -> bool {
+    let whole = header_frame(&WalHeader { lineage: [0; 16], incarnation: [0; 16] }).len() as u64;
+    fs::metadata(path).is_ok_and(|m| m.len() <= whole)
+        && matches!(read_header_of(storage, path, &[]), Err(WalError::NotAWal { .. }))
 }
 
 /// Fsyncs a directory so a rename or create in it is durable.
