@@ -148,8 +148,7 @@ impl Server {
             // A subscription (re)opens the session's actor, which then holds the lease while
             // observers remain. A lease held by another process leaves the stream read-only. An
             // expired record is not opened (its open would delete it and start an empty one).
-            let live =
-                registry.shared().wal_path(&key).exists() && crate::ops::expiry::record_version(&ops, &key).is_ok();
+            let live = registry.shared().has_record(&key) && crate::ops::expiry::record_version(&ops, &key).is_ok();
             let opened = if live { registry.open(&key) } else { Ok(()) };
             if let Err(e) = opened {
                 log::info!("subscribe on {}: the session stays closed here ({e})", key.addr());

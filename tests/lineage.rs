@@ -436,10 +436,13 @@ fn a_wal_cut_inside_its_unsynced_header_reads_as_no_session_and_starts_afresh() 
         // What a power loss before the first fsync leaves of a new WAL.
         fs::write(&path, &header[..kept]).unwrap();
         assert!(read::snapshot(&shared, &key()).unwrap().is_none(), "kept {kept}");
+        // Every op that asks whether the session exists (sends, driver ops, subscribe) asks this.
+        assert!(!shared.has_record(&key()), "kept {kept}");
         let mut l = shared.open_lineage(&key()).unwrap();
         assert!(l.state().last.is_none(), "kept {kept}: the session starts with no episode");
         episode(&mut l, "run-new", None);
         drop(l);
+        assert!(shared.has_record(&key()));
         let page = read::snapshot(&shared, &key()).unwrap().expect("the new record reads");
         assert_eq!(page.state.last.as_ref().map(|r| r.run_id.as_str()), Some("run-new"), "kept {kept}");
     }

@@ -722,4 +722,16 @@ impl Shared {
     pub fn wal_path(&self, key: &SessionKey) -> PathBuf {
         self.root.wal_path(key)
     }
+
+    /// Whether the session has a WAL with a record of it: one exists and is not a creation a
+    /// crash cut inside its unsynced header ([`wal::is_unfinished`]), which is no session.
+    pub fn has_record(&self, key: &SessionKey) -> bool {
+        self.record_path(key).is_some()
+    }
+
+    /// The session's WAL if it [has a record](Shared::has_record).
+    pub fn record_path(&self, key: &SessionKey) -> Option<PathBuf> {
+        let path = self.wal_path(key);
+        (path.exists() && !wal::is_unfinished(self.storage.as_ref(), &path)).then_some(path)
+    }
 }

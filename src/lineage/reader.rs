@@ -106,10 +106,7 @@ impl Reader {
     /// The session's reader; `None` when it has no WAL. Looks the WAL up on disk (up to three
     /// `stat`s, one more to rule out a creation a crash cut short): never call it on the io thread.
     pub fn open(shared: &Shared, key: &SessionKey) -> Option<Reader> {
-        let path = shared.root.wal_path(key);
-        // A creation a crash cut before its first fsync holds no durable record: no session.
-        let durable = path.exists() && !wal::is_unfinished(shared.storage.as_ref(), &path);
-        durable.then(|| Reader::at(shared, key, path))
+        shared.record_path(key).map(|path| Reader::at(shared, key, path))
     }
 
     /// The reader of the session's WAL at `path`.

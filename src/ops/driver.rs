@@ -38,7 +38,7 @@ fn on_actor<T: Serialize + 'static>(
     absent: T,
     make: impl FnOnce(Answer<T>) -> SessionCommand,
 ) {
-    if !ops.registry.shared().wal_path(key).exists() {
+    if !ops.registry.shared().has_record(key) {
         return reply(Ok(super::body(absent)));
     }
     let answer = Answer::new(move |r: Result<T, _>| reply(r.map(super::body)));

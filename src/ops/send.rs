@@ -25,7 +25,7 @@ pub(super) fn session_send(ops: &Arc<Ops>, route: &super::Route, params: Value, 
         Err(r) => return reply(Err(r)),
     };
     let shared = ops.registry.shared();
-    let exists = shared.wal_path(key).exists();
+    let exists = shared.has_record(key);
     // Only a plan send needs to know whether the session ran an episode (it fetches only then).
     let has_episode = send.plan.is_some()
         && exists
