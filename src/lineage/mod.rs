@@ -225,10 +225,7 @@ impl Lineage {
         let mut lease = Lease::acquire(&root.lease_path(key))?;
         // A creation a crash cut before its first fsync holds nothing anyone was answered
         // about: it goes, and this send starts the session afresh.
-        let found = root.wal_path(key);
-        if found.exists() {
-            wal::discard_unfinished(storage, &found)?;
-        }
+        wal::discard_unfinished(storage, &root.wal_path(key))?;
         // A retained session past its expiry (or with a deletion a crash interrupted) is
         // deleted before anything reads it: a send to it starts a fresh record.
         shared.expiry().settle(&key.addr(), crate::retention::now_ms()).map_err(|e| match e {

@@ -200,7 +200,7 @@ pub struct Wal {
 /// whole header or no file) but not yet durably: the writer's first fsync covers the header
 /// with its first record, and the directory's fsync follows it
 /// ([`Wal::sync_directory_at_first_sync`]), so a fresh session's first answer pays two syncs,
-/// not four. A crash before that first fsync may leave less than a whole header, which no
+/// not three. A crash before that first fsync may leave less than a whole header, which no
 /// answer ever depended on: [`discard_unfinished`] removes it.
 pub fn create(storage: &dyn Storage, path: &Path, lineage: [u8; 16]) -> Result<WalHeader, WalError> {
     let header = WalHeader { lineage, incarnation: *uuid::Uuid::new_v4().as_bytes() };
@@ -217,7 +217,8 @@ fn header_frame(header: &WalHeader) -> Vec<u8> {
 /// Removes the WAL at `path` if it is a creation a crash cut before its first fsync: no longer
 /// than a header frame and without a whole header. Nothing in such a file was ever
 /// acknowledged. A file with a whole header, or with bytes past a broken one, is kept (the
-/// open refuses the latter as it always did). Returns whether the file was removed.
+/// open refuses the latter as it always did), and so is no file at all. Returns whether the
+/// file was removed.
 pub fn discard_unfinished(storage: &dyn Storage, path: &Path) -> Result<bool, WalError> {
     if !is_unfinished(storage, path) {
         return Ok(false);
@@ -553,8 +554,8 @@ impl Wal {
             self.fsyncs += 1;
             self.unsynced_written = false;
             if self.directory_unsynced {
-                let dir = self.path.parent().unwrap_or(Path::new(".")).to_path_buf();
-                if let Err(e) = File::open(&dir).and_then(|d| d.sync_all()) {
+                let dir = File::open(self.path.parent().unwrap_or(Path::new("."))).and_then(|d| d.sync_all());
+                if let Err(e) = dir {
                     return Err(self.poison("fsync directory", e));
                 }
                 self.directory_unsynced = false;
