@@ -60,6 +60,10 @@ pub const RETENTION_MAX_SECONDS: u64 = 30 * 24 * 3600;
 pub const RETENTION_DELETE_WITHIN_MS: u64 = 2_000;
 /// How often the retention sweep looks at the sessions of `wal-ephemeral/` with no open actor.
 pub const RETENTION_SWEEP_MS: u64 = 250;
+/// How long opening a session waits for a lease this process itself holds (the retention
+/// sweep deleting the record, or a closing session writing its last rows) before it answers
+/// `session_busy`. Another process's lease is refused at once.
+pub const OWN_LEASE_WAIT_MS: u64 = 500;
 
 /// The largest `session.read` page a request may ask for (a larger `limit` is clamped).
 pub const READ_MAX_LIMIT: u64 = 1000;

@@ -222,7 +222,8 @@ impl Lineage {
         // for its own rows before it let the lease go (`Drop for Lineage`), so none of this
         // session's rows is still queued, and a new session never waits behind every other
         // session's queued rows.
-        let mut lease = Lease::acquire(&root.lease_path(key))?;
+        let own_wait = std::time::Duration::from_millis(crate::limits::OWN_LEASE_WAIT_MS);
+        let mut lease = Lease::acquire_waiting_for_own(&root.lease_path(key), own_wait)?;
         // A creation a crash cut before its first fsync holds nothing anyone was answered
         // about: it goes, and this send starts the session afresh.
         wal::discard_unfinished(storage, &root.wal_path(key))?;

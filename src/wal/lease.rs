@@ -63,6 +63,25 @@ fn parse(text: &str) -> (u64, Option<u32>) {
 }
 
 impl Lease {
+    /// Takes the lease at `path`, waiting up to `wait` while this same process holds it. In one
+    /// process a session has one writer at a time, so a lease held by our own pid belongs to
+    /// a short critical section that is about to end: the retention sweep deleting an expired
+    /// record, or a closing session waiting for its last rows. Another process's lease is
+    /// refused at once, as [`Lease::acquire`] refuses it.
+    pub fn acquire_waiting_for_own(path: &Path, wait: std::time::Duration) -> Result<Lease, LeaseError> {
+        let deadline = std::time::Instant::now() + wait;
+        loop {
+            match Lease::acquire(path) {
+                Err(LeaseError::Busy { pid: Some(pid), .. })
+                    if pid == std::process::id() && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Takes the lease at `path` without waiting.
     pub fn acquire(path: &Path) -> Result<Lease, LeaseError> {
         let io = |source| LeaseError::Io { path: path.to_path_buf(), source };

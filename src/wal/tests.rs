@@ -194,6 +194,29 @@ fn leases_admit_one_holder_and_count_epochs() {
     assert_eq!(Lease::acquire(&path).unwrap().epoch(), 2);
 }
 
+/// A lease this process holds is waited for (briefly: a sweep or a closing session is about to
+/// let it go), and still refused once the wait is over.
+#[test]
+fn an_open_waits_for_a_lease_its_own_process_releases_and_not_longer() {
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lease");
+    let held = Lease::acquire(&path).unwrap();
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        drop(held);
+    });
+    let lease = Lease::acquire_waiting_for_own(&path, Duration::from_secs(10)).expect("taken once released");
+    assert_eq!(lease.epoch(), 2);
+    release.join().unwrap();
+    let started = Instant::now();
+    match Lease::acquire_waiting_for_own(&path, Duration::from_millis(30)) {
+        Err(LeaseError::Busy { pid: Some(pid), .. }) => assert_eq!(pid, std::process::id()),
+        other => panic!("{other:?}"),
+    }
+    assert!(started.elapsed() >= Duration::from_millis(30), "refused before its wait was over");
+}
+
 /// A creation is durable only with its first fsync: a power loss before it leaves an empty file
 /// or a torn header, which `discard_unfinished` removes; after it, header and record survive.
 #[test]
