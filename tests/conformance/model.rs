@@ -337,7 +337,7 @@ fn serve(shared: &Shared, mock: &MockServer, mut client: TcpStream) -> io::Resul
         None => target.to_owned(),
     };
     let mut upstream = TcpStream::connect(("127.0.0.1", mock.port()))?;
-    upstream.write_all(format!("{method} {target} {version}\r\n{rest}").as_bytes())?;
+    upstream.write_all(format!("{method} {target} {version}\r\n{}", closing(rest)).as_bytes())?;
     upstream.write_all(&body)?;
     let copied = match held {
         None => io::copy(&mut upstream, &mut client).map(|_| ()),
@@ -345,6 +345,20 @@ fn serve(shared: &Shared, mock: &MockServer, mut client: TcpStream) -> io::Resul
     };
     let _ = client.shutdown(Shutdown::Both);
     copied
+}
+
+/// The request's header lines with `Connection: close` in place of any `Connection` header.
+/// The front serves one request per connection, so it says so: broca-mock then ends the response
+/// by closing (the copy to broca ends with it), and broca does not pool a connection the front
+/// would never read again. Without it, each such connection sat in broca's pool until broca-mock's
+/// keep-alive idle (5 s) closed it under the next request.
+fn closing(headers: &str) -> String {
+    let kept: String = headers
+        .split_inclusive("\r\n")
+        .filter(|line| !line.is_empty() && line != &"\r\n")
+        .filter(|line| !line.split(':').next().is_some_and(|name| name.trim().eq_ignore_ascii_case("connection")))
+        .collect();
+    format!("{kept}Connection: close\r\n\r\n")
 }
 
 /// Pipes the stream, holding it after [`HOLD_COMMENT`] (it and what came before it are already
