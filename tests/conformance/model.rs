@@ -181,7 +181,25 @@ fn observe(body: &Value) -> ModelRequestObservation {
     if let Some(submit) = tools.iter().find(|t| t["function"]["name"] == "submit_result") {
         observed = observed.with_submit_result_schema(submit["function"]["parameters"].clone());
     }
-    observed
+    observed.with_rendered(rendered(body))
+}
+
+/// Every text the request carried, in request order, as the model received it: each message's
+/// string content (system, user, assistant and tool results alike) and each text part of an
+/// array content.
+fn rendered(body: &Value) -> Vec<String> {
+    let messages = body["messages"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let mut texts = Vec::new();
+    for content in messages.iter().map(|m| &m["content"]) {
+        match content {
+            Value::String(text) => texts.push(text.clone()),
+            Value::Array(parts) => texts.extend(
+                parts.iter().filter(|p| p["type"] == "text").filter_map(|p| p["text"].as_str()).map(str::to_owned),
+            ),
+            _ => {}
+        }
+    }
+    texts
 }
 
 /// The assistant messages in a request's history (OpenAI Chat `messages`).

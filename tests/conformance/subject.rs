@@ -278,6 +278,20 @@ impl LlmRunnerSubject for Subject {
         }
     }
 
+    /// A host-side change that never reaches the model: the session's live WAL file gets a write
+    /// time an hour ahead (`session.head.updated_at` of a session without retention reads it).
+    async fn change_host_metadata(&self, handle: &Handle, session: &str) -> Result<(), HarnessError> {
+        let root = broca::state_root::StateRoot::at(&crate::rig::broca_root(&handle.instance().root))
+            .map_err(|e| HarnessError::new(format!("the state root: {e:?}")))?;
+        let key = broca::session_key::SessionKey::new("/", HARNESS, session);
+        let path = root.wal_path(&key);
+        let touched = std::fs::File::options()
+            .append(true)
+            .open(&path)
+            .and_then(|file| file.set_modified(std::time::SystemTime::now() + Duration::from_secs(3600)));
+        touched.map_err(|e| HarnessError::new(format!("moving {}'s write time: {e}", path.display())))
+    }
+
     async fn retention_deletion_finished(&self, handle: &Handle, session: &str) -> Result<bool, HarnessError> {
         crate::retention::deletion_finished(&handle.instance().root, session).map_err(HarnessError::new)
     }
@@ -300,6 +314,9 @@ impl LlmRunnerSubject for Subject {
     fn capabilities(&self) -> BTreeSet<Capability> {
         let mut declared = self.groups.clone();
         declared.insert(Capability::HoldToolCalls);
+        // model.rs records each request's texts (`ModelRequestObservation::rendered`).
+        declared.insert(Capability::RenderedModelInput);
+        declared.insert(Capability::HostMetadataChange);
         declared
     }
 
