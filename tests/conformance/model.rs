@@ -368,8 +368,8 @@ fn serve(shared: &Shared, mock: &MockServer, mut client: TcpStream) -> io::Resul
 /// The request's header lines with `Connection: close` in place of any `Connection` header.
 /// The front serves one request per connection, so it says so: broca-mock then ends the response
 /// by closing (the copy to broca ends with it), and broca does not pool a connection the front
-/// would never read again. Without it, each such connection sat in broca's pool until broca-mock's
-/// keep-alive idle (5 s) closed it under the next request.
+/// would never read again. Without it, every copy lasted broca-mock's keep-alive idle (5 s), and
+/// broca's next request sat on the pooled connection until the front closed it.
 fn closing(headers: &str) -> String {
     let kept: String = headers
         .split_inclusive("\r\n")

@@ -7,7 +7,8 @@ use std::fmt::Write as _;
 use cortexkit_role_llm_runner_conformance::{CaseOutcome, SuiteReport, SuiteVerdict};
 
 /// A case broca fails on purpose: passing it would break a rule of the published contract, which
-/// issue #13 says wins where the two cannot both be served (README "Deviations").
+/// issue #13 says wins where the two cannot both be served (README, "The llm-runner/v1
+/// conformance suite").
 pub struct Deviation {
     pub case: &'static str,
     /// The rule passing the case would break.
