@@ -373,7 +373,7 @@ fn serve(shared: &Shared, mock: &MockServer, mut client: TcpStream) -> io::Resul
 fn closing(headers: &str) -> String {
     let kept: String = headers
         .split_inclusive("\r\n")
-        .filter(|line| !line.is_empty() && line != &"\r\n")
+        .filter(|line| line != &"\r\n")
         .filter(|line| !line.split(':').next().is_some_and(|name| name.trim().eq_ignore_ascii_case("connection")))
         .collect();
     format!("{kept}Connection: close\r\n\r\n")

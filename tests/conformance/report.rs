@@ -117,12 +117,9 @@ impl Summary {
 
     pub fn ledger(&self) -> Ledger {
         let is_listed = |case: &str| DEVIATIONS.iter().any(|d| d.case == case);
-        let (listed, unlisted) = self.failed.iter().map(|(case, _)| case.clone()).partition(|case| is_listed(case));
-        let stale = DEVIATIONS
-            .iter()
-            .map(|d| d.case)
-            .filter(|case| !self.failed.iter().any(|(failed, _)| failed == case))
-            .collect();
+        let (listed, unlisted): (Vec<String>, _) =
+            self.failed.iter().map(|(case, _)| case.clone()).partition(|case| is_listed(case));
+        let stale = DEVIATIONS.iter().map(|d| d.case).filter(|case| !listed.iter().any(|c| c == case)).collect();
         Ledger { listed, unlisted, stale, other_reasons: self.other_verdict_reasons() }
     }
 
