@@ -845,6 +845,7 @@ fn wals(rig: &Rig) -> Vec<std::path::PathBuf> {
 #[test]
 fn members_of_groups_broca_does_not_declare_are_refused_by_name_and_write_nothing() {
     let rig = rig(Duration::from_secs(5));
+    let refusals_wrote_nothing = |rig: &inproc::Rig| assert!(wals(rig).is_empty(), "{:?}", wals(rig));
     // (retention is served since the group is declared: tests/retention.rs.)
     // plan.*.output_refs (§9.13): refused even when false.
     let mut plan_send = keyed("with refs", "e-2");
@@ -857,7 +858,25 @@ fn members_of_groups_broca_does_not_declare_are_refused_by_name_and_write_nothin
     system["system"] = json!({"text": "be brief"});
     let e = rig.call("session.send", system).unwrap_err();
     assert_eq!(e.detail.as_ref().and_then(|d| d.get("field").cloned()), Some(json!("system")));
-    assert!(wals(&rig).is_empty(), "a refused send writes nothing: {:?}", wals(&rig));
+    // Members of groups broca does not declare are refused by name, never ignored: a caller's
+    // run must not go ahead without what it asked for.
+    for (member, value) in [
+        ("structured_output", json!({"schema": {"type": "object"}})),
+        ("attachments", json!([{"upload_id": "u-1"}])),
+        ("client_message_id", json!("phone-1")),
+        ("directives", json!(["wake"])),
+    ] {
+        let mut send = keyed("with an undeclared member", "e-4");
+        send[member] = value;
+        let e = rig.call("session.send", send).unwrap_err();
+        assert_eq!(e.detail.as_ref().and_then(|d| d.get("field").cloned()), Some(json!(member)));
+        assert_golden(&format!("send.{member}_undeclared.json"), &e.to_json(), None);
+    }
+    refusals_wrote_nothing(&rig);
+    // A member no contract names stays tolerated (logged once).
+    let mut unknown = keyed("with an unknown member", "e-5");
+    unknown["x_vendor_hint"] = json!(1);
+    assert!(rig.call("session.send", unknown).is_ok());
 }
 
 #[test]

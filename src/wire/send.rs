@@ -35,6 +35,16 @@ const READ: &[&str] = &[
     "route_decision_id",
 ];
 
+/// Members that ask for a capability group of llm-runner/v1 this build does not declare, with
+/// the group: refused by name (`invalid_params {field}`) rather than ignored, so a caller's run
+/// never goes ahead without what it asked for. Truly unknown members stay tolerated (logged).
+const UNDECLARED: &[(&str, &str)] = &[
+    ("structured_output", "structured_output"),
+    ("attachments", "attachments"),
+    ("client_message_id", "client_message_id"),
+    ("directives", "turn_directives"),
+];
+
 /// Members that make up a send's identity, in the order a `send_id_reuse` names the first
 /// that differs. `title` and `send_id` are not part of it.
 const IDENTITY: &[&str] = &[
@@ -165,6 +175,10 @@ fn unread(obj: &serde_json::Map<String, Value>) -> impl Iterator<Item = &String>
 
 pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
     let obj = params.as_object().ok_or_else(|| invalid_params("params", "must be an object"))?;
+    if let Some((member, group)) = UNDECLARED.iter().find(|(member, _)| obj.contains_key(*member)) {
+        let why = format!("{member} is not served by this build (llm-runner/v1 group {group:?} is not declared)");
+        return Err(invalid_params(member, &why));
+    }
     for k in unread(obj) {
         note_unread(k, &key.harness);
     }
