@@ -125,3 +125,41 @@ fn limits_refuse_typed_and_write_nothing() {
     at_head.unsubscribe();
     h.stop();
 }
+
+/// Issue #34, through the real daemon: a malformed `tools` list on a session's first send is
+/// refused by name and leaves no file under the state root's WAL trees; the session still
+/// reads as never written (`incarnation: "log-1"`), and a good send afterwards starts it.
+#[test]
+fn a_refused_first_send_leaves_no_file_and_the_session_unwritten() {
+    let h = Harness::start_with(Options { prefix: "bnofile".into(), ..Options::default() });
+    let wal_files = || -> Vec<String> {
+        let mut found = Vec::new();
+        for tree in ["wal", "wal-durable", "wal-ephemeral", "wal-archive"] {
+            if let Ok(entries) = std::fs::read_dir(h.state_root().join(tree)) {
+                found.extend(entries.flatten().map(|e| format!("{tree}/{}", e.file_name().to_string_lossy())));
+            }
+        }
+        found
+    };
+    let malformed = [json!(5), json!([5]), json!([{"name": ""}]), json!([{"name": "t", "reply": {"max_ms": 0}}])];
+    for (i, tools) in malformed.iter().enumerate() {
+        let session = h.session(HARNESS, &format!("tools-{i}"), None);
+        let mut params = send_params("hi");
+        params["tools"] = tools.clone();
+        let (code, body) = session.refused("session.send", params);
+        assert_eq!(code, "invalid_params", "{body}");
+        assert!(body["detail"]["field"].as_str().is_some_and(|f| f.starts_with("tools")), "{body}");
+        assert!(wal_files().is_empty(), "a refused send with tools {tools} left {:?}", wal_files());
+        assert!(!session.wal_path().exists());
+        let head = session.ok("session.head", json!({}));
+        assert_eq!(head["incarnation"], "log-1", "{head}");
+        let read = session.ok("session.read", json!({}));
+        assert_eq!(read["messages"], json!([]), "{read}");
+    }
+    let session = h.session(HARNESS, "tools-0", None);
+    h.install(json!({"responses": [slow("fine", 1)]}));
+    let admitted = session.send("now well formed");
+    session.wait_run(admitted["run_id"].as_str().unwrap(), "completed");
+    assert!(session.wal_path().exists(), "the admitted send created the session's WAL");
+    assert_ne!(session.ok("session.head", json!({}))["incarnation"], "log-1");
+}

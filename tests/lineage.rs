@@ -51,8 +51,8 @@ fn episode(l: &mut Lineage, run_id: &str, submission: Option<&str>) {
 fn a_newer_writers_wal_is_refused_with_the_pinned_body_and_left_untouched() {
     let dir = tempfile::tempdir().unwrap();
     let shared = shared(dir.path());
-    drop(shared.open_lineage(&key()).unwrap());
     let path = shared.wal_path(&key());
+    broca::wal::create(&broca::wal::FileStorage, &path, key().lineage_id()).unwrap();
     let mut frame_bytes = Vec::new();
     frame::encode(&mut frame_bytes, FrameKind::Record, 1, 9, &["probe-unknown/v1"], br#"{"probe":{}}"#);
     let mut file = fs::OpenOptions::new().append(true).open(&path).unwrap();
@@ -156,10 +156,8 @@ fn units_are_visible_only_after_commit_and_cursors_are_continuous_across_reopen(
     let path = shared.wal_path(&key());
     let mut l = shared.open_lineage(&key()).unwrap();
     l.append(&run_started("run-1", None, "hi")).unwrap();
-    assert!(
-        read::control_units(&Reader::at(&shared, &key(), path.clone()), None, usize::MAX).unwrap().is_empty(),
-        "nothing visible before fsync"
-    );
+    assert!(Reader::open(&shared, &key()).is_none(), "nothing visible before fsync: the WAL is not even created");
+    assert!(read::control_units(&l.reader(), None, usize::MAX).unwrap().is_empty(), "nor to its writer");
     assert_eq!(l.head(), None);
     let units = l.commit().unwrap();
     assert_eq!(units.len(), 3, "run_started, message_started, user_message");

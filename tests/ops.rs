@@ -189,7 +189,7 @@ fn an_idle_actor_releases_its_lease() {
 fn a_newer_writers_session_refuses_the_send_by_name() {
     let rig = rig(Duration::from_secs(5));
     let shared = rig.ops.registry.shared();
-    drop(shared.open_lineage(&key()).unwrap());
+    broca::wal::create(&broca::wal::FileStorage, &shared.wal_path(&key()), key().lineage_id()).unwrap();
     let mut frame = Vec::new();
     broca::wal::frame::encode(&mut frame, broca::wal::frame::FrameKind::Record, 1, 1, &["probe-unknown/v1"], b"{}");
     let mut f = std::fs::OpenOptions::new().append(true).open(shared.wal_path(&key())).unwrap();

@@ -67,6 +67,11 @@ impl Admission {
     /// first episode's plan fetched.
     pub fn precheck(&self, send: &SendParams, at: Arrival<'_>) -> Result<Checked, Refusal> {
         let resolved = self.check_model(send, at)?;
+        // A session with no record has no frozen plan to weigh a malformed `tools` list
+        // against: it is refused here, before anything is opened.
+        if let (false, Some(fault)) = (at.exists, &send.tools_fault) {
+            return Err(fault.clone());
+        }
         let fetched = match &send.plan {
             Some(plan) if !at.has_episode => Some(self.fetch_plan(at.key, plan)?),
             _ => None,

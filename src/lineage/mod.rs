@@ -240,44 +240,22 @@ impl Lineage {
         let truncate_to = opening.failed_end;
         // Kept in the slot until this open succeeds (a failed open must not forget it).
         let failure = opening.failure.clone();
-        let mut path = root.wal_path(key);
-        let created = !path.exists();
-        if created {
-            path = root.wal_path_placed(key, placement);
-            wal::create(storage, &path, key.lineage_id())?;
-        }
-        let header = wal::read_header_of(storage, &path, record::KNOWN_FEATURES)?;
-        let incarnation = header.incarnation_string();
-        let addr = key.addr();
-        let checkpoint = match store.checkpoint(&addr) {
-            Ok(Some(cp)) if cp.incarnation == incarnation => Some(cp),
-            Ok(Some(_)) => {
-                log::info!("wal {} has a new incarnation; rebuilding its store rows", path.display());
-                store.forget_lineage(&addr)?;
-                None
-            }
-            Ok(None) => None,
-            Err(e) => {
-                log::warn!("store checkpoint of {addr} unreadable ({e}); replaying from the start");
-                None
-            }
+        let path = root.wal_path(key);
+        let (mut wal, mut replay, head, batch, report) = if path.exists() {
+            Self::open_existing(shared, key, &path, lease.epoch(), truncate_to)?
+        } else {
+            // A new session: its WAL is created by the first committed record, so an open whose
+            // send is then refused leaves no file behind (and readers still find no session).
+            let path = root.wal_path_placed(key, placement);
+            let wal = wal::Wal::create_on_first_write(
+                Arc::clone(&shared.storage),
+                &path,
+                key.lineage_id(),
+                lease.epoch(),
+                floor,
+            );
+            (wal, Replay::default(), None, StoreBatch::default(), OpenReport::default())
         };
-        let at = OpenAt { storage, path: &path, key, store: &store, epoch: lease.epoch(), truncate_to };
-        let opened = match checkpoint {
-            Some(cp) => match at.replay_open(floor.clone(), Some(cp), &incarnation) {
-                Err(LineageError::Wal(WalError::Corrupt { offset, reason })) => {
-                    log::warn!("store checkpoint of {addr} does not match its wal ({reason} at {offset}); replaying from the start");
-                    store.forget_lineage(&addr)?;
-                    at.replay_open(floor, None, &incarnation)
-                }
-                other => other,
-            },
-            None => at.replay_open(floor, None, &incarnation),
-        };
-        let (mut wal, mut replay, head, batch, report) = opened?;
-        if created {
-            wal.sync_directory_at_first_sync();
-        }
         opening.failed_end = None;
         opening.failure = None;
         opening.open = Some(Durable { offset: wal.synced_end(), seq: wal.synced_seq(), head });
@@ -315,6 +293,47 @@ impl Lineage {
         lineage.opening = None;
         lineage.flush_store(true);
         Ok(lineage)
+    }
+
+    /// Opens an existing WAL for writing: from the store's checkpoint when it matches the
+    /// file's incarnation (else a full replay), cutting what a failed writer left unsynced.
+    #[allow(clippy::type_complexity)]
+    fn open_existing(
+        shared: &Shared,
+        key: &SessionKey,
+        path: &Path,
+        epoch: u64,
+        truncate_to: Option<u64>,
+    ) -> Result<(Wal, Replay, Option<Cursor>, StoreBatch, OpenReport), LineageError> {
+        let (store, floor, storage) = (&shared.store, Some(Arc::clone(&shared.floor)), shared.storage.as_ref());
+        let header = wal::read_header_of(storage, path, record::KNOWN_FEATURES)?;
+        let incarnation = header.incarnation_string();
+        let addr = key.addr();
+        let checkpoint = match store.checkpoint(&addr) {
+            Ok(Some(cp)) if cp.incarnation == incarnation => Some(cp),
+            Ok(Some(_)) => {
+                log::info!("wal {} has a new incarnation; rebuilding its store rows", path.display());
+                store.forget_lineage(&addr)?;
+                None
+            }
+            Ok(None) => None,
+            Err(e) => {
+                log::warn!("store checkpoint of {addr} unreadable ({e}); replaying from the start");
+                None
+            }
+        };
+        let at = OpenAt { storage, path, key, store, epoch, truncate_to };
+        match checkpoint {
+            Some(cp) => match at.replay_open(floor.clone(), Some(cp), &incarnation) {
+                Err(LineageError::Wal(WalError::Corrupt { offset, reason })) => {
+                    log::warn!("store checkpoint of {addr} does not match its wal ({reason} at {offset}); replaying from the start");
+                    store.forget_lineage(&addr)?;
+                    at.replay_open(floor, None, &incarnation)
+                }
+                other => other,
+            },
+            None => at.replay_open(floor, None, &incarnation),
+        }
     }
 }
 
@@ -539,10 +558,15 @@ impl Lineage {
         read::transcript(&self.reader(), from, limit)
     }
 
-    /// A reader of this lineage's WAL, bounded by its fsynced end.
+    /// A reader of this lineage's WAL, bounded by its fsynced end (empty until the first
+    /// record creates the file).
     pub fn reader(&self) -> reader::Reader {
         let (store, storage, ends) = (Arc::clone(&self.store), Arc::clone(&self.storage), Arc::clone(&self.ends));
-        reader::Reader::parts(store, storage, ends, &self.key, self.wal.path().to_path_buf())
+        let reader = reader::Reader::parts(store, storage, ends, &self.key, self.wal.path().to_path_buf());
+        match self.wal.created() {
+            true => reader,
+            false => reader.unwritten(self.incarnation()),
+        }
     }
 
     /// The last durable control unit; `from: "live"` attaches strictly after it.
@@ -600,9 +624,15 @@ impl Lineage {
     }
 
     /// Queues derived rows and a checkpoint at the durable head for the run-index writer. Only
-    /// called with nothing unsynced, so the store never describes undurable records.
+    /// called with nothing unsynced, so the store never describes undurable records, and never
+    /// before the WAL exists (a session nothing was committed to has no rows).
     fn flush_store(&mut self, force: bool) {
-        if self.store_broken.load(Ordering::Acquire) || !force || self.wal.appended_seq() != self.wal.synced_seq() {
+        let unwritten = !self.wal.created();
+        if unwritten
+            || self.store_broken.load(Ordering::Acquire)
+            || !force
+            || self.wal.appended_seq() != self.wal.synced_seq()
+        {
             return;
         }
         let mut batch = std::mem::take(&mut self.batch);

@@ -56,6 +56,9 @@ pub struct Reader {
     ends: Arc<DurableEnds>,
     addr: String,
     path: PathBuf,
+    /// The incarnation of a writer's own WAL that no record has created yet
+    /// ([`wal::Wal::create_on_first_write`]): while its file is absent, a scan is empty.
+    unwritten: Option<String>,
 }
 
 /// A scan in progress: the replay state so far and where the next batch starts.
@@ -123,14 +126,19 @@ impl Reader {
         key: &SessionKey,
         path: PathBuf,
     ) -> Reader {
-        Reader { store: Some(store), storage, ends, addr: key.addr(), path }
+        Reader { store: Some(store), storage, ends, addr: key.addr(), path, unwritten: None }
+    }
+
+    /// This reader, for a writer whose WAL (of `incarnation`) is not created yet.
+    pub fn unwritten(self, incarnation: String) -> Reader {
+        Reader { unwritten: Some(incarnation), ..self }
     }
 
     /// A reader of a closed WAL file with no run index (forensic tools and tests).
     pub fn file(path: &Path) -> Reader {
         let addr = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
         let storage: Arc<dyn Storage> = Arc::new(wal::FileStorage);
-        Reader { store: None, storage, ends: Arc::default(), addr, path: path.to_path_buf() }
+        Reader { store: None, storage, ends: Arc::default(), addr, path: path.to_path_buf(), unwritten: None }
     }
 
     pub fn path(&self) -> &Path {
@@ -149,6 +157,10 @@ impl Reader {
 
     /// Begins a scan: checks the header and picks the checkpoint.
     pub fn start(&self, start: Start) -> Result<Scan, LineageError> {
+        if let Some(incarnation) = self.unwritten.as_ref().filter(|_| !self.path.exists()) {
+            let (replay, incarnation) = (Replay::default(), incarnation.clone());
+            return Ok(Scan { replay, checkpoint: None, incarnation, next: None, done: true });
+        }
         let header = wal::read_header_of(self.storage.as_ref(), &self.path, record::KNOWN_FEATURES)?;
         let checkpoint = match (start, &self.store) {
             (Start::Beginning, _) | (_, None) => None,

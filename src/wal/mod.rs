@@ -13,7 +13,10 @@
 //! - after any failed write or fsync the WAL is poisoned and refuses appends until reopened;
 //!   it then tries to cut the file back to `synced_end`, so frames whose commit failed never
 //!   come back on a later open (the lineage layer retries that cut at the next open);
-//! - `synced_end <= end`: the offset after the last fsynced frame, what readers may see.
+//! - `synced_end <= end`: the offset after the last fsynced frame, what readers may see;
+//! - a WAL made by [`Wal::create_on_first_write`] has no file until its first frame is written
+//!   (so a refused first send leaves nothing behind); until then `end == synced_end` is the
+//!   header's length and no reader can find the session.
 
 mod floor;
 pub mod frame;
@@ -170,10 +173,16 @@ pub struct WalOpen<'a> {
     pub truncate_to: Option<u64>,
 }
 
+/// The writer's file: open, or not yet created (the storage the first write creates it in).
+enum Handle {
+    Open(Box<dyn WalFile>),
+    Uncreated(Arc<dyn Storage>),
+}
+
 /// The single writer of one WAL file.
 pub struct Wal {
     path: PathBuf,
-    file: Box<dyn WalFile>,
+    file: Handle,
     header: WalHeader,
     epoch: u64,
     floor: Option<Arc<FeatureFloor>>,
@@ -197,11 +206,12 @@ pub struct Wal {
 }
 
 /// Creates a new WAL holding only its header, atomically (temp file, rename: a reader sees a
-/// whole header or no file) but not yet durably: the writer's first fsync covers the header
-/// with its first record, and the directory's fsync follows it
-/// ([`Wal::sync_directory_at_first_sync`]), so a fresh session's first answer pays two syncs,
-/// not three. A crash before that first fsync may leave less than a whole header, which no
-/// answer ever depended on: [`discard_unfinished`] removes it.
+/// whole header or no file) but not yet durably: a crash before the first fsync of a frame may
+/// leave less than a whole header, which no answer ever depended on ([`discard_unfinished`]
+/// removes it). Sessions are created by their writer's first write
+/// ([`Wal::create_on_first_write`]), which also fsyncs the directory after that first fsync,
+/// so a fresh session's first answer pays two syncs, not three; this stand-alone creation
+/// serves tools and tests that lay out WAL files.
 pub fn create(storage: &dyn Storage, path: &Path, lineage: [u8; 16]) -> Result<WalHeader, WalError> {
     let header = WalHeader { lineage, incarnation: *uuid::Uuid::new_v4().as_bytes() };
     storage.create(path, &header_frame(&header)).map_err(io_err("create", path))?;
@@ -414,7 +424,7 @@ impl Wal {
         }
         Ok(Wal {
             path: path.to_path_buf(),
-            file,
+            file: Handle::Open(file),
             header,
             epoch: opts.epoch,
             floor: opts.floor,
@@ -429,6 +439,43 @@ impl Wal {
             fsyncs: 0,
             directory_unsynced: false,
         })
+    }
+
+    /// A writer of a new WAL at `path` whose file does not exist yet: the first write creates
+    /// it (its header atomically, by rename, then the pending frames) and the first fsync then
+    /// also fsyncs its directory. Until then nothing is on disk, so an open whose first command is refused
+    /// leaves no file and no reader finds the session. The caller holds the session's lease.
+    pub fn create_on_first_write(
+        storage: Arc<dyn Storage>,
+        path: &Path,
+        lineage: [u8; 16],
+        epoch: u64,
+        floor: Option<Arc<FeatureFloor>>,
+    ) -> Wal {
+        let header = WalHeader { lineage, incarnation: *uuid::Uuid::new_v4().as_bytes() };
+        let end = header_frame(&header).len() as u64;
+        Wal {
+            path: path.to_path_buf(),
+            file: Handle::Uncreated(storage),
+            header,
+            epoch,
+            floor,
+            end,
+            pending: Vec::new(),
+            unsynced_written: false,
+            synced_end: end,
+            appended_seq: 0,
+            synced_seq: 0,
+            poisoned: None,
+            scratch: Vec::new(),
+            fsyncs: 0,
+            directory_unsynced: true,
+        }
+    }
+
+    /// Whether the file exists (a [`Wal::create_on_first_write`] writer has written).
+    pub fn created(&self) -> bool {
+        matches!(self.file, Handle::Open(_))
     }
 
     pub fn header(&self) -> &WalHeader {
@@ -522,7 +569,20 @@ impl Wal {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let found = match self.file.size() {
+        let file = match &mut self.file {
+            Handle::Open(file) => file,
+            Handle::Uncreated(storage) => {
+                let storage = Arc::clone(storage);
+                if let Err(e) = storage.create(&self.path, &header_frame(&self.header)) {
+                    return Err(self.poison("create", e));
+                }
+                match storage.open_write(&self.path) {
+                    Ok(file) => self.file.insert_open(file),
+                    Err(e) => return Err(self.poison("open", e)),
+                }
+            }
+        };
+        let found = match file.size() {
             Ok(len) => len,
             Err(e) => return Err(self.poison("stat", e)),
         };
@@ -531,7 +591,7 @@ impl Wal {
             self.poisoned = Some(err.to_string());
             return Err(err);
         }
-        if let Err(e) = self.file.append(&self.pending) {
+        if let Err(e) = file.append(&self.pending) {
             return Err(self.poison("write", e));
         }
         self.end += self.pending.len() as u64;
@@ -548,7 +608,8 @@ impl Wal {
         }
         self.write_pending()?;
         if self.unsynced_written {
-            if let Err(e) = self.file.sync_data() {
+            let Handle::Open(file) = &mut self.file else { unreachable!("frames were written, so the file exists") };
+            if let Err(e) = file.sync_data() {
                 return Err(self.poison("fsync", e));
             }
             self.fsyncs += 1;
@@ -566,11 +627,6 @@ impl Wal {
         Ok(self.synced_seq)
     }
 
-    /// Marks this WAL as just created by [`create`]: its first fsync also fsyncs its directory.
-    pub fn sync_directory_at_first_sync(&mut self) {
-        self.directory_unsynced = true;
-    }
-
     /// Latches an I/O failure: nothing more is appended, accepted frames are dropped, and the
     /// file is cut back to its fsynced end if the device still allows it.
     fn poison(&mut self, op: &'static str, source: io::Error) -> WalError {
@@ -584,29 +640,24 @@ impl Wal {
 
     /// Cuts bytes written after the last fsync (best effort; the next open retries).
     fn cut_unsynced(&mut self) {
-        let longer = self.file.size().map_or(true, |len| len > self.synced_end);
-        if longer && self.file.truncate(self.synced_end).is_ok() {
+        let Handle::Open(file) = &mut self.file else { return };
+        let longer = file.size().map_or(true, |len| len > self.synced_end);
+        if longer && file.truncate(self.synced_end).is_ok() {
             self.end = self.synced_end;
             self.unsynced_written = false;
         }
     }
+}
 
-    /// Test hook for crash tests: writes the first `cut` bytes of the next record frame (after
-    /// flushing pending frames) and stops, as a crash in the middle of a write would leave it.
-    #[doc(hidden)]
-    pub fn write_torn_for_test(&mut self, payload: &[u8], cut: usize) -> Result<(), WalError> {
-        self.sync()?;
-        frame::encode(&mut self.scratch, FrameKind::Record, self.appended_seq + 1, self.epoch, &[], payload);
-        let cut = cut.min(self.scratch.len().saturating_sub(1));
-        let bytes = self.scratch[..cut].to_vec();
-        self.file.append(&bytes).map_err(|e| self.poison("write", e))?;
-        self.file.sync_data().map_err(|e| self.poison("fsync", e))?;
-        self.poisoned = Some("torn write injected".into());
-        Ok(())
+impl Handle {
+    /// Becomes the open file and lends it.
+    fn insert_open(&mut self, file: Box<dyn WalFile>) -> &mut Box<dyn WalFile> {
+        *self = Handle::Open(file);
+        let Handle::Open(file) = self else { unreachable!() };
+        file
     }
 }
 
-/// Creates `dir` (and parents) with mode 0700.
 /// Creates `dir` (and its parents) and makes it 0700. An existing directory that already is
 /// 0700 is left untouched (opening a state root writes nothing that is already so).
 pub fn ensure_private_dir(dir: &Path) -> io::Result<()> {

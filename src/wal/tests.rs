@@ -234,16 +234,36 @@ fn a_creation_cut_before_its_first_fsync_is_discarded_and_one_after_it_is_kept()
     }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.wal");
-    let storage = CrashStorage::new();
-    create(&storage, &path, [7; 16]).unwrap();
-    let opts = WalOpen { known_features: KNOWN, resume_at: None, epoch: 1, floor: None, truncate_to: None };
-    let mut wal =
-        Wal::open(&storage, &path, opts, &mut |_: ScannedFrame<'_>| -> Result<(), WalError> { Ok(()) }).unwrap();
-    wal.sync_directory_at_first_sync();
+    let storage = std::sync::Arc::new(CrashStorage::new());
+    let mut wal = Wal::create_on_first_write(storage.clone(), &path, [7; 16], 1, None);
     accepted(wal.append(&[], b"first", true));
     drop(wal);
     storage.power_loss(Loss::Clean).unwrap();
-    assert!(!discard_unfinished(&storage, &path).unwrap());
+    assert!(!discard_unfinished(storage.as_ref(), &path).unwrap());
+    let (_, seen) = open_collect(&path).unwrap();
+    assert_eq!(seen, vec![(1, b"first".to_vec())]);
+}
+
+/// A writer of a new WAL writes nothing until its first frame: dropped before one (a refused
+/// first send), it leaves no file; its first sync writes header and frame and reopens whole.
+#[test]
+fn a_new_wal_has_no_file_until_its_first_frame_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.wal");
+    let storage: std::sync::Arc<dyn Storage> = std::sync::Arc::new(FileStorage);
+    let mut wal = Wal::create_on_first_write(storage.clone(), &path, [7; 16], 1, None);
+    assert_eq!(wal.sync().unwrap(), 0, "nothing to sync");
+    assert!(!path.exists() && !wal.created(), "no frame, no file");
+    drop(wal);
+    assert!(!path.exists());
+    let mut wal = Wal::create_on_first_write(storage, &path, [7; 16], 1, None);
+    let incarnation = wal.header().incarnation;
+    accepted(wal.append(&[], b"first", false));
+    assert!(!path.exists(), "an unsynced append stays in memory");
+    assert_eq!(wal.sync().unwrap(), 1);
+    assert_eq!(wal.synced_end(), fs::metadata(&path).unwrap().len());
+    drop(wal);
+    assert_eq!(read_header_of(&FileStorage, &path, KNOWN).unwrap().incarnation, incarnation);
     let (_, seen) = open_collect(&path).unwrap();
     assert_eq!(seen, vec![(1, b"first".to_vec())]);
 }

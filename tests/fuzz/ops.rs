@@ -14,7 +14,6 @@
 use std::time::{Duration, Instant};
 
 use broca::session_key::SessionKey;
-use broca::state_root::StateRoot;
 use broca::wire::{Refusal, RefusalCode};
 use serde_json::{json, Value};
 
@@ -226,16 +225,15 @@ fn strict_ops(run: &str, sub: &str, addr: &str) -> Vec<StrictOp> {
     ]
 }
 
-fn wal_len(rig: &Rig) -> u64 {
-    let path = StateRoot::at(rig.dir.path()).unwrap().wal_path(&key());
-    std::fs::metadata(path).map_or(0, |m| m.len())
-}
-
 /// Waits until the session has no active or pending run (an admitted send's run ended).
 fn settle(rig: &Rig) {
+    settle_on(rig, &key())
+}
+
+fn settle_on(rig: &Rig, key: &SessionKey) {
     let until = Instant::now() + Duration::from_secs(10);
     while Instant::now() < until {
-        let head = rig.call("run.status", json!({})).unwrap_or(Value::Null);
+        let head = rig.call_on(key, "run.status", json!({})).unwrap_or(Value::Null);
         if !matches!(head["state"].as_str(), Some("active" | "pending" | "paused")) {
             return;
         }
@@ -269,7 +267,7 @@ fn fuzz_ops_strict_params() {
         } else if !g.chance(10) {
             g.mutate_json(&mut params, op.members);
         }
-        let before = wal_len(&rig);
+        let before = rig.footprint(&key());
         let answer = rig.call(op.name, params.clone());
         // A strict op names the first member it does not read, before any other fault.
         let unknown = params.as_object().and_then(|o| o.keys().find(|k| !op.members.contains(&k.as_str())).cloned());
@@ -282,7 +280,9 @@ fn fuzz_ops_strict_params() {
                 if !params.is_object() && !params.is_null() {
                     assert_eq!(field.as_deref(), Some("params"), "{} {params}", op.name);
                 }
-                assert_eq!(wal_len(&rig), before, "{} refused ({}) and wrote", op.name, r.code);
+                if let Some(diff) = before.diff(&rig.footprint(&key())) {
+                    panic!("{} refused ({}) and wrote: {diff}", op.name, r.code);
+                }
             }
             // Every answer is an object but `run.cancel`'s (spec §13: "ack" or "not_active").
             (Ok(body), None) if op.name == "run.cancel" => assert!(body == "ack" || body == "not_active", "{body}"),
@@ -313,6 +313,7 @@ fn fuzz_ops_strict_params() {
 fn fuzz_ops_session_send_served() {
     let (rig, _, _) = rig_with_history();
     let corpus = sends();
+    let mut fresh = 0;
     fuzz("ops.session_send.served", 30, |g| {
         let mut params = g.pick(&corpus).clone();
         if g.chance(3) {
@@ -320,15 +321,24 @@ fn fuzz_ops_session_send_served() {
         } else {
             g.mutate_json(&mut params, SEND_NAMES);
         }
-        let before = wal_len(&rig);
-        match rig.call("session.send", params.clone()) {
+        // Half the cases go to a session with no record: a refused first send must not create it.
+        let key = if g.chance(2) {
+            fresh += 1;
+            SessionKey::new("/tmp", "ops-test", &format!("fuzz-fresh-{fresh}"))
+        } else {
+            key()
+        };
+        let before = rig.footprint(&key);
+        match rig.call_on(&key, "session.send", params.clone()) {
             Ok(body) => {
                 assert!(body["state"].is_string(), "{body}");
-                settle(&rig);
+                settle_on(&rig, &key);
             }
             Err(r) => {
                 check_refusal(&r);
-                assert_eq!(wal_len(&rig), before, "session.send refused ({}) and wrote: {params}", r.to_json());
+                if let Some(diff) = before.diff(&rig.footprint(&key)) {
+                    panic!("session.send refused ({}) and wrote: {diff}: {params}", r.to_json());
+                }
             }
         }
     });

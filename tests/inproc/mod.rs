@@ -74,9 +74,29 @@ pub fn key() -> SessionKey {
 
 impl Rig {
     pub fn call(&self, method: &str, params: Value) -> Result<Value, Refusal> {
+        self.call_on(&key(), method, params)
+    }
+
+    /// [`Rig::call`] on another session.
+    pub fn call_on(&self, key: &SessionKey, method: &str, params: Value) -> Result<Value, Refusal> {
         let (tx, rx) = bounded(1);
-        self.ops.handle(&key(), method, params, Box::new(move |r| tx.send(r).unwrap()));
+        self.ops.handle(key, method, params, Box::new(move |r| tx.send(r).unwrap()));
         rx.recv_timeout(Duration::from_secs(10)).expect("an answer")
+    }
+
+    /// What a refusal must leave as it was (issue #34): every file under the state root with
+    /// its bytes (leases aside; the run index as its rows, not its pages), and what
+    /// `session.read` and `session.head` answer on `key`. Settles the run-index writer first.
+    pub fn footprint(&self, key: &SessionKey) -> Footprint {
+        self.ops.registry.shared().settle();
+        let mut files = std::collections::BTreeMap::new();
+        collect_files(self.dir.path(), self.dir.path(), &mut files);
+        Footprint {
+            files,
+            rows: run_index_rows(&self.dir.path().join("run-index.db")),
+            read: self.call_on(key, "session.read", serde_json::json!({})).map_err(|r| r.to_json()),
+            head: self.call_on(key, "session.head", serde_json::json!({})).map_err(|r| r.to_json()),
+        }
     }
 
     pub fn wait_state(&self, run_id: &str, want: &str) {
@@ -120,4 +140,76 @@ impl ToolDispatcher for TestTools {
         std::thread::sleep(Duration::from_millis(sleep));
         ToolOutcome::Completed(ToolOutput::text(format!("{} done", call.name)))
     }
+}
+
+/// A state root's observable state (see [`Rig::footprint`]).
+#[derive(Debug, PartialEq)]
+pub struct Footprint {
+    /// Relative path → bytes, for every file but the leases and the run index's own files.
+    pub files: std::collections::BTreeMap<String, Vec<u8>>,
+    /// Every row of every run-index table, as text, sorted.
+    pub rows: Vec<String>,
+    pub read: Result<Value, String>,
+    pub head: Result<Value, String>,
+}
+
+impl Footprint {
+    /// The first difference from `other`, in words.
+    pub fn diff(&self, other: &Footprint) -> Option<String> {
+        let names = |f: &Footprint| f.files.keys().cloned().collect::<Vec<_>>();
+        if names(self) != names(other) {
+            return Some(format!("files {:?} became {:?}", names(self), names(other)));
+        }
+        if let Some((name, _)) = self.files.iter().find(|(n, b)| other.files.get(*n) != Some(b)) {
+            return Some(format!("{name} changed"));
+        }
+        if self.rows != other.rows {
+            let gone: Vec<_> = self.rows.iter().filter(|r| !other.rows.contains(r)).collect();
+            let new: Vec<_> = other.rows.iter().filter(|r| !self.rows.contains(r)).collect();
+            return Some(format!("run-index rows changed: gone {gone:?}, new {new:?}"));
+        }
+        if self.read != other.read {
+            return Some(format!("session.read answered {:?}, then {:?}", self.read, other.read));
+        }
+        (self.head != other.head).then(|| format!("session.head answered {:?}, then {:?}", self.head, other.head))
+    }
+}
+
+fn collect_files(root: &Path, dir: &Path, out: &mut std::collections::BTreeMap<String, Vec<u8>>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+        if name == "leases" || name.starts_with("run-index.db") {
+            continue;
+        }
+        if path.is_dir() {
+            out.insert(format!("{name}/"), Vec::new());
+            collect_files(root, &path, out);
+        } else {
+            out.insert(name, std::fs::read(&path).unwrap_or_default());
+        }
+    }
+}
+
+/// Every row of every table of the run index at `path`, rendered as text and sorted.
+fn run_index_rows(path: &Path) -> Vec<String> {
+    let Ok(conn) = rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY) else {
+        return Vec::new();
+    };
+    let mut tables = conn.prepare("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name").unwrap();
+    let tables: Vec<String> = tables.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect();
+    let mut rows = Vec::new();
+    for table in tables {
+        let mut select = conn.prepare(&format!("SELECT * FROM \"{table}\"")).unwrap();
+        let columns = select.column_count();
+        let mut found = select.query([]).unwrap();
+        while let Some(row) = found.next().unwrap() {
+            let cells: Vec<String> =
+                (0..columns).map(|i| format!("{:?}", row.get_ref(i).map(rusqlite::types::Value::from).ok())).collect();
+            rows.push(format!("{table}: {}", cells.join(" | ")));
+        }
+    }
+    rows.sort();
+    rows
 }
