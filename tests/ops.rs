@@ -367,6 +367,42 @@ fn boot_recovery_drains_queued_work_left_by_a_previous_process() {
     rig.wait_state("run-sub-left", "completed");
 }
 
+/// A queued send whose frozen config this build cannot read starts a run recorded with that
+/// config as written (never a made-up route) and ends at once as an error naming why; the
+/// queue behind it drains.
+#[test]
+fn a_queued_send_with_an_unreadable_config_ends_visibly_with_its_config_as_written() {
+    let rig = rig(Duration::from_secs(5));
+    let shared = rig.ops.registry.shared();
+    let written = json!({"provider": 5, "from_a_newer_build": true});
+    let mut l = shared.open_lineage(&key()).unwrap();
+    let request = broca::record::RequestIdentity {
+        config: Some(broca::record::Frozen::Unreadable(written.clone())),
+        ..Default::default()
+    };
+    l.enqueue("sub-odd", broca::message::Message::user_text("from the future"), request).unwrap();
+    drop(l);
+    shared.settle();
+    assert_eq!(rig.ops.registry.recover(), 1);
+    rig.wait_state("run-sub-odd", "error");
+    let path = shared.wal_path(&key());
+    let started = broca::lineage::reader::Reader::file(&path);
+    let mut configs = Vec::new();
+    struct Configs<'a>(&'a mut Vec<broca::record::Frozen>);
+    impl broca::lineage::reader::Sink for Configs<'_> {
+        fn record(&mut self, _seq: u64, record: &broca::record::Record) -> bool {
+            if let broca::record::Record::RunStarted(r) = record {
+                self.0.push(r.config.clone());
+            }
+            true
+        }
+    }
+    started.scan(broca::lineage::reader::Start::Beginning, &mut Configs(&mut configs)).unwrap();
+    assert_eq!(configs, vec![broca::record::Frozen::Unreadable(written)], "RunStarted keeps the config as written");
+    let result = rig.call("run.result", json!({"run_id": "run-sub-odd"})).unwrap();
+    assert_eq!(result["error"]["provider_code"], "queued_config_unreadable", "{result}");
+}
+
 /// `io_fault_*` through the actor: an fsync that fails mid-run latches the session's WAL; the
 /// actor stops, sends get a typed transient refusal while the device fails, nothing durable is
 /// lost, and once it works again the next send reopens the session, which seals the run with the

@@ -517,17 +517,13 @@ impl Registry {
                 let config: RenderConfig = match next.request.config.as_ref().and_then(Frozen::config) {
                     Some(c) => c.clone(),
                     None => {
-                        // Admitted under a config this build cannot read: end it visibly rather
-                        // than leave the FIFO stuck behind it.
-                        let units = agent::admit(
-                            lineage,
-                            &run_id,
-                            Some(&next.submission_id),
-                            &unreadable(),
-                            next.message,
-                            None,
-                            None,
-                        )?;
+                        // Admitted under a config this build cannot read: its run starts with
+                        // that config as written and ends visibly, rather than leave the FIFO
+                        // stuck behind it.
+                        let written =
+                            next.request.config.clone().unwrap_or(Frozen::Unreadable(serde_json::Value::Null));
+                        let units =
+                            agent::admit_unreadable(lineage, &run_id, &next.submission_id, written, next.message)?;
                         publish(Output::Control(units));
                         let message = "the queued send's frozen config does not decode in this build".to_string();
                         let error = ProviderError::permanent("queued_config_unreadable", message);
@@ -564,24 +560,4 @@ impl Registry {
 /// Whether the session's record is past its retention now (`crate::retention::expiry_of`).
 fn expired(lineage: &Lineage) -> bool {
     crate::retention::expiry_of(lineage.state()).is_some_and(|at| crate::retention::now_ms() >= at)
-}
-
-/// A placeholder config recorded for a queued send whose own config cannot be read.
-fn unreadable() -> RenderConfig {
-    RenderConfig {
-        provider: String::new(),
-        model: String::new(),
-        family: crate::provider::event::Family::OpenaiChat,
-        base_url: String::new(),
-        wire_model: String::new(),
-        variant: None,
-        variant_params: serde_json::Value::Null,
-        system: None,
-        max_output_tokens: None,
-        max_steps: None,
-        tools: vec![],
-        auth: Default::default(),
-        policy: Default::default(),
-        plan: None,
-    }
 }

@@ -22,7 +22,7 @@ use serde_json::Value;
 
 pub use tools::{CallTarget, Cancel, NoTools, ToolCall, ToolDispatcher, ToolOutcome, ToolOutput};
 pub use turn::drive_with;
-pub use turn::{admit, admit_owned, drive, TurnOutcome};
+pub use turn::{admit, admit_owned, admit_unreadable, drive, TurnOutcome};
 
 use crate::lineage::projection::ControlUnit;
 use crate::record::CancelAt;

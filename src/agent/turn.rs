@@ -78,15 +78,45 @@ pub fn admit_owned(
         (AuthSource::Vault { credential_id }, Some(vault)) => vault.read_at_admission(run_id, credential_id),
         _ => None,
     };
+    let selection = auth_selection(config, account.as_ref());
+    start(lineage, run_id, submission_id, Frozen::new(config.clone()), input, title, selection, first_owner)
+}
+
+/// Starts the run of a queued send whose frozen config this build cannot read: `RunStarted`
+/// carries that config as it was written (never one made up), so the caller can end the run
+/// at once, visibly, instead of leaving the queue stuck behind it.
+pub fn admit_unreadable(
+    lineage: &mut Lineage,
+    run_id: &str,
+    submission_id: &str,
+    config: Frozen,
+    input: Message,
+) -> Result<Vec<ControlUnit>, LineageError> {
+    start(lineage, run_id, Some(submission_id), config, input, None, None, None)
+}
+
+/// Appends and commits a run's `RunStarted`, with the session's recorded owner (or
+/// `first_owner` on its first episode).
+#[allow(clippy::too_many_arguments)]
+fn start(
+    lineage: &mut Lineage,
+    run_id: &str,
+    submission_id: Option<&str>,
+    config: Frozen,
+    input: Message,
+    title: Option<String>,
+    auth_selection: Option<serde_json::Value>,
+    first_owner: Option<&crate::owner::Owner>,
+) -> Result<Vec<ControlUnit>, LineageError> {
     let rec = Record::RunStarted(Box::new(RunStarted {
         run_id: run_id.into(),
         submission_id: submission_id.map(String::from),
         origin: Origin::Fresh,
-        config: Frozen::new(config.clone()),
+        config,
         input,
         title,
         started_at_ms: now_ms(),
-        auth_selection: auth_selection(config, account.as_ref()),
+        auth_selection,
         owner: match lineage.state().last.as_ref() {
             Some(previous) => previous.owner.clone(),
             None => first_owner.cloned(),

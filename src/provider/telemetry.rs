@@ -79,10 +79,6 @@ impl Telemetry {
         self.last_content_at_ms
     }
 
-    pub fn saw_content(&self) -> bool {
-        self.first_content_at_ms.is_some()
-    }
-
     /// The fields for `model_attempt_finished`, absent when unobserved.
     pub fn to_map(&self) -> Map<String, Value> {
         let mut m = Map::new();
