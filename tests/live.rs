@@ -8,6 +8,8 @@
 //! - the handle: `BROCA_DEVTOOLS_HANDLES` or `~/.config/cortexkit/broca/dev-tools-handles.json`;
 //! - the model: `BROCA_LIVE_MODEL` (default [`DEFAULT_MODEL`]).
 
+mod skip;
+
 use std::process::{Command, Stdio};
 
 const BIN: &str = env!("CARGO_BIN_EXE_broca-run");
@@ -20,7 +22,7 @@ fn var(name: &str) -> Option<String> {
 #[test]
 fn one_turn_on_a_real_provider() {
     if var("BROCA_LIVE_TESTS").as_deref() != Some("1") {
-        eprintln!("live: skipped (set BROCA_LIVE_TESTS=1 to run one turn on a real provider)");
+        skip::skip("one_turn_on_a_real_provider", "set BROCA_LIVE_TESTS=1 to run one turn on a real provider");
         return;
     }
     let connection = var("BROCA_LIVE_SUBC")

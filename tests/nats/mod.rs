@@ -8,6 +8,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+#[path = "../skip/mod.rs"]
+mod skip;
+
 /// How long a server or a subscription may take to come up.
 const UP: Duration = Duration::from_secs(10);
 
@@ -17,7 +20,7 @@ pub fn available(case: &str) -> bool {
     if found.is_ok_and(|s| s.success()) {
         return true;
     }
-    eprintln!("skipped: {case} (nats-server is not on PATH; scripts/install-test-deps installs it)");
+    skip::skip(case, "nats-server is not on PATH (scripts/install-test-deps installs it)");
     false
 }
 
