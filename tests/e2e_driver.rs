@@ -276,7 +276,6 @@ fn newer_writer_refused_everywhere(h: &Harness) {
     let s = h.session(HARNESS, "newer", None);
     // A WAL whose second frame needs a feature this build does not know, written while no
     // broca holds the session (as a newer broca would have left it).
-    let shared = broca::lineage::Shared::open(broca::state_root::StateRoot::at(&h.state_root()).unwrap()).unwrap();
     broca::wal::create(&broca::wal::FileStorage, &s.wal_path(), s.key().lineage_id()).unwrap();
     let mut frame = Vec::new();
     broca::wal::frame::encode(&mut frame, broca::wal::frame::FrameKind::Record, 1, 1, &["probe-unknown/v1"], b"{}");
