@@ -18,10 +18,18 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
 
 /// The top-level modules `text` names as `crate::<m>` (in paths and in `use crate::{…}`).
 fn references(text: &str) -> BTreeSet<String> {
+    references_after(text, "crate::")
+}
+
+/// The modules `text` names right after `prefix` (in paths and in `use <prefix>{…}`), outside
+/// comments (a doc link is no import).
+fn references_after(text: &str, prefix: &str) -> BTreeSet<String> {
     let ident = |s: &str| s.chars().take_while(|c| c.is_ascii_lowercase() || *c == '_').collect::<String>();
+    let code: String = text.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n");
+    let text = code.as_str();
     let mut out = BTreeSet::new();
-    for (i, _) in text.match_indices("crate::") {
-        let rest = &text[i + "crate::".len()..];
+    for (i, _) in text.match_indices(prefix) {
+        let rest = &text[i + prefix.len()..];
         if let Some(group) = rest.strip_prefix('{') {
             let group = &group[..group.find('}').unwrap_or(group.len())];
             out.extend(group.split(',').map(|item| ident(item.trim())).filter(|m| !m.is_empty()));
@@ -85,6 +93,42 @@ fn top_level_modules_import_without_cycles() {
     for module in graph.keys() {
         if let Some(cycle) = cycle_from(&graph, module) {
             panic!("an import cycle among top-level modules: {}", cycle.join(" -> "));
+        }
+    }
+}
+
+/// Inside `src/subc` too (#27): its children (`io`, `module`, `consumer`, …) import without a
+/// cycle, read from `super::<m>` in its own files and `crate::subc::<m>` anywhere below it.
+#[test]
+fn subc_children_import_without_cycles() {
+    let subc = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/subc");
+    let mut files = Vec::new();
+    sources(&subc, &mut files);
+    let known: BTreeSet<String> = subc
+        .read_dir()
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().trim_end_matches(".rs").to_string())
+        .collect();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in &files {
+        let rel = file.strip_prefix(&subc).unwrap();
+        let child = rel.components().next().unwrap().as_os_str().to_string_lossy().trim_end_matches(".rs").to_string();
+        if child == "mod" {
+            continue;
+        }
+        let text = std::fs::read_to_string(file).unwrap();
+        let mut refs = references_after(&text, "crate::subc::");
+        if rel.components().count() == 1 {
+            // A file directly in src/subc: `super::` is subc.
+            refs.extend(references_after(&text, "super::"));
+        }
+        let deps: Vec<String> = refs.into_iter().filter(|m| *m != child && known.contains(m)).collect();
+        graph.entry(child).or_default().extend(deps);
+    }
+    assert!(graph.contains_key("io") && graph.contains_key("module"), "the walk found subc's children: {graph:?}");
+    for child in graph.keys() {
+        if let Some(cycle) = cycle_from(&graph, child) {
+            panic!("an import cycle among src/subc's modules: {}", cycle.join(" -> "));
         }
     }
 }

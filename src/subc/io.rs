@@ -35,7 +35,7 @@ use subc_protocol::session::{ModuleControlCommand, ModuleControlRequest, ModuleC
 use subc_protocol::{ErrorBody, Flags, Frame, FrameType, Priority};
 
 use super::frame::{self, Decoder};
-use super::module::{Authorizer, BindRequest, ConnectionEnd, ControlReply, ControlRequest, Handler};
+use super::handler::{Authorizer, BindRequest, ConnectionEnd, ControlReply, ControlRequest, Handler};
 use super::outbound::{Out, Shared};
 use super::routes::{Route, RouteTable};
 

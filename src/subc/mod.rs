@@ -16,6 +16,7 @@
 pub mod connection_file;
 pub mod consumer;
 pub mod frame;
+pub mod handler;
 pub mod handshake;
 mod io;
 #[cfg(test)]
