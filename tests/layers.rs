@@ -68,33 +68,48 @@ fn cycle_from(graph: &BTreeMap<String, BTreeSet<String>>, start: &str) -> Option
     walk(graph, start, &mut Vec::new(), &mut BTreeSet::new())
 }
 
-#[test]
-fn top_level_modules_import_without_cycles() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// The import graph among the children (files and folders) of `dir`, `skip` aside: an edge
+/// for every child named in `refs(path below dir, text)` of one of a child's files.
+fn import_graph(
+    dir: &Path,
+    skip: &str,
+    refs: impl Fn(&Path, &str) -> BTreeSet<String>,
+) -> BTreeMap<String, BTreeSet<String>> {
     let mut files = Vec::new();
-    sources(&src, &mut files);
+    sources(dir, &mut files);
+    let known: BTreeSet<String> = dir
+        .read_dir()
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().trim_end_matches(".rs").to_string())
+        .collect();
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for file in &files {
-        let rel = file.strip_prefix(&src).unwrap();
-        let top = rel.components().next().unwrap().as_os_str().to_string_lossy().trim_end_matches(".rs").to_string();
-        if top == "lib" {
+        let rel = file.strip_prefix(dir).unwrap();
+        let child = rel.components().next().unwrap().as_os_str().to_string_lossy().trim_end_matches(".rs").to_string();
+        if child == skip {
             continue;
         }
         let text = std::fs::read_to_string(file).unwrap();
-        let modules = src.read_dir().unwrap().filter_map(|e| {
-            let name = e.ok()?.file_name().to_string_lossy().trim_end_matches(".rs").to_string();
-            Some(name)
-        });
-        let known: BTreeSet<String> = modules.collect();
-        let deps: Vec<String> = references(&text).into_iter().filter(|m| *m != top && known.contains(m)).collect();
-        graph.entry(top).or_default().extend(deps);
+        let deps: Vec<String> = refs(rel, &text).into_iter().filter(|m| *m != child && known.contains(m)).collect();
+        graph.entry(child).or_default().extend(deps);
     }
-    assert!(graph.len() > 10, "the source walk found the modules: {graph:?}");
+    graph
+}
+
+fn assert_acyclic(graph: &BTreeMap<String, BTreeSet<String>>, among: &str) {
     for module in graph.keys() {
-        if let Some(cycle) = cycle_from(&graph, module) {
-            panic!("an import cycle among top-level modules: {}", cycle.join(" -> "));
+        if let Some(cycle) = cycle_from(graph, module) {
+            panic!("an import cycle among {among}: {}", cycle.join(" -> "));
         }
     }
+}
+
+#[test]
+fn top_level_modules_import_without_cycles() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let graph = import_graph(&src, "lib", |_, text| references(text));
+    assert!(graph.len() > 10, "the source walk found the modules: {graph:?}");
+    assert_acyclic(&graph, "top-level modules");
 }
 
 /// Inside `src/subc` too (#27): its children (`io`, `module`, `consumer`, …) import without a
@@ -102,35 +117,16 @@ fn top_level_modules_import_without_cycles() {
 #[test]
 fn subc_children_import_without_cycles() {
     let subc = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/subc");
-    let mut files = Vec::new();
-    sources(&subc, &mut files);
-    let known: BTreeSet<String> = subc
-        .read_dir()
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().trim_end_matches(".rs").to_string())
-        .collect();
-    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for file in &files {
-        let rel = file.strip_prefix(&subc).unwrap();
-        let child = rel.components().next().unwrap().as_os_str().to_string_lossy().trim_end_matches(".rs").to_string();
-        if child == "mod" {
-            continue;
-        }
-        let text = std::fs::read_to_string(file).unwrap();
-        let mut refs = references_after(&text, "crate::subc::");
+    let graph = import_graph(&subc, "mod", |rel, text| {
+        let mut refs = references_after(text, "crate::subc::");
         if rel.components().count() == 1 {
             // A file directly in src/subc: `super::` is subc.
-            refs.extend(references_after(&text, "super::"));
+            refs.extend(references_after(text, "super::"));
         }
-        let deps: Vec<String> = refs.into_iter().filter(|m| *m != child && known.contains(m)).collect();
-        graph.entry(child).or_default().extend(deps);
-    }
+        refs
+    });
     assert!(graph.contains_key("io") && graph.contains_key("module"), "the walk found subc's children: {graph:?}");
-    for child in graph.keys() {
-        if let Some(cycle) = cycle_from(&graph, child) {
-            panic!("an import cycle among src/subc's modules: {}", cycle.join(" -> "));
-        }
-    }
+    assert_acyclic(&graph, "src/subc's modules");
 }
 
 #[test]

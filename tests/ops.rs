@@ -350,20 +350,22 @@ fn a_steer_into_an_orphaned_run_is_delivered_by_its_seal_not_run_as_a_turn() {
     assert_ne!(status["state"], "completed", "{status}");
 }
 
+/// A send queued with `config` by a previous process that died before running it.
+fn leave_queued(rig: &inproc::Rig, submission_id: &str, prompt: &str, config: broca::record::Frozen) {
+    let shared = rig.ops.registry.shared();
+    let mut l = shared.open_lineage(&key()).unwrap();
+    let request = broca::record::RequestIdentity { config: Some(config), ..Default::default() };
+    l.enqueue(submission_id, broca::message::Message::user_text(prompt), request).unwrap();
+    drop(l);
+    shared.settle();
+}
+
 #[test]
 fn boot_recovery_drains_queued_work_left_by_a_previous_process() {
     let rig = rig(Duration::from_secs(5));
-    let shared = rig.ops.registry.shared();
     // A previous process queued a send (with its admitted config) and died before running it.
-    let config = mock_route(&rig);
-    let mut l = shared.open_lineage(&key()).unwrap();
-    let request = broca::record::RequestIdentity {
-        config: Some(broca::record::Frozen::new(config.clone())),
-        ..Default::default()
-    };
-    l.enqueue("sub-left", broca::message::Message::user_text("left behind"), request).unwrap();
-    drop(l);
-    shared.settle();
+    let config = broca::record::Frozen::new(mock_route(&rig));
+    leave_queued(&rig, "sub-left", "left behind", config);
     assert_eq!(rig.ops.registry.recover(), 1);
     rig.wait_state("run-sub-left", "completed");
 }
@@ -374,19 +376,11 @@ fn boot_recovery_drains_queued_work_left_by_a_previous_process() {
 #[test]
 fn a_queued_send_with_an_unreadable_config_ends_visibly_with_its_config_as_written() {
     let rig = rig(Duration::from_secs(5));
-    let shared = rig.ops.registry.shared();
     let written = json!({"provider": 5, "from_a_newer_build": true});
-    let mut l = shared.open_lineage(&key()).unwrap();
-    let request = broca::record::RequestIdentity {
-        config: Some(broca::record::Frozen::Unreadable(written.clone())),
-        ..Default::default()
-    };
-    l.enqueue("sub-odd", broca::message::Message::user_text("from the future"), request).unwrap();
-    drop(l);
-    shared.settle();
+    leave_queued(&rig, "sub-odd", "from the future", broca::record::Frozen::Unreadable(written.clone()));
     assert_eq!(rig.ops.registry.recover(), 1);
     rig.wait_state("run-sub-odd", "error");
-    let path = shared.wal_path(&key());
+    let path = rig.ops.registry.shared().wal_path(&key());
     let started = broca::lineage::reader::Reader::file(&path);
     let mut configs = Vec::new();
     struct Configs<'a>(&'a mut Vec<broca::record::Frozen>);

@@ -8,9 +8,12 @@ use crossbeam_channel::{select, Receiver, RecvError};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
+mod admit;
 mod attempt_record;
 mod credential;
 mod stops;
+
+pub use admit::{admit, admit_owned, admit_unreadable};
 
 use stops::HardStop;
 
@@ -18,7 +21,7 @@ use super::attempt::Assembler;
 use super::tools::dispatch_batch;
 use super::tools::{Cancel, ToolOutcome};
 use super::{DisplayEvent, Handled, LoopOptions, Mailbox, Output, RunCommand, ToolCall, ToolDispatcher, ToolOutput};
-use crate::lineage::projection::{self, ControlUnit};
+use crate::lineage::projection;
 use crate::lineage::{Lineage, LineageError};
 use crate::message::{Message, Part, Role, StepUsage};
 use crate::provider::client::{now_ms, Attempt, AttemptEvent, ModelClient};
@@ -26,8 +29,7 @@ use crate::provider::config::RenderConfig;
 use crate::provider::event::StreamEvent;
 use crate::provider::telemetry::Telemetry;
 use crate::record::{
-    AttemptFinished, CallOutcome, CancelAt, ErrorClass, FinishReason, Frozen, Origin, PauseReason, ProviderError,
-    Record, RunStarted,
+    AttemptFinished, CallOutcome, CancelAt, ErrorClass, FinishReason, PauseReason, ProviderError, Record,
 };
 use crate::replay::{EpisodeStatus, Resolution};
 
@@ -42,110 +44,6 @@ pub struct TurnOutcome {
     pub reason: Option<FinishReason>,
     pub paused: Option<PauseReason>,
     pub error: Option<ProviderError>,
-}
-
-/// Admission's write: the durable `RunStarted` with the frozen config. The caller resolved the
-/// model (and everything else that can refuse) before, so a refusal never leaves a ghost run.
-/// A session's first episode admitted here records no owner (see [`admit_owned`]).
-pub fn admit(
-    lineage: &mut Lineage,
-    run_id: &str,
-    submission_id: Option<&str>,
-    config: &RenderConfig,
-    input: Message,
-    title: Option<String>,
-    credentials: Option<&crate::vault::Credentials>,
-) -> Result<Vec<ControlUnit>, LineageError> {
-    admit_owned(lineage, run_id, submission_id, config, input, title, credentials, None)
-}
-
-/// [`admit`] with `first_owner`, what a session's first episode records as its owner; every
-/// later episode carries the session's recorded owner instead, so an owner never changes
-/// (`crate::owner`).
-#[allow(clippy::too_many_arguments)]
-pub fn admit_owned(
-    lineage: &mut Lineage,
-    run_id: &str,
-    submission_id: Option<&str>,
-    config: &RenderConfig,
-    input: Message,
-    title: Option<String>,
-    credentials: Option<&crate::vault::Credentials>,
-    first_owner: Option<&crate::owner::Owner>,
-) -> Result<Vec<ControlUnit>, LineageError> {
-    use crate::provider::config::AuthSource;
-    let account = match (&config.auth, credentials) {
-        (AuthSource::Vault { credential_id }, Some(vault)) => vault.read_at_admission(run_id, credential_id),
-        _ => None,
-    };
-    let selection = auth_selection(config, account.as_ref());
-    start(lineage, run_id, submission_id, Frozen::new(config.clone()), input, title, selection, first_owner)
-}
-
-/// Starts the run of a queued send whose frozen config this build cannot read: `RunStarted`
-/// carries that config as it was written (never one made up), so the caller can end the run
-/// at once, visibly, instead of leaving the queue stuck behind it.
-pub fn admit_unreadable(
-    lineage: &mut Lineage,
-    run_id: &str,
-    submission_id: &str,
-    config: Frozen,
-    input: Message,
-) -> Result<Vec<ControlUnit>, LineageError> {
-    start(lineage, run_id, Some(submission_id), config, input, None, None, None)
-}
-
-/// Appends and commits a run's `RunStarted`, with the session's recorded owner (or
-/// `first_owner` on its first episode).
-#[allow(clippy::too_many_arguments)]
-fn start(
-    lineage: &mut Lineage,
-    run_id: &str,
-    submission_id: Option<&str>,
-    config: Frozen,
-    input: Message,
-    title: Option<String>,
-    auth_selection: Option<serde_json::Value>,
-    first_owner: Option<&crate::owner::Owner>,
-) -> Result<Vec<ControlUnit>, LineageError> {
-    let rec = Record::RunStarted(Box::new(RunStarted {
-        run_id: run_id.into(),
-        submission_id: submission_id.map(String::from),
-        origin: Origin::Fresh,
-        config,
-        input,
-        title,
-        started_at_ms: now_ms(),
-        auth_selection,
-        owner: match lineage.state().last.as_ref() {
-            Some(previous) => previous.owner.clone(),
-            None => first_owner.cloned(),
-        },
-    }));
-    Ok(lineage.append_commit(&rec)?.1)
-}
-
-/// What admission froze about the credential and the account decision: the vault credential
-/// id (absent on credential-free routes) with the account admission's vault read named
-/// (`account_id`, `record_version`; absent when that read was refused), and the conversation
-/// key with its source.
-fn auth_selection(config: &RenderConfig, account: Option<&crate::vault::AccountIdentity>) -> Option<serde_json::Value> {
-    use crate::provider::config::AuthSource;
-    let mut sel = serde_json::Map::new();
-    if let AuthSource::Vault { credential_id } = &config.auth {
-        sel.insert("credential_id".into(), json!(credential_id));
-        if let Some(account) = account {
-            if let Some(id) = &account.account_id {
-                sel.insert("account_id".into(), json!(id));
-            }
-            sel.insert("record_version".into(), json!(account.record_version));
-        }
-    }
-    if let Some(key) = &config.policy.conversation_key {
-        let source = config.policy.conversation_key_source.as_deref().unwrap_or("caller");
-        sel.insert("account_decision".into(), json!({"conversation_key": key, "conversation_key_source": source}));
-    }
-    (!sel.is_empty()).then_some(serde_json::Value::Object(sel))
 }
 
 /// How one step's model call ended.

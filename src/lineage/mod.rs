@@ -563,9 +563,10 @@ impl Lineage {
     pub fn reader(&self) -> reader::Reader {
         let (store, storage, ends) = (Arc::clone(&self.store), Arc::clone(&self.storage), Arc::clone(&self.ends));
         let reader = reader::Reader::parts(store, storage, ends, &self.key, self.wal.path().to_path_buf());
-        match self.wal.created() {
-            true => reader,
-            false => reader.unwritten(self.incarnation()),
+        if self.wal.created() {
+            reader
+        } else {
+            reader.unwritten(self.incarnation())
         }
     }
 
@@ -627,8 +628,7 @@ impl Lineage {
     /// called with nothing unsynced, so the store never describes undurable records, and never
     /// before the WAL exists (a session nothing was committed to has no rows).
     fn flush_store(&mut self, force: bool) {
-        let unwritten = !self.wal.created();
-        if unwritten
+        if !self.wal.created()
             || self.store_broken.load(Ordering::Acquire)
             || !force
             || self.wal.appended_seq() != self.wal.synced_seq()

@@ -57,7 +57,7 @@ pub struct Reader {
     addr: String,
     path: PathBuf,
     /// The incarnation of a writer's own WAL that no record has created yet
-    /// ([`wal::Wal::create_on_first_write`]): while its file is absent, a scan is empty.
+    /// ([`wal::Wal::create_on_first_write`]): its file does not exist, so a scan is empty.
     unwritten: Option<String>,
 }
 
@@ -157,7 +157,7 @@ impl Reader {
 
     /// Begins a scan: checks the header and picks the checkpoint.
     pub fn start(&self, start: Start) -> Result<Scan, LineageError> {
-        if let Some(incarnation) = self.unwritten.as_ref().filter(|_| !self.path.exists()) {
+        if let Some(incarnation) = &self.unwritten {
             let (replay, incarnation) = (Replay::default(), incarnation.clone());
             return Ok(Scan { replay, checkpoint: None, incarnation, next: None, done: true });
         }

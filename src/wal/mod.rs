@@ -569,19 +569,8 @@ impl Wal {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let file = match &mut self.file {
-            Handle::Open(file) => file,
-            Handle::Uncreated(storage) => {
-                let storage = Arc::clone(storage);
-                if let Err(e) = storage.create(&self.path, &header_frame(&self.header)) {
-                    return Err(self.poison("create", e));
-                }
-                match storage.open_write(&self.path) {
-                    Ok(file) => self.file.insert_open(file),
-                    Err(e) => return Err(self.poison("open", e)),
-                }
-            }
-        };
+        self.create_file()?;
+        let Handle::Open(file) = &mut self.file else { unreachable!("create_file opened it") };
         let found = match file.size() {
             Ok(len) => len,
             Err(e) => return Err(self.poison("stat", e)),
@@ -627,6 +616,22 @@ impl Wal {
         Ok(self.synced_seq)
     }
 
+    /// Creates the file of a [`Wal::create_on_first_write`] writer (its header, atomically by
+    /// rename) and opens it; nothing to do once it exists.
+    fn create_file(&mut self) -> Result<(), WalError> {
+        let Handle::Uncreated(storage) = &self.file else { return Ok(()) };
+        let storage = Arc::clone(storage);
+        let created =
+            storage.create(&self.path, &header_frame(&self.header)).and_then(|()| storage.open_write(&self.path));
+        match created {
+            Ok(file) => {
+                self.file = Handle::Open(file);
+                Ok(())
+            }
+            Err(e) => Err(self.poison("create", e)),
+        }
+    }
+
     /// Latches an I/O failure: nothing more is appended, accepted frames are dropped, and the
     /// file is cut back to its fsynced end if the device still allows it.
     fn poison(&mut self, op: &'static str, source: io::Error) -> WalError {
@@ -646,15 +651,6 @@ impl Wal {
             self.end = self.synced_end;
             self.unsynced_written = false;
         }
-    }
-}
-
-impl Handle {
-    /// Becomes the open file and lends it.
-    fn insert_open(&mut self, file: Box<dyn WalFile>) -> &mut Box<dyn WalFile> {
-        *self = Handle::Open(file);
-        let Handle::Open(file) = self else { unreachable!() };
-        file
     }
 }
 
