@@ -27,6 +27,7 @@ type Scenario = (&'static str, fn(&Harness));
 
 /// Run in order, on one harness; each prints its name before it runs.
 const SCENARIOS: &[Scenario] = &[
+    ("a refused first send leaves no file and the session unwritten", a_refused_first_send_leaves_no_file),
     ("idle send starts a run that completes", idle_send_runs_to_completion),
     ("removed ops answer unknown_method and write nothing", removed_ops_are_unknown),
     ("sessions bind their project root and harness", sessions_bind_root_and_harness),
@@ -575,4 +576,40 @@ fn retention_expires_and_deletes(h: &Harness) {
     let page = s.ok("session.read", json!({}));
     assert_eq!(page["history_version"], json!(2));
     assert!(!page.to_string().contains("retained secret"), "expired content came back: {page}");
+}
+
+/// Issue #34, through the real daemon: a malformed `tools` list on a session's first send is
+/// refused by name and leaves no file under the state root's WAL trees; the session still
+/// reads as never written (`incarnation: "log-1"`), and a good send afterwards starts it.
+fn a_refused_first_send_leaves_no_file(h: &Harness) {
+    let wal_files = || -> Vec<String> {
+        let mut found = Vec::new();
+        for tree in ["wal", "wal-durable", "wal-ephemeral", "wal-archive"] {
+            if let Ok(entries) = std::fs::read_dir(h.state_root().join(tree)) {
+                found.extend(entries.flatten().map(|e| format!("{tree}/{}", e.file_name().to_string_lossy())));
+            }
+        }
+        found
+    };
+    let before = wal_files();
+    let malformed = [json!(5), json!([5]), json!([{"name": ""}]), json!([{"name": "t", "reply": {"max_ms": 0}}])];
+    for (i, tools) in malformed.iter().enumerate() {
+        let session = h.session(HARNESS, &format!("nofile-tools-{i}"), None);
+        let mut params = send_params("hi");
+        params["tools"] = tools.clone();
+        let (code, body) = session.refused("session.send", params);
+        assert_eq!(code, "invalid_params", "{body}");
+        assert!(body["detail"]["field"].as_str().is_some_and(|f| f.starts_with("tools")), "{body}");
+        assert_eq!(wal_files(), before, "a refused send with tools {tools} left a file");
+        assert!(!session.wal_path().exists());
+        let head = session.ok("session.head", json!({}));
+        assert_eq!(head["incarnation"], "log-1", "{head}");
+        let read = session.ok("session.read", json!({}));
+        assert_eq!(read["messages"], json!([]), "{read}");
+    }
+    let session = h.session(HARNESS, "nofile-tools-0", None);
+    let admitted = session.send("now well formed");
+    session.wait_run(admitted["run_id"].as_str().unwrap(), "completed");
+    assert!(session.wal_path().exists(), "the admitted send created the session's WAL");
+    assert_ne!(session.ok("session.head", json!({}))["incarnation"], "log-1");
 }

@@ -421,13 +421,19 @@ impl Harness {
         }
     }
 
-    /// The pid of the broca process the daemon supervises: a child of this process running the
-    /// broca binary.
+    /// The pid of the broca process this harness's daemon supervises: a child of this process
+    /// running the broca binary on this harness's state root (so a second harness in the same
+    /// process never finds, or kills, the other's broca).
     pub fn broca_pid(&self) -> Option<i32> {
         let me = std::process::id() as i32;
+        let root = format!("BROCA_STATE_ROOT={}", self.state_root().display());
         fs::read_dir("/proc").ok()?.filter_map(Result::ok).find_map(|e| {
             let pid: i32 = e.file_name().to_str()?.parse().ok()?;
             if fs::read_link(e.path().join("exe")).ok()? != self.broca {
+                return None;
+            }
+            let environ = fs::read(e.path().join("environ")).ok()?;
+            if !environ.split(|b| *b == 0).any(|var| var == root.as_bytes()) {
                 return None;
             }
             // `pid (comm) state ppid ...`; comm may hold spaces, so parse after the last ')'.
