@@ -4,6 +4,7 @@
 //! resume never re-reads the catalog). Its serde form is the record bytes: members are only ever
 //! added, each absent when unset, so WALs written before a member existed read the same.
 
+use cortexkit_role_tool_provider::catalog::Reply;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -36,10 +37,11 @@ pub struct ToolSpec {
     #[serde(default)]
     pub description: String,
     pub input_schema: Value,
-    /// `{max_ms}`: the longest one call may take to answer (frozen with the tool; never
-    /// rendered into a provider request or sent to the tool). Absent: the default wait.
+    /// `{max_ms, hold_argument?}` (tool-provider's `Reply`): the longest one call may take to
+    /// answer (frozen with the tool; never rendered into a provider request or sent to the
+    /// tool). Absent: the default wait.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reply: Option<Value>,
+    pub reply: Option<Reply>,
     /// The tool-provider module that serves this tool (set by a fetch plan); absent for a
     /// send's own tools. Frozen with the tool, never rendered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -57,7 +59,7 @@ impl ToolSpec {
     /// How long broca waits for one call of this tool: its `reply.max_ms`, never less than
     /// the `default` wait.
     pub fn wait(&self, default: std::time::Duration) -> std::time::Duration {
-        let asked = self.reply.as_ref().and_then(|r| r.get("max_ms")).and_then(Value::as_u64).unwrap_or(0);
+        let asked = self.reply.as_ref().map_or(0, |r| r.max_ms);
         std::time::Duration::from_millis(asked).max(default)
     }
 }

@@ -117,6 +117,24 @@ pub struct ProviderError {
     pub http_status: Option<u16>,
 }
 
+/// Whether a stored tool result was refused before its call ran: its recorded `refused` fact.
+/// A record written before that fact existed (`refused` absent) is read by the shape broca
+/// then gave such results: an error output naming a module, with `nothing_sent` or a refusal
+/// code other than a size error. A local result never names a module, so it reads `false`.
+pub fn refused_before_run(refused: Option<bool>, output: &Value) -> bool {
+    refused.unwrap_or_else(|| {
+        let error = output.get("kind").and_then(Value::as_str) == Some("error");
+        let code = output.get("code").and_then(Value::as_str);
+        let nothing_sent = output.get("nothing_sent").and_then(Value::as_bool) == Some(true);
+        error
+            && output.get("module").is_some()
+            && (nothing_sent
+                || code.is_some_and(|c| {
+                    c != cortexkit_role_llm_runner::errors::tool_result_reasons::TOOL_RESULT_TOO_LARGE
+                }))
+    })
+}
+
 /// The provider code of the crash diagnostic written by orphan sealing (spec §14).
 pub const ORPHAN_PROVIDER_CODE: &str = "previous_process_ended_unsealed";
 /// The provider code of a run sealed after its WAL latched an I/O failure.
@@ -430,6 +448,10 @@ pub enum Record {
         /// When the result was recorded (`tool-times/v1`; absent in older records).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         at_ms: Option<u64>,
+        /// For a call meant for a tool provider module: whether it was refused before it ran.
+        /// Absent for a local result and in older records; read it with [`refused_before_run`].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        refused: Option<bool>,
     },
     RunCancelRequested {
         run_id: String,

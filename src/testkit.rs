@@ -68,6 +68,7 @@ pub fn tool_result(run_id: &str, step: u64, id: &str, text: &str) -> Record {
         is_error: false,
         outcome: Some(crate::record::CallOutcome::Ok),
         at_ms: None,
+        refused: None,
     }
 }
 

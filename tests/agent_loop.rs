@@ -149,7 +149,7 @@ impl ToolDispatcher for Recorder {
         let durable = read::control_units(&Reader::file(&self.wal), None, usize::MAX)
             .unwrap()
             .iter()
-            .any(|u| u.unit["type"] == "tool_started" && u.unit["tool_call_id"] == json!(call.tool_call_id));
+            .any(|u| u.body()["type"] == "tool_started" && u.body()["tool_call_id"] == json!(call.tool_call_id));
         if durable {
             self.durable_at_call.fetch_add(1, Ordering::SeqCst);
         }
@@ -282,12 +282,12 @@ fn transient_failures_are_retried_with_the_same_bytes_and_counted() {
     let finished = seen
         .iter()
         .filter_map(|o| match o {
-            Output::Control(units) => units.iter().find(|u| u.unit["type"] == "run_finished").cloned(),
+            Output::Control(units) => units.iter().find(|u| u.body()["type"] == "run_finished").cloned(),
             _ => None,
         })
         .next()
         .unwrap();
-    assert_eq!(finished.unit["retries_used"], 2);
+    assert_eq!(finished.body()["retries_used"], 2);
 }
 
 /// One `step.finished.v1` per recorded attempt (a retried one included), published on a real
@@ -665,50 +665,51 @@ fn frames_carry_the_llm_runner_live_events_and_every_path_projects_the_same_unit
     let mut finished_mids = Vec::new();
     let mut started_mids = Vec::new();
     for (unit, frame) in written.iter().zip(&expected) {
-        let ty = unit.unit["type"].as_str().unwrap();
+        let body = unit.body();
+        let ty = body["type"].as_str().unwrap();
         let event = strict_event(frame);
         match (ty, &event) {
-            ("run_started", Some(LiveEvent::RunStarted(e))) => assert_eq!(json!(e.run_id), unit.unit["run_id"]),
+            ("run_started", Some(LiveEvent::RunStarted(e))) => assert_eq!(json!(e.run_id), body["run_id"]),
             ("message_started", Some(LiveEvent::MessageStarted(e))) => {
-                assert_eq!(json!(e.mid), unit.unit["mid"]);
+                assert_eq!(json!(e.mid), body["mid"]);
                 assert!(!finished_mids.contains(&e.mid), "{} started before it finishes", e.mid);
                 started_mids.push(e.mid.clone());
             }
             ("tool_message", Some(LiveEvent::MessageFinished(e))) => {
-                assert_eq!(json!(e.mid), unit.unit["mid"]);
+                assert_eq!(json!(e.mid), body["mid"]);
                 let served: usize = e.mid.strip_prefix('m').unwrap().parse().unwrap();
                 assert_eq!(page.messages[served - 1].1.role, Role::Tool, "{}", e.mid);
                 finished_mids.push(e.mid.clone());
             }
             ("user_message" | "steered" | "assistant_message", Some(LiveEvent::MessageFinished(e))) => {
-                assert_eq!(json!(e.mid), unit.unit["mid"]);
+                assert_eq!(json!(e.mid), body["mid"]);
                 // Served ordinals (and mids) count from 1; the transcript's from 0.
                 let served: usize = e.mid.strip_prefix('m').unwrap().parse().unwrap();
                 let (at, message) = &page.messages[served - 1];
                 assert_eq!(*at as usize + 1, served, "session.read ordinal");
-                assert_eq!(serde_json::to_value(message).unwrap(), unit.unit["message"], "{ty} {}", e.mid);
+                assert_eq!(serde_json::to_value(message).unwrap(), body["message"], "{ty} {}", e.mid);
                 if ty == "assistant_message" {
-                    assistant_of_step.insert(unit.unit["step"].as_u64().unwrap(), e.mid.clone());
+                    assistant_of_step.insert(body["step"].as_u64().unwrap(), e.mid.clone());
                 }
                 finished_mids.push(e.mid.clone());
             }
             ("tool_started", Some(LiveEvent::ToolStarted(e))) => {
                 assert_eq!(Some(&e.mid), assistant_of_step.get(&1), "tool_started names the asking message");
-                assert_eq!(json!(e.tool_call_id), unit.unit["tool_call_id"]);
+                assert_eq!(json!(e.tool_call_id), body["tool_call_id"]);
                 let arguments: Value = serde_json::from_str(&e.arguments).unwrap();
                 assert_eq!(arguments, json!({"path": format!("{}.txt", e.tool_call_id)}));
                 assert!(e.started_at.is_some(), "broca records when a call it ran started");
             }
             ("tool_result", Some(LiveEvent::ToolFinished(e))) => {
                 assert_eq!(Some(&e.mid), assistant_of_step.get(&1), "tool_finished names the asking message");
-                assert_eq!(json!(e.tool_call_id), unit.unit["result"]["tool_call_id"]);
+                assert_eq!(json!(e.tool_call_id), body["result"]["tool_call_id"]);
                 assert_eq!(e.outcome, "ok");
-                let output = broca::message::tool_result_content(&unit.unit["result"]["output"]);
+                let output = broca::message::tool_result_content(&body["result"]["output"]);
                 assert_eq!(e.output_bytes, output.len() as u64, "the display row's content, uncut");
                 assert!(e.finished_at.is_some(), "broca records when a call it ran finished");
             }
             ("run_finished", Some(LiveEvent::RunFinished(e))) => {
-                assert_eq!((json!(e.run_id), e.reason.as_str()), (unit.unit["run_id"].clone(), "completed"))
+                assert_eq!((json!(e.run_id), e.reason.as_str()), (body["run_id"].clone(), "completed"))
             }
             ("step_started" | "model_attempt_finished", None) => {}
             other => panic!("unexpected unit/event pair {other:?}"),

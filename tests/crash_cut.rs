@@ -184,6 +184,7 @@ fn tool_ok(run_id: &str, step: u64, call: &str) -> Record {
         is_error: false,
         outcome: Some(record::CallOutcome::Ok),
         at_ms: None,
+        refused: None,
     }
 }
 
@@ -589,6 +590,7 @@ fn child_random(l: &mut Lineage) -> ! {
                         is_error,
                         outcome: Some(if is_error { record::CallOutcome::Error } else { record::CallOutcome::Ok }),
                         at_ms: None,
+                        refused: None,
                     };
                     l.append(&rec).unwrap();
                 } else if e.cancel.is_some() {
@@ -855,11 +857,12 @@ impl Walker {
                 self.last_cursor
             );
             self.last_cursor = Some(u.cursor);
-            let ty = u.unit["type"].as_str().unwrap_or_default();
+            let body = u.body();
+            let ty = body["type"].as_str().unwrap_or_default();
             if ty == "error" {
-                let run = u.unit["run_id"].as_str().unwrap_or_default();
+                let run = body["run_id"].as_str().unwrap_or_default();
                 assert_eq!(Some(run), self.open_run.as_deref(), "seq {seq}: error unit for a run that is not open");
-                assert_eq!(u.unit["error"]["provider_code"], json!(ORPHAN_PROVIDER_CODE), "seq {seq}");
+                assert_eq!(body["error"]["provider_code"], json!(ORPHAN_PROVIDER_CODE), "seq {seq}");
                 self.runs.entry(run.to_string()).or_default().errors += 1;
             }
         }
@@ -1127,7 +1130,7 @@ impl Reopened {
 }
 
 fn count_units(units: &[ControlUnit], ty: &str, run_id: &str) -> usize {
-    units.iter().filter(|u| u.unit["type"] == json!(ty) && u.unit["run_id"] == json!(run_id)).count()
+    units.iter().filter(|u| u.body()["type"] == json!(ty) && u.body()["run_id"] == json!(run_id)).count()
 }
 
 fn max_frame_epoch(path: &Path) -> u64 {
@@ -1436,14 +1439,14 @@ fn between_queued_and_run_started() {
     let mut r = reopen_checked(&t, &b, out.committed());
     let queue: Vec<&str> = r.l.state().queue.iter().map(|p| p.submission_id.as_str()).collect();
     assert_eq!(queue, ["sub-a", "sub-b"], "the submission is still pending");
-    assert!(r.units.iter().all(|u| u.unit["type"] != json!("submission_started")), "nothing consumed it");
+    assert!(r.units.iter().all(|u| u.body()["type"] != json!("submission_started")), "nothing consumed it");
     assert_eq!(count_units(&r.units, "run_started", "run-sub-a"), 0);
     assert_eq!(r.l.state().pending("sub-a").unwrap().request, request("a"), "the request identity survives");
     // Re-drained after the reopen: consumed exactly once.
     r = prove_new_episode(&t, r, "unused");
     let queue: Vec<&str> = r.l.state().queue.iter().map(|p| p.submission_id.as_str()).collect();
     assert_eq!(queue, ["sub-b"]);
-    assert_eq!(r.units.iter().filter(|u| u.unit["type"] == json!("submission_started")).count(), 1);
+    assert_eq!(r.units.iter().filter(|u| u.body()["type"] == json!("submission_started")).count(), 1);
 }
 
 #[test]
@@ -1610,8 +1613,8 @@ fn killed_twice() {
     let mut finished: BTreeMap<String, usize> = BTreeMap::new();
     let mut errors: BTreeMap<String, usize> = BTreeMap::new();
     for u in &units {
-        let run = u.unit["run_id"].as_str().unwrap_or_default().to_string();
-        match u.unit["type"].as_str() {
+        let run = u.body()["run_id"].as_str().unwrap_or_default().to_string();
+        match u.body()["type"].as_str() {
             Some("run_finished") => *finished.entry(run).or_default() += 1,
             Some("error") => *errors.entry(run).or_default() += 1,
             _ => {}

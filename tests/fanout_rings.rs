@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use broca::agent::{DisplayEvent, Output};
 use broca::fanout::{From, Hub, Publisher, SinkError, StreamSink, CONTROL_LANE, DISPLAY_LANE};
-use broca::lineage::projection::{ControlUnit, Cursor};
+use broca::lineage::projection::{ControlUnit, Cursor, Unit};
 use broca::lineage::Shared;
 use broca::session_key::SessionKey;
 use broca::state_root::StateRoot;
 use broca::wire::Refusal;
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 fn key() -> SessionKey {
     SessionKey::new("/work/proj", "rings", "s1")
@@ -71,7 +71,11 @@ fn delta(i: usize) -> Output {
 }
 
 fn unit(seq: u64) -> ControlUnit {
-    ControlUnit { cursor: Cursor { wal_seq: seq, sub_index: 0 }, unit: json!({"type": "step_started"}), event: None }
+    ControlUnit {
+        cursor: Cursor { wal_seq: seq, sub_index: 0 },
+        unit: Unit::StepStarted { run_id: "r".into(), step: seq },
+        event: None,
+    }
 }
 
 #[test]

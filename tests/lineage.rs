@@ -166,14 +166,14 @@ fn units_are_visible_only_after_commit_and_cursors_are_continuous_across_reopen(
     drop(l); // a crash-like drop: the step was never committed
     let mut l = shared.open_lineage(&key()).unwrap();
     let all = read::control_units(&Reader::at(&shared, &key(), path.clone()), None, usize::MAX).unwrap();
-    let types: Vec<_> = all.iter().map(|u| u.unit["type"].as_str().unwrap().to_string()).collect();
+    let types: Vec<_> = all.iter().map(|u| u.body()["type"].as_str().unwrap().to_string()).collect();
     assert_eq!(
         types,
         ["run_started", "message_started", "user_message", "error", "run_finished"],
         "orphan sealed with its diagnostic first"
     );
-    assert_eq!(all[3].unit["error"]["provider_code"], "previous_process_ended_unsealed");
-    assert_eq!(all[4].unit["reason"], "interrupted");
+    assert_eq!(all[3].body()["error"]["provider_code"], "previous_process_ended_unsealed");
+    assert_eq!(all[4].body()["reason"], "interrupted");
     assert!(all.windows(2).all(|w| w[0].cursor < w[1].cursor));
     assert_eq!(l.head(), Some(all[4].cursor), "live attaches strictly after the last durable unit");
     // Attach at a cursor is strictly after it.

@@ -83,7 +83,7 @@ fn every_stored_message_is_started_then_finished_by_its_mid() {
         .iter()
         .find(|u| matches!(&u.event, Some(LiveEvent::MessageFinished(m)) if m.mid == tool_mid))
         .expect("the tool message is finished");
-    assert_eq!(finished.unit["type"], "tool_message");
+    assert_eq!(finished.body()["type"], "tool_message");
     assert_eq!(finished.cursor.wal_seq, 6, "carried by the step_started that closed the batch");
     // Cursors stay strictly ordered within and across records.
     assert!(units.windows(2).all(|w| w[0].cursor < w[1].cursor));

@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use broca::agent::Output;
 use broca::fanout::{From, Hub, SinkError, StreamSink};
-use broca::lineage::projection::{ControlUnit, Cursor};
+use broca::lineage::projection::{ControlUnit, Cursor, Unit};
 use broca::lineage::Shared;
 use broca::session_key::SessionKey;
 use broca::state_root::StateRoot;
 use broca::wire::Refusal;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 const BURSTS: u64 = 400;
 const BURST: u64 = 16;
@@ -50,7 +50,7 @@ pub fn publish_ns(dir: &std::path::Path, subs: usize) -> f64 {
         let units: Vec<ControlUnit> = (0..BURST)
             .map(|i| ControlUnit {
                 cursor: Cursor { wal_seq: b * BURST + i + 1, sub_index: 0 },
-                unit: json!({"type": "step_started", "run_id": "run-bench", "step": i}),
+                unit: Unit::StepStarted { run_id: "run-bench".into(), step: i },
                 event: None,
             })
             .collect();

@@ -56,15 +56,18 @@ pub struct CallTarget {
 pub struct ToolOutput {
     pub output: Value,
     pub is_error: bool,
+    /// For a call meant for a tool provider module: whether the provider or the daemon
+    /// refused it before it ran (llm-runner's `refused` outcome). `None` for a local result.
+    pub refused: Option<bool>,
 }
 
 impl ToolOutput {
     pub fn text(text: impl Into<String>) -> ToolOutput {
-        ToolOutput { output: json!({"kind": "text", "text": text.into()}), is_error: false }
+        ToolOutput { output: json!({"kind": "text", "text": text.into()}), is_error: false, refused: None }
     }
 
     pub fn error(message: impl Into<String>) -> ToolOutput {
-        ToolOutput { output: json!({"kind": "error", "message": message.into()}), is_error: true }
+        ToolOutput { output: json!({"kind": "error", "message": message.into()}), is_error: true, refused: None }
     }
 }
 
@@ -146,9 +149,8 @@ pub(crate) fn call_target(
                 && i.declares(cortexkit_role_tool_provider::catalog::session_capabilities::LATE_RESULTS)
         })
     });
-    let reply = spec.reply.as_ref().and_then(|r| serde_json::from_value(r.clone()).ok());
     let fallback = u64::try_from(default.as_millis()).unwrap_or(u64::MAX);
-    let wait = cortexkit_role_tool_provider::catalog::reply_deadline_ms(reply.as_ref(), arguments, fallback);
+    let wait = cortexkit_role_tool_provider::catalog::reply_deadline_ms(spec.reply.as_ref(), arguments, fallback);
     let target = CallTarget { module, preset: spec.preset.clone(), pin: spec.pin.clone(), send_call_key };
     (Some(target), std::time::Duration::from_millis(wait))
 }

@@ -691,6 +691,7 @@ impl<C> Driver<'_, C> {
                 is_error: out.is_error,
                 outcome: Some(outcome),
                 at_ms: Some(now_ms()),
+                refused: out.refused,
             })?;
             parts.push(Part::ToolResult { tool_call_id: id, output: out.output, is_error: out.is_error });
         }

@@ -610,7 +610,7 @@ impl<S: StreamSink> Feeder<'_, S> {
 /// A control frame: llm-runner's `kind`/`cursor`, broca's `unit`, and the role's typed
 /// `event` when the unit has one.
 pub fn control_frame(unit: &ControlUnit) -> Value {
-    let mut frame = json!({"kind": "control", "cursor": unit.cursor, "unit": unit.unit});
+    let mut frame = json!({"kind": "control", "cursor": unit.cursor, "unit": unit.unit.to_json()});
     if let Some(event) = &unit.event {
         frame["event"] = json!(event);
     }

@@ -98,7 +98,7 @@ impl StepSnapshot {
 
     /// Notes units that just became durable: one that ends the step's stream clears it.
     pub fn settle(&mut self, units: &[ControlUnit]) {
-        if units.iter().any(ends_step) {
+        if units.iter().any(|u| u.unit.ends_step()) {
             self.clear();
         }
     }
@@ -133,20 +133,10 @@ impl StepSnapshot {
     }
 }
 
-/// Whether `unit` ends the stream of the step in flight: the attempt ended (a retry streams
-/// its parts again), the answer was stored, or the run ended or paused.
-fn ends_step(unit: &ControlUnit) -> bool {
-    matches!(
-        unit.unit["type"].as_str(),
-        Some("model_attempt_finished" | "assistant_message" | "run_finished" | "run_paused")
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lineage::projection::Cursor;
-    use serde_json::json;
+    use crate::lineage::projection::{Cursor, Unit};
 
     fn text(step: u64, mid: &str, part: usize, text: &str) -> DisplayEvent {
         DisplayEvent::TextDelta { step, mid: mid.into(), part, text: text.into() }
@@ -178,14 +168,22 @@ mod tests {
     fn a_unit_ending_the_step_clears_it_and_others_do_not() {
         let mut s = StepSnapshot::default();
         s.record(&text(1, "m2", 0, "partial"));
-        let unit = |t: &str| ControlUnit {
-            cursor: Cursor { wal_seq: 1, sub_index: 0 },
-            unit: json!({"type": t}),
-            event: None,
-        };
-        s.settle(&[unit("submission_queued"), unit("run_cancel_requested")]);
+        let unit = |unit: Unit| ControlUnit { cursor: Cursor { wal_seq: 1, sub_index: 0 }, unit, event: None };
+        let run_id = String::from("r");
+        s.settle(&[
+            unit(Unit::SubmissionQueued { submission_id: "s".into() }),
+            unit(Unit::RunCancelRequested { run_id: run_id.clone(), at: crate::record::CancelAt::StepBoundary }),
+        ]);
         assert_eq!(s.replay().deltas.len(), 1, "a send queued mid-step leaves the step in flight");
-        s.settle(&[unit("model_attempt_finished")]);
+        let attempt = Unit::ModelAttemptFinished {
+            run_id,
+            step: 1,
+            attempt: 1,
+            outcome: "retry".into(),
+            error: None,
+            telemetry: Default::default(),
+        };
+        s.settle(&[unit(attempt)]);
         assert_eq!(s.replay(), Replay::default(), "a retry streams its parts again");
     }
 

@@ -6,12 +6,10 @@
 //!
 //! One pass reads the WAL from its first record (the store keeps messages, not intents).
 
-use serde_json::Value;
-
 use super::reader::{Reader, Sink, Start};
 use super::LineageError;
 use crate::message::Role;
-use crate::record::{CallOutcome, Record};
+use crate::record::{self, CallOutcome, Record};
 use crate::replay::Effect;
 
 /// One call, as the WAL holds it.
@@ -117,14 +115,19 @@ impl Sink for CallsSink<'_> {
                     result: None,
                 });
             }
-            Record::ToolResult { run_id, step, tool_call_id, output, is_error, outcome, .. } => {
+            Record::ToolResult { run_id, step, tool_call_id, output, is_error, outcome, refused, .. } => {
                 let open = self.facts.iter_mut().find(|f| {
                     f.run_id == *run_id && f.step == *step && f.tool_call_id == *tool_call_id && f.result.is_none()
                 });
                 if let Some(fact) = open {
                     let outcome = outcome.unwrap_or(if *is_error { CallOutcome::Error } else { CallOutcome::Ok });
                     let bytes = serde_json::to_vec(output).map_or(0, |b| b.len() as u64);
-                    fact.result = Some(CallResult { outcome, bytes, ordinal: None, refused: refused(output) });
+                    fact.result = Some(CallResult {
+                        outcome,
+                        bytes,
+                        ordinal: None,
+                        refused: record::refused_before_run(*refused, output),
+                    });
                 }
             }
             _ => {}
@@ -153,19 +156,6 @@ impl Sink for CallsSink<'_> {
             _ => {}
         }
     }
-}
-
-/// Whether a stored error output says its provider (or the daemon) refused the call before it
-/// ran: it names a module and either `nothing_sent` or a refusal code other than a size error.
-fn refused(output: &Value) -> bool {
-    let error = output.get("kind").and_then(Value::as_str) == Some("error");
-    let module = output.get("module").is_some();
-    let code = output.get("code").and_then(Value::as_str);
-    let nothing_sent = output.get("nothing_sent").and_then(Value::as_bool) == Some(true);
-    error
-        && module
-        && (nothing_sent
-            || code.is_some_and(|c| c != cortexkit_role_llm_runner::errors::tool_result_reasons::TOOL_RESULT_TOO_LARGE))
 }
 
 /// Every call of `run_id` (all runs when `None`), in dispatch order. With `through`, the scan

@@ -13,6 +13,7 @@ pub mod ledger;
 pub mod projection;
 pub mod read;
 pub mod reader;
+pub mod unit;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -417,6 +418,7 @@ impl Lineage {
                 is_error: true,
                 outcome: Some(record::CallOutcome::Unknown),
                 at_ms: Some(crate::provider::client::now_ms()),
+                refused: None,
             })?;
         }
         // Steers acknowledged into this run and not yet delivered join its transcript now, as

@@ -17,24 +17,13 @@
 //! `RunFinished`, `Steered`) leads with that pair for it: `message_started`, then `tool_message`.
 
 use cortexkit_role_llm_runner::live::{LiveEvent, MessageEvent, RunEnded, RunStarted, ToolFinished, ToolStarted};
-use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
 
 use crate::message::Role;
-use crate::record::{self, CallOutcome, Record, ORPHAN_PROVIDER_CODE};
+use crate::record::{self, pause_name, CallOutcome, Record, ORPHAN_PROVIDER_CODE};
 use crate::replay::{Effect, Replay, ReplayError};
 
+pub use super::unit::{ControlUnit, Unit, UnitToolResult};
 pub use crate::replay::Cursor;
-
-/// One durable unit of the control stream.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ControlUnit {
-    pub cursor: Cursor,
-    pub unit: Value,
-    /// The llm-runner/v1 live event of this unit, when it has one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub event: Option<LiveEvent>,
-}
 
 /// What the replay knows at a record that its units name: message ordinals.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -136,32 +125,28 @@ pub fn unit_count(record: &Record, tool_message: bool) -> usize {
 /// A stored message's two units: `message_started`, then `unit` (which gains `mid`) with
 /// `message_finished`. Without an ordinal (never for a replayed record) neither has an event,
 /// and the count stays what [`unit_count`] says.
-fn message_units(mut unit: Value, ordinal: Option<u64>) -> [(Value, Option<LiveEvent>); 2] {
-    let mut started = json!({"type": "message_started"});
+fn message_units(mut unit: Unit, ordinal: Option<u64>) -> [(Unit, Option<LiveEvent>); 2] {
     match ordinal {
         Some(o) => {
-            started["mid"] = json!(mid(o));
-            unit["mid"] = json!(mid(o));
+            unit.set_mid(mid(o));
             [
-                (started, Some(LiveEvent::MessageStarted(MessageEvent::new(mid(o))))),
+                (
+                    Unit::MessageStarted { mid: Some(mid(o)) },
+                    Some(LiveEvent::MessageStarted(MessageEvent::new(mid(o)))),
+                ),
                 (unit, Some(LiveEvent::MessageFinished(MessageEvent::new(mid(o))))),
             ]
         }
-        None => [(started, None), (unit, None)],
+        None => [(Unit::MessageStarted { mid: None }, None), (unit, None)],
     }
-}
-
-/// The `reason` member of a run unit, as the unit spells it.
-fn reason_of(unit: &Value) -> String {
-    unit["reason"].as_str().unwrap_or_default().to_string()
 }
 
 /// A record's unit bodies, each with its live event: the tool message it added by closing a
 /// batch first (its message joined the conversation first), then the record's own.
-fn unit_bodies(record: &Record, context: &Context) -> Vec<(Value, Option<LiveEvent>)> {
+fn unit_bodies(record: &Record, context: &Context) -> Vec<(Unit, Option<LiveEvent>)> {
     let mut units = Vec::new();
     if let Some(o) = context.tool_message {
-        units.extend(message_units(json!({"type": "tool_message"}), Some(o)));
+        units.extend(message_units(Unit::ToolMessage { mid: None }, Some(o)));
     }
     units.extend(record_units(record, context));
     units
@@ -169,19 +154,23 @@ fn unit_bodies(record: &Record, context: &Context) -> Vec<(Value, Option<LiveEve
 
 /// The record's own unit bodies. One function per record kind with more than a line to say;
 /// the rest are spelled here.
-fn record_units(record: &Record, context: &Context) -> Vec<(Value, Option<LiveEvent>)> {
+fn record_units(record: &Record, context: &Context) -> Vec<(Unit, Option<LiveEvent>)> {
     let assistant_mid = context.assistant.map(mid);
     match record {
         Record::RunStarted(r) => run_started(r, context),
         Record::StepStarted { run_id, step, .. } => {
-            vec![(json!({"type": "step_started", "run_id": run_id, "step": step}), None)]
+            vec![(Unit::StepStarted { run_id: run_id.clone(), step: *step }, None)]
         }
         Record::ModelAttemptFinished(a) => vec![(attempt_finished(a), None)],
         Record::ModelStepFinished { run_id, step, finish_reason, usage, message, .. } => message_units(
-            json!({
-                "type": "assistant_message", "run_id": run_id, "step": step, "finish_reason": finish_reason,
-                "usage": usage, "message": message,
-            }),
+            Unit::AssistantMessage {
+                run_id: run_id.clone(),
+                step: *step,
+                finish_reason: finish_reason.clone(),
+                usage: usage.clone(),
+                message: message.clone(),
+                mid: None,
+            },
             context.message,
         )
         .to_vec(),
@@ -198,33 +187,30 @@ fn record_units(record: &Record, context: &Context) -> Vec<(Value, Option<LiveEv
         }
         Record::ToolResult { tool_call_id, output, is_error, outcome, at_ms, .. } => {
             let result = FinishedCall { tool_call_id, output, is_error: *is_error, outcome: *outcome, at_ms: *at_ms };
-            let mut unit = tool_result(&result, assistant_mid.as_deref());
-            if let Some(m) = &context.dispatched_to {
-                unit.0["dispatched_to"] = json!(m);
-            }
-            vec![unit]
+            vec![tool_result(&result, assistant_mid.as_deref(), context.dispatched_to.clone())]
         }
         Record::RunCancelRequested { run_id, at } => {
-            vec![(json!({"type": "run_cancel_requested", "run_id": run_id, "at": at}), None)]
+            vec![(Unit::RunCancelRequested { run_id: run_id.clone(), at: *at }, None)]
         }
         Record::RunPaused { run_id, reason, error } => {
-            let mut unit = json!({"type": "run_paused", "run_id": run_id, "reason": reason});
-            if let Some(e) = error {
-                unit["error"] = json!(e);
-            }
-            let event = LiveEvent::RunPaused(RunEnded::new(run_id, reason_of(&unit)));
-            vec![(unit, Some(event))]
+            let event = LiveEvent::RunPaused(RunEnded::new(run_id, pause_name(*reason)));
+            vec![(Unit::RunPaused { run_id: run_id.clone(), reason: *reason, error: error.clone() }, Some(event))]
         }
-        Record::RunResumed { run_id } => vec![(json!({"type": "run_resumed", "run_id": run_id}), None)],
+        Record::RunResumed { run_id } => vec![(Unit::RunResumed { run_id: run_id.clone() }, None)],
         Record::RunFinished { .. } => run_finished(record),
         Record::Queued { submission_id, .. } => {
-            vec![(json!({"type": "submission_queued", "submission_id": submission_id}), None)]
+            vec![(Unit::SubmissionQueued { submission_id: submission_id.clone() }, None)]
         }
         Record::Retracted { submission_id } => {
-            vec![(json!({"type": "submission_retracted", "submission_id": submission_id}), None)]
+            vec![(Unit::SubmissionRetracted { submission_id: submission_id.clone() }, None)]
         }
         Record::Steered { run_id, submission_id, message, .. } => message_units(
-            json!({"type": "steered", "run_id": run_id, "submission_id": submission_id, "message": message}),
+            Unit::Steered {
+                run_id: run_id.clone(),
+                submission_id: submission_id.clone(),
+                message: message.clone(),
+                mid: None,
+            },
             context.message,
         )
         .to_vec(),
@@ -233,34 +219,30 @@ fn record_units(record: &Record, context: &Context) -> Vec<(Value, Option<LiveEv
 }
 
 /// `run_started`, then `submission_started` for a send's run, then the user message's pair.
-fn run_started(r: &record::RunStarted, context: &Context) -> Vec<(Value, Option<LiveEvent>)> {
-    let mut started = json!({"type": "run_started", "run_id": r.run_id});
-    let mut units = Vec::with_capacity(4);
-    if let Some(sub) = &r.submission_id {
-        started["submission_id"] = json!(sub);
-        units.push((json!({"type": "submission_started", "submission_id": sub, "run_id": r.run_id}), None));
-    }
+fn run_started(r: &record::RunStarted, context: &Context) -> Vec<(Unit, Option<LiveEvent>)> {
     let mut event = RunStarted::new(&r.run_id);
     if let Some(send_id) = &context.send_id {
         event = event.with_send_id(send_id);
     }
-    units.insert(0, (started, Some(LiveEvent::RunStarted(event))));
-    units.extend(message_units(
-        json!({"type": "user_message", "run_id": r.run_id, "message": r.input}),
-        context.message,
-    ));
+    let started = Unit::RunStarted { run_id: r.run_id.clone(), submission_id: r.submission_id.clone() };
+    let mut units = vec![(started, Some(LiveEvent::RunStarted(event)))];
+    if let Some(sub) = &r.submission_id {
+        units.push((Unit::SubmissionStarted { submission_id: sub.clone(), run_id: r.run_id.clone() }, None));
+    }
+    let input = Unit::UserMessage { run_id: r.run_id.clone(), message: r.input.clone(), mid: None };
+    units.extend(message_units(input, context.message));
     units
 }
 
-fn attempt_finished(a: &record::AttemptFinished) -> Value {
-    let mut unit = json!({"type": "model_attempt_finished", "run_id": a.run_id, "step": a.step, "attempt": a.attempt, "outcome": a.outcome});
-    if let Some(e) = &a.error {
-        unit["error"] = json!(e);
+fn attempt_finished(a: &record::AttemptFinished) -> Unit {
+    Unit::ModelAttemptFinished {
+        run_id: a.run_id.clone(),
+        step: a.step,
+        attempt: a.attempt,
+        outcome: a.outcome.clone(),
+        error: a.error.clone(),
+        telemetry: a.telemetry.clone(),
     }
-    for (k, v) in &a.telemetry {
-        unit[k] = v.clone();
-    }
-    unit
 }
 
 /// The members of a dispatch intent its unit shows.
@@ -277,7 +259,7 @@ struct StartedCall<'a> {
 /// The members of a tool result its unit shows.
 struct FinishedCall<'a> {
     tool_call_id: &'a str,
-    output: &'a Value,
+    output: &'a serde_json::Value,
     is_error: bool,
     outcome: Option<CallOutcome>,
     /// When the result was recorded: the call's finish (absent in older records).
@@ -285,38 +267,42 @@ struct FinishedCall<'a> {
 }
 
 /// `tool_started`; inside a batch it carries the batch's assistant `mid` and its live event.
-fn tool_started(call: &StartedCall<'_>, assistant_mid: Option<&str>) -> (Value, Option<LiveEvent>) {
-    let mut unit = json!({"type": "tool_started", "run_id": call.run_id, "tool_call_id": call.tool_call_id, "name": call.tool_name});
-    if let Some(m) = call.module_id {
-        unit["module"] = json!(m);
-        unit["dispatched_to"] = json!(m);
-    }
+fn tool_started(call: &StartedCall<'_>, assistant_mid: Option<&str>) -> (Unit, Option<LiveEvent>) {
     let event = assistant_mid.map(|m| {
-        unit["mid"] = json!(m);
-        let mut started = ToolStarted::new(m, call.tool_call_id, call.tool_name, &Value::Null, None, call.at_ms);
+        let mut started =
+            ToolStarted::new(m, call.tool_call_id, call.tool_name, &serde_json::Value::Null, None, call.at_ms);
         started.arguments = call.arguments.clone().unwrap_or_else(|| "{}".into());
         LiveEvent::ToolStarted(started)
     });
+    let unit = Unit::ToolStarted {
+        run_id: call.run_id.to_string(),
+        tool_call_id: call.tool_call_id.to_string(),
+        name: call.tool_name.to_string(),
+        module: call.module_id.map(String::from),
+        dispatched_to: call.module_id.map(String::from),
+        mid: assistant_mid.map(String::from),
+    };
     (unit, event)
 }
 
 /// `tool_result`; inside a batch it carries the batch's assistant `mid` and its live event.
-fn tool_result(call: &FinishedCall<'_>, assistant_mid: Option<&str>) -> (Value, Option<LiveEvent>) {
+fn tool_result(
+    call: &FinishedCall<'_>,
+    assistant_mid: Option<&str>,
+    dispatched_to: Option<String>,
+) -> (Unit, Option<LiveEvent>) {
     let FinishedCall { tool_call_id, output, is_error, outcome, at_ms } = *call;
-    let mut unit = json!({
-        "type": "tool_result", "result": {"tool_call_id": tool_call_id, "output": output, "is_error": is_error},
-    });
     let event = assistant_mid.map(|m| {
-        unit["mid"] = json!(m);
         let outcome = outcome.unwrap_or(if is_error { CallOutcome::Error } else { CallOutcome::Ok }).as_str();
         let bytes = crate::message::tool_result_content(output).len() as u64;
         LiveEvent::ToolFinished(ToolFinished::new(m, tool_call_id, outcome, bytes, at_ms))
     });
-    (unit, event)
+    let result = UnitToolResult { tool_call_id: tool_call_id.to_string(), output: output.clone(), is_error };
+    (Unit::ToolResult { result, mid: assistant_mid.map(String::from), dispatched_to }, event)
 }
 
 /// An orphan seal's `error` unit first (the crash diagnostic), then `run_finished`.
-fn run_finished(record: &Record) -> Vec<(Value, Option<LiveEvent>)> {
+fn run_finished(record: &Record) -> Vec<(Unit, Option<LiveEvent>)> {
     let Record::RunFinished {
         run_id,
         reason,
@@ -332,19 +318,18 @@ fn run_finished(record: &Record) -> Vec<(Value, Option<LiveEvent>)> {
     };
     let mut units = Vec::with_capacity(2);
     if let Some(e) = error.as_ref().filter(|e| e.provider_code.as_deref() == Some(ORPHAN_PROVIDER_CODE)) {
-        units.push((json!({"type": "error", "run_id": run_id, "error": e}), None));
+        units.push((Unit::Error { run_id: run_id.clone(), error: e.clone() }, None));
     }
-    let mut unit = json!({"type": "run_finished", "run_id": run_id, "reason": reason, "usage": usage, "retries_used": retries_used});
-    if let Some(f) = final_step_finish_reason {
-        unit["final_step_finish_reason"] = json!(f);
-    }
-    if !indeterminate_tool_calls.is_empty() {
-        unit["indeterminate_tool_calls"] = json!(indeterminate_tool_calls);
-    }
-    if let Some(e) = error {
-        unit["error"] = json!(e);
-    }
-    let event = LiveEvent::RunFinished(RunEnded::new(run_id, reason_of(&unit)));
+    let event = LiveEvent::RunFinished(RunEnded::new(run_id, reason.as_str()));
+    let unit = Unit::RunFinished {
+        run_id: run_id.clone(),
+        reason: *reason,
+        usage: usage.clone(),
+        retries_used: *retries_used,
+        final_step_finish_reason: final_step_finish_reason.clone(),
+        indeterminate_tool_calls: indeterminate_tool_calls.clone(),
+        error: error.clone(),
+    };
     units.push((unit, Some(event)));
     units
 }

@@ -292,7 +292,7 @@ pub fn spec(item: &ToolItem, tool: &CatalogTool) -> ToolSpec {
         name: tool.name.clone(),
         description: tool.description.clone().unwrap_or_default(),
         input_schema: tool.input_schema.clone(),
-        reply: tool.reply.as_ref().and_then(|r| serde_json::to_value(r).ok()),
+        reply: tool.reply.clone(),
         module: Some(item.provider.clone()),
         preset: item.preset.clone(),
         pin: SchemaPin::new(&tool.name, &tool.schema_digest, tool.semantics).encode().ok(),

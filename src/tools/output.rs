@@ -21,23 +21,25 @@ pub const INVALID_ANSWER: &str = "invalid_answer";
 pub fn answered(module: &str, body: &[u8]) -> ToolOutput {
     let Ok(value) = serde_json::from_slice::<Value>(body) else {
         let message = format!("the tool provider {module} answered something that is not JSON ({} bytes)", body.len());
-        return error(ErrorOutput::new(message).with_module(module).with_code(INVALID_ANSWER));
+        return error(ErrorOutput::new(message).with_module(module).with_code(INVALID_ANSWER), false);
     };
     if value.get("held").is_some() {
         // broca declares no held replies: a provider holding the call broke the bind's terms.
         let message = format!("the tool provider {module} held the call on a route that does not take held replies");
-        return error(ErrorOutput::new(message).with_module(module).with_code(MALFORMED_HELD_REPLY));
+        return error(ErrorOutput::new(message).with_module(module).with_code(MALFORMED_HELD_REPLY), false);
     }
     if let Some(size) = tool_result_limit::legacy_size_error(&value) {
         let detail = serde_json::to_string(&size).unwrap_or_default();
         return error(
             ErrorOutput::new(OUTPUT_DISCARDED).with_module(module).with_code(TOOL_RESULT_TOO_LARGE).with_detail(detail),
+            false,
         );
     }
-    match value {
-        Value::String(text) => ToolOutput::text(text),
-        other => ToolOutput { output: json!({"kind": "json", "json": other}), is_error: false },
-    }
+    let output = match value {
+        Value::String(text) => json!({"kind": "text", "text": text}),
+        other => json!({"kind": "json", "json": other}),
+    };
+    ToolOutput { output, is_error: false, refused: Some(false) }
 }
 
 /// The provider refused the call (it may have acted): its code, message and detail verbatim,
@@ -55,7 +57,7 @@ pub fn refused(module: &str, body: &ErrorBody) -> ToolOutput {
     if let Some(detail) = one_line_detail(body) {
         out = out.with_detail(detail);
     }
-    error(out)
+    error(out, true)
 }
 
 /// The call never reached the provider (its route could not open, the daemon refused to
@@ -71,7 +73,7 @@ pub fn not_sent(module: &str, code: &str, message: &str, detail: Option<String>)
     if let Some(d) = detail {
         out = out.with_detail(d);
     }
-    error(out)
+    error(out, true)
 }
 
 /// The daemon's or provider's detail on one line (compact JSON), if it fits the profile.
@@ -81,9 +83,10 @@ pub fn one_line_detail(body: &ErrorBody) -> Option<String> {
     (text.len() <= cortexkit_role_llm_runner::serializer_profile::error_output::DETAIL_MAX).then_some(text)
 }
 
-fn error(out: ErrorOutput) -> ToolOutput {
+/// A provider call's error result; `refused`: the call never ran (llm-runner's `refused`).
+fn error(out: ErrorOutput, refused: bool) -> ToolOutput {
     let output = serde_json::to_value(&out).unwrap_or_else(|_| json!({"kind": "error", "message": out.message}));
-    ToolOutput { output, is_error: true }
+    ToolOutput { output, is_error: true, refused: Some(refused) }
 }
 
 #[cfg(test)]
@@ -92,7 +95,7 @@ mod tests {
 
     #[test]
     fn a_string_body_is_text_and_other_json_stays_json() {
-        assert_eq!(answered("m", br#""hi""#), ToolOutput::text("hi"));
+        assert_eq!(answered("m", br#""hi""#).output, ToolOutput::text("hi").output);
         let out = answered("m", br#"{"rows": 3}"#);
         assert_eq!(out.output, json!({"kind": "json", "json": {"rows": 3}}));
     }
@@ -115,13 +118,15 @@ mod tests {
     fn refusals_and_unsent_calls_name_their_module() {
         let body = ErrorBody::new("unknown_tool", "no such tool");
         let out = refused("tools", &body);
+        assert_eq!(out.refused, Some(true));
         assert_eq!(
             out.output,
             json!({"kind": "error", "message": "no such tool", "module": "tools", "code": "unknown_tool"})
         );
         let out = not_sent("tools", "unknown_module", "no module", None);
-        assert_eq!(out.output["nothing_sent"], true);
-        assert!(answered("m", b"not json").is_error);
+        assert_eq!((out.output["nothing_sent"].clone(), out.refused), (json!(true), Some(true)));
+        let junk = answered("m", b"not json");
+        assert_eq!((junk.is_error, junk.refused), (true, Some(false)), "the provider ran the call");
         assert_eq!(answered("m", br#"{"held": {"reason": "consent"}}"#).output["code"], MALFORMED_HELD_REPLY);
     }
 }

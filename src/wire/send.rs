@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use cortexkit_role_tool_provider::catalog::{Reply, REPLY_MAX_MS};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
@@ -375,6 +376,18 @@ fn context_management(v: &Value) -> Result<Value, Refusal> {
     }
 }
 
+/// A direct tool's strict `reply`: exactly `{max_ms}`, 1 to 86,400,000.
+fn reply_bound(reply: &Value, field: &str) -> Result<Reply, Refusal> {
+    let map = reply.as_object().ok_or_else(|| invalid_params(&format!("{field}.reply"), "an object is required"))?;
+    if let Some(k) = map.keys().find(|k| k.as_str() != "max_ms") {
+        return Err(invalid_params(&format!("{field}.reply.{k}"), "unknown member"));
+    }
+    match map.get("max_ms").and_then(Value::as_u64) {
+        Some(n) if (1..=REPLY_MAX_MS).contains(&n) => Ok(Reply::new(n)),
+        _ => Err(invalid_params(&format!("{field}.reply.max_ms"), "an integer from 1 to 86400000")),
+    }
+}
+
 /// Legacy direct tools: `{name, description?, input_schema, reply?}`; `reply` is strict.
 fn tools(t: &Value) -> Result<Vec<ToolSpec>, Refusal> {
     let list = t.as_array().ok_or_else(|| invalid_params("tools", "a list is required"))?;
@@ -383,22 +396,15 @@ fn tools(t: &Value) -> Result<Vec<ToolSpec>, Refusal> {
         let field = format!("tools[{i}]");
         let name = tool.get("name").and_then(text).filter(|n| !n.is_empty());
         let Some(name) = name else { return Err(invalid_params(&format!("{field}.name"), "a name is required")) };
-        if let Some(reply) = tool.get("reply") {
-            let map =
-                reply.as_object().ok_or_else(|| invalid_params(&format!("{field}.reply"), "an object is required"))?;
-            if let Some(k) = map.keys().find(|k| k.as_str() != "max_ms") {
-                return Err(invalid_params(&format!("{field}.reply.{k}"), "unknown member"));
-            }
-            match map.get("max_ms").and_then(Value::as_u64) {
-                Some(n) if (1..=86_400_000).contains(&n) => {}
-                _ => return Err(invalid_params(&format!("{field}.reply.max_ms"), "an integer from 1 to 86400000")),
-            }
-        }
+        let reply = match tool.get("reply") {
+            Some(reply) => Some(reply_bound(reply, &field)?),
+            None => None,
+        };
         out.push(ToolSpec {
             name,
             description: tool.get("description").and_then(text).unwrap_or_default(),
             input_schema: tool.get("input_schema").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"})),
-            reply: tool.get("reply").cloned(),
+            reply,
             module: None,
             preset: None,
             pin: None,

@@ -93,7 +93,7 @@ impl Seen {
     fn read(&mut self, shared: &Shared) {
         let reader = Reader::open(shared, &key()).expect("the session has a WAL");
         for u in read::control_units(&reader, None, usize::MAX).expect("a reader reads") {
-            self.note(u.cursor, &u.unit);
+            self.note(u.cursor, &u.body());
         }
     }
 }
@@ -119,7 +119,7 @@ fn run(l: &mut Lineage, shared: &Shared, seen: &mut Seen) -> Result<(), LineageE
         };
         seen.acked_seq = l.durable_seq();
         for u in &units {
-            seen.note(u.cursor, &u.unit);
+            seen.note(u.cursor, &u.body());
         }
         seen.read(shared);
     }
@@ -155,7 +155,7 @@ fn check_after_loss(dir: &std::path::Path, seen: &Seen, what: &str) {
     let l = shared.open_lineage(&key()).unwrap_or_else(|e| panic!("{what}: reopen: {e}"));
     assert!(l.durable_seq() >= seen.acked_seq, "{what}: acked seq {} lost (now {})", seen.acked_seq, l.durable_seq());
     let after: BTreeMap<Cursor, Value> =
-        read::control_units(&l.reader(), None, usize::MAX).unwrap().into_iter().map(|u| (u.cursor, u.unit)).collect();
+        read::control_units(&l.reader(), None, usize::MAX).unwrap().into_iter().map(|u| (u.cursor, u.body())).collect();
     for (cursor, unit) in &seen.units {
         assert_eq!(after.get(cursor), Some(unit), "{what}: a unit seen at {cursor:?} is missing or changed");
     }
@@ -228,15 +228,15 @@ fn io_fault(op: FaultOp, kind: FaultKind, after: u64) {
     // run left open is sealed with the storage error, and the session goes on.
     let mut l = shared.open_lineage(&key()).expect("reopens after the fault cleared");
     let units = read::control_units(&l.reader(), None, usize::MAX).unwrap();
-    let after: BTreeMap<Cursor, Value> = units.iter().map(|u| (u.cursor, u.unit.clone())).collect();
+    let after: BTreeMap<Cursor, Value> = units.iter().map(|u| (u.cursor, u.body())).collect();
     for (cursor, unit) in &seen.units {
         assert_eq!(after.get(cursor), Some(unit), "a unit seen at {cursor:?} is missing or changed");
     }
     if l.open_report().sealed_orphan.is_some() {
         let sealed = units.last().expect("the seal's run_finished");
-        assert_eq!(sealed.unit["type"], "run_finished", "{}", sealed.unit);
-        assert_eq!(sealed.unit["reason"], "interrupted", "{}", sealed.unit);
-        assert_eq!(sealed.unit["error"]["provider_code"], STORAGE_FAILED_CODE, "{}", sealed.unit);
+        assert_eq!(sealed.body()["type"], "run_finished", "{}", sealed.body());
+        assert_eq!(sealed.body()["reason"], "interrupted", "{}", sealed.body());
+        assert_eq!(sealed.body()["error"]["provider_code"], STORAGE_FAILED_CODE, "{}", sealed.body());
     }
     l.append(&run_started("run-after", None)).unwrap();
     l.commit().expect("the recovered wal commits");

@@ -71,6 +71,7 @@ impl<C> Driver<'_, C> {
                 is_error: true,
                 outcome: Some(CallOutcome::NotExecuted),
                 at_ms: Some(now_ms()),
+                refused: None,
             })?;
             parts.push(Part::ToolResult { tool_call_id: call.tool_call_id, output: output.clone(), is_error: true });
         }
