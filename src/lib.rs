@@ -12,6 +12,7 @@ pub mod limits;
 pub mod lineage;
 pub mod message;
 pub mod module;
+pub mod op;
 pub mod ops;
 pub mod owner;
 pub mod pool;

@@ -13,7 +13,7 @@
 //!   unattested caller) keeps its unrestricted admission: every caller is admitted as its owner.
 //!
 //! The owner-only operations are `session.send`, `session.retract`, `run.cancel` and
-//! `session.baseline` ([`OWNER_ONLY`]); another caller is refused `scope_owner_mismatch`
+//! `session.baseline` ([`crate::op::Op::owner_only`]); another caller is refused `scope_owner_mismatch`
 //! before its parameters are read.
 
 use serde::{Deserialize, Serialize};
@@ -21,14 +21,6 @@ use serde::{Deserialize, Serialize};
 /// How an attested principal is spelled: `reserved:<module id>` (the role contract's
 /// `RouteStamp.principal`).
 pub const RESERVED_PREFIX: &str = "reserved:";
-
-/// The operations only a session's owner may call.
-pub const OWNER_ONLY: &[&str] = &["session.send", "session.retract", "run.cancel", "session.baseline"];
-
-/// Whether `method` is owner-only.
-pub fn is_owner_only(method: &str) -> bool {
-    OWNER_ONLY.contains(&method)
-}
 
 /// Who called, as the daemon stamped the route: its principal and its work scope's owner.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

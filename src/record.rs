@@ -541,7 +541,18 @@ impl Record {
             Record::StepStarted { at_ms, .. } => Some(*at_ms),
             Record::ModelStepFinished { at_ms, .. } | Record::ToolResult { at_ms, .. } => *at_ms,
             Record::RunFinished { at_ms, .. } => Some(*at_ms),
-            _ => None,
+            // Steps' attempts and calls' intents are inside a step already counted; the rest
+            // are not a send, a step or a terminal.
+            Record::ModelAttemptFinished(_)
+            | Record::ToolDispatchIntent { .. }
+            | Record::RunCancelRequested { .. }
+            | Record::RunPaused { .. }
+            | Record::RunResumed { .. }
+            | Record::Queued { .. }
+            | Record::Retracted { .. }
+            | Record::Steered { .. }
+            | Record::CacheWarmed { .. }
+            | Record::Unknown(_) => None,
         }
         .filter(|&at| at > 0)
     }
@@ -574,23 +585,7 @@ impl Record {
     }
 
     fn is_known_type(name: &str) -> bool {
-        matches!(
-            name,
-            "run_started"
-                | "step_started"
-                | "model_attempt_finished"
-                | "model_step_finished"
-                | "tool_dispatch_intent"
-                | "tool_result"
-                | "run_cancel_requested"
-                | "run_paused"
-                | "run_resumed"
-                | "run_finished"
-                | "queued"
-                | "retracted"
-                | "steered"
-                | "cache_warmed"
-        )
+        kinds::known().contains(&name)
     }
 
     /// The run this record belongs to, when it belongs to one.
@@ -612,6 +607,69 @@ impl Record {
     }
 }
 
+/// The record kinds this build knows, as a frame spells them: read from the `Record` enum's
+/// own derived `Deserialize` (the variant list it hands a deserializer), so a kind is known
+/// the moment it is declared and no hand list can drift from the enum.
+mod kinds {
+    use std::fmt;
+    use std::sync::OnceLock;
+
+    use serde::de::{self, Deserializer, Visitor};
+
+    /// Every kind `Record` decodes (its `#[serde(skip)]` `Unknown` is none of them).
+    pub fn known() -> &'static [&'static str] {
+        static KNOWN: OnceLock<&'static [&'static str]> = OnceLock::new();
+        KNOWN.get_or_init(|| {
+            let mut probe = Probe(None);
+            let _ = <super::Record as serde::Deserialize>::deserialize(&mut probe);
+            probe.0.unwrap_or(&[])
+        })
+    }
+
+    /// A deserializer that only notes the variants an enum asks it for, then stops.
+    struct Probe(Option<&'static [&'static str]>);
+
+    #[derive(Debug)]
+    struct Stop;
+
+    impl fmt::Display for Stop {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("probe only")
+        }
+    }
+
+    impl std::error::Error for Stop {}
+
+    impl de::Error for Stop {
+        fn custom<T: fmt::Display>(_: T) -> Self {
+            Stop
+        }
+    }
+
+    impl<'de> Deserializer<'de> for &mut Probe {
+        type Error = Stop;
+
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Stop> {
+            Err(Stop)
+        }
+
+        fn deserialize_enum<V: Visitor<'de>>(
+            self,
+            _name: &'static str,
+            variants: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Stop> {
+            self.0 = Some(variants);
+            Err(Stop)
+        }
+
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option unit
+            unit_struct newtype_struct seq tuple tuple_struct map struct identifier ignored_any
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -624,6 +682,17 @@ mod tests {
         assert!(Record::decode(br#"{"run_started":{"x":1}}"#).is_err());
         assert!(Record::decode(b"not json").is_err());
         assert!(Record::decode(b"{}").is_err());
+    }
+
+    #[test]
+    fn the_known_kinds_are_the_record_enum_s_variants() {
+        let known = kinds::known();
+        assert_eq!(known.len(), 14, "{known:?}");
+        for kind in ["run_started", "tool_result", "steered", "cache_warmed"] {
+            assert!(Record::is_known_type(kind), "{kind}");
+        }
+        assert!(!Record::is_known_type("unknown") && !Record::is_known_type("future_thing"));
+        assert!(Record::decode(br#"{"tool_result":{"output":1}}"#).is_err(), "a known kind, malformed");
     }
 
     #[test]

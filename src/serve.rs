@@ -21,7 +21,7 @@ use crate::actor::Gauges;
 use crate::catalog::poller::CatalogHealth;
 use crate::fanout::{From, Hub, SinkError, StreamSink, Subscription};
 use crate::lineage::projection::Cursor;
-use crate::ops::table::OPS;
+use crate::op::Op;
 use crate::ops::{invalid_params, Ops};
 use crate::owner::Caller;
 use crate::pool::Pool;
@@ -30,28 +30,27 @@ use crate::subc::consumer::Consumer;
 use crate::subc::{health_ok, BindRequest, ControlRequest, Handler, Outbound, Route};
 use crate::wire::{Refusal, RefusalCode};
 
-/// Process-lifetime counters for `health.check`.
+/// Process-lifetime counters for `health.check`: one per served op (indexed by
+/// [`Op::index`]), and the `session.read` count the spec names on its own.
 #[derive(Default)]
 pub struct Metrics {
-    ops: Mutex<BTreeMap<&'static str, u64>>,
+    ops: [AtomicU64; Op::ALL.len()],
     session_reads: AtomicU64,
 }
 
 impl Metrics {
-    fn count(&self, method: &str) {
-        if let Some(op) = crate::ops::table::find(method) {
-            *self.ops.lock().entry(op.name).or_default() += 1;
-        }
-        if method == "session.read" {
+    fn count(&self, op: Option<Op>) {
+        let Some(op) = op else { return };
+        self.ops[op.index()].fetch_add(1, Ordering::Relaxed);
+        if op == Op::SessionRead {
             self.session_reads.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     /// Every served operation at zero or above, plus the named gauges.
     pub fn snapshot(&self, gauges: &Gauges, reverse_refused: u64) -> Value {
-        let ops = self.ops.lock();
         let management: BTreeMap<&str, u64> =
-            OPS.iter().map(|o| (o.name, ops.get(o.name).copied().unwrap_or(0))).collect();
+            Op::ALL.iter().map(|op| (op.name(), self.ops[op.index()].load(Ordering::Relaxed))).collect();
         let load = |g: &AtomicU64| g.load(Ordering::Relaxed);
         json!({
             "management_ops": management,
@@ -282,8 +281,9 @@ impl Handler for Server {
             return self.refuse(route, corr, &invalid_params("method", "required"));
         };
         let params = envelope.get("params").cloned().unwrap_or(Value::Null);
-        if method == "session.subscribe" {
-            self.metrics.count(&method);
+        let op = Op::parse(&method);
+        if op == Some(Op::SessionSubscribe) {
+            self.metrics.count(op);
             if !flags.is_subscription() {
                 return self.refuse(
                     route,
@@ -309,8 +309,8 @@ impl Handler for Server {
             });
             // Counted once authorized (spec §4); a draining module refuses sends after that.
             let authorized = || {
-                metrics.count(&method);
-                if method == "session.send" && draining.load(Ordering::Acquire) {
+                metrics.count(op);
+                if op == Some(Op::SessionSend) && draining.load(Ordering::Acquire) {
                     return Err(Refusal::new(
                         RefusalCode::ModuleReloading,
                         "broca is draining; send again shortly",

@@ -110,16 +110,16 @@ impl Handler for Relay {
 
 /// A management surface with the target's session ops (broca's own op table).
 fn manifest(module_id: &str) -> subc_protocol::manifest::ModuleManifest {
-    use broca::ops::table::{OpKind, OPS};
+    use broca::op::{Op, OpKind};
     use subc_protocol::manifest::{
         Concurrency, IdentityScope, ManagementOperation, ManagementOperationKind, ModuleManifest, ProviderRole,
     };
-    let operations = OPS
+    let operations = Op::ALL
         .iter()
-        .filter(|o| o.kind != OpKind::Stream)
+        .filter(|o| o.kind() != OpKind::Stream)
         .map(|o| ManagementOperation {
-            name: o.name.into(),
-            kind: match o.kind {
+            name: o.name().into(),
+            kind: match o.kind() {
                 OpKind::Write => ManagementOperationKind::Mutate,
                 OpKind::Query | OpKind::Stream => ManagementOperationKind::Query,
             },

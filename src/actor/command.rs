@@ -11,6 +11,7 @@ use super::admission::Checked;
 use super::decide;
 use crate::agent::{Handled, RunCommand};
 use crate::lineage::Lineage;
+use crate::op::Op;
 use crate::owner::Caller;
 use crate::record::CancelAt;
 use crate::store::Store;
@@ -69,7 +70,7 @@ pub(super) fn handle(
         }
         SessionCommand::Retract { request, caller, answer } => {
             let (reply, units) = split(
-                decide::owner_admits(lineage, "session.retract", &caller)
+                decide::owner_admits(lineage, Op::SessionRetract, &caller)
                     .and_then(|()| decide::retract(store, lineage, &request.submission_id)),
             );
             answer.send(reply);
@@ -77,7 +78,7 @@ pub(super) fn handle(
         }
         SessionCommand::Cancel { request, caller, answer } => {
             let (reply, units) = split(
-                decide::owner_admits(lineage, "run.cancel", &caller)
+                decide::owner_admits(lineage, Op::RunCancel, &caller)
                     .and_then(|()| decide::cancel(lineage, &request.run_id, request.at)),
             );
             answer.send(reply);

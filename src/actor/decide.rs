@@ -20,6 +20,7 @@ use crate::lineage::projection::ControlUnit;
 use crate::lineage::read::TranscriptPage;
 use crate::lineage::{Lineage, LineageError, RetractOutcome};
 use crate::message::Message;
+use crate::op::Op;
 use crate::owner::Caller;
 use crate::provider::client::now_ms;
 use crate::provider::config::RenderConfig;
@@ -44,7 +45,7 @@ pub fn send(
     checked: Checked,
     units: &mut Units,
 ) -> Result<SendReply, Refusal> {
-    owner_admits(lineage, "session.send", &checked.caller)?;
+    owner_admits(lineage, Op::SessionSend, &checked.caller)?;
     if let Some(send_id) = send.send_id.clone() {
         if let Some(row) = recorded_send(store, lineage, &send_id)? {
             if let Some(field) = differing_field(&row.request.identity, &send.identity) {
@@ -115,12 +116,12 @@ pub fn send(
 
 /// The owner check against the session's durable state (`crate::owner`): the recorded owner,
 /// or none (unrestricted) before the first episode and on a session recorded without one.
-pub fn owner_admits(lineage: &Lineage, method: &str, caller: &Caller) -> Result<(), Refusal> {
+pub fn owner_admits(lineage: &Lineage, op: Op, caller: &Caller) -> Result<(), Refusal> {
     let owner = lineage.state().last.as_ref().and_then(|e| e.owner.as_ref());
     if crate::owner::admits(owner, caller) {
         return Ok(());
     }
-    Err(crate::wire::scope_owner_mismatch(method, caller))
+    Err(crate::wire::scope_owner_mismatch(op.name(), caller))
 }
 
 /// The plan a send runs under (spec §4): a session's first episode freezes the plan it

@@ -117,7 +117,15 @@ pub fn unit_count(record: &Record, tool_message: bool) -> usize {
             1 + usize::from(error.as_ref().is_some_and(|e| e.provider_code.as_deref() == Some(ORPHAN_PROVIDER_CODE)))
         }
         Record::CacheWarmed { .. } | Record::Unknown(_) => 0,
-        _ => 1,
+        Record::StepStarted { .. }
+        | Record::ModelAttemptFinished(_)
+        | Record::ToolDispatchIntent { .. }
+        | Record::ToolResult { .. }
+        | Record::RunCancelRequested { .. }
+        | Record::RunPaused { .. }
+        | Record::RunResumed { .. }
+        | Record::Queued { .. }
+        | Record::Retracted { .. } => 1,
     };
     own + if tool_message { 2 } else { 0 }
 }

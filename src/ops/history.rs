@@ -14,6 +14,7 @@ use crate::lineage::projection::{mid, served_ordinal};
 use crate::lineage::read::{self, Entry};
 use crate::lineage::reader::Reader;
 use crate::message::{Message, Part};
+use crate::op::Op;
 use crate::session_key::SessionKey;
 use crate::wire::history::{newer_cursor, older_cursor, HistoryRequest, HistorySeek, Named};
 use crate::wire::read::UNWRITTEN_INCARNATION;
@@ -113,7 +114,7 @@ pub(super) fn session_history(
         let messages = kept.iter().map(raw).collect();
         super::body(HistoryPage { messages, history_version: version, incarnation, older, newer })
     };
-    frame_fits("session.history", &body, key, lo)?;
+    frame_fits(Op::SessionHistory.name(), &body, key, lo)?;
     Ok(body)
 }
 

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::actor::{Admission, Registry};
+use crate::op::Op;
 use crate::owner::Caller;
 use crate::session_key::SessionKey;
 use crate::wire::requests::{
@@ -89,50 +90,58 @@ impl Ops {
         reply: Reply,
         authorized: impl FnOnce() -> Result<(), Refusal>,
     ) {
-        if let Err(refusal) = owners::authorize(self, route, method).and_then(|()| authorized()) {
+        let op = Op::parse(method);
+        if let Err(refusal) = owners::authorize(self, route, op).and_then(|()| authorized()) {
             return reply(Err(refusal));
         }
         let key = &route.key;
         // Every session op but these two answers `expired` for an expired record (§9.1).
-        let version = match method {
-            "role.describe" | "session.send" => 0,
+        let version = match op {
+            Some(Op::RoleDescribe | Op::SessionSend) => 0,
             _ => match expiry::record_version(self, key) {
                 Ok(version) => version,
                 Err(refusal) => return reply(Err(refusal)),
             },
         };
-        match method {
-            "role.describe" => reply(Empty::decode(&params).map(|Empty| describe(&self.admission.config))),
-            "session.send" => send::session_send(self, route, params, reply),
-            "session.retract" => match RetractRequest::decode(&params, key) {
+        match op {
+            // A stream is served by the subscription path (`serve`), never as a request.
+            None | Some(Op::SessionSubscribe) => {
+                let detail = Some(crate::detail!("method" => method));
+                reply(Err(Refusal::new(RefusalCode::UnknownMethod, format!("unknown method {method:?}"), detail)))
+            }
+            Some(Op::RoleDescribe) => reply(Empty::decode(&params).map(|Empty| describe(&self.admission.config))),
+            Some(Op::SessionSend) => send::session_send(self, route, params, reply),
+            Some(Op::SessionRetract) => match RetractRequest::decode(&params, key) {
                 Ok(request) => driver::session_retract(self, route, request, reply),
                 Err(r) => reply(Err(r)),
             },
-            "run.cancel" => match CancelRequest::decode(&params) {
+            Some(Op::RunCancel) => match CancelRequest::decode(&params) {
                 Ok(request) => driver::run_cancel(self, route, request, reply),
                 Err(r) => reply(Err(r)),
             },
-            "session.read" => reply(
+            Some(Op::SessionRead) => reply(
                 ReadRequest::decode_at(&params, &key.addr(), version)
                     .and_then(|r| read::session_read(self, key, r, version)),
             ),
-            "session.head" => reply(Empty::decode(&params).and_then(|Empty| read::session_head(self, route, version))),
-            "session.history" => reply(
+            Some(Op::SessionHead) => {
+                reply(Empty::decode(&params).and_then(|Empty| read::session_head(self, route, version)))
+            }
+            Some(Op::SessionHistory) => reply(
                 crate::wire::history::HistoryRequest::decode(&params, &key.addr())
                     .and_then(|r| history::session_history(self, key, r, version)),
             ),
-            "run.status" => reply(StatusRequest::decode(&params, key).and_then(|r| status::run_status(self, key, r))),
-            "run.result" => reply(ResultRequest::decode(&params).and_then(|r| status::run_result(self, key, r))),
-            "send.status" | "session.send_status" => {
+            Some(Op::RunStatus) => {
+                reply(StatusRequest::decode(&params, key).and_then(|r| status::run_status(self, key, r)))
+            }
+            Some(Op::RunResult) => reply(ResultRequest::decode(&params).and_then(|r| status::run_result(self, key, r))),
+            Some(Op::SendStatus | Op::SessionSendStatus) => {
                 reply(SendStatusRequest::decode(&params).and_then(|r| status::send_status(self, key, r)))
             }
-            "run.tool_calls" => {
+            Some(Op::RunToolCalls) => {
                 reply(ToolCallsRequest::decode(&params).and_then(|r| calls::run_tool_calls(self, key, r)))
             }
-            "session.baseline" => reply(Empty::decode(&params).and_then(|Empty| baseline::session_baseline(self, key))),
-            other => {
-                let detail = Some(crate::detail!("method" => other));
-                reply(Err(Refusal::new(RefusalCode::UnknownMethod, format!("unknown method {other:?}"), detail)))
+            Some(Op::SessionBaseline) => {
+                reply(Empty::decode(&params).and_then(|Empty| baseline::session_baseline(self, key)))
             }
         }
     }
@@ -180,7 +189,7 @@ pub const GROUPS: &[&str] = {
 /// which a contract consumer would misread (reference §14, row 13).
 pub fn describe(config: &crate::config::BrocaConfig) -> Value {
     use cortexkit_role_llm_runner::describe::{Major, RoleDescribe};
-    let ops = table::OPS.iter().map(|op| op.name.to_owned()).collect();
+    let ops = Op::ALL.iter().map(|op| op.name().to_owned()).collect();
     let describe = RoleDescribe::new(
         vec![Major::new(cortexkit_role_llm_runner::PROVIDES, ops, "alpha")],
         env!("CARGO_PKG_VERSION"),

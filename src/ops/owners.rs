@@ -9,22 +9,21 @@ use cortexkit_role_llm_runner::read::HeadSender;
 use super::{Ops, Route};
 use crate::lineage::reader::{Reader, Sink, Start};
 use crate::lineage::LineageError;
+use crate::op::Op;
 use crate::owner::{self, Caller, Owner};
 use crate::record::{Record, RunStarted};
 use crate::wire::Refusal;
 
-/// Refuses an owner-only `method` from anyone but the session's recorded owner. A session
+/// Refuses an owner-only `op` from anyone but the session's recorded owner. A session
 /// without a WAL, without an episode, or recorded without an owner admits every caller.
-pub(super) fn authorize(ops: &Ops, route: &Route, method: &str) -> Result<(), Refusal> {
-    if !owner::is_owner_only(method) {
-        return Ok(());
-    }
+pub(super) fn authorize(ops: &Ops, route: &Route, op: Option<Op>) -> Result<(), Refusal> {
+    let Some(op) = op.filter(|op| op.owner_only()) else { return Ok(()) };
     let Some(reader) = Reader::open(ops.registry.shared(), &route.key) else { return Ok(()) };
     let first = first_run_started(&reader).map_err(|e| e.refusal())?;
     if owner::admits(first.as_ref().and_then(|r| r.owner.as_ref()), &route.caller) {
         return Ok(());
     }
-    Err(crate::wire::scope_owner_mismatch(method, &route.caller))
+    Err(crate::wire::scope_owner_mismatch(op.name(), &route.caller))
 }
 
 /// The session's first durable `RunStarted`, reading only as far as it (it is the first or

@@ -9,6 +9,7 @@ use crate::lineage::projection::{mid, served_ordinal};
 use crate::lineage::read::{self, Entry, TranscriptPage};
 use crate::lineage::reader::Reader;
 use crate::message::Role;
+use crate::op::Op;
 use crate::record::FinishReason;
 use crate::replay::{EpisodeStatus, Resolution};
 use crate::session_key::SessionKey;
@@ -129,7 +130,7 @@ pub(super) fn session_read(ops: &Ops, key: &SessionKey, request: ReadRequest, ve
         tools_run_id,
     };
     // An indivisible message whose frame would cross the transport limit is refused by name.
-    frame_fits("session.read", &answer, key, served_ordinal(first))?;
+    frame_fits(Op::SessionRead.name(), &answer, key, served_ordinal(first))?;
     Ok(super::body(answer))
 }
 

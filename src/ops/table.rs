@@ -1,6 +1,4 @@
-//! The operations served on a session route: one table, from which the module manifest,
-//! `role.describe`'s op list and the per-op counters of `health.check` are derived. Adding an op
-//! is a row here plus its handler in `Ops::handle_on`.
+//! The module manifest, derived from the one list of served operations ([`crate::op::Op`]).
 
 use std::collections::BTreeMap;
 
@@ -9,69 +7,26 @@ use subc_protocol::manifest::{
     OperationDelivery, ProviderRole,
 };
 
-/// What an operation does to a session.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OpKind {
-    /// Reads only.
-    Query,
-    /// May write the session's WAL (the manifest's `mutate`).
-    Write,
-    /// A long-lived stream (delivered as a watch).
-    Stream,
-}
-
-/// One served operation.
-#[derive(Clone, Copy, Debug)]
-pub struct OpSpec {
-    pub name: &'static str,
-    pub kind: OpKind,
-}
-
-const fn op(name: &'static str, kind: OpKind) -> OpSpec {
-    OpSpec { name, kind }
-}
-
-/// Every operation served on a session route, in the order `role.describe` lists them.
-pub const OPS: &[OpSpec] = &[
-    op("role.describe", OpKind::Query),
-    op("session.baseline", OpKind::Query),
-    op("session.send", OpKind::Write),
-    op("session.retract", OpKind::Write),
-    op("session.read", OpKind::Query),
-    op("session.head", OpKind::Query),
-    op("session.history", OpKind::Query),
-    op("run.status", OpKind::Query),
-    op("run.result", OpKind::Query),
-    op("run.cancel", OpKind::Write),
-    op("run.tool_calls", OpKind::Query),
-    op("send.status", OpKind::Query),
-    op("session.send_status", OpKind::Query),
-    op("session.subscribe", OpKind::Stream),
-];
-
-/// The served op of this name.
-pub fn find(name: &str) -> Option<&'static OpSpec> {
-    OPS.iter().find(|o| o.name == name)
-}
+use crate::op::{Op, OpKind};
 
 /// The module manifest: a `management_surface` claiming `llm-runner/v1`; writes are `mutate`,
 /// streams are delivered as a watch.
 pub fn manifest(module_id: &str) -> ModuleManifest {
-    let operations = OPS
+    let operations = Op::ALL
         .iter()
         .map(|o| ManagementOperation {
-            name: o.name.to_owned(),
-            kind: match o.kind {
+            name: o.name().to_owned(),
+            kind: match o.kind() {
                 OpKind::Write => ManagementOperationKind::Mutate,
                 OpKind::Query | OpKind::Stream => ManagementOperationKind::Query,
             },
             description: None,
         })
         .collect();
-    let delivery: BTreeMap<String, OperationDelivery> = OPS
+    let delivery: BTreeMap<String, OperationDelivery> = Op::ALL
         .iter()
-        .filter(|o| o.kind == OpKind::Stream)
-        .map(|o| (o.name.to_owned(), OperationDelivery::Watch))
+        .filter(|o| o.kind() == OpKind::Stream)
+        .map(|o| (o.name().to_owned(), OperationDelivery::Watch))
         .collect();
     ModuleManifest::builder(module_id, env!("CARGO_PKG_VERSION"))
         .provides(vec![ProviderRole::ManagementSurface {
