@@ -88,7 +88,7 @@ live:
 # Prints `BENCH <name> <value> <unit>` lines; see README "Benchmarks".
 bench:
 	$(CARGO) build --release --locked --bins
-	$(CARGO) run --release --locked --bin broca-bench
+	$(CARGO) run --release --locked --example broca-bench
 	$(CARGO) run --release --locked --example fanout-bench
 	$(CARGO) run --release --locked --example send-bench
 	$(CARGO) run --release --locked --example tool-bench

@@ -2,9 +2,7 @@
 //! in-process tool dispatcher: the batch machinery, at-most-once, cancel, watchdog, retries,
 //! auth pause and resume, max_steps, and what really went over the wire.
 
-#[allow(dead_code, unused_imports)]
-#[path = "../bin/broca-mock/mock/mod.rs"]
-mod mock;
+use broca_mock::mock;
 #[allow(dead_code)]
 mod nats;
 mod pin;
@@ -368,6 +366,45 @@ fn an_error_after_content_fails_the_run_without_a_retry() {
     assert_eq!(outcome.reason, Some(FinishReason::Error));
     assert_eq!(outcome.error.unwrap().message, "Overloaded");
     assert_eq!(r.bodies().len(), 1, "content was delivered: no retry");
+}
+
+/// The loop on a scripted `ModelClient` (no socket, no SSE): its events become the stored
+/// answer, the request was rendered for it, and an attempt the script has no answer for ends
+/// the next run with a named permanent error instead of waiting.
+#[test]
+fn a_scripted_client_drives_turns_without_a_socket() {
+    use broca::provider::event::StreamEvent;
+    use broca::provider::scripted::{ScriptedClient, Step};
+    let r = rig("scripted");
+    let config = r.config("mock/echo-messages", None);
+    let answer = vec![
+        Step::Event(StreamEvent::TextDelta { text: "scripted ".into() }),
+        Step::Pause(Duration::from_millis(5)),
+        Step::Event(StreamEvent::TextDelta { text: "answer".into() }),
+        Step::Event(StreamEvent::Finish { reason: "stop".into(), raw: "end_turn".into() }),
+    ];
+    let client = ScriptedClient::new([answer]).unwrap();
+    let mut l = r.shared.open_lineage(&key()).unwrap();
+    let (_tx, rx) = idle();
+    let tools: Arc<dyn ToolDispatcher> = Arc::new(NoTools);
+    for (run, prompt) in [("run-1", "first"), ("run-2", "second")] {
+        agent::admit(&mut l, run, None, &config, Message::user_text(prompt), None, None).unwrap();
+        let outcome = agent::drive(&mut l, &client, &tools, &rx, &opts(), &mut |_| {}).unwrap();
+        if run == "run-1" {
+            assert_eq!(outcome.reason, Some(FinishReason::Completed));
+            let page = l.transcript(0, 10).unwrap();
+            let last = &page.messages.last().unwrap().1;
+            assert_eq!(serde_json::to_value(last).unwrap()["content"][0]["text"], "scripted answer");
+        } else {
+            assert_eq!(outcome.reason, Some(FinishReason::Error));
+            assert_eq!(outcome.error.unwrap().provider_code.as_deref(), Some("scripted"));
+        }
+    }
+    let bodies = client.bodies();
+    assert_eq!(bodies.len(), 2, "one attempt per run: a permanent failure is not retried");
+    let first: Value = serde_json::from_slice(&bodies[0]).unwrap();
+    assert!(first.to_string().contains("first"), "the rendered request carries the prompt: {first}");
+    assert!(r.bodies().is_empty(), "nothing reached the loopback mock");
 }
 
 /// A provider that echoes the credential back in its error text never gets it onto disk: the

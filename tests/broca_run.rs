@@ -2,9 +2,7 @@
 //! every wire family, SIGINT, auth pause and resume, the watchdog, retries, max_steps, typed
 //! admission refusals that write nothing, and `--demo`.
 
-#[allow(dead_code, unused_imports)]
-#[path = "../bin/broca-mock/mock/mod.rs"]
-mod mock;
+use broca_mock::mock;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

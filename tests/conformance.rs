@@ -18,12 +18,8 @@
 //! model, keyed per session), `tools.rs` (the scripted tool provider), `kill.rs` (`kill_at` by
 //! broca's fail points and a real SIGKILL), `subject.rs` (the suite's traits), `report.rs`.
 
-#[allow(dead_code)]
-#[path = "../bin/broca-mock/tools/call_log.rs"]
-mod call_log;
-#[allow(dead_code, unused_imports)]
-#[path = "../bin/broca-mock/mock/mod.rs"]
-mod mock;
+use broca_mock::mock;
+use broca_mock::tools::call_log;
 
 #[allow(dead_code)]
 #[path = "nats/mod.rs"]
@@ -112,7 +108,7 @@ fn config(model: &model::Model, tools: &tools::Tools, bus: Option<&bus::Bus>) ->
     let canonical = |p: &str| std::fs::canonicalize(p).map_err(|e| format!("{p}: {e}"));
     Ok(rig::RigConfig {
         broca: canonical(env!("CARGO_BIN_EXE_broca"))?,
-        broca_mock: canonical(env!("CARGO_BIN_EXE_broca-mock"))?,
+        broca_mock: broca_mock::exe(),
         model_url: model.base_url(),
         tool_script: tools.script.clone(),
         call_log: tools.call_log.clone(),

@@ -49,12 +49,8 @@
 //! one summary line, `CRASH-TOOLS kills=… calls=… duplicates=0 indeterminate=… violations=0 …`,
 //! and last `SOAK kills=… violations=… sends=… calls=…`.
 
-#[allow(dead_code)]
-#[path = "../bin/broca-mock/tools/call_log.rs"]
-mod call_log;
-#[allow(dead_code, unused_imports)]
-#[path = "../bin/broca-mock/mock/mod.rs"]
-mod mock;
+use broca_mock::mock;
+use broca_mock::tools::call_log;
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -1008,7 +1004,7 @@ fn tool_calls_are_at_most_once_under_real_kills() {
     let log = dir.path().join("calls.jsonl");
     let broca = fs::canonicalize(env!("CARGO_BIN_EXE_broca")).unwrap();
     let launcher = write_launcher(dir.path(), &broca);
-    let mock = fs::canonicalize(env!("CARGO_BIN_EXE_broca-mock")).unwrap();
+    let mock = broca_mock::exe();
     let tools = json!({"program": mock, "args": ["--call-log", log, "--call-log-fsync"], "env": {"CK_LOG": "warn"},
                        "enabled": true, "reserved": true});
     let opts = Options {

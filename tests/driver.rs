@@ -4,9 +4,7 @@
 //! The same rules run through the real daemon in `e2e_driver`.
 
 mod inproc;
-#[allow(dead_code, unused_imports)]
-#[path = "../bin/broca-mock/mock/mod.rs"]
-mod mock;
+use broca_mock::mock;
 mod pin;
 
 use std::time::{Duration, Instant};

@@ -6,9 +6,7 @@
 //! `metrics.catalog` and the LKG's bytes are then checked, and every failure body is pinned
 //! under `testdata/golden/catalog_poll.*.json`.
 
-#[allow(dead_code, unused_imports)]
-#[path = "../bin/broca-mock/mock/mod.rs"]
-mod mock;
+use broca_mock::mock;
 mod pin;
 mod support;
 
@@ -97,7 +95,7 @@ impl Rig {
 }
 
 fn boot() -> Rig {
-    let mock = std::fs::canonicalize(env!("CARGO_BIN_EXE_broca-mock")).unwrap();
+    let mock = broca_mock::exe();
     let dir = tempfile::Builder::new().prefix("bca").tempdir_in("/tmp").unwrap();
     let script = dir.path().join("fusiform.json");
     let requests = dir.path().join("requests.jsonl");

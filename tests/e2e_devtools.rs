@@ -3,9 +3,7 @@
 //! (the catalog, whose mock route points at broca-mock's model endpoint) and the model (which
 //! checks the `Authorization` it receives). broca-run starts on a state root with **no** LKG.
 
-#[allow(dead_code, unused_imports)]
-#[path = "../bin/broca-mock/mock/mod.rs"]
-mod mock;
+use broca_mock::mock;
 mod support;
 
 use std::os::unix::fs::PermissionsExt;
@@ -28,7 +26,7 @@ struct Rig {
 
 impl Rig {
     fn start() -> Rig {
-        let mock = std::fs::canonicalize(env!("CARGO_BIN_EXE_broca-mock")).unwrap();
+        let mock = broca_mock::exe();
         let dir = tempfile::Builder::new().prefix("bdt").tempdir_in("/tmp").unwrap();
         let d = dir.path();
         let vault = json!({"credentials": {CREDENTIAL: {"secret": SECRET, "record_version": 3, "principals": ["broca"]}},

@@ -6,9 +6,7 @@
 //! scenario: write `fn my_scenario(h: &Harness)` using its own session id (or `h.unique(..)`)
 //! and append it to [`SCENARIOS`]. Every wait is bounded.
 
-#[allow(dead_code, unused_imports)]
-#[path = "../bin/broca-mock/mock/mod.rs"]
-mod mock;
+use broca_mock::mock;
 mod pin;
 mod support;
 

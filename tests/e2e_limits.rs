@@ -2,9 +2,7 @@
 //! real daemon: each refusal is typed, names its limit, is pinned as a golden body, and writes
 //! nothing; below the bound everything is served as before.
 
-#[allow(dead_code, unused_imports)]
-#[path = "../bin/broca-mock/mock/mod.rs"]
-mod mock;
+use broca_mock::mock;
 mod pin;
 mod support;
 

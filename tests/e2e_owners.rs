@@ -14,9 +14,7 @@
 //!
 //! One test, because stopping the in-process daemon means SIGTERM to this process.
 
-#[allow(dead_code, unused_imports)]
-#[path = "../bin/broca-mock/mock/mod.rs"]
-mod mock;
+use broca_mock::mock;
 mod pin;
 mod support;
 
@@ -244,7 +242,7 @@ type Check = (&'static str, fn(&Harness));
 
 #[test]
 fn owners_through_the_daemon() {
-    let mock = std::fs::canonicalize(env!("CARGO_BIN_EXE_broca-mock")).unwrap();
+    let mock = broca_mock::exe();
     let relay = |id: &str| {
         let entry = json!({"program": mock, "args": ["relay"], "env": {"CK_LOG": "info"},
                            "enabled": true, "reserved": true});

@@ -16,9 +16,7 @@
 //!
 //! `BROCA_RESUB_SEED` fixes the kill-point jitter (printed at the start).
 
-#[allow(dead_code, unused_imports)]
-#[path = "../bin/broca-mock/mock/mod.rs"]
-mod mock;
+use broca_mock::mock;
 mod support;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

@@ -6,9 +6,7 @@
 //! daemon's tokio signal handler catches it and runs the shutdown sequence of `subc-wire.md` §16).
 //! Every wait is bounded.
 
-#[allow(dead_code, unused_imports)]
-#[path = "../bin/broca-mock/mock/mod.rs"]
-mod mock;
+use broca_mock::mock;
 mod support;
 
 use std::path::Path;

@@ -3,12 +3,8 @@
 //! the official consumer SDK drives sessions with fetch plans. Every call is counted at the
 //! provider (its call log, outside broca's state root).
 
-#[allow(dead_code)]
-#[path = "../bin/broca-mock/tools/call_log.rs"]
-mod call_log;
-#[allow(dead_code, unused_imports)]
-#[path = "../bin/broca-mock/mock/mod.rs"]
-mod mock;
+use broca_mock::mock;
+use broca_mock::tools::call_log;
 mod pin;
 mod support;
 
@@ -442,7 +438,7 @@ fn wait_provider(h: &Harness, module: &str) {
 
 #[test]
 fn tools_from_other_modules() {
-    let mock = std::fs::canonicalize(env!("CARGO_BIN_EXE_broca-mock")).unwrap();
+    let mock = broca_mock::exe();
     let base = tempfile::Builder::new().prefix("bto").tempdir_in("/tmp").unwrap();
     let module = |id: &str| {
         let log = base.path().join(format!("{id}.calls.jsonl"));

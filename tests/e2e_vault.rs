@@ -3,9 +3,7 @@
 //! the `Authorization` of every request against the scripted vault secret. broca runs with
 //! `BROCA_TEST_VAULT_AUTH=1` (a debug-build switch) so its mock routes keep vault auth.
 
-#[allow(dead_code, unused_imports)]
-#[path = "../bin/broca-mock/mock/mod.rs"]
-mod mock;
+use broca_mock::mock;
 mod pin;
 mod support;
 
@@ -123,7 +121,7 @@ fn wait_vault(h: &Harness) {
 
 #[test]
 fn credentials_from_the_vault() {
-    let mock = std::fs::canonicalize(env!("CARGO_BIN_EXE_broca-mock")).unwrap();
+    let mock = broca_mock::exe();
     let base = tempfile::Builder::new().prefix("bvt").tempdir_in("/tmp").unwrap();
     let file = base.path().join("vault.json");
     let log = base.path().join("vault.jsonl");

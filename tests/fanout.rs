@@ -2,9 +2,7 @@
 //! durable control stream with no gap and no duplicate, frames are numbered from 1, a terminal
 //! does not end a stream, and a subscriber that never reads slows nothing down.
 
-#[allow(dead_code, unused_imports)]
-#[path = "../bin/broca-mock/mock/mod.rs"]
-mod mock;
+use broca_mock::mock;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -8,9 +8,7 @@
 //! do that only in a build whose record bytes are the reference, and review the diff.
 
 mod inproc;
-#[allow(dead_code, unused_imports)]
-#[path = "../bin/broca-mock/mock/mod.rs"]
-mod mock;
+use broca_mock::mock;
 
 use std::fs;
 use std::path::{Path, PathBuf};

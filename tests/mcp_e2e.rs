@@ -7,9 +7,7 @@
 //! One test fn, because stopping the in-process daemon means SIGTERM to this process.
 
 mod mcp_client;
-#[allow(dead_code, unused_imports)]
-#[path = "../bin/broca-mock/mock/mod.rs"]
-mod mock;
+use broca_mock::mock;
 mod pin;
 mod support;
 

@@ -1,8 +1,6 @@
 //! broca-mock over real loopback TCP, driven by a plain `std::net::TcpStream` HTTP client.
 
-#[allow(dead_code, unused_imports)]
-#[path = "../bin/broca-mock/mock/mod.rs"]
-mod mock;
+use broca_mock::mock;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -306,7 +304,7 @@ fn binary_prints_its_url_and_serves_a_script() {
     std::fs::create_dir_all(&dir).unwrap();
     let script = dir.join("script.json");
     std::fs::write(&script, r#"{"responses":[{"events":[{"text":"from file"}]}]}"#).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_broca-mock"))
+    let mut child = Command::new(broca_mock::exe())
         .args(["--bind", "127.0.0.1:0", "--script", script.to_str().unwrap(), "--until-stdin-eof"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -11,10 +11,7 @@
 //! One test, because stopping the in-process daemon means SIGTERM to this process. Every wait
 //! is bounded.
 
-// The call log's reader; its writer half is the mock's.
-#[allow(dead_code)]
-#[path = "../bin/broca-mock/tools/call_log.rs"]
-mod call_log;
+use broca_mock::tools::call_log;
 
 use std::fs;
 use std::os::unix::fs::DirBuilderExt;
@@ -73,7 +70,7 @@ impl Rig {
             fs::DirBuilder::new().mode(0o700).create(root.join(sub)).unwrap();
         }
         fs::write(root.join("tools.jsonc"), TOOLS).unwrap();
-        let mock = fs::canonicalize(env!("CARGO_BIN_EXE_broca-mock")).unwrap();
+        let mock = broca_mock::exe();
         let args = json!(["--tools", root.join("tools.jsonc"), "--call-log", root.join("calls.jsonl")]);
         let module = json!({"program": mock, "args": args, "env": {"CK_LOG": "info"}, "enabled": true, "reserved": true,
                             "restart": {"max_restarts": 5, "window_secs": 600, "backoff_ms": 100, "max_backoff_ms": 200}});
@@ -147,7 +144,7 @@ impl Rig {
 
     /// The supervised mock's pid: a child of this process running the broca-mock binary.
     fn mock_pid(&self) -> Option<i32> {
-        let exe = fs::canonicalize(env!("CARGO_BIN_EXE_broca-mock")).unwrap();
+        let exe = broca_mock::exe();
         let me = std::process::id() as i32;
         fs::read_dir("/proc").ok()?.filter_map(Result::ok).find_map(|e| {
             let pid: i32 = e.file_name().to_str()?.parse().ok()?;
@@ -453,7 +450,7 @@ fn check_the_log(rig: &Rig) {
 
     // The same totals through the CLI; --at-most-once fails on the duplicate.
     let cli = |extra: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_broca-mock"))
+        let out = std::process::Command::new(broca_mock::exe())
             .args(["calls", "--call-log"])
             .arg(rig.call_log())
             .args(extra)

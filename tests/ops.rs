@@ -3,9 +3,7 @@
 //! typed and write nothing, idle actors release their lease.
 
 mod inproc;
-#[allow(dead_code, unused_imports)]
-#[path = "../bin/broca-mock/mock/mod.rs"]
-mod mock;
+use broca_mock::mock;
 mod pin;
 mod skip;
 

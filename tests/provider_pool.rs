@@ -3,9 +3,7 @@
 //! cancelled stream's connection is never reused, and a provider that closes keep-alive
 //! connections (at once, or when idle) costs a new connection and no error.
 
-#[allow(dead_code, unused_imports)]
-#[path = "../bin/broca-mock/mock/mod.rs"]
-mod mock;
+use broca_mock::mock;
 
 use std::path::Path;
 use std::sync::atomic::AtomicBool;

@@ -7,9 +7,7 @@
 //! The fuzzer (`tests/fuzz/ops.rs`) makes the same check over mutated sends and strict params.
 
 mod inproc;
-#[allow(dead_code, unused_imports)]
-#[path = "../bin/broca-mock/mock/mod.rs"]
-mod mock;
+use broca_mock::mock;
 mod pin;
 
 use std::time::{Duration, Instant};

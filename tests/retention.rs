@@ -7,9 +7,7 @@
 //! daemon in `e2e_driver` and in the published suite (`make conformance`).
 
 mod inproc;
-#[allow(dead_code, unused_imports)]
-#[path = "../bin/broca-mock/mock/mod.rs"]
-mod mock;
+use broca_mock::mock;
 mod pin;
 
 use std::path::PathBuf;

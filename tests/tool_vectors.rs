@@ -34,9 +34,7 @@
 //! - `catalog-answers` `full`: the unknown `future_member` is dropped by the decoder (the
 //!   crate's types), so broca freezes nothing of it.
 
-#[allow(dead_code, unused_imports)]
-#[path = "../bin/broca-mock/mock/mod.rs"]
-mod mock;
+use broca_mock::mock;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

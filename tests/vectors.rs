@@ -5,9 +5,7 @@
 //! spec's behaviour and named in `DEVIATIONS`.
 
 mod inproc;
-#[allow(dead_code, unused_imports)]
-#[path = "../bin/broca-mock/mock/mod.rs"]
-mod mock;
+use broca_mock::mock;
 mod pin;
 
 use std::time::{Duration, Instant};

@@ -8,15 +8,7 @@ use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-// The server uses part of the mock's API; the rest is for the in-process users (`#[path]`
-// includes in broca-run, broca-bench and the tests) and the mock's own unit tests.
-mod fusiform;
-#[allow(dead_code, unused_imports)]
-mod mock;
-mod relay;
-mod tools;
-mod vault;
-
+use broca_mock::{fusiform, mock, relay, tools, vault};
 use mock::{MockServer, Script};
 use tools::script::{ScopeClass, ToolScript};
 

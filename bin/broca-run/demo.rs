@@ -1,8 +1,12 @@
-//! `broca-run --demo`: the scripted provider in-process on a loopback port, a temp state root
-//! seeded with the testdata catalog, and one turn that streams reasoning and text and reports
-//! usage. Nothing leaves the machine.
+//! `broca-run --demo`: a scripted model in-process (no socket: [`ScriptedClient`]), a temp
+//! state root seeded with the testdata catalog, and one turn that streams reasoning and text
+//! and reports usage. Nothing leaves the machine.
 
-use crate::mock::{MockServer, Script};
+use std::time::Duration;
+
+use broca::message::StepUsage;
+use broca::provider::event::StreamEvent;
+use broca::provider::scripted::{ScriptedClient, Step};
 
 use super::cli::Args;
 
@@ -11,14 +15,16 @@ const LKG: &str = include_str!("../../testdata/catalog/fusiform-lkg.json");
 
 const DEMO_MODEL: &str = "mock/echo-messages";
 const DEMO_PROMPT: &str = "What is broca, in two sentences?";
+const SCRIPTED_URL: &str = "scripted://broca-run-demo/v1";
 
-/// Keeps the demo's temp state root and mock provider alive for the turn.
+/// Keeps the demo's temp state root alive for the turn, and answers its model.
 pub struct Demo {
     _root: tempfile::TempDir,
-    _mock: MockServer,
+    pub client: ScriptedClient,
 }
 
-fn script() -> Script {
+/// The demo's one answer: reasoning with its signature, text word by word, usage, a finish.
+fn response() -> Vec<Step> {
     let words = [
         "broca runs agentic LLM loops ",
         "for other programs, ",
@@ -27,17 +33,24 @@ fn script() -> Script {
         "A crash loses nothing and repeats nothing: ",
         "reopen the session and the conversation is all there.",
     ];
-    let mut events = vec![
-        serde_json::json!({"reasoning": "The user asks what broca is. Keep it to two sentences.", "signature": "demo-signature"}),
+    let reasoning = "The user asks what broca is. Keep it to two sentences.";
+    let mut steps = vec![
+        Step::Event(StreamEvent::ReasoningDelta { text: reasoning.into() }),
+        Step::Event(StreamEvent::ReasoningSignature { signature: "demo-signature".into() }),
     ];
     for w in words {
-        events.push(serde_json::json!({"delay_ms": 60}));
-        events.push(serde_json::json!({"text": w}));
+        steps.push(Step::Pause(Duration::from_millis(60)));
+        steps.push(Step::Event(StreamEvent::TextDelta { text: w.into() }));
     }
-    events.push(serde_json::json!({"usage": {"input": 42, "cached": 0, "output": 51}}));
-    events.push(serde_json::json!({"finish": "stop"}));
-    serde_json::from_value(serde_json::json!({"responses": [{"events": events, "write": {"split_every": 9}}]}))
-        .expect("the demo script decodes")
+    let usage = StepUsage {
+        input_tokens: Some(42),
+        cached_input_tokens: Some(0),
+        output_tokens: Some(51),
+        ..StepUsage::default()
+    };
+    steps.push(Step::Event(StreamEvent::Usage { usage }));
+    steps.push(Step::Event(StreamEvent::Finish { reason: "stop".into(), raw: "end_turn".into() }));
+    steps
 }
 
 /// Sets up the demo and points `args` at it.
@@ -46,11 +59,11 @@ pub fn prepare(args: &mut Args) -> Result<Demo, String> {
     let catalog = root.path().join("catalog");
     std::fs::create_dir_all(&catalog).map_err(|e| e.to_string())?;
     std::fs::write(catalog.join("fusiform-lkg.json"), LKG).map_err(|e| e.to_string())?;
-    let mock = MockServer::start("127.0.0.1:0").map_err(|e| format!("starting the mock provider: {e}"))?;
-    mock.install("default", script());
+    let client = ScriptedClient::new([response()]).map_err(|_| "the demo script is too long".to_string())?;
     args.state_root = Some(root.path().to_path_buf());
-    args.base_url = Some(mock.base_url(None));
+    // The route is mocked (credential-free); its URL names the scripted client, never dialled.
+    args.base_url = Some(SCRIPTED_URL.to_string());
     args.model.get_or_insert_with(|| DEMO_MODEL.to_string());
     args.prompt.get_or_insert_with(|| DEMO_PROMPT.to_string());
-    Ok(Demo { _root: root, _mock: mock })
+    Ok(Demo { _root: root, client })
 }

@@ -1,10 +1,6 @@
 //! `broca-run`: one blocking CLI turn on the shared core. One lineage per `--session`, one
 //! episode per invocation; text streams to stdout as it arrives.
 
-#[allow(dead_code, unused_imports)]
-#[path = "../broca-mock/mock/mod.rs"]
-mod mock;
-
 use std::io::{IsTerminal, Read, Write};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,7 +14,7 @@ use broca::catalog::route::RouteOverrides;
 use broca::catalog::Catalog;
 use broca::lineage::{read, Shared};
 use broca::message::{Message, RunUsage};
-use broca::provider::client::HttpClient;
+use broca::provider::client::{HttpClient, ModelClient};
 use broca::provider::config::AuthSource;
 use broca::record::{CancelAt, FinishReason};
 use broca::replay::Resolution;
@@ -67,7 +63,7 @@ fn main() -> ExitCode {
 
 /// Everything after argument parsing; returns the exit code.
 fn run(mut args: Args) -> u8 {
-    let _demo = if args.demo {
+    let demo = if args.demo {
         match demo::prepare(&mut args) {
             Ok(d) => Some(d),
             Err(e) => return fail(&args, EXIT_RUN_ERROR, &format!("demo setup failed: {e}")),
@@ -197,7 +193,15 @@ fn run(mut args: Args) -> u8 {
         Some(plane) => plane,
         None => Arc::new(NoTools),
     };
-    let outcome = agent::drive(&mut lineage, &HttpClient::default(), &tools, &commands, &opts, &mut |o| out.emit(o));
+    let http;
+    let client: &dyn ModelClient = match &demo {
+        Some(demo) => &demo.client,
+        None => {
+            http = HttpClient::default();
+            &http
+        }
+    };
+    let outcome = agent::drive(&mut lineage, client, &tools, &commands, &opts, &mut |o| out.emit(o));
     let usage = lineage.state().last.as_ref().map(|e| e.usage.clone()).unwrap_or_default();
     drop(lineage);
     match outcome {

@@ -16,6 +16,7 @@ pub mod event;
 pub mod openai_chat;
 pub mod openai_responses;
 pub mod render_cache;
+pub mod scripted;
 pub mod sse;
 pub mod telemetry;
 pub mod wire;

@@ -25,9 +25,7 @@ mod wal;
 // The in-process rig and broca-mock, as the ops tests use them.
 #[path = "../inproc/mod.rs"]
 mod inproc;
-#[allow(dead_code, unused_imports)]
-#[path = "../../bin/broca-mock/mock/mod.rs"]
-mod mock;
+use broca_mock::mock;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -30,9 +30,7 @@
 
 #[path = "capacity_boot.rs"]
 mod capacity_boot;
-#[allow(dead_code, unused_imports)]
-#[path = "../../bin/broca-mock/mock/mod.rs"]
-mod mock;
+use broca_mock::mock;
 #[path = "../support/mod.rs"]
 mod support;
 

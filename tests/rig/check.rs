@@ -12,9 +12,7 @@
 //!   times mid-run, scripting slow streams through broca-mock's control endpoint at
 //!   `BROCA_MOCK_URL`, else the URL `scripts/rig` recorded in `<rig>/run/mock.out`.
 
-#[allow(dead_code, unused_imports)]
-#[path = "../../bin/broca-mock/mock/mod.rs"]
-mod mock;
+use broca_mock::mock;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -56,9 +56,7 @@
 //! At the end the daemon is stopped by SIGTERM to this process; the exit status is 0 when every
 //! figure was measured, 1 otherwise (a harness failure panics: 101).
 
-#[allow(dead_code, unused_imports)]
-#[path = "../../bin/broca-mock/mock/mod.rs"]
-mod mock;
+use broca_mock::mock;
 #[path = "../support/mod.rs"]
 mod support;
 

@@ -397,6 +397,7 @@ pub(crate) struct Stopping {
 }
 
 impl Stopping {
+    #[cfg(test)]
     pub(crate) fn new(stopped: bool) -> Stopping {
         Stopping { flag: AtomicBool::new(stopped), ..Stopping::default() }
     }

@@ -112,8 +112,6 @@
 //! | `counter` | `{name?}` | `{key, count}` |
 //! | `whoami` | — | the route's stamps |
 
-// Part of the reader half (`Counts`' queries) is for the tests that include this file by path.
-#[allow(dead_code)]
 pub mod call_log;
 pub mod provider;
 pub mod script;

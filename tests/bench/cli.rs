@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::mock::MockServer;
+use broca_mock::mock::MockServer;
 
 /// Turns timed per figure (the median is reported).
 const TURNS: usize = 7;
@@ -30,7 +30,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Runs continued single-step turns of the `broca-run` beside this binary against an
 /// in-process mock (default lane: a one-step answer). `None` if broca-run is not built.
 pub fn measure(dir: &Path) -> Option<CliFigures> {
-    let exe = std::env::current_exe().ok()?.with_file_name("broca-run");
+    // An example runs from `target/<profile>/examples`; the binaries are one level up.
+    let here = std::env::current_exe().ok()?;
+    let exe = here.parent()?.parent()?.join("broca-run");
     if !exe.exists() {
         eprintln!("broca-bench: {} is not built; skipping cli.start_ms and cli.turn_fsyncs", exe.display());
         return None;

@@ -4,10 +4,6 @@
 //! Files go under `BROCA_BENCH_DIR` (default: the system temp dir); measure on the filesystem
 //! your state root lives on. Targets are in the README; nothing here asserts them.
 
-#[allow(dead_code, unused_imports)]
-#[path = "../broca-mock/mock/mod.rs"]
-mod mock;
-
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -26,7 +22,7 @@ use broca::session_key::SessionKey;
 use broca::state_root::StateRoot;
 use broca::testkit::*;
 use broca::wal::{self, RecordOutcome, ScannedFrame, Wal, WalError, WalOpen};
-use mock::{MockOptions, MockServer, Script};
+use broca_mock::mock::{MockOptions, MockServer, Script};
 
 const FSYNC_SAMPLES: usize = 1000;
 
