@@ -112,21 +112,47 @@ fn top_level_modules_import_without_cycles() {
     assert_acyclic(&graph, "top-level modules");
 }
 
-/// Inside `src/subc` too (#27): its children (`io`, `module`, `consumer`, …) import without a
-/// cycle, read from `super::<m>` in its own files and `crate::subc::<m>` anywhere below it.
+/// One level down too, and below (#27): inside every folder of `src`, its children import
+/// without a cycle, read from `crate::<path>::<m>` anywhere below the folder and `super::<m>` in
+/// the files directly in it (their siblings). The folder's own module file (`mod.rs`, or the
+/// `<folder>.rs` beside it) is the parent, not one of them.
 #[test]
-fn subc_children_import_without_cycles() {
-    let subc = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/subc");
-    let graph = import_graph(&subc, "mod", |rel, text| {
-        let mut refs = references_after(text, "crate::subc::");
-        if rel.components().count() == 1 {
-            // A file directly in src/subc: `super::` is subc.
-            refs.extend(references_after(text, "super::"));
+fn every_folder_s_children_import_without_cycles() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut dirs = Vec::new();
+    folders(&src, &mut dirs);
+    let mut checked = Vec::new();
+    for dir in dirs {
+        let path: Vec<String> = dir
+            .strip_prefix(&src)
+            .unwrap()
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        let prefix = format!("crate::{}::", path.join("::"));
+        let graph = import_graph(&dir, "mod", |rel, text| {
+            let mut refs = references_after(text, &prefix);
+            if rel.components().count() == 1 && rel.file_name().is_some_and(|f| f != "mod.rs") {
+                refs.extend(references_after(text, "super::"));
+            }
+            refs
+        });
+        assert_acyclic(&graph, &format!("src/{}'s modules", path.join("/")));
+        checked.push(path.join("/"));
+    }
+    for expected in ["subc", "subc/consumer", "lineage", "agent", "provider"] {
+        assert!(checked.iter().any(|c| c == expected), "the walk checked src/{expected}: {checked:?}");
+    }
+}
+
+fn folders(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.push(path.clone());
+            folders(&path, out);
         }
-        refs
-    });
-    assert!(graph.contains_key("io") && graph.contains_key("module"), "the walk found subc's children: {graph:?}");
-    assert_acyclic(&graph, "src/subc's modules");
+    }
 }
 
 #[test]

@@ -188,7 +188,7 @@ impl Unit {
 /// One durable unit of the control stream.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ControlUnit {
-    pub cursor: super::projection::Cursor,
+    pub cursor: crate::replay::Cursor,
     pub unit: Unit,
     /// The llm-runner/v1 live event of this unit, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -243,6 +243,18 @@ impl Drop for Inner {
     }
 }
 
+/// Dials a new link and starts its reader: the one place that knows both halves.
+fn connect(
+    conn_file: &Path,
+    identity: Option<ConsumerIdentity>,
+    options: &ConsumerOptions,
+    totals: Arc<Totals>,
+) -> Result<Arc<Link>, CallError> {
+    let (link, read_half) = Link::connect(conn_file, identity, options, totals)?;
+    reader::start(read_half, &link)?;
+    Ok(link)
+}
+
 /// The consumer connection. Cloneable handles share one connection (and its route cache).
 #[derive(Clone)]
 pub struct Consumer {
@@ -263,7 +275,7 @@ impl Consumer {
         options: ConsumerOptions,
     ) -> Result<Consumer, CallError> {
         let totals = Arc::new(Totals::default());
-        let link = Link::connect(conn_file, identity.clone(), &options, Arc::clone(&totals))?;
+        let link = connect(conn_file, identity.clone(), &options, Arc::clone(&totals))?;
         totals.connects.fetch_add(1, Ordering::Relaxed);
         let backoff = options.reconnect_backoff_min;
         let inner = Inner {
@@ -292,8 +304,7 @@ impl Consumer {
             return Err(CallError::Closed);
         }
         let options = &self.inner.options;
-        match Link::connect(&self.inner.conn_file, self.inner.identity.clone(), options, Arc::clone(&self.inner.totals))
-        {
+        match connect(&self.inner.conn_file, self.inner.identity.clone(), options, Arc::clone(&self.inner.totals)) {
             Ok(link) => {
                 self.inner.totals.connects.fetch_add(1, Ordering::Relaxed);
                 dial.backoff = options.reconnect_backoff_min;

@@ -37,7 +37,7 @@ use subc_protocol::{BindIdentity, Flags, FrameType, Priority, RouteTarget, FLAG_
 use super::routes::{Insert, RouteCache, RouteKey};
 use super::wire::{RouteOpen, RouteOpened};
 use super::writer::{self, Lanes};
-use super::{reader, CallError, ClientRoute, ConsumerIdentity, ConsumerOptions, Totals};
+use super::{CallError, ClientRoute, ConsumerIdentity, ConsumerOptions, Totals};
 use crate::subc::{connection_file, frame, handshake};
 
 pub use crate::limits::MAX_PENDING_CALLS;
@@ -89,13 +89,15 @@ pub(super) fn control_flags() -> Flags {
 }
 
 impl Link {
-    /// Connects, authenticates (no HELLO) and starts the reader and writer threads.
+    /// Connects, authenticates (no HELLO) and starts the writer thread. Returns the link and
+    /// the connection's read half, for the caller to start its reader on (`reader::start`):
+    /// the reader acts on the link, so the link does not know the reader.
     pub fn connect(
         conn_file: &Path,
         identity: Option<ConsumerIdentity>,
         options: &ConsumerOptions,
         totals: Arc<Totals>,
-    ) -> Result<Arc<Link>, CallError> {
+    ) -> Result<(Arc<Link>, TcpStream), CallError> {
         let info = connection_file::read(conn_file).map_err(|e| CallError::Connect(e.to_string()))?;
         let endpoint =
             info.endpoints.first().ok_or_else(|| CallError::Connect("the connection file names no endpoint".into()))?;
@@ -109,7 +111,6 @@ impl Link {
         handshake::authenticate(&mut stream, &info, HANDSHAKE_DEADLINE)
             .map_err(|e| CallError::Connect(e.to_string()))?;
         let read_half = stream.try_clone().map_err(CallError::Io)?;
-        read_half.set_read_timeout(Some(reader::tick(options.route_idle_ttl))).map_err(CallError::Io)?;
         let lanes = writer::start(stream).map_err(CallError::Io)?;
         let link = Arc::new(Link {
             generation: NEXT_GENERATION.fetch_add(1, Ordering::Relaxed),
@@ -123,15 +124,7 @@ impl Link {
             opening: Mutex::new(0),
             open_ended: Condvar::new(),
         });
-        let reading = Arc::clone(&link);
-        let started = std::thread::Builder::new()
-            .name("broca-consumer-r".into())
-            .spawn(move || reader::read_loop(read_half, &reading));
-        if let Err(e) = started {
-            link.lanes.wire.close();
-            return Err(CallError::Io(e));
-        }
-        Ok(link)
+        Ok((link, read_half))
     }
 
     pub fn is_live(&self) -> bool {

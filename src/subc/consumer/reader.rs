@@ -23,6 +23,7 @@
 use std::io::{self, Read};
 use std::net::TcpStream;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use subc_protocol::error_codes::{is_established_route_dead, MODULE_RELOADING};
@@ -39,11 +40,24 @@ const MIN_TICK: Duration = Duration::from_millis(10);
 const READ_BUF: usize = 64 << 10;
 
 /// The read timeout for a connection whose idle routes expire after `idle_ttl`.
-pub(super) fn tick(idle_ttl: Duration) -> Duration {
+fn tick(idle_ttl: Duration) -> Duration {
     (idle_ttl / 2).clamp(MIN_TICK, MAX_TICK)
 }
 
-pub(super) fn read_loop(mut stream: TcpStream, link: &Link) {
+/// Starts the reader thread of `link` on its connection's read half. If the thread cannot
+/// start, the link's writer is closed too (a link without a reader is dead).
+pub(super) fn start(read_half: TcpStream, link: &Arc<Link>) -> Result<(), CallError> {
+    read_half.set_read_timeout(Some(tick(link.routes.lock().idle_ttl()))).map_err(CallError::Io)?;
+    let reading = Arc::clone(link);
+    let started =
+        std::thread::Builder::new().name("broca-consumer-r".into()).spawn(move || read_loop(read_half, &reading));
+    started.map(drop).map_err(|e| {
+        link.lanes.wire.close();
+        CallError::Io(e)
+    })
+}
+
+fn read_loop(mut stream: TcpStream, link: &Link) {
     let mut decoder = Decoder::new();
     let mut buf = vec![0u8; READ_BUF];
     let mut last_sweep = Instant::now();
