@@ -65,6 +65,13 @@ pub enum FinishReason {
 }
 
 impl FinishReason {
+    /// The reason `name` spells (its serde name, as [`FinishReason::as_str`] gives it).
+    pub fn from_name(name: &str) -> Option<FinishReason> {
+        use serde::de::IntoDeserializer;
+        let name: serde::de::value::StrDeserializer<'_, serde::de::value::Error> = name.into_deserializer();
+        FinishReason::deserialize(name).ok()
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             FinishReason::Completed => "completed",
@@ -115,6 +122,83 @@ pub struct ProviderError {
     pub message: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http_status: Option<u16>,
+}
+
+/// An attempt's content telemetry (spec §14): when real content arrived, the longest gap
+/// between content events, byte counts by class, and a top-16 tally of event types (then
+/// `other`). A measurement never observed is absent, never a synthetic zero.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptTelemetry {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_content_at_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_content_at_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_content_gap_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_content_gap_ended_at_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub non_content_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub non_content_bytes_after_last_content: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events_after_last_content: Option<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub event_types: Vec<EventTypeCount>,
+}
+
+impl AttemptTelemetry {
+    pub fn is_empty(&self) -> bool {
+        *self == AttemptTelemetry::default()
+    }
+}
+
+/// One row of an attempt's event-type tally.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventTypeCount {
+    pub event_type: String,
+    pub count: u64,
+    pub bytes: u64,
+    /// A type the family's decoder does not know.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unknown: bool,
+}
+
+/// What admission froze about a run's credential and account decision
+/// (`RunStarted.auth_selection`): the vault credential id (absent on credential-free routes),
+/// the account its admission read named (absent when that read was refused), and the
+/// conversation key with its source.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuthSelection {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account_decision: Option<AccountDecision>,
+}
+
+/// The conversation key a run's account was chosen by, and where it came from (`caller`,
+/// `session`, `inherited`: an open string, so a later source survives replay).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccountDecision {
+    pub conversation_key: String,
+    pub conversation_key_source: String,
+}
+
+/// A `budget_exhausted` terminal's detail (llm-runner's `{limit, spent, cause}`): the
+/// session's input-token cap, what its runs spent against it, and why the run stopped
+/// (`limit_reached`, or `usage_unreported` when a step's input was never reported; an open
+/// string, so a later cause still reads).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BudgetDetail {
+    pub limit: u64,
+    pub spent: u64,
+    pub cause: String,
 }
 
 /// Whether a stored tool result was refused before its call ran: its recorded `refused` fact.
@@ -363,7 +447,7 @@ pub struct RunStarted {
     pub started_at_ms: u64,
     /// The credential and account decision frozen at admission (spec §4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub auth_selection: Option<Value>,
+    pub auth_selection: Option<AuthSelection>,
     /// The session's attested owner (`crate::owner`): stamped from the route of its first
     /// send and carried unchanged by every later episode. Absent on sessions written before
     /// owners were stamped and on sessions an unattested caller started (unrestricted).
@@ -387,9 +471,9 @@ pub struct AttemptFinished {
     /// and the `attempt_id` of its `step.finished.v1` hint (absent in older records).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt_id: Option<String>,
-    /// Content telemetry fields, kept as written.
-    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
-    pub telemetry: serde_json::Map<String, Value>,
+    /// The attempt's content telemetry (spec §14).
+    #[serde(default, skip_serializing_if = "AttemptTelemetry::is_empty")]
+    pub telemetry: AttemptTelemetry,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -484,7 +568,7 @@ pub enum Record {
         at_ms: u64,
         /// The terminal's typed detail (`budget_exhausted`: `{limit, spent, cause}`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        detail: Option<Value>,
+        detail: Option<BudgetDetail>,
         /// Steers that reached the transcript after the run's last model step: no model of
         /// this run saw them (the next turn sees them as history).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -682,6 +766,14 @@ mod tests {
         assert!(Record::decode(br#"{"run_started":{"x":1}}"#).is_err());
         assert!(Record::decode(b"not json").is_err());
         assert!(Record::decode(b"{}").is_err());
+    }
+
+    #[test]
+    fn a_finish_reason_reads_back_from_its_name() {
+        for name in ["completed", "cancelled", "interrupted", "error", "max_steps", "budget_exhausted"] {
+            assert_eq!(FinishReason::from_name(name).map(FinishReason::as_str), Some(name));
+        }
+        assert_eq!(FinishReason::from_name("finished"), None);
     }
 
     #[test]

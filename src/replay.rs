@@ -53,7 +53,7 @@ pub enum EpisodeStatus {
         reason: FinishReason,
         error: Option<ProviderError>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        detail: Option<Value>,
+        detail: Option<crate::record::BudgetDetail>,
     },
 }
 
@@ -162,7 +162,7 @@ pub enum RunState {
         started_at_ms: u64,
         config: Frozen,
         title: Option<String>,
-        auth_selection: Option<Value>,
+        auth_selection: Option<crate::record::AuthSelection>,
     },
     Paused {
         reason: PauseReason,
@@ -173,7 +173,7 @@ pub enum RunState {
         error: Option<ProviderError>,
         usage: RunUsage,
         at_ms: u64,
-        detail: Option<Value>,
+        detail: Option<crate::record::BudgetDetail>,
         undelivered_steers: Vec<String>,
         /// The normalized finish of the run's last model step, when it reported one.
         finish: Option<String>,

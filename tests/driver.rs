@@ -929,7 +929,8 @@ fn the_conversation_key_and_its_source_are_frozen_on_each_run() {
             .into_iter()
             .filter_map(|r| match r {
                 Record::RunStarted(s) => {
-                    let d = s.auth_selection.unwrap_or_default()["account_decision"].clone();
+                    let d =
+                        serde_json::to_value(s.auth_selection.unwrap_or_default()).unwrap()["account_decision"].clone();
                     Some((d["conversation_key"].clone(), d["conversation_key_source"].clone()))
                 }
                 _ => None,

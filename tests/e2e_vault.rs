@@ -69,7 +69,7 @@ fn frozen_auth(path: &Path) -> Vec<Value> {
     let mut out = Vec::new();
     wal::read::<WalError>(path, broca::record::KNOWN_FEATURES, None, &mut |f: ScannedFrame<'_>| {
         if let Ok(Record::RunStarted(started)) = Record::decode(f.payload) {
-            out.push(started.auth_selection.clone().unwrap_or(Value::Null));
+            out.push(started.auth_selection.as_ref().map_or(Value::Null, |a| serde_json::to_value(a).unwrap()));
         }
         Ok(())
     })

@@ -184,7 +184,7 @@ impl<C> Driver<'_, C> {
         &mut self,
         reason: FinishReason,
         error: Option<ProviderError>,
-        detail: Option<serde_json::Value>,
+        detail: Option<crate::record::BudgetDetail>,
     ) -> Result<TurnOutcome, LineageError> {
         let (reason, error) = if self.sealing { (FinishReason::Interrupted, None) } else { (reason, error) };
         // An acknowledged steer is in the transcript even when the run ends before a step

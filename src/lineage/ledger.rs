@@ -3,12 +3,10 @@
 //! come from the same snapshot ([`TranscriptPage`]), the answer is the same on a live session
 //! and a closed one, before and after a restart, and a read never opens the session.
 
-use serde_json::Value;
-
 use super::read::TranscriptPage;
 use crate::message::RunUsage;
 use crate::record::Delivery;
-use crate::record::{FinishReason, PauseReason, ProviderError};
+use crate::record::{AuthSelection, BudgetDetail, FinishReason, PauseReason, ProviderError};
 use crate::replay::Resolution;
 use crate::replay::{Effect, EpisodeStatus, RunState, SendFate};
 use crate::store::{Fate, SendLookup, SendRow, Store, StoreError};
@@ -72,9 +70,9 @@ pub struct RunFacts {
     pub error: Option<ProviderError>,
     pub usage: RunUsage,
     pub title: Option<String>,
-    pub auth_selection: Option<Value>,
+    pub auth_selection: Option<AuthSelection>,
     /// The terminal's typed detail (`budget_exhausted`).
-    pub detail: Option<Value>,
+    pub detail: Option<BudgetDetail>,
     /// Steers in the transcript that no model of the run saw (meaningful once it finished).
     pub undelivered_steers: Vec<String>,
     /// The run is the session's last episode.
@@ -156,7 +154,7 @@ pub fn run(store: &Store, lineage: &str, page: &TranscriptPage, run_id: &str) ->
         (None, None) => return Ok(None),
     };
     if let Some(row) = row.as_ref().filter(|r| r.terminal) {
-        if let Some(reason) = row.reason.as_deref().and_then(|r| serde_json::from_value(Value::String(r.into())).ok()) {
+        if let Some(reason) = row.reason.as_deref().and_then(FinishReason::from_name) {
             facts.phase = RunPhase::Finished { reason };
         }
     }

@@ -478,7 +478,7 @@ impl Lineage {
         reason: FinishReason,
         error: Option<ProviderError>,
         indeterminate_tool_calls: Vec<String>,
-        detail: Option<serde_json::Value>,
+        detail: Option<record::BudgetDetail>,
     ) -> Result<u64, LineageError> {
         let e = self.replay.last.as_ref().ok_or_else(|| LineageError::Refused("no run to finish".into()))?;
         let rec = Record::RunFinished {

@@ -8,10 +8,10 @@
 
 use cortexkit_role_llm_runner::live::LiveEvent;
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::message::{Message, RunUsage, StepUsage};
-use crate::record::{CancelAt, FinishReason, PauseReason, ProviderError};
+use crate::record::{AttemptTelemetry, CancelAt, FinishReason, PauseReason, ProviderError};
 
 fn no_vec<T>(v: &[T]) -> bool {
     v.is_empty()
@@ -54,7 +54,7 @@ pub enum Unit {
         error: Option<ProviderError>,
         /// The attempt's content telemetry, as its record keeps it.
         #[serde(flatten)]
-        telemetry: Map<String, Value>,
+        telemetry: AttemptTelemetry,
     },
     AssistantMessage {
         run_id: String,

@@ -35,7 +35,7 @@ fn run_body(ops: &Ops, facts: &RunFacts) -> RunStatus {
     out.detail = facts.detail.clone();
     out.usage = Some(facts.usage.clone());
     out.title = facts.title.clone();
-    out.auth_selection = facts.auth_selection.as_ref().and_then(|a| a.get("credential_id")).cloned();
+    out.auth_selection = facts.auth_selection.as_ref().and_then(|a| a.credential_id.clone());
     if matches!(facts.phase, RunPhase::Finished { .. }) {
         // Every acknowledged steer reaches the transcript before its run's terminal; these
         // came after the run's last model step, so no model of the run saw them.

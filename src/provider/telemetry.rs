@@ -7,9 +7,8 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::{json, Map, Value};
-
 use super::event::EventClass;
+use crate::record::{AttemptTelemetry, EventTypeCount};
 
 #[derive(Default, Debug, Clone, PartialEq, Eq)]
 struct Tally {
@@ -80,46 +79,38 @@ impl Telemetry {
     }
 
     /// The fields for `model_attempt_finished`, absent when unobserved.
-    pub fn to_map(&self) -> Map<String, Value> {
-        let mut m = Map::new();
-        let mut put = |k: &str, v: Option<u64>| {
-            if let Some(v) = v {
-                m.insert(k.into(), json!(v));
-            }
-        };
-        put("first_content_at_ms", self.first_content_at_ms);
-        put("last_content_at_ms", self.last_content_at_ms);
-        put("max_content_gap_ms", self.max_gap.map(|g| g.0));
-        put("max_content_gap_ended_at_ms", self.max_gap.map(|g| g.1));
-        put("content_bytes", self.content_bytes);
-        put("non_content_bytes", self.non_content_bytes);
-        put("non_content_bytes_after_last_content", self.after_last_bytes);
-        put("events_after_last_content", self.after_last_events);
-        if !self.types.is_empty() {
-            m.insert("event_types".into(), Value::Array(self.tally()));
+    pub fn report(&self) -> AttemptTelemetry {
+        AttemptTelemetry {
+            first_content_at_ms: self.first_content_at_ms,
+            last_content_at_ms: self.last_content_at_ms,
+            max_content_gap_ms: self.max_gap.map(|g| g.0),
+            max_content_gap_ended_at_ms: self.max_gap.map(|g| g.1),
+            content_bytes: self.content_bytes,
+            non_content_bytes: self.non_content_bytes,
+            non_content_bytes_after_last_content: self.after_last_bytes,
+            events_after_last_content: self.after_last_events,
+            event_types: self.tally(),
         }
-        m
     }
 
     /// The top sixteen types by count (ties by name), then `other` for the rest.
-    fn tally(&self) -> Vec<Value> {
+    fn tally(&self) -> Vec<EventTypeCount> {
         let mut all: Vec<(&String, &Tally)> = self.types.iter().collect();
         all.sort_by(|a, b| b.1.count.cmp(&a.1.count).then(a.0.cmp(b.0)));
-        let mut out: Vec<Value> = all
+        let mut out: Vec<EventTypeCount> = all
             .iter()
             .take(16)
-            .map(|(name, t)| {
-                let mut e = json!({"event_type": name, "count": t.count, "bytes": t.bytes});
-                if t.unknown {
-                    e["unknown"] = json!(true);
-                }
-                e
+            .map(|(name, t)| EventTypeCount {
+                event_type: (*name).clone(),
+                count: t.count,
+                bytes: t.bytes,
+                unknown: t.unknown,
             })
             .collect();
         let rest = &all[all.len().min(16)..];
         if !rest.is_empty() {
             let (count, bytes) = rest.iter().fold((0, 0), |(c, b), (_, t)| (c + t.count, b + t.bytes));
-            out.push(json!({"event_type": "other", "count": count, "bytes": bytes}));
+            out.push(EventTypeCount { event_type: "other".into(), count, bytes, unknown: false });
         }
         out
     }
@@ -128,6 +119,11 @@ impl Telemetry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{json, Value};
+
+    fn map(t: &Telemetry) -> Value {
+        serde_json::to_value(t.report()).unwrap()
+    }
 
     fn class(t: &str, content: bool) -> EventClass {
         EventClass { event_type: t.into(), content, unknown: t.starts_with('x') }
@@ -135,10 +131,10 @@ mod tests {
 
     #[test]
     fn nothing_observed_is_all_absent() {
-        assert!(Telemetry::default().to_map().is_empty());
+        assert!(Telemetry::default().report().is_empty());
         let mut t = Telemetry::default();
         t.observe(&class("ping", false), 4, 10);
-        let m = t.to_map();
+        let m = map(&t);
         assert!(m.get("first_content_at_ms").is_none() && m.get("content_bytes").is_none());
         assert!(m.get("events_after_last_content").is_none());
         assert_eq!(m["non_content_bytes"], 4);
@@ -148,13 +144,13 @@ mod tests {
     fn gaps_and_suffix_counters() {
         let mut t = Telemetry::default();
         t.observe(&class("delta", true), 10, 100);
-        assert!(t.to_map().get("max_content_gap_ms").is_none(), "one content event has no gap");
-        assert_eq!(t.to_map()["events_after_last_content"], 0, "a measured zero once content is seen");
+        assert!(map(&t).get("max_content_gap_ms").is_none(), "one content event has no gap");
+        assert_eq!(map(&t)["events_after_last_content"], 0, "a measured zero once content is seen");
         t.observe(&class("delta", true), 10, 150);
         t.observe(&class("delta", true), 10, 400);
         t.observe(&class("delta", true), 10, 420);
         t.observe(&class("xfuture", false), 7, 500);
-        let m = t.to_map();
+        let m = map(&t);
         assert_eq!(
             (m["max_content_gap_ms"].clone(), m["max_content_gap_ended_at_ms"].clone()),
             (json!(250), json!(400))
@@ -172,7 +168,7 @@ mod tests {
                 t.observe(&class(&format!("t{i:02}"), false), 1, 0);
             }
         }
-        let tally = t.to_map()["event_types"].as_array().unwrap().clone();
+        let tally = map(&t)["event_types"].as_array().unwrap().clone();
         assert_eq!(tally.len(), 17);
         assert_eq!(tally[0]["event_type"], "t19");
         assert_eq!(tally[16], json!({"event_type": "other", "count": 1 + 2 + 3 + 4, "bytes": 10}));

@@ -2,7 +2,6 @@
 //! are declared in the order the goldens pin; absent ones are left out.
 
 use serde::{Serialize, Serializer};
-use serde_json::Value;
 
 use super::answers::Delivered;
 use crate::message::RunUsage;
@@ -106,14 +105,14 @@ pub struct RunStatus {
     pub error: Option<WireError>,
     /// The terminal's typed detail (`budget_exhausted`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub detail: Option<Value>,
+    pub detail: Option<crate::record::BudgetDetail>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<RunUsage>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
     /// The credential the run was admitted with (its id only).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub auth_selection: Option<Value>,
+    pub auth_selection: Option<String>,
     /// Present once the run finished.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub undelivered_steers: Option<Vec<String>>,
@@ -181,11 +180,11 @@ pub struct RunResult {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<WireError>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub detail: Option<Value>,
+    pub detail: Option<crate::record::BudgetDetail>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub auth_selection: Option<Value>,
+    pub auth_selection: Option<String>,
     #[serde(rename = "reason", skip_serializing_if = "Option::is_none")]
     pub finish_reason: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -1,14 +1,12 @@
 //! A run's first record: admission's durable `RunStarted`, with the frozen config, the
 //! credential and account decision admission took, and the session's owner.
 
-use serde_json::json;
-
 use crate::lineage::projection::ControlUnit;
 use crate::lineage::{Lineage, LineageError};
 use crate::message::Message;
 use crate::provider::client::now_ms;
 use crate::provider::config::RenderConfig;
-use crate::record::{Frozen, Origin, Record, RunStarted};
+use crate::record::{AccountDecision, AuthSelection, Frozen, Origin, Record, RunStarted};
 
 /// Admission's write: the durable `RunStarted` with the frozen config. The caller resolved the
 /// model (and everything else that can refuse) before, so a refusal never leaves a ghost run.
@@ -71,7 +69,7 @@ fn start(
     config: Frozen,
     input: Message,
     title: Option<String>,
-    auth_selection: Option<serde_json::Value>,
+    auth_selection: Option<AuthSelection>,
     first_owner: Option<&crate::owner::Owner>,
 ) -> Result<Vec<ControlUnit>, LineageError> {
     let rec = Record::RunStarted(Box::new(RunStarted {
@@ -95,21 +93,20 @@ fn start(
 /// id (absent on credential-free routes) with the account admission's vault read named
 /// (`account_id`, `record_version`; absent when that read was refused), and the conversation
 /// key with its source.
-fn auth_selection(config: &RenderConfig, account: Option<&crate::vault::AccountIdentity>) -> Option<serde_json::Value> {
+fn auth_selection(config: &RenderConfig, account: Option<&crate::vault::AccountIdentity>) -> Option<AuthSelection> {
     use crate::provider::config::AuthSource;
-    let mut sel = serde_json::Map::new();
+    let mut sel = AuthSelection::default();
     if let AuthSource::Vault { credential_id } = &config.auth {
-        sel.insert("credential_id".into(), json!(credential_id));
+        sel.credential_id = Some(credential_id.clone());
         if let Some(account) = account {
-            if let Some(id) = &account.account_id {
-                sel.insert("account_id".into(), json!(id));
-            }
-            sel.insert("record_version".into(), json!(account.record_version));
+            sel.account_id = account.account_id.clone();
+            sel.record_version = Some(account.record_version.clone());
         }
     }
     if let Some(key) = &config.policy.conversation_key {
         let source = config.policy.conversation_key_source.as_deref().unwrap_or("caller");
-        sel.insert("account_decision".into(), json!({"conversation_key": key, "conversation_key_source": source}));
+        sel.account_decision =
+            Some(AccountDecision { conversation_key: key.clone(), conversation_key_source: source.into() });
     }
-    (!sel.is_empty()).then_some(serde_json::Value::Object(sel))
+    (sel != AuthSelection::default()).then_some(sel)
 }

@@ -24,7 +24,7 @@ impl<C> Driver<'_, C> {
             request_body_sha256: self.request_sha.clone(),
             error,
             attempt_id: Some(attempt_id.clone()),
-            telemetry: telemetry.to_map(),
+            telemetry: telemetry.report(),
         }));
         let seq = self.lineage.append(&rec)?;
         let facts = crate::agent::hints::AttemptFacts {

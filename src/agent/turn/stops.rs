@@ -3,6 +3,7 @@
 //! never-executed result in the terminal's commit.
 
 use super::*;
+use crate::record::BudgetDetail;
 
 /// Why a step's calls were sealed never-executed.
 #[derive(Clone, Copy, Debug)]
@@ -14,7 +15,7 @@ pub(super) enum HardStop {
 impl<C> Driver<'_, C> {
     /// The session's input-token cap is reached (or its spend became unknown): the detail
     /// `{limit, spent, cause}` the run ends with.
-    pub(super) fn cap_reached(&self) -> Option<serde_json::Value> {
+    pub(super) fn cap_reached(&self) -> Option<BudgetDetail> {
         let state = self.lineage.state();
         let limit = state.input_cap?;
         let cause = if state.input_unreported {
@@ -24,10 +25,10 @@ impl<C> Driver<'_, C> {
         } else {
             return None;
         };
-        Some(json!({"limit": limit, "spent": state.input_spent, "cause": cause}))
+        Some(BudgetDetail { limit, spent: state.input_spent, cause: cause.into() })
     }
 
-    pub(super) fn finish_budget(&mut self, detail: serde_json::Value) -> Result<TurnOutcome, LineageError> {
+    pub(super) fn finish_budget(&mut self, detail: BudgetDetail) -> Result<TurnOutcome, LineageError> {
         self.finish_with(FinishReason::BudgetExhausted, None, Some(detail))
     }
 
