@@ -198,6 +198,7 @@ fn serve(conn_file: &Path) -> ExitCode {
             lkg: ops.admission.lkg.clone(),
             health: Arc::clone(&catalog_health),
             interval: poll_interval(),
+            clock: Arc::clone(&ops.registry.shared().clock),
         };
         if let Err(e) = poller.spawn() {
             log::error!("broca: cannot start the catalog poller: {e}");

@@ -11,6 +11,7 @@ use crate::actor::{Admission, Readmit, Registry, RunDeps};
 use crate::agent::{LoopOptions, NoTools, ToolDispatcher};
 use crate::catalog::route::RouteOverrides;
 use crate::catalog::{Catalog, CatalogError};
+use crate::clock::SharedClock;
 use crate::config::BrocaConfig;
 use crate::fanout::Hub;
 use crate::lineage::{LineageError, Shared};
@@ -47,6 +48,7 @@ pub struct ModuleBuilder {
     readmit: Option<Readmit>,
     readmit_from_catalog: bool,
     plane: Option<Arc<ToolPlane>>,
+    clock: SharedClock,
 }
 
 impl ModuleBuilder {
@@ -68,6 +70,7 @@ impl ModuleBuilder {
             readmit: None,
             readmit_from_catalog: true,
             plane: None,
+            clock: crate::clock::from_env(),
         }
     }
 
@@ -99,6 +102,13 @@ impl ModuleBuilder {
     /// [`RouteOverrides::vault`]); `on_override` keeps that on `base_url_override` routes.
     pub fn vault_routes(mut self, enabled: bool, on_override: bool) -> Self {
         self.vault = (enabled, on_override);
+        self
+    }
+
+    /// The wall clock every durable time and retention decision reads (default: the process's,
+    /// [`crate::clock::from_env`]; tests: a [`crate::clock::ManualClock`] they move).
+    pub fn clock(mut self, clock: SharedClock) -> Self {
+        self.clock = clock;
         self
     }
 
@@ -134,7 +144,7 @@ impl ModuleBuilder {
     }
 
     pub fn build(self) -> Result<Module, LineageError> {
-        let shared = Arc::new(Shared::open_with(self.root, self.storage)?);
+        let shared = Arc::new(Shared::open_clocked(self.root, self.storage, self.clock)?);
         let lkg = shared.root.catalog_path();
         let catalog = self.catalog.unwrap_or_else(|| Catalog::load_lkg(&lkg));
         let overrides = RouteOverrides {

@@ -82,11 +82,6 @@ impl From<WalError> for RetentionError {
     }
 }
 
-/// Now, in unix milliseconds.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
-
 /// When a retained session expires: its last durable activity plus its current retention, but
 /// only while its last run is terminal and nothing is queued (`None`: it does not expire now;
 /// a session without retention never does).

@@ -11,8 +11,10 @@ use broca_mock::mock;
 mod pin;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use broca::clock::ManualClock;
 use broca::limits::RETENTION_MAX_SECONDS;
 use inproc::{key, reply_script, Rig};
 use pin::assert_golden;
@@ -111,9 +113,15 @@ fn wait_for(within: Duration, what: &str, done: impl Fn() -> bool) {
     }
 }
 
+/// A rig on a clock the test moves (no test here waits for retention to pass in real time).
+fn clocked() -> (Rig, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::now());
+    (inproc::clocked_rig(Duration::from_secs(30), clock.clone()), clock)
+}
+
 #[test]
 fn an_idle_retained_session_expires_is_deleted_and_a_later_send_starts_fresh() {
-    let owned = inproc::rig(Duration::from_secs(30));
+    let (owned, clock) = clocked();
     let rig = &owned;
     rig.ops.registry.start_retention_sweep().unwrap();
     answers(rig, "ok", 0);
@@ -125,8 +133,10 @@ fn an_idle_retained_session_expires_is_deleted_and_a_later_send_starts_fresh() {
     assert_eq!(head["history_version"], json!(1));
     // Reads do not extend it; its open actor closes at expiry, the sweep deletes it.
     let expired_at = updated_at + 1000;
+    clock.advance(Duration::from_millis(999));
+    assert!(rig.call("session.head", json!({})).is_ok(), "a millisecond before its expiry it lives");
+    clock.advance(Duration::from_millis(1));
     wait_for(Duration::from_secs(5), "deletion", || !ephemeral_wal(rig).exists());
-    assert!(broca::retention::now_ms() >= expired_at, "deleted before its expiry");
     assert_eq!(store_rows(rig), 0, "the store rows went with the WAL");
     for (method, params) in [
         ("session.read", json!({})),
@@ -149,23 +159,26 @@ fn an_idle_retained_session_expires_is_deleted_and_a_later_send_starts_fresh() {
     assert!(!page.to_string().contains("secret-prompt"), "expired content came back: {page}");
     let e = rig.call("session.read", json!({"history_version": 1, "after_mid": "m1"})).unwrap_err();
     assert_eq!(e.code.as_str(), "history_changed");
-    std::thread::sleep(Duration::from_millis(1500));
+    clock.advance(Duration::from_secs(3600));
     assert!(rig.call("session.head", json!({})).is_ok(), "the fresh record inherited no retention");
 }
 
 #[test]
 fn an_active_run_never_expires() {
-    let owned = inproc::rig(Duration::from_secs(30));
+    let (owned, clock) = clocked();
     let rig = &owned;
     rig.ops.registry.start_retention_sweep().unwrap();
-    answers(rig, "slow", 2500);
+    answers(rig, "slow", 600);
     let reply = rig.call("session.send", retained("long", Some(1))).unwrap();
-    std::thread::sleep(Duration::from_millis(1800));
+    // An hour passes while the model answers: two sweeps see the run active.
+    clock.advance(Duration::from_secs(3600));
+    std::thread::sleep(Duration::from_millis(2 * broca::limits::RETENTION_SWEEP_MS));
     assert!(ephemeral_wal(rig).exists(), "a session with an active run expired");
     assert!(rig.call("session.head", json!({})).is_ok());
     finish(rig, &reply);
     let head = rig.call("session.head", json!({})).unwrap();
     let updated_at = head["updated_at"].as_u64().unwrap();
+    clock.advance(Duration::from_secs(1));
     wait_for(Duration::from_secs(5), "deletion", || !ephemeral_wal(rig).exists());
     let e = rig.call("session.head", json!({})).unwrap_err();
     assert_eq!(detail(&e, "expired_at_ms"), json!(updated_at + 1000), "the clock restarts at the terminal");
@@ -173,14 +186,15 @@ fn an_active_run_never_expires() {
 
 #[test]
 fn a_deletion_cut_after_its_tombstone_is_finished_by_the_next_open() {
-    let owned = inproc::rig(Duration::from_millis(50));
+    let clock = Arc::new(ManualClock::now());
+    let owned = inproc::clocked_rig(Duration::from_millis(50), clock.clone());
     let rig = &owned;
     answers(rig, "ok", 0);
     finish(rig, &rig.call("session.send", retained("cut", Some(1))).unwrap());
     let head = rig.call("session.head", json!({})).unwrap();
     let incarnation = head["incarnation"].as_str().unwrap().to_owned();
     // No sweep runs here: what a crash right after the tombstone leaves behind.
-    std::thread::sleep(Duration::from_millis(1100));
+    clock.advance(Duration::from_millis(1100));
     let tombstone = rig.dir.path().join("wal-ephemeral").join(format!("{}.tombstone", key().addr()));
     let expired_at = head["updated_at"].as_u64().unwrap() + 1000;
     let body = json!({"expired_at_ms": expired_at, "incarnation": incarnation, "generation": 1});

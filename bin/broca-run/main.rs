@@ -100,7 +100,7 @@ fn run(mut args: Args) -> u8 {
         Err(refusal) => return refuse(&args, &refusal),
     };
     if let Some(consumer) = &consumer {
-        refresh_catalog(&admission, consumer);
+        refresh_catalog(&admission, consumer, &shared.clock);
     }
     let mut bearer = None;
     // A new session is checked (its model resolved) before anything is created, so a refusal
@@ -240,12 +240,11 @@ fn admission(
 
 /// One catalog poll through the daemon when the LKG is missing, unreadable or older than the
 /// module's poll interval; a failed poll keeps whatever LKG there is (and admission names it).
-fn refresh_catalog(admission: &Admission, consumer: &Consumer) {
+fn refresh_catalog(admission: &Admission, consumer: &Consumer, clock: &broca::clock::SharedClock) {
     use broca::catalog::{lkg, poller};
     let fresh = admission.catalog.read().is_ok()
-        && lkg::written_at_ms(&admission.lkg).is_some_and(|at| {
-            broca::provider::client::now_ms().saturating_sub(at) < poller::POLL_INTERVAL.as_millis() as u64
-        });
+        && lkg::written_at_ms(&admission.lkg)
+            .is_some_and(|at| clock.now_ms().saturating_sub(at) < poller::POLL_INTERVAL.as_millis() as u64);
     if fresh {
         return;
     }
@@ -255,6 +254,7 @@ fn refresh_catalog(admission: &Admission, consumer: &Consumer) {
         lkg: admission.lkg.clone(),
         health: Default::default(),
         interval: poller::POLL_INTERVAL,
+        clock: Arc::clone(clock),
     };
     if let Err(e) = poller.poll_once() {
         log::warn!("catalog refresh through fusiform failed ({}); using the state root's LKG if any", e.code());

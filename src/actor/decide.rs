@@ -22,7 +22,6 @@ use crate::lineage::{Lineage, LineageError, RetractOutcome};
 use crate::message::Message;
 use crate::op::Op;
 use crate::owner::Caller;
-use crate::provider::client::now_ms;
 use crate::provider::config::RenderConfig;
 use crate::record::{CancelAt, Delivery, FinishReason, Frozen, PauseReason, Record, RequestIdentity};
 use crate::replay::Resolution;
@@ -183,7 +182,7 @@ fn deliver(
         send_id: send.send_id.clone(),
         principal: None,
         harness: Some(lineage.key().harness.clone()),
-        received_at_ms: now_ms(),
+        received_at_ms: lineage.now_ms(),
         config: Some(Frozen::new(config.clone())),
         delivery: (send.delivery != Delivery::Queue).then_some(send.delivery),
         target_run: match (&running, delivery) {

@@ -248,7 +248,7 @@ impl Registry {
         std::thread::Builder::new().name("broca-retention".into()).spawn(move || {
             let mut sweep = crate::retention::Sweep::default();
             while let Some(registry) = registry.upgrade() {
-                let deleted = sweep.pass(&registry.shared.expiry(), crate::retention::now_ms());
+                let deleted = sweep.pass(&registry.shared.expiry(), registry.shared.clock.now_ms());
                 if deleted > 0 {
                     log::info!("retention: deleted {deleted} expired session(s)");
                 }
@@ -387,12 +387,13 @@ impl Registry {
             // A retained session closes at its expiry, observed or not: its lease is then free
             // for the retention sweep to delete it within `delete_within_ms`.
             let expiry = crate::retention::expiry_of(lineage.state());
+            // A clock a test moves is read again at least every `recheck`.
+            let clock = lineage.clock();
             let wait = match expiry {
-                Some(at) => {
-                    Duration::from_millis(at.saturating_sub(crate::retention::now_ms())).min(self.deps.idle_ttl)
-                }
+                Some(at) => Duration::from_millis(at.saturating_sub(clock.now_ms())).min(self.deps.idle_ttl),
                 None => self.deps.idle_ttl,
             };
+            let wait = clock.recheck().map_or(wait, |tick| wait.min(tick));
             match rx.recv_timeout(wait) {
                 Ok(cmd) => {
                     if matches!(cmd, SessionCommand::Send { .. }) && expired(&lineage) {
@@ -559,5 +560,5 @@ impl Registry {
 
 /// Whether the session's record is past its retention now (`crate::retention::expiry_of`).
 fn expired(lineage: &Lineage) -> bool {
-    crate::retention::expiry_of(lineage.state()).is_some_and(|at| crate::retention::now_ms() >= at)
+    crate::retention::expiry_of(lineage.state()).is_some_and(|at| lineage.now_ms() >= at)
 }

@@ -24,7 +24,7 @@ use super::{DisplayEvent, Handled, LoopOptions, Mailbox, Output, RunCommand, Too
 use crate::lineage::projection;
 use crate::lineage::{Lineage, LineageError};
 use crate::message::{Message, Part, Role, StepUsage};
-use crate::provider::client::{now_ms, Attempt, AttemptEvent, ModelClient};
+use crate::provider::client::{Attempt, AttemptEvent, ModelClient};
 use crate::provider::config::RenderConfig;
 use crate::provider::event::StreamEvent;
 use crate::provider::telemetry::Telemetry;
@@ -238,7 +238,7 @@ impl<C> Driver<'_, C> {
                 module_id: target.as_ref().map(|t| t.module.clone()),
                 call_key: call_key.clone(),
                 arguments: Some(text),
-                at_ms: Some(now_ms()),
+                at_ms: Some(self.lineage.now_ms()),
             })?;
             batch.push(ToolCall {
                 run_id: self.run_id.clone(),
@@ -336,7 +336,7 @@ impl<C> Driver<'_, C> {
                 self.lineage.append(&Record::StepStarted {
                     run_id: self.run_id.clone(),
                     step: step + 1,
-                    at_ms: now_ms(),
+                    at_ms: self.lineage.now_ms(),
                 })?;
                 self.commit()?;
                 crate::failpoint!("step.after_started");
@@ -356,7 +356,7 @@ impl<C> Driver<'_, C> {
                         provider: self.config.provider.clone(),
                         model: self.config.model.clone(),
                         variant: self.config.variant.clone(),
-                        at_ms: Some(now_ms()),
+                        at_ms: Some(self.lineage.now_ms()),
                     })?;
                     self.history.push(message);
                     if let Some(detail) = self.cap_reached() {
@@ -396,7 +396,7 @@ impl<C> Driver<'_, C> {
 
     /// One model step, shown on the step board while it is in flight.
     fn model_step(&mut self, step: u64) -> Result<StepEnd, LineageError> {
-        self.opts.steps.begin(&self.run_id, step, now_ms());
+        self.opts.steps.begin(&self.run_id, step, self.lineage.now_ms());
         let end = self.model_step_attempts(step);
         self.opts.steps.end(&self.run_id);
         end
@@ -412,7 +412,7 @@ impl<C> Driver<'_, C> {
             if let Some(end) = self.ensure_credential()? {
                 return Ok(end);
             }
-            self.attempt_started_ms = now_ms();
+            self.attempt_started_ms = self.lineage.now_ms();
             self.opts.steps.attempt(&self.run_id, attempt, self.attempt_started_ms);
             let (outcome, end, error, telemetry, retry_after) = match self.attempt(step, &body)? {
                 AttemptEnd::Done(asm, telemetry) => {
@@ -531,7 +531,7 @@ impl<C> Driver<'_, C> {
                                     return Ok(AttemptEnd::Failed { error, delivered: asm.delivered, retry_after: None, telemetry });
                                 }
                                 if matches!(event, StreamEvent::TextDelta { .. } | StreamEvent::ReasoningDelta { .. } | StreamEvent::ToolCallArgsDelta { .. }) {
-                                    self.opts.steps.content(&self.run_id, now_ms());
+                                    self.opts.steps.content(&self.run_id, self.lineage.now_ms());
                                 }
                                 self.display(step, &asm, &event);
                                 asm.push(event);
@@ -690,7 +690,7 @@ impl<C> Driver<'_, C> {
                 output: out.output.clone(),
                 is_error: out.is_error,
                 outcome: Some(outcome),
-                at_ms: Some(now_ms()),
+                at_ms: Some(self.lineage.now_ms()),
                 refused: out.refused,
             })?;
             parts.push(Part::ToolResult { tool_call_id: id, output: out.output, is_error: out.is_error });

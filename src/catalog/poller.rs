@@ -20,7 +20,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -30,6 +30,7 @@ use super::lkg;
 use super::pages::{self, Assembly, Next, PageFault, PageRefusal, PagedCatalogGet, CATALOG_CHANGED, FUSIFORM_MODULE};
 use super::Catalog;
 use super::SharedCatalog;
+use crate::clock::SharedClock;
 use crate::subc::consumer::{CallError, Consumer};
 
 pub const POLL_INTERVAL: Duration = Duration::from_secs(30 * 60);
@@ -219,10 +220,6 @@ impl CatalogHealth {
     }
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
 /// One poll's request and byte budget, across its restarts.
 struct Budget {
     requests: usize,
@@ -321,6 +318,8 @@ pub struct Poller {
     pub health: Arc<CatalogHealth>,
     /// [`POLL_INTERVAL`] unless a test shortens it.
     pub interval: Duration,
+    /// The wall clock the LKG's age and the health times read.
+    pub clock: SharedClock,
 }
 
 impl Poller {
@@ -331,7 +330,7 @@ impl Poller {
         s.polls += 1;
         match &result {
             Ok(p) => {
-                s.last_success_ms = Some(now_ms());
+                s.last_success_ms = Some(self.clock.now_ms());
                 s.last_pages = Some(p.pages);
                 s.last_outcome = Some("ok".into());
                 log::info!(
@@ -346,7 +345,7 @@ impl Poller {
             Err(e) => {
                 s.failures += 1;
                 s.last_outcome = Some(e.code());
-                s.last_failure_ms = Some(now_ms());
+                s.last_failure_ms = Some(self.clock.now_ms());
                 let body = e.body();
                 log::warn!(target: "broca.catalog", "{} [{}]; keeping the previous catalog and LKG", body["message"].as_str().unwrap_or(""), e.code());
                 s.last_failure = Some(body);
@@ -377,7 +376,7 @@ impl Poller {
             }
             _ => {}
         }
-        let bytes = lkg::envelope(&response, pages, now_ms());
+        let bytes = lkg::envelope(&response, pages, self.clock.now_ms());
         lkg::write_atomic(&self.lkg, &bytes).map_err(|e| PollError::Write { reason: e.to_string() })?;
         *self.catalog.write() = Ok(catalog);
         Ok(polled)
@@ -388,7 +387,7 @@ impl Poller {
         if self.catalog.read().is_err() {
             return Duration::ZERO;
         }
-        let age = lkg::written_at_ms(&self.lkg).map(|w| Duration::from_millis(now_ms().saturating_sub(w)));
+        let age = lkg::written_at_ms(&self.lkg).map(|w| Duration::from_millis(self.clock.now_ms().saturating_sub(w)));
         match age {
             Some(age) if age < self.interval => self.interval - age,
             _ => Duration::ZERO,

@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 
+use crate::clock::SharedClock;
 use crate::message::Message;
 use crate::record::{self, CancelAt, FinishReason, ProviderError, Record, RequestIdentity};
 use crate::replay::{self, Replay, ReplayError, Resolution};
@@ -165,10 +166,6 @@ pub struct OpenReport {
     pub sealed_orphan: Option<String>,
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
-
 fn decode(seq: u64, payload: &[u8]) -> Result<Record, LineageError> {
     Record::decode(payload).map_err(|e| LineageError::Decode { seq, reason: e.0 })
 }
@@ -205,6 +202,8 @@ pub struct Lineage {
     opening: Option<ends::Opening>,
     storage: Arc<dyn Storage>,
     ends: Arc<DurableEnds>,
+    /// The process's wall clock: every time this lineage records.
+    clock: SharedClock,
     /// Where this writer publishes its fsynced end for readers (declared before the lease, so
     /// it is withdrawn before another writer can take the session).
     end: WriterEnd,
@@ -230,7 +229,7 @@ impl Lineage {
         wal::discard_unfinished(storage, &root.wal_path(key))?;
         // A retained session past its expiry (or with a deletion a crash interrupted) is
         // deleted before anything reads it: a send to it starts a fresh record.
-        shared.expiry().settle(&key.addr(), crate::retention::now_ms()).map_err(|e| match e {
+        shared.expiry().settle(&key.addr(), shared.clock.now_ms()).map_err(|e| match e {
             // A WAL this build cannot read is refused as any open refuses it.
             crate::retention::RetentionError::Wal(e) => LineageError::Wal(e),
             other => LineageError::Retention(other),
@@ -286,6 +285,7 @@ impl Lineage {
             opening: Some(opening),
             storage: Arc::clone(&shared.storage),
             ends: Arc::clone(&shared.ends),
+            clock: Arc::clone(&shared.clock),
             end,
             _lease: lease,
         };
@@ -417,7 +417,7 @@ impl Lineage {
                 output: json!({"kind": "error", "reason": "outcome_unknown", "message": "the outcome of this call is unknown: broca ended while it was in flight, and it was not sent again"}),
                 is_error: true,
                 outcome: Some(record::CallOutcome::Unknown),
-                at_ms: Some(crate::provider::client::now_ms()),
+                at_ms: Some(self.now_ms()),
                 refused: None,
             })?;
         }
@@ -489,11 +489,21 @@ impl Lineage {
             retries_used: e.retries_used,
             final_step_finish_reason: e.final_step_finish_reason.clone(),
             indeterminate_tool_calls,
-            at_ms: now_ms(),
+            at_ms: self.now_ms(),
             detail,
             undelivered_steers: e.unrendered_steers.clone(),
         };
         self.append(&rec)
+    }
+
+    /// Now, on the process's clock: the time a record of this lineage carries.
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// The process's clock (a wait for a wall-clock moment reads it).
+    pub fn clock(&self) -> &SharedClock {
+        &self.clock
     }
 
     pub fn key(&self) -> &SessionKey {
@@ -707,6 +717,8 @@ pub struct Shared {
     pub storage: Arc<dyn Storage>,
     /// The fsynced ends of the WALs this process writes: what readers may see.
     pub ends: Arc<DurableEnds>,
+    /// The wall clock every durable time and retention decision reads.
+    pub clock: SharedClock,
 }
 
 impl Shared {
@@ -716,11 +728,20 @@ impl Shared {
 
     /// [`Shared::open`] over another WAL storage (tests: `wal::storage::crash::CrashStorage`).
     pub fn open_with(root: StateRoot, storage: Arc<dyn Storage>) -> Result<Shared, LineageError> {
-        let store = Arc::new(Store::open(&root.run_index_path())?);
+        Shared::open_clocked(root, storage, crate::clock::from_env())
+    }
+
+    /// [`Shared::open_with`] on `clock` (tests: a [`crate::clock::ManualClock`]).
+    pub fn open_clocked(
+        root: StateRoot,
+        storage: Arc<dyn Storage>,
+        clock: SharedClock,
+    ) -> Result<Shared, LineageError> {
+        let store = Arc::new(Store::open_clocked(&root.run_index_path(), Arc::clone(&clock))?);
         let floor = Arc::new(FeatureFloor::load(&root.feature_floor_path())?);
         let writer = StoreWriter::start(Arc::clone(&store))
             .map_err(|source| StoreError::Io { path: root.run_index_path(), source })?;
-        Ok(Shared { root, store, floor, writer: Arc::new(writer), storage, ends: Arc::default() })
+        Ok(Shared { root, store, floor, writer: Arc::new(writer), storage, ends: Arc::default(), clock })
     }
 
     /// Opens the session's lineage; a new session's WAL is created in `wal/`.

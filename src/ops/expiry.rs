@@ -31,7 +31,7 @@ pub fn record_version(ops: &Ops, key: &SessionKey) -> Result<u64, Refusal> {
             None => Ok(version),
         },
         Some(Placement::Ephemeral) => match read::snapshot(shared, key) {
-            Ok(Some(page)) => live_or_expired(&page, tombstone.as_ref()).map(|()| version),
+            Ok(Some(page)) => live_or_expired(&page, tombstone.as_ref(), shared.clock.now_ms()).map(|()| version),
             Ok(None) => tombstone.map_or(Ok(version), |t| Err(expired(t.expired_at_ms))),
             // The sweep may delete the file under the read: its tombstone then answers.
             Err(e) => match retention::tombstone(&shared.root, &addr) {
@@ -45,13 +45,13 @@ pub fn record_version(ops: &Ops, key: &SessionKey) -> Result<u64, Refusal> {
 }
 
 /// A retained record's own state: expired when its tombstone names it (deletion pending) or
-/// when its expiry time has passed.
-fn live_or_expired(page: &read::TranscriptPage, tombstone: Option<&Tombstone>) -> Result<(), Refusal> {
+/// when its expiry time has passed at `now_ms`.
+fn live_or_expired(page: &read::TranscriptPage, tombstone: Option<&Tombstone>, now_ms: u64) -> Result<(), Refusal> {
     if let Some(t) = tombstone.filter(|t| t.incarnation == page.incarnation) {
         return Err(expired(t.expired_at_ms));
     }
     match retention::expiry_of(&page.state) {
-        Some(at) if retention::now_ms() >= at => Err(expired(at)),
+        Some(at) if now_ms >= at => Err(expired(at)),
         _ => Ok(()),
     }
 }

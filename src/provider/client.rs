@@ -89,10 +89,6 @@ pub trait ModelClient: Send + Sync {
     fn start(&self, attempt: Attempt) -> Receiver<AttemptEvent>;
 }
 
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
-
 /// The real client: ureq, one helper thread per attempt in flight (reused from a
 /// [`crate::pool::Pool`]: starting a thread per step cost tens of microseconds). The read timeout (the socket-level half of
 /// the watchdog) is the attempt's; agents (connection pool) are built once per provider origin
@@ -350,7 +346,7 @@ fn stream(slot: &AgentSlot, a: Attempt, tx: &Sender<AttemptEvent>) {
                 return;
             }
         };
-        let now = now_ms();
+        let now = crate::clock::unix_ms();
         if pushed.comments > 0 {
             telemetry.observe_comments(pushed.comments, pushed.comment_bytes);
         }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use crossbeam_channel::{bounded, Receiver, Sender};
 use parking_lot::Mutex;
 
-use super::client::{now_ms, Attempt, AttemptEvent, ModelClient};
+use super::client::{Attempt, AttemptEvent, ModelClient};
 use super::event::StreamEvent;
 use super::telemetry::Telemetry;
 use crate::record::{ErrorClass, ProviderError};
@@ -101,7 +101,9 @@ fn play(response: &Response, attempt: &Attempt, tx: &Sender<AttemptEvent>) {
                 std::thread::sleep(*d);
                 Ok(())
             }
-            Step::Event(event) => tx.send(AttemptEvent::Stream { events: vec![event.clone()], at_ms: now_ms() }),
+            Step::Event(event) => {
+                tx.send(AttemptEvent::Stream { events: vec![event.clone()], at_ms: crate::clock::unix_ms() })
+            }
         };
         if sent.is_err() {
             return; // The loop stopped listening.

@@ -30,6 +30,7 @@ use std::path::{Path, PathBuf};
 use parking_lot::Mutex;
 use rusqlite::{params, Connection, OptionalExtension};
 
+use crate::clock::SharedClock;
 use crate::message::Message;
 use crate::replay::{Effect, Replay, RunState, SendFate};
 use crate::session_key::SessionKey;
@@ -257,12 +258,10 @@ pub struct Store {
     /// Set by [`Store::use_one_connection`]: every read waits for `conn` and no reader is ever
     /// opened.
     one_connection: std::sync::atomic::AtomicBool,
+    /// What recorded times read (`export_facts.recorded_at_ms`).
+    clock: SharedClock,
     #[cfg(debug_assertions)]
     faults: FlushFaults,
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 /// Leaves SQLite's `-wal` file in place when the last connection closes, instead of
@@ -291,8 +290,14 @@ impl Drop for Store {
 }
 
 impl Store {
-    /// Opens (or creates, 0600, minting `source_instance_id`) the database at `path`.
+    /// Opens (or creates, 0600, minting `source_instance_id`) the database at `path`, its
+    /// times read from the process's clock ([`crate::clock::from_env`]).
     pub fn open(path: &Path) -> Result<Store, StoreError> {
+        Store::open_clocked(path, crate::clock::from_env())
+    }
+
+    /// [`Store::open`] with the clock its recorded times read.
+    pub fn open_clocked(path: &Path, clock: SharedClock) -> Result<Store, StoreError> {
         if !path.exists() {
             use std::os::unix::fs::OpenOptionsExt;
             std::fs::OpenOptions::new()
@@ -335,6 +340,7 @@ impl Store {
             next_reader: Default::default(),
             readers_needed: Default::default(),
             one_connection: Default::default(),
+            clock,
             #[cfg(debug_assertions)]
             faults: Default::default(),
         })
@@ -443,7 +449,12 @@ impl Store {
         if batch.is_empty() {
             return Ok(());
         }
-        let at = FlushAt { key, lineage: key.addr(), wal: wal_path.to_string_lossy().into_owned() };
+        let at = FlushAt {
+            key,
+            lineage: key.addr(),
+            wal: wal_path.to_string_lossy().into_owned(),
+            recorded_at_ms: self.clock.now_ms(),
+        };
         let mut conn = self.conn.lock();
         let tx = conn.transaction()?;
         for effect in &batch.effects {
@@ -607,6 +618,8 @@ struct FlushAt<'a> {
     key: &'a SessionKey,
     lineage: String,
     wal: String,
+    /// When this flush records its rows (the store's clock).
+    recorded_at_ms: u64,
 }
 
 impl FlushAt<'_> {
@@ -674,7 +687,8 @@ impl FlushAt<'_> {
             finish
         ])?;
         if let RunState::Finished { reason, usage, at_ms, .. } = state {
-            insert_facts(tx, key, &self.lineage, run_id, reason.as_str(), usage, *at_ms)?;
+            let times = (*at_ms, self.recorded_at_ms);
+            insert_facts(tx, key, &self.lineage, run_id, reason.as_str(), usage, times)?;
         }
         Ok(())
     }
@@ -743,7 +757,7 @@ fn insert_facts(
     run_id: &str,
     reason: &str,
     usage: &crate::message::RunUsage,
-    at_ms: u64,
+    (at_ms, recorded_at_ms): (u64, u64),
 ) -> Result<(), StoreError> {
     let mut stmt = tx.prepare_cached(
         "INSERT OR IGNORE INTO export_facts (fact_id, kind, lineage, session, harness, project_root, run_id, provider, model, variant,
@@ -780,7 +794,7 @@ fn insert_facts(
             opt(t.reasoning_tokens),
             reason,
             occurred,
-            now_ms() as i64
+            recorded_at_ms as i64
         ])
     };
     if usage.by_model.is_empty() {

@@ -30,6 +30,15 @@ pub fn rig(idle_ttl: Duration) -> Rig {
     Rig { dir, mock, ops }
 }
 
+/// [`rig`] on `clock` (a `ManualClock` the test moves instead of waiting).
+pub fn clocked_rig(idle_ttl: Duration, clock: broca::clock::SharedClock) -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockServer::start("127.0.0.1:0").unwrap();
+    let storage = Arc::new(broca::wal::FileStorage);
+    let ops = builder(dir.path(), mock.base_url(None), idle_ttl, None, storage).clock(clock).build().unwrap().ops;
+    Rig { dir, mock, ops }
+}
+
 /// Ops over the state root at `root` (a second one over the same root stands for a restarted
 /// process once the first has let go of its leases).
 pub fn ops_over(root: &Path, provider_base_url: String, idle_ttl: Duration) -> Arc<Ops> {
@@ -54,6 +63,16 @@ pub fn ops_on(
     readmit: Option<broca::actor::Readmit>,
     storage: Arc<dyn broca::wal::Storage>,
 ) -> Arc<Ops> {
+    builder(root, provider_base_url, idle_ttl, readmit, storage).build().unwrap().ops
+}
+
+fn builder(
+    root: &Path,
+    provider_base_url: String,
+    idle_ttl: Duration,
+    readmit: Option<broca::actor::Readmit>,
+    storage: Arc<dyn broca::wal::Storage>,
+) -> ModuleBuilder {
     let lkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json");
     ModuleBuilder::new(StateRoot::at(root).unwrap())
         .storage(storage)
@@ -63,9 +82,6 @@ pub fn ops_on(
         .tools(Arc::new(TestTools))
         .loop_options(LoopOptions { tool_wait: Duration::from_secs(1), ..LoopOptions::default() })
         .readmit(readmit)
-        .build()
-        .unwrap()
-        .ops
 }
 
 pub fn key() -> SessionKey {

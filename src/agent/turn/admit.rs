@@ -4,7 +4,6 @@
 use crate::lineage::projection::ControlUnit;
 use crate::lineage::{Lineage, LineageError};
 use crate::message::Message;
-use crate::provider::client::now_ms;
 use crate::provider::config::RenderConfig;
 use crate::record::{AccountDecision, AuthSelection, Frozen, Origin, Record, RunStarted};
 
@@ -79,7 +78,7 @@ fn start(
         config,
         input,
         title,
-        started_at_ms: now_ms(),
+        started_at_ms: lineage.now_ms(),
         auth_selection,
         owner: match lineage.state().last.as_ref() {
             Some(previous) => previous.owner.clone(),

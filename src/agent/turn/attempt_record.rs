@@ -36,7 +36,7 @@ impl<C> Driver<'_, C> {
             provider: &self.config.provider,
             model: &self.config.model,
             started_at_ms: self.attempt_started_ms,
-            finished_at_ms: now_ms(),
+            finished_at_ms: self.lineage.now_ms(),
             request_body_bytes: body_bytes,
             answer,
         };

@@ -71,7 +71,7 @@ impl<C> Driver<'_, C> {
                 output: output.clone(),
                 is_error: true,
                 outcome: Some(CallOutcome::NotExecuted),
-                at_ms: Some(now_ms()),
+                at_ms: Some(self.lineage.now_ms()),
                 refused: None,
             })?;
             parts.push(Part::ToolResult { tool_call_id: call.tool_call_id, output: output.clone(), is_error: true });
