@@ -2,8 +2,14 @@
 //! expired read (llm-runner §9.1): that an expired session's tombstone is durable and that
 //! everything broca held of the record is gone: its live WAL in `wal-ephemeral/`, and its rows
 //! in `run-index.db` (lineage checkpoint, transcript, runs and sends).
+//!
+//! And the suite's retention clock (`advance_retention_clock`): each instance's broca runs on
+//! `broca::clock::OffsetFileClock` over [`clock_file`] (a debug build's `BROCA_TEST_CLOCK_FILE`,
+//! set by `rig.rs`), so durable activity times, expiry checks and deletion deadlines all read
+//! one clock that an advance moves, across kills and restarts (the file outlives them).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use broca::session_key::SessionKey;
 
@@ -35,4 +41,34 @@ pub fn deletion_finished(root: &Path, session: &str) -> Result<bool, String> {
         + count("SELECT count(*) FROM runs WHERE session = ?1", session)?
         + count("SELECT count(*) FROM lineages WHERE session = ?1", session)?;
     Ok(rows == 0)
+}
+
+/// The file holding an instance's clock offset (decimal milliseconds).
+pub fn clock_file(instance_root: &Path) -> PathBuf {
+    instance_root.join("clock-offset-ms")
+}
+
+/// How long an advance waits, at most, for the expiry and deletion it makes due: an idle actor
+/// re-reads a moved clock every sweep tick and the sweep runs every tick, so four ticks cover
+/// the actor's close and the sweep after it.
+const SETTLE: Duration = Duration::from_millis(4 * broca::limits::RETENTION_SWEEP_MS);
+
+/// Moves `instance_root`'s broca clock `milliseconds` ahead (a new file renamed in, so the
+/// clock reads it at once), then waits until `session`'s deletion has finished or [`SETTLE`]
+/// has passed (a session the advance did not expire is simply not deleted).
+pub fn advance(instance_root: &Path, session: &str, milliseconds: u64) -> Result<(), String> {
+    let path = clock_file(instance_root);
+    let now: u64 = std::fs::read_to_string(&path).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0);
+    let next = now.checked_add(milliseconds).ok_or("the clock offset overflows")?;
+    let temp = path.with_extension("tmp");
+    std::fs::write(&temp, next.to_string()).map_err(|e| format!("{}: {e}", temp.display()))?;
+    std::fs::rename(&temp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let until = Instant::now() + SETTLE;
+    while Instant::now() < until {
+        if deletion_finished(instance_root, session) == Ok(true) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    Ok(())
 }

@@ -110,6 +110,8 @@ impl Rig {
         if let Some(points) = failpoints {
             env["BROCA_FAILPOINTS"] = json!(points);
         }
+        // The suite's retention clock (`retention::advance`): one file per instance root.
+        env[broca::clock::TEST_CLOCK_ENV] = json!(crate::retention::clock_file(root));
         // A crashed broca stays down until the suite restarts the runner: the backoff outlasts
         // any scenario, and the rig is torn down long before it elapses.
         let restart = json!({"max_restarts": 1, "window_secs": 600, "backoff_ms": 600_000, "max_backoff_ms": 600_000});

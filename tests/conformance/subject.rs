@@ -3,7 +3,7 @@
 //! (`tools.rs`). Optional fixtures this adapter cannot provide keep the suite's own default
 //! answer, which names the case not applicable or failing by name, never a pass.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -93,6 +93,9 @@ pub struct Subject {
     groups: BTreeSet<Capability>,
     /// The bus every rig's broca publishes step hints on (`None`: no `nats-server` here).
     bus: Option<Arc<crate::bus::Bus>>,
+    /// The instance root each session was last routed on: `advance_retention_clock` names only
+    /// the session, and moves its instance's clock.
+    instances: Mutex<HashMap<String, PathBuf>>,
 }
 
 impl Subject {
@@ -103,7 +106,7 @@ impl Subject {
         groups: BTreeSet<Capability>,
         bus: Option<Arc<crate::bus::Bus>>,
     ) -> Subject {
-        Subject { config, model, tools, groups, bus }
+        Subject { config, model, tools, groups, bus, instances: Mutex::default() }
     }
 
     pub fn rig_config(&self) -> &RigConfig {
@@ -292,6 +295,18 @@ impl LlmRunnerSubject for Subject {
         touched.map_err(|e| HarnessError::new(format!("moving {}'s write time: {e}", path.display())))
     }
 
+    async fn advance_retention_clock(&self, session: &str, milliseconds: u64) -> Result<(), HarnessError> {
+        let root = self.instances.lock().unwrap_or_else(|e| e.into_inner()).get(session).cloned();
+        let Some(root) = root else {
+            return Err(HarnessError::new(format!("session {session} was never routed, so no instance holds it")));
+        };
+        let session = session.to_owned();
+        tokio::task::spawn_blocking(move || crate::retention::advance(&root, &session, milliseconds))
+            .await
+            .map_err(|e| HarnessError::new(e.to_string()))?
+            .map_err(HarnessError::new)
+    }
+
     async fn retention_deletion_finished(&self, handle: &Handle, session: &str) -> Result<bool, HarnessError> {
         crate::retention::deletion_finished(&handle.instance().root, session).map_err(HarnessError::new)
     }
@@ -317,6 +332,8 @@ impl LlmRunnerSubject for Subject {
         // model.rs records each request's texts (`ModelRequestObservation::rendered`).
         declared.insert(Capability::RenderedModelInput);
         declared.insert(Capability::HostMetadataChange);
+        // retention.rs: every instance's broca runs on a clock an advance moves.
+        declared.insert(Capability::RetentionClock);
         declared
     }
 
@@ -342,6 +359,8 @@ impl LlmRunnerSubject for Subject {
                 self.stranger_stamp().principal
             )));
         };
+        let root = handle.instance().root.clone();
+        self.instances.lock().unwrap_or_else(|e| e.into_inner()).insert(session.to_owned(), root);
         Ok(Route {
             instance: Arc::clone(handle.instance()),
             identity: BindIdentity::new(HARNESS, session),
