@@ -466,7 +466,11 @@ fn a_consumed_send_answers_retract_already_started() {
         rig.wait_state(&run_b, "completed");
         if round % 2 == 1 {
             // Let the session close, so the next round reopens it from the store.
-            std::thread::sleep(Duration::from_millis(400));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while rig.ops.registry.is_open(&key()) {
+                assert!(Instant::now() < deadline, "round {round}: the idle session never closed");
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
     }
 }
