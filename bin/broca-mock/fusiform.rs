@@ -39,7 +39,7 @@ use serde_json::{json, Map, Value};
 use subc_protocol::{ErrorBody, Flags};
 
 pub const DEFAULT_MODULE_ID: &str = "fusiform";
-const DEFAULT_CATALOG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/catalog/fusiform-lkg.json");
+const DEFAULT_CATALOG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/catalog/fusiform-lkg.json");
 
 #[derive(Debug)]
 pub struct Options {
