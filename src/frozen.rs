@@ -177,6 +177,45 @@ pub struct AbsentItem {
     pub provider_code: Option<String>,
 }
 
+/// A send's cache request (§4 `send.cache`): admission-only metadata, frozen with the run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CachePolicy {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<CacheRole>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<CacheTtl>,
+}
+
+/// `primary`: an interactive or long-lived session (the long tier where the provider has one);
+/// `ephemeral`: a subagent-class session (the short tier).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheRole {
+    Primary,
+    Ephemeral,
+}
+
+/// A cache lifetime the caller names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CacheTtl {
+    #[serde(rename = "5m")]
+    FiveMinutes,
+    #[serde(rename = "1h")]
+    OneHour,
+    #[serde(rename = "24h")]
+    OneDay,
+}
+
+impl CacheTtl {
+    pub const fn ms(self) -> u64 {
+        match self {
+            CacheTtl::FiveMinutes => 300_000,
+            CacheTtl::OneHour => 3_600_000,
+            CacheTtl::OneDay => 86_400_000,
+        }
+    }
+}
+
 /// What a send decided beyond the request bytes. Every member absent when not set, so configs
 /// frozen before these existed read the same.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -192,9 +231,10 @@ pub struct RunPolicy {
     /// The session-wide input-token cap in force when the episode was admitted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_input_tokens: Option<u64>,
-    /// The resolved cache policy `{role?, ttl?}`.
+    /// The send's cache request `{role?, ttl?}` (§4 `send.cache`), frozen as asked; each family
+    /// resolves it when it renders (`provider::cache`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cache: Option<Value>,
+    pub cache: Option<CachePolicy>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conversation_key: Option<String>,
     /// `caller`, `session` or `inherited`.

@@ -21,7 +21,7 @@ use broca::fanout::{From, Hub};
 use broca::lineage::projection::ControlUnit;
 use broca::lineage::reader::Reader;
 use broca::lineage::{read, Lineage, Shared};
-use broca::message::{Message, Part, Role};
+use broca::message::{Message, Part, Role, StepUsage};
 use broca::provider::client::HttpClient;
 use broca::provider::config::RenderConfig;
 use broca::record::{CallOutcome, CancelAt, FinishReason, PauseReason, Record};
@@ -366,6 +366,46 @@ fn an_error_after_content_fails_the_run_without_a_retry() {
     assert_eq!(outcome.reason, Some(FinishReason::Error));
     assert_eq!(outcome.error.unwrap().message, "Overloaded");
     assert_eq!(r.bodies().len(), 1, "content was delivered: no retry");
+}
+
+/// Prompt caching through the loop (#28): an Anthropic tool loop against broca-mock's model of
+/// the provider's cache. The first step writes the prefix up to its markers (system, tools and
+/// the transcript's tail), every later step reads what the step before it wrote, and the run's
+/// usage carries both.
+#[test]
+fn an_anthropic_tool_loop_reads_its_prefix_from_the_provider_cache_on_every_later_step() {
+    let r = rig("cache");
+    let mut config = r.config("mock/echo-messages", None);
+    config.system = Some("Read the file before you change it; keep each change small. ".repeat(120));
+    let measured = json!({"usage": {"measured": true, "output": 9}});
+    let mut responses: Vec<Value> = (0..4)
+        .map(|i| json!({"events": [{"tool_call": {"id": format!("c{i}"), "name": "read", "arguments": {"path": "a"}}}, measured, {"finish": "tool_calls"}]}))
+        .collect();
+    responses.push(json!({"events": [{"text": "done"}, measured, {"finish": "stop"}]}));
+    r.script(json!({ "responses": responses }));
+    let mut l = r.shared.open_lineage(&key()).unwrap();
+    let (_tx, rx) = idle();
+    let (outcome, _) = turn(&mut l, &config, "tidy", Arc::new(NoTools), &rx, &opts());
+    assert_eq!(outcome.reason, Some(FinishReason::Completed));
+    let steps: Vec<StepUsage> = records(l.wal_path())
+        .into_iter()
+        .filter_map(|rec| match rec {
+            Record::ModelStepFinished { usage, .. } => Some(usage),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(steps.len(), 5);
+    assert_eq!(steps[0].cached_input_tokens, Some(0), "nothing cached yet: {:?}", steps[0]);
+    assert!(steps[0].cache_write_tokens.unwrap() > 1000, "the first step writes its prefix: {:?}", steps[0]);
+    for (i, s) in steps.iter().enumerate().skip(1) {
+        let wrote_before = steps[i - 1].cached_input_tokens.unwrap() + steps[i - 1].cache_write_tokens.unwrap();
+        assert_eq!(s.cached_input_tokens, Some(wrote_before), "step {i} reads all the step before it cached: {s:?}");
+    }
+    let body = &r.bodies()[0];
+    assert_eq!(body["system"][0]["cache_control"], json!({"type": "ephemeral"}), "the system prompt is marked");
+    let usage = l.state().last.as_ref().unwrap().usage.totals.clone();
+    let cached: u64 = steps.iter().filter_map(|s| s.cached_input_tokens).sum();
+    assert_eq!(usage.cached_input_tokens, Some(cached), "the run's usage sums the steps' cache reads");
 }
 
 /// The loop on a scripted `ModelClient` (no socket, no SSE): its events become the stored

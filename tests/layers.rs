@@ -171,7 +171,6 @@ const VALUE_IN_THE_CORE: &[(&str, usize, &str)] = &[
     ("src/replay.rs", 2, "a tool result's output as the batch holds it"),
     ("src/lineage/projection.rs", 2, "a tool result's output, and ToolStarted's empty arguments placeholder"),
     ("src/lineage/unit.rs", 5, "a tool_result unit's output; the unit's JSON at the wire edge (to_json, body)"),
-    ("src/actor/admission.rs", 1, "send.cache as the send carries it (typed with caching, #28)"),
     ("src/actor/mod.rs", 1, "Frozen::Unreadable for a queued send recorded without a config"),
     ("src/actor/policy.rs", 3, "send.context_management, refused by name (context_management_unavailable) before anything is frozen"),
     ("src/agent/attempt.rs", 1, "a message's origin, part of the opaque model message"),

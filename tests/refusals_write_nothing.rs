@@ -77,6 +77,13 @@ fn send_cases() -> Vec<Case> {
         both("seed_from.lineage", with(json!({"seed_from": {"lineage": "x"}})), invalid),
         both("max_steps.zero", with(json!({"stop_when": {"max_steps": 0}})), invalid),
         both("cache.ttl", with(json!({"cache": {"ttl": "1y"}})), invalid),
+        // A lifetime the route cannot honour (#28, `provider::cache::unsupported`).
+        both("send.cache_ttl_unhonoured", with(json!({"cache": {"ttl": "5m"}})), "open_failed"),
+        both(
+            "send.cache_1h_off_anthropic",
+            with(json!({"model": {"provider": "openai", "model": "gpt-5.6-luna"}, "cache": {"ttl": "1h"}})),
+            "open_failed",
+        ),
         both(
             "send.output_refs_undeclared",
             with(json!({"plan": {"tool_items": [{"provider": "fs", "output_refs": false}]}})),

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use crate::catalog::route::{self, AdmissionError, ModelRequest, RouteOverrides};
 use crate::config::BrocaConfig;
 use crate::provider::config::RenderConfig;
-use crate::provider::event::Family;
 use crate::record::Delivery;
 use crate::session_key::SessionKey;
 use crate::tools::fetch::{self, FetchedPlan};
@@ -147,13 +146,8 @@ impl Admission {
         let catalog = self.catalog.read();
         let config =
             route::resolve(catalog.as_ref(), self.lkg.clone(), &request, &self.overrides).map_err(|e| e.refusal())?;
-        if send.cache.as_ref().and_then(|c| c.get("ttl")).and_then(serde_json::Value::as_str) == Some("24h")
-            && !openai_api_route(&config)
-        {
-            let e = AdmissionError::RouteUnsupported {
-                model: format!("{}/{}", config.provider, config.model),
-                what: "cache ttl \"24h\" is served only on OpenAI's own API-key routes".into(),
-            };
+        if let Some(what) = send.cache.as_ref().and_then(|c| crate::provider::cache::unsupported(&config, c)) {
+            let e = AdmissionError::RouteUnsupported { model: format!("{}/{}", config.provider, config.model), what };
             return Err(e.refusal());
         }
         Ok(config)
@@ -189,8 +183,4 @@ fn project_root_present(key: &SessionKey) -> Result<(), Refusal> {
     let message =
         format!("invalid project root: {} does not exist; recreate it to continue this session", key.project_root);
     Err(Refusal::new(RefusalCode::InvalidProjectRoot, message, Some(crate::detail!("path" => key.project_root))))
-}
-
-fn openai_api_route(config: &RenderConfig) -> bool {
-    config.provider == "openai" && matches!(config.family, Family::OpenaiChat | Family::OpenaiResponses)
 }

@@ -65,7 +65,7 @@ pub fn session_policy(
         session_class,
         on_restart: send.on_restart.clone(),
         max_input_tokens,
-        cache: send.cache.clone().or_else(|| if inherits { prior.cache.clone() } else { None }),
+        cache: send.cache.or(if inherits { prior.cache } else { None }),
         conversation_key: Some(conversation_key),
         conversation_key_source: Some(source.into()),
         retention,

@@ -21,8 +21,8 @@ use std::collections::BTreeMap;
 use serde_json::{json, Value};
 
 use super::common::{
-    class, data_object, event_type, finish, finish_body, is_done, merge_usage, push_text, reasoning_delta,
-    replays_reasoning, str_at, text_delta, tool_output, u64_at, with_description,
+    class, data_object, event_type, finish, is_done, merge_usage, push_text, reasoning_delta, replays_reasoning,
+    str_at, text_delta, tool_output, u64_at, with_description,
 };
 use super::config::{RenderConfig, ToolSpec};
 use super::errors::stream_error;
@@ -33,9 +33,9 @@ use crate::message::{Message, Part, Role, StepUsage};
 /// `max_tokens` is required by the Messages API; this is sent when the config sets no cap.
 pub const DEFAULT_MAX_TOKENS: u64 = 4096;
 
-/// The request body: `model`, `max_tokens`, `stream`, `system`?, `tools`?, `messages`, then the
-/// variant's members merged on top (e.g. `thinking`). Deterministic bytes.
-pub fn render(config: &RenderConfig, transcript: &[Message]) -> Vec<u8> {
+/// The request body: `model`, `max_tokens`, `stream`, `system`?, `tools`?, `messages` (the
+/// variant's members and the cache marks are added by [`super::wire::WireFamily::render`]).
+pub fn body(config: &RenderConfig, transcript: &[Message]) -> Value {
     let mut body = json!({
         "model": config.wire_model,
         "max_tokens": config.max_output_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
@@ -48,7 +48,7 @@ pub fn render(config: &RenderConfig, transcript: &[Message]) -> Vec<u8> {
     if !config.tools.is_empty() {
         body["tools"] = config.tools.iter().map(tool).collect();
     }
-    finish_body(body, config)
+    body
 }
 
 fn tool(spec: &ToolSpec) -> Value {

@@ -187,13 +187,10 @@ pub(crate) fn replays_reasoning(message: &Message, config: &RenderConfig) -> boo
     named.is_none_or(|p| p == config.provider)
 }
 
-/// Finishes a request body: merges `config.variant_params` (an object; `null` adds nothing) into
-/// the top level, the variant's members replacing same-named ones, and serializes compactly.
-///
-/// Determinism: serde_json's default map is ordered by key, so equal inputs give equal bytes.
-pub(crate) fn finish_body(body: Value, config: &RenderConfig) -> Vec<u8> {
-    let mut body = body;
-    match (&mut body, &config.variant_params) {
+/// Merges `config.variant_params` (an object; `null` adds nothing) into the top level of a
+/// request body, the variant's members replacing same-named ones.
+pub(crate) fn merge_variant(body: &mut Value, config: &RenderConfig) {
+    match (body, &config.variant_params) {
         (Value::Object(top), Value::Object(extra)) => {
             for (k, v) in extra {
                 top.insert(k.clone(), v.clone());
@@ -202,11 +199,4 @@ pub(crate) fn finish_body(body: Value, config: &RenderConfig) -> Vec<u8> {
         (_, Value::Null) => {}
         (_, _) => log::warn!(target: "broca.provider", "variant_params is not an object; ignored"),
     }
-    // An admitted `cache.ttl: "24h"` (only OpenAI's own routes admit it) asks for the long
-    // prompt-cache retention.
-    let ttl = config.policy.cache.as_ref().and_then(|c| c.get("ttl")).and_then(Value::as_str);
-    if let (Some("24h"), Value::Object(top)) = (ttl, &mut body) {
-        top.insert("prompt_cache_retention".into(), Value::String("24h".into()));
-    }
-    serde_json::to_vec(&body).unwrap_or_default()
 }

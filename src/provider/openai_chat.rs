@@ -22,8 +22,8 @@ use serde_json::{json, Value};
 
 use super::chat_chunk::{self, CallView, ChoiceView, ChunkView};
 use super::common::{
-    arguments_text, class, data_object, data_url, finish, finish_body, is_done, push_text, reasoning_delta, str_at,
-    text_delta, tool_output, u64_at, usage_from_total, with_description,
+    arguments_text, class, data_object, data_url, finish, is_done, push_text, reasoning_delta, str_at, text_delta,
+    tool_output, u64_at, usage_from_total, with_description,
 };
 use super::config::{RenderConfig, ToolSpec};
 use super::errors::stream_error;
@@ -33,12 +33,12 @@ use crate::message::{Message, Part, Role, StepUsage};
 
 /// The request body: `model`, `stream`, `stream_options.include_usage`, `messages`, `tools`?,
 /// the output cap?, then the variant's members merged on top (e.g. `reasoning_effort`).
-pub fn render(config: &RenderConfig, transcript: &[Message]) -> Vec<u8> {
+pub fn body(config: &RenderConfig, transcript: &[Message]) -> Value {
     let mut messages = Vec::new();
     for m in transcript {
         push_message(m, &mut messages);
     }
-    render_body(config, messages)
+    body_around(config, messages)
 }
 
 /// One transcript message's elements of `messages` (none, one, or one per tool result). They
@@ -50,7 +50,7 @@ pub(crate) fn render_message(m: &Message) -> Vec<Value> {
 }
 
 /// The request body around the transcript's rendered `messages` (the system prompt first).
-pub(crate) fn render_body(config: &RenderConfig, transcript_messages: Vec<Value>) -> Vec<u8> {
+pub(crate) fn body_around(config: &RenderConfig, transcript_messages: Vec<Value>) -> Value {
     let mut messages = Vec::with_capacity(transcript_messages.len() + 1);
     if let Some(system) = config.system.as_deref().filter(|s| !s.is_empty()) {
         messages.push(json!({"role": "system", "content": system}));
@@ -68,7 +68,7 @@ pub(crate) fn render_body(config: &RenderConfig, transcript_messages: Vec<Value>
     if let Some(cap) = config.max_output_tokens {
         body[max_tokens_field(config)] = json!(cap);
     }
-    finish_body(body, config)
+    body
 }
 
 fn max_tokens_field(config: &RenderConfig) -> &'static str {

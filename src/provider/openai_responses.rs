@@ -23,7 +23,7 @@
 use serde_json::{json, Value};
 
 use super::common::{
-    arguments_text, class, data_object, data_url, event_type, finish, finish_body, is_done, push_text, reasoning_delta,
+    arguments_text, class, data_object, data_url, event_type, finish, is_done, push_text, reasoning_delta,
     replays_reasoning, str_at, text_delta, tool_output, u64_at, usage_from_total, with_description,
 };
 use super::config::{RenderConfig, ToolSpec};
@@ -34,7 +34,7 @@ use crate::message::{Message, Part, Role, StepUsage};
 
 /// The request body: `model`, `stream`, `store: false`, `instructions`?, `max_output_tokens`?,
 /// `tools`?, `input`, then the variant's members merged on top (e.g. `reasoning`, `include`).
-pub fn render(config: &RenderConfig, transcript: &[Message]) -> Vec<u8> {
+pub fn body(config: &RenderConfig, transcript: &[Message]) -> Value {
     let mut input = Vec::new();
     for m in transcript {
         push_items(m, config, &mut input);
@@ -49,7 +49,7 @@ pub fn render(config: &RenderConfig, transcript: &[Message]) -> Vec<u8> {
     if !config.tools.is_empty() {
         body["tools"] = config.tools.iter().map(tool).collect();
     }
-    finish_body(body, config)
+    body
 }
 
 fn tool(spec: &ToolSpec) -> Value {

@@ -9,6 +9,7 @@
 //! Request goldens: `testdata/golden/request.<family>.<case>.json` hold the exact body bytes
 //! (plus a final newline). `BROCA_BLESS=1` rewrites all goldens instead of comparing.
 
+use crate::frozen::{CachePolicy, CacheRole, CacheTtl};
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
@@ -364,6 +365,32 @@ fn request_cases() -> Vec<(String, RenderConfig, Vec<Message>)> {
         variant.max_output_tokens = Some(16000);
         variant.tools = vec![stat_tool()];
         cases.push((name("variant"), variant, proof.clone()));
+        // The cache policies each family renders (`provider::cache`), on a tool loop's request.
+        let policies: &[(&str, CachePolicy)] = match family {
+            Family::AnthropicMessages => &[
+                ("cache.1h", CachePolicy { role: None, ttl: Some(CacheTtl::OneHour) }),
+                ("cache.primary", CachePolicy { role: Some(CacheRole::Primary), ttl: None }),
+                ("cache.ephemeral", CachePolicy { role: Some(CacheRole::Ephemeral), ttl: None }),
+            ],
+            Family::OpenaiChat | Family::OpenaiResponses => &[
+                ("cache.24h", CachePolicy { role: Some(CacheRole::Primary), ttl: Some(CacheTtl::OneDay) }),
+                ("cache.key", CachePolicy::default()),
+            ],
+        };
+        for (case, policy) in policies {
+            let mut cached = config(family, provider, model);
+            cached.tools = vec![stat_tool(), read_tool()];
+            cached.policy.cache = Some(*policy);
+            cached.policy.conversation_key = Some("project-42/session-7".into());
+            cases.push((name(case), cached, multi_step_transcript()));
+        }
+        if family == Family::OpenaiChat {
+            // A compatible server caches on its own: nothing is rendered for it.
+            let mut compat = config(family, "openrouter", model);
+            compat.policy.cache = Some(CachePolicy { role: Some(CacheRole::Primary), ttl: None });
+            compat.policy.conversation_key = Some("project-42/session-7".into());
+            cases.push((name("cache.compat"), compat, plain.clone()));
+        }
     }
     cases
 }

@@ -5,9 +5,10 @@
 
 use serde_json::{json, Value};
 
+use super::common::merge_variant;
 use super::config::RenderConfig;
 use super::event::{Family, StreamDecoder};
-use super::{anthropic, errors, openai_chat, openai_responses};
+use super::{anthropic, cache, errors, openai_chat, openai_responses};
 use crate::message::Message;
 use crate::record::ProviderError;
 
@@ -32,8 +33,25 @@ pub trait WireFamily: Sync {
         &[]
     }
 
-    /// The request body: deterministic bytes (same config and transcript, same bytes).
-    fn render(&self, config: &RenderConfig, transcript: &[Message]) -> Vec<u8>;
+    /// The request body as JSON, before the variant's members and the cache marks.
+    fn body(&self, config: &RenderConfig, transcript: &[Message]) -> Value;
+
+    /// Marks the prompt cache on a rendered body, from the run's frozen cache policy (spec §4
+    /// `send.cache`; [`super::cache`]). Default: nothing (a family without prompt caching).
+    fn mark_cache(&self, _config: &RenderConfig, _body: &mut Value) {}
+
+    /// The request body's bytes: [`WireFamily::body`], the variant's members merged on top,
+    /// then [`WireFamily::mark_cache`]. Deterministic (same config and transcript, same bytes).
+    fn render(&self, config: &RenderConfig, transcript: &[Message]) -> Vec<u8> {
+        self.finish(config, self.body(config, transcript))
+    }
+
+    /// Finishes a body: the variant's members, the cache marks, compact bytes.
+    fn finish(&self, config: &RenderConfig, mut body: Value) -> Vec<u8> {
+        merge_variant(&mut body, config);
+        self.mark_cache(config, &mut body);
+        serde_json::to_vec(&body).unwrap_or_default()
+    }
 
     /// For a family whose request lists the transcript as one JSON array in which each message
     /// renders on its own (whatever its position, the config or the other messages): one
@@ -43,9 +61,14 @@ pub trait WireFamily: Sync {
     }
 
     /// With [`WireFamily::render_message`]: the body around already rendered elements, such
-    /// that `render(config, t)` is `render_body(config, elements of every message of t)`.
-    fn render_body(&self, _config: &RenderConfig, _elements: Vec<Value>) -> Option<Vec<u8>> {
+    /// that `body(config, t)` is `body_around(config, elements of every message of t)`.
+    fn body_around(&self, _config: &RenderConfig, _elements: Vec<Value>) -> Option<Value> {
         None
+    }
+
+    /// [`WireFamily::body_around`], finished as [`WireFamily::render`] finishes a body.
+    fn render_body(&self, config: &RenderConfig, elements: Vec<Value>) -> Option<Vec<u8>> {
+        self.body_around(config, elements).map(|body| self.finish(config, body))
     }
 
     /// A fresh decoder for one response stream.
@@ -96,8 +119,11 @@ impl WireFamily for AnthropicMessages {
     fn headers(&self) -> &'static [(&'static str, &'static str)] {
         &[("anthropic-version", "2023-06-01")]
     }
-    fn render(&self, config: &RenderConfig, transcript: &[Message]) -> Vec<u8> {
-        anthropic::render(config, transcript)
+    fn body(&self, config: &RenderConfig, transcript: &[Message]) -> Value {
+        anthropic::body(config, transcript)
+    }
+    fn mark_cache(&self, config: &RenderConfig, body: &mut Value) {
+        cache::mark_anthropic(config, body);
     }
     fn decoder(&self) -> Box<dyn StreamDecoder> {
         Box::new(anthropic::AnthropicDecoder::new())
@@ -127,14 +153,17 @@ impl WireFamily for OpenaiChat {
     fn path(&self) -> &'static str {
         "/chat/completions"
     }
-    fn render(&self, config: &RenderConfig, transcript: &[Message]) -> Vec<u8> {
-        openai_chat::render(config, transcript)
+    fn body(&self, config: &RenderConfig, transcript: &[Message]) -> Value {
+        openai_chat::body(config, transcript)
+    }
+    fn mark_cache(&self, config: &RenderConfig, body: &mut Value) {
+        cache::mark_openai(config, body);
     }
     fn render_message(&self, message: &Message) -> Option<Vec<Value>> {
         Some(openai_chat::render_message(message))
     }
-    fn render_body(&self, config: &RenderConfig, elements: Vec<Value>) -> Option<Vec<u8>> {
-        Some(openai_chat::render_body(config, elements))
+    fn body_around(&self, config: &RenderConfig, elements: Vec<Value>) -> Option<Value> {
+        Some(openai_chat::body_around(config, elements))
     }
     fn decoder(&self) -> Box<dyn StreamDecoder> {
         Box::new(openai_chat::ChatDecoder::new())
@@ -156,8 +185,11 @@ impl WireFamily for OpenaiResponses {
     fn path(&self) -> &'static str {
         "/responses"
     }
-    fn render(&self, config: &RenderConfig, transcript: &[Message]) -> Vec<u8> {
-        openai_responses::render(config, transcript)
+    fn body(&self, config: &RenderConfig, transcript: &[Message]) -> Value {
+        openai_responses::body(config, transcript)
+    }
+    fn mark_cache(&self, config: &RenderConfig, body: &mut Value) {
+        cache::mark_openai(config, body);
     }
     fn decoder(&self) -> Box<dyn StreamDecoder> {
         Box::new(openai_responses::ResponsesDecoder::new())

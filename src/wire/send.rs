@@ -9,6 +9,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::{invalid_params, note_unread, Refusal};
+use crate::frozen::CachePolicy;
 use crate::provider::config::ToolSpec;
 use crate::session_key::SessionKey;
 
@@ -91,7 +92,7 @@ pub struct SendParams {
     pub session_class: Option<String>,
     pub retention: Option<u64>,
     /// `{role?, ttl?}` as sent (validated).
-    pub cache: Option<Value>,
+    pub cache: Option<CachePolicy>,
     pub max_steps: Option<u64>,
     pub max_output_tokens: Option<u64>,
     pub max_input_tokens: Option<u64>,
@@ -330,19 +331,21 @@ fn model(m: &Value, harness: &str) -> Result<ModelChoice, Refusal> {
     Ok(ModelChoice { id: format!("{provider}/{name}"), variant })
 }
 
-fn cache(c: &Value) -> Result<Value, Refusal> {
+fn cache(c: &Value) -> Result<CachePolicy, Refusal> {
     closed(c, "cache", &["role", "ttl"])?;
-    if let Some(role) = c.get("role") {
-        if !matches!(role.as_str(), Some("primary" | "ephemeral")) {
-            return Err(invalid_params("cache.role", "\"primary\" or \"ephemeral\""));
+    Ok(CachePolicy {
+        role: cache_member(c, "role", "\"primary\" or \"ephemeral\"")?,
+        ttl: cache_member(c, "ttl", "\"5m\", \"1h\" or \"24h\"")?,
+    })
+}
+
+fn cache_member<T: serde::de::DeserializeOwned>(c: &Value, name: &str, expected: &str) -> Result<Option<T>, Refusal> {
+    match c.get(name) {
+        None => Ok(None),
+        Some(v) => {
+            serde_json::from_value(v.clone()).map(Some).map_err(|_| invalid_params(&format!("cache.{name}"), expected))
         }
     }
-    if let Some(ttl) = c.get("ttl") {
-        if !matches!(ttl.as_str(), Some("5m" | "1h" | "24h")) {
-            return Err(invalid_params("cache.ttl", "\"5m\", \"1h\" or \"24h\""));
-        }
-    }
-    Ok(c.clone())
 }
 
 /// `budget` is closed; a cap-only budget needs no reminder fields.

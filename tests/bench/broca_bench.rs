@@ -26,13 +26,14 @@ use broca_mock::mock::{MockOptions, MockServer, Script};
 
 const FSYNC_SAMPLES: usize = 1000;
 
+mod cache;
 mod cli;
 mod publish;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("--help") {
-        println!("usage: broca-bench            run every benchmark\n       broca-bench loop       only the loop benchmarks\n       broca-bench replay-rss WAL   (internal) replay WAL, print peak RSS in KiB");
+        println!("usage: broca-bench            run every benchmark\n       broca-bench loop       only the loop benchmarks\n       broca-bench cache      only the prompt-cache figures\n       broca-bench replay-rss WAL   (internal) replay WAL, print peak RSS in KiB");
         return;
     }
     if args.get(1).map(String::as_str) == Some("replay-rss") {
@@ -44,6 +45,12 @@ fn main() {
     let base = std::env::var_os("BROCA_BENCH_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
     fs::create_dir_all(&base).expect("bench dir");
     let dir = tempfile::tempdir_in(&base).expect("bench dir");
+    if args.get(1).map(String::as_str) == Some("cache") {
+        for (name, value, unit) in cache::figures(dir.path()) {
+            report(name, value, unit);
+        }
+        return;
+    }
     if args.get(1).map(String::as_str) == Some("loop") {
         let raw = broca::testkit::raw_fsync_p50_us(dir.path(), FSYNC_SAMPLES / 5);
         report("fs.raw_fsync_us", raw, "us");
@@ -67,6 +74,9 @@ fn main() {
     report("open.tail_ms_100k", open_tail_ms(dir.path(), &wal_100k), "ms");
 
     report_loop(dir.path(), raw);
+    for (name, value, unit) in cache::figures(dir.path()) {
+        report(name, value, unit);
+    }
     if let Some(ms) = demo_ms() {
         report("cli.demo_ms", ms, "ms");
     }

@@ -103,6 +103,8 @@ struct Lane {
     dropped: u64,
     /// The `Authorization` a model request must carry (the script's `authorization`).
     authorization: Option<String>,
+    /// What the lane's provider has cached (`prompt_cache`).
+    prompt_cache: super::prompt_cache::PromptCache,
 }
 
 /// All lanes, behind one lock held only for queue operations (never across I/O).
@@ -159,6 +161,13 @@ impl Lanes {
 
     pub(crate) fn pending(&self, lane: &str) -> usize {
         self.lanes.lock().get(lane).map_or(0, |l| l.pending.len())
+    }
+
+    /// What `body` (a `family` request) reads from and writes to the lane's prompt cache.
+    pub(crate) fn measure(&self, lane: &str, family: Family, body: &Value) -> super::script::Usage {
+        let mut lanes = self.lanes.lock();
+        let lane = lanes.entry(lane.to_string()).or_default();
+        lane.prompt_cache.measure(family, body, std::time::Instant::now())
     }
 
     pub(crate) fn reset(&self, lane: &str) {

@@ -66,7 +66,7 @@
 //! | `{"redacted_reasoning": s}` | Anthropic `redacted_thinking`; Responses reasoning item with `encrypted_content`; nothing in Chat |
 //! | `{"refusal": s}` | Anthropic text; Chat `delta.refusal`; Responses `refusal` content part |
 //! | `{"tool_call": {"id", "name", "arguments", "chunks"?}}` | a tool call; `arguments` (a string sent as is, or JSON serialized) split into `chunks` (default 2) fragments after an empty first one; the id is Responses' `call_id` |
-//! | `{"usage": {"input"?, "cached"?, "cache_write"?, "output"?, "reasoning"?}}` | merged; rendered natively (below) |
+//! | `{"usage": {"input"?, "cached"?, "cache_write"?, "output"?, "reasoning"?, "measured"?}}` | merged; rendered natively (below); `measured: true` takes `input`, `cached` and `cache_write` from the lane's prompt-cache model of the request ([`prompt_cache`]): what the provider would report |
 //! | `{"finish": r}` | `stop`, `length`, `tool_calls`, `content_filter`, `refusal`, or any other string sent raw |
 //! | `{"error": {"type", "message", "done"?}}` | an in-stream error after 200, native form; the stream then ends (Chat: `done: true` adds `data: [DONE]`) |
 //! | `{"delay_ms": n}` | a pause (bytes before it are flushed) |
@@ -126,6 +126,7 @@
 mod control;
 mod http;
 mod lanes;
+pub mod prompt_cache;
 pub mod render;
 pub mod script;
 mod tls;
@@ -449,6 +450,7 @@ fn serve_request(shared: &Shared, conn: &mut Conn, request: Request, keep: bool)
     let model = model_of(&request);
     let authorized = shared.lanes.authorized(&lane, request.header("authorization"));
     let Request { method, target, headers, body } = request;
+    let parsed = if is_model { serde_json::from_slice::<serde_json::Value>(&body).ok() } else { None };
     shared.lanes.record(&lane, RecordedRequest::new(&method, &target, headers, body, family));
     let Some(family) = family.filter(|_| is_model) else {
         let status = if family.is_some() { 405 } else { 404 };
@@ -457,7 +459,14 @@ fn serve_request(shared: &Shared, conn: &mut Conn, request: Request, keep: bool)
     };
     *shared.last_request_at.lock() = Some(std::time::Instant::now());
     let response = if authorized {
-        shared.lanes.pop(&lane).unwrap_or_else(|| ScriptedResponse::Stream(default_reply()))
+        let response = shared.lanes.pop(&lane).unwrap_or_else(|| ScriptedResponse::Stream(default_reply()));
+        match (response, &parsed) {
+            (ScriptedResponse::Stream(mut reply), Some(body)) if reply.wants_measure() => {
+                reply.measure_with(&shared.lanes.measure(&lane, family, body));
+                ScriptedResponse::Stream(reply)
+            }
+            (response, _) => response,
+        }
     } else {
         log::info!("broca-mock: lane {lane}: the request's Authorization is not the scripted credential; 401");
         ScriptedResponse::Http(script::HttpReply { status: 401, body: None, headers: Default::default(), delay_ms: 0 })

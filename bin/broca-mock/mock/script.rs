@@ -79,6 +79,25 @@ impl StreamReply {
         StreamReply { events, ..StreamReply::default() }
     }
 
+    /// Whether a usage step asks for measured input (`{"usage": {"measured": true}}`).
+    pub fn wants_measure(&self) -> bool {
+        self.events.iter().any(|s| matches!(s, Step::Usage(u) if u.measured))
+    }
+
+    /// Fills each measured usage step's input, cache reads and writes from `measured` (what
+    /// the lane's prompt-cache model says of the request); its scripted output stays.
+    pub fn measure_with(&mut self, measured: &Usage) {
+        for step in &mut self.events {
+            if let Step::Usage(u) = step {
+                if u.measured {
+                    u.input = measured.input;
+                    u.cached = measured.cached;
+                    u.cache_write = measured.cache_write;
+                }
+            }
+        }
+    }
+
     /// Whether any step's text holds [`NOW_US_TOKEN`]; only then are the written bytes scanned.
     /// A token split between two steps or two tool-call fragments is none: each renders into
     /// its own SSE event.
@@ -192,6 +211,10 @@ pub struct Usage {
     pub output: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<u64>,
+    /// Take `input`, `cached` and `cache_write` from the lane's prompt-cache model of the
+    /// request (`prompt_cache`), as the provider would report them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub measured: bool,
 }
 
 impl Usage {
@@ -207,6 +230,7 @@ impl Usage {
         take(&mut self.cache_write, later.cache_write);
         take(&mut self.output, later.output);
         take(&mut self.reasoning, later.reasoning);
+        self.measured |= later.measured;
     }
 }
 

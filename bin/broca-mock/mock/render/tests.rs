@@ -130,6 +130,7 @@ fn anthropic_matches_example_a() {
             cache_write: Some(0),
             output: Some(87),
             reasoning: None,
+            measured: false,
         }),
         Step::Finish("tool_calls".into()),
     ];

@@ -1,0 +1,107 @@
+//! Prompt caching per family (spec §4 `send.cache`, §4a): where each family marks the prefix a
+//! provider may cache, resolved from the run's frozen [`CachePolicy`] when the request renders
+//! ([`super::wire::WireFamily::mark_cache`]), and which requests a route cannot honour
+//! ([`unsupported`], refused at admission).
+//!
+//! The rules (decisions listed in the README, "Prompt caching"):
+//! - **Anthropic Messages** caches a prefix up to a `cache_control` breakpoint, at most four per
+//!   request, and a later request reads it when its own prefix up to a breakpoint (looking back
+//!   up to 20 blocks) was written before. broca marks the last tool, the system prompt, and the
+//!   last markable block of each of the last two messages: the tail slides with the loop, so
+//!   each step reads what the step before it wrote (and the second tail anchor keeps a read
+//!   possible when the last one moved past the look-back). Thinking blocks take no marker.
+//!   Markers are rendered whether or not the send asked: a loop's next step always rereads
+//!   the prefix. TTL: one hour for `ttl: "1h"`, or `role: "primary"` without a ttl; else the
+//!   provider's five-minute default (`{"type": "ephemeral"}`).
+//! - **OpenAI's own routes** (provider `openai`, Responses and Chat) cache automatically by
+//!   prefix; `prompt_cache_key` routes a conversation's requests to the same cache. broca sends
+//!   a digest of the frozen conversation key (stable per session, shared by sessions that share
+//!   the key; the key itself never leaves), and `prompt_cache_retention: "24h"` for `ttl: "24h"`.
+//! - **OpenAI Chat compatibles** (any other provider): nothing is rendered; their endpoints
+//!   cache on their own or not at all, and may refuse a member they do not know.
+//! - A `ttl` a route cannot honour is refused at admission (`open_failed`, permanent): `24h` off
+//!   OpenAI's own routes, `1h` off Anthropic, any ttl on a Chat compatible. `role` is a
+//!   preference and is never refused.
+
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use super::config::RenderConfig;
+use super::event::Family;
+use crate::frozen::{CachePolicy, CacheRole, CacheTtl};
+
+/// Anthropic's limit of `cache_control` breakpoints per request.
+pub const ANTHROPIC_BREAKPOINTS: usize = 4;
+
+/// The lifetime an Anthropic request's markers ask for.
+pub fn anthropic_ttl(policy: Option<&CachePolicy>) -> CacheTtl {
+    match policy {
+        Some(CachePolicy { ttl: Some(CacheTtl::OneHour), .. }) => CacheTtl::OneHour,
+        Some(CachePolicy { ttl: None, role: Some(CacheRole::Primary) }) => CacheTtl::OneHour,
+        _ => CacheTtl::FiveMinutes,
+    }
+}
+
+/// Why `config`'s route cannot honour `policy` (`None`: it can).
+pub fn unsupported(config: &RenderConfig, policy: &CachePolicy) -> Option<String> {
+    let openai = config.provider == "openai" && matches!(config.family, Family::OpenaiChat | Family::OpenaiResponses);
+    match (policy.ttl?, config.family) {
+        (CacheTtl::OneDay, _) if !openai => {
+            Some("cache ttl \"24h\" is served only on OpenAI's own API-key routes".into())
+        }
+        (CacheTtl::OneHour, family) if family != Family::AnthropicMessages => {
+            Some("cache ttl \"1h\" is served only on Anthropic Messages routes".into())
+        }
+        (_, Family::OpenaiChat) if !openai => {
+            Some(format!("provider {} caches on its own: a cache ttl cannot be honoured", config.provider))
+        }
+        _ => None,
+    }
+}
+
+/// Anthropic: the breakpoints ([`ANTHROPIC_BREAKPOINTS`]) on a rendered Messages body.
+pub fn mark_anthropic(config: &RenderConfig, body: &mut Value) {
+    let control = match anthropic_ttl(config.policy.cache.as_ref()) {
+        CacheTtl::OneHour => json!({"type": "ephemeral", "ttl": "1h"}),
+        CacheTtl::FiveMinutes | CacheTtl::OneDay => json!({"type": "ephemeral"}),
+    };
+    if let Some(last) = body.get_mut("tools").and_then(Value::as_array_mut).and_then(|t| t.last_mut()) {
+        last["cache_control"] = control.clone();
+    }
+    if let Some(Value::String(system)) = body.get("system") {
+        let system = system.clone();
+        body["system"] = json!([{"type": "text", "text": system, "cache_control": control.clone()}]);
+    }
+    let Some(messages) = body.get_mut("messages").and_then(Value::as_array_mut) else { return };
+    let tail = messages.iter_mut().rev().filter_map(markable_block).take(2);
+    for block in tail.collect::<Vec<_>>() {
+        block["cache_control"] = control.clone();
+    }
+}
+
+/// A message's last block that may carry a marker (thinking blocks may not).
+fn markable_block(message: &mut Value) -> Option<&mut Value> {
+    let blocks = message.get_mut("content")?.as_array_mut()?;
+    blocks.iter_mut().rev().find(|b| !matches!(b["type"].as_str(), Some("thinking" | "redacted_thinking")))
+}
+
+/// OpenAI's own routes: `prompt_cache_key`, and the long retention when asked.
+pub fn mark_openai(config: &RenderConfig, body: &mut Value) {
+    let Value::Object(top) = body else { return };
+    if config.provider != "openai" {
+        return;
+    }
+    if let Some(key) = &config.policy.conversation_key {
+        top.insert("prompt_cache_key".into(), Value::String(prompt_cache_key(key)));
+    }
+    if config.policy.cache.and_then(|c| c.ttl) == Some(CacheTtl::OneDay) {
+        top.insert("prompt_cache_retention".into(), Value::String("24h".into()));
+    }
+}
+
+/// `broca-` and the first 32 hex digits of the conversation key's SHA-256.
+pub fn prompt_cache_key(conversation_key: &str) -> String {
+    let digest = Sha256::digest(conversation_key.as_bytes());
+    let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
+    format!("broca-{hex}")
+}
