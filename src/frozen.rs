@@ -177,6 +177,31 @@ pub struct AbsentItem {
     pub provider_code: Option<String>,
 }
 
+/// The baseline broca serves: the role's, and its `cache` declaration beside the role's
+/// members (an extension the role decodes leniently).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SessionBaseline {
+    #[serde(flatten)]
+    pub role: cortexkit_role_llm_runner::baseline::Baseline,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<BaselineCache>,
+}
+
+/// `baseline.cache` (spec §4a): every member absent when unknown.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BaselineCache {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ttl_options_ms: Vec<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_refreshes_ttl: Option<bool>,
+    /// `supported` | `unsupported`.
+    pub warm: &'static str,
+    /// `requested` | `provider_default`.
+    pub basis: &'static str,
+}
+
 /// A send's cache request (§4 `send.cache`): admission-only metadata, frozen with the run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CachePolicy {
@@ -204,6 +229,18 @@ pub enum CacheTtl {
     OneHour,
     #[serde(rename = "24h")]
     OneDay,
+}
+
+impl CachePolicy {
+    /// The lifetime an Anthropic request's cache marks ask for: one hour for `ttl: "1h"`, or
+    /// `role: "primary"` without a ttl; else the provider's five-minute default.
+    pub fn anthropic_ttl(policy: Option<&CachePolicy>) -> CacheTtl {
+        match policy {
+            Some(CachePolicy { ttl: Some(CacheTtl::OneHour), .. }) => CacheTtl::OneHour,
+            Some(CachePolicy { ttl: None, role: Some(CacheRole::Primary) }) => CacheTtl::OneHour,
+            _ => CacheTtl::FiveMinutes,
+        }
+    }
 }
 
 impl CacheTtl {
@@ -249,10 +286,57 @@ pub struct RunPolicy {
 }
 
 impl FrozenConfig {
-    /// The baseline this config describes (llm-runner §10): the plan's per-item digests, its
-    /// absent optional items, the composition digest and the tool names; `session.baseline`
-    /// and the admitting send's reply both serve it.
-    pub fn baseline(&self) -> cortexkit_role_llm_runner::baseline::Baseline {
+    /// What `session.baseline` and the admitting send's reply serve: the role's baseline and
+    /// broca's declared cache object (spec §4a "Head and declaration").
+    pub fn baseline(&self) -> SessionBaseline {
+        SessionBaseline { role: self.role_baseline(), cache: Some(self.baseline_cache()) }
+    }
+
+    /// The lifetime a request rendered from this config asks its provider's cache for (`None`
+    /// where the provider's own is not known: OpenAI's in-memory retention, Chat compatibles).
+    pub fn cache_ttl_ms(&self) -> Option<u64> {
+        match self.family {
+            Family::AnthropicMessages => Some(CachePolicy::anthropic_ttl(self.policy.cache.as_ref()).ms()),
+            _ if self.openai_own_route() && self.policy.cache.and_then(|c| c.ttl) == Some(CacheTtl::OneDay) => {
+                Some(CacheTtl::OneDay.ms())
+            }
+            _ => None,
+        }
+    }
+
+    /// OpenAI's own API-key routes (Responses and Chat), where `prompt_cache_*` is served.
+    pub fn openai_own_route(&self) -> bool {
+        self.provider == "openai" && matches!(self.family, Family::OpenaiChat | Family::OpenaiResponses)
+    }
+
+    /// The declared cache object: the lifetime asked for, the lifetimes the route offers,
+    /// whether a read renews the lifetime, whether `session.warm` is served (not yet, by any
+    /// route), and whether the lifetime was asked for or is the provider's default. Unknown
+    /// members are absent.
+    pub fn baseline_cache(&self) -> BaselineCache {
+        let asked = self.policy.cache.is_some_and(|c| c.ttl.is_some() || c.role.is_some());
+        let (options, renews) = match self.family {
+            Family::AnthropicMessages => (vec![CacheTtl::FiveMinutes.ms(), CacheTtl::OneHour.ms()], Some(true)),
+            _ if self.openai_own_route() => (vec![CacheTtl::OneDay.ms()], None),
+            _ => (Vec::new(), None),
+        };
+        BaselineCache {
+            ttl_ms: self.cache_ttl_ms(),
+            ttl_options_ms: options,
+            read_refreshes_ttl: renews,
+            warm: "unsupported",
+            basis: if asked && !self.openai_chat_compatible() { "requested" } else { "provider_default" },
+        }
+    }
+
+    /// A Chat-compatible route other than OpenAI's own: it caches (or not) on its own.
+    fn openai_chat_compatible(&self) -> bool {
+        self.family == Family::OpenaiChat && !self.openai_own_route()
+    }
+
+    /// The role's baseline this config describes (llm-runner §10): the plan's per-item digests,
+    /// its absent optional items, the composition digest and the tool names.
+    fn role_baseline(&self) -> cortexkit_role_llm_runner::baseline::Baseline {
         let config = self;
         use cortexkit_role_llm_runner::baseline::{AbsentItem, Baseline, BaselineItem};
         let tool_names: Vec<String> = config.tools.iter().map(|t| t.name.clone()).collect();

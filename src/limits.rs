@@ -184,3 +184,7 @@ mod tests {
         assert_eq!(Limits::parse(&json!([1])).unwrap_err().0, "limits");
     }
 }
+
+/// The most sessions whose prompt-cache clock (`agent::cache_clock`) one process keeps; past it
+/// the one that sent longest ago is forgotten (its head then has no `cache`, as after a restart).
+pub const CACHE_CLOCKS: usize = 65_536;

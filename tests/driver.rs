@@ -759,6 +759,58 @@ fn a_24h_cache_on_an_openai_route_renders_the_long_retention() {
     assert_eq!(body["prompt_cache_retention"], "24h");
 }
 
+/// `session.head.cache` (spec §4, §4a "Expiry"): absent until the session sends; then the send
+/// start of its last answered request, the lifetime its marks asked for (Anthropic's one hour
+/// for a primary session) and the estimated expiry; a route whose lifetime is not known has
+/// the send time alone.
+#[test]
+fn the_head_reports_the_prompt_cache_clock_from_memory() {
+    let rig = rig(Duration::from_secs(5));
+    let head = rig.call("session.head", json!({})).unwrap();
+    assert!(head.get("cache").is_none(), "no request sent yet: {head}");
+    let mut params = keyed("cache me", "hc-1");
+    params["model"] = json!({"provider": "mock", "model": "echo-messages"});
+    params["cache"] = json!({"role": "primary"});
+    let before = broca::clock::unix_ms();
+    let a = rig.call("session.send", params).unwrap();
+    rig.wait_state(a["run_id"].as_str().unwrap(), "completed");
+    let cache = rig.call("session.head", json!({})).unwrap()["cache"].clone();
+    let sent = cache["last_sent_at_ms"].as_u64().expect("a send time");
+    assert!(sent >= before, "{cache}");
+    assert_eq!(cache["ttl_ms"], 3_600_000, "a primary session asks Anthropic for the hour: {cache}");
+    assert_eq!(cache["expires_at_ms"], sent + 3_600_000);
+    assert_eq!(cache["expiry_basis"], "estimated");
+    let body: Value = serde_json::from_slice(&rig.mock.requests("default")[0].body).unwrap();
+    assert_eq!(body["system"], Value::Null, "no system prompt here");
+    assert_eq!(body["messages"][0]["content"][0]["cache_control"], json!({"type": "ephemeral", "ttl": "1h"}));
+    // On a Chat compatible the lifetime is the provider's own: the send time alone.
+    let b = rig.call("session.send", keyed("and again", "hc-2")).unwrap();
+    rig.wait_state(b["run_id"].as_str().unwrap(), "completed");
+    let cache = rig.call("session.head", json!({})).unwrap()["cache"].clone();
+    assert!(cache["last_sent_at_ms"].as_u64().unwrap() >= sent && cache.get("ttl_ms").is_none(), "{cache}");
+}
+
+/// `baseline.cache` (spec §4a "Head and declaration") on the admitting send's reply and on
+/// `session.baseline` alike: what the session's cache request resolved to on its route.
+#[test]
+fn the_baseline_declares_the_cache_its_route_resolved() {
+    let rig = rig(Duration::from_secs(5));
+    let mut params = keyed("declare", "bc-1");
+    params["model"] = json!({"provider": "mock", "model": "echo-messages"});
+    params["cache"] = json!({"role": "primary"});
+    let a = rig.call("session.send", params).unwrap();
+    let want = json!({"ttl_ms": 3_600_000, "ttl_options_ms": [300_000, 3_600_000], "read_refreshes_ttl": true,
+                      "warm": "unsupported", "basis": "requested"});
+    assert_eq!(a["baseline"]["cache"], want, "{a}");
+    rig.wait_state(a["run_id"].as_str().unwrap(), "completed");
+    let served = rig.call("session.baseline", json!({})).unwrap();
+    assert_eq!(served["baseline"], a["baseline"], "the reply's baseline is session.baseline's");
+    // A Chat compatible's lifetime is its own: nothing known but that.
+    let other = inproc::rig(Duration::from_secs(5));
+    let b = other.call("session.send", keyed("declare", "bc-2")).unwrap();
+    assert_eq!(b["baseline"]["cache"], json!({"warm": "unsupported", "basis": "provider_default"}));
+}
+
 fn with_delivery(mut params: Value, delivery: &str) -> Value {
     params["delivery"] = json!(delivery);
     params

@@ -136,6 +136,11 @@ impl Registry {
         &self.deps.opts.steps
     }
 
+    /// The prompt-cache clock of this registry's sessions.
+    pub fn cache_clocks(&self) -> &crate::agent::cache_clock::CacheClocks {
+        &self.deps.opts.cache_clocks
+    }
+
     /// The session's slot, made if it has none (only for a command that may open it: an
     /// unused slot is pruned by the actor that closes, so a slot never outlives its use).
     fn slot(&self, key: &SessionKey) -> Slot {

@@ -10,6 +10,7 @@
 //! the barrier that makes it durable.
 
 mod attempt;
+pub mod cache_clock;
 mod hints;
 pub mod live;
 mod tools;
@@ -126,6 +127,8 @@ pub struct LoopOptions {
     pub credentials: Option<crate::vault::Credentials>,
     /// Where the loop shows its step in flight (`run.status`'s `step`).
     pub steps: std::sync::Arc<live::StepBoard>,
+    /// Where the loop notes each answered request's send start (`session.head.cache`).
+    pub cache_clocks: std::sync::Arc<cache_clock::CacheClocks>,
     /// How long a tool call without a `reply` bound may take (spec: 120 s); a call still
     /// unanswered then is indeterminate and the run ends `interrupted`.
     pub tool_wait: Duration,
@@ -142,6 +145,7 @@ impl Default for LoopOptions {
             bearer: None,
             credentials: None,
             steps: Default::default(),
+            cache_clocks: Default::default(),
             tool_wait: Duration::from_secs(120),
             step_hints: None,
         }

@@ -416,6 +416,9 @@ impl<C> Driver<'_, C> {
             self.opts.steps.attempt(&self.run_id, attempt, self.attempt_started_ms);
             let (outcome, end, error, telemetry, retry_after) = match self.attempt(step, &body)? {
                 AttemptEnd::Done(asm, telemetry) => {
+                    // The provider answered: its cache lives from this request's send start.
+                    let ttl = self.config.cache_ttl_ms();
+                    self.opts.cache_clocks.sent(self.lineage.addr(), self.attempt_started_ms, ttl);
                     let finish = asm.finish.clone().unwrap_or_else(|| ("stop".into(), String::new()));
                     let usage = asm.usage.clone();
                     let answer = Some((&usage, finish.0.as_str()));

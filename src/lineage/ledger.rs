@@ -218,7 +218,7 @@ pub fn fate(store: &Store, lineage: &str, page: &TranscriptPage, row: &SendRow) 
 /// The baseline a keyed re-send (or `send.status`) of the send that started the session's first
 /// episode hears again, from the replay state the read holds: only while that episode is the
 /// last one (the admitting reply's hint; later, `session.baseline` is the answer).
-pub fn first_baseline(page: &TranscriptPage, row: &SendRow) -> Option<cortexkit_role_llm_runner::baseline::Baseline> {
+pub fn first_baseline(page: &TranscriptPage, row: &SendRow) -> Option<crate::frozen::SessionBaseline> {
     let state = &page.state;
     let last = state.last.as_ref().filter(|_| state.episodes == 1)?;
     (row.run_id.as_deref() == Some(last.run_id.as_str())).then(|| last.config.config().map(|c| c.baseline()))?

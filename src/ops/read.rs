@@ -14,8 +14,8 @@ use crate::record::FinishReason;
 use crate::replay::{EpisodeStatus, Resolution};
 use crate::session_key::SessionKey;
 use crate::wire::read::{
-    HeadMeta, HeadModel, LastRunError, LastRunState, ReadEntry, ReadPage, ReadTool, ReadToolCall, RunAttribution,
-    SessionUsage, UNWRITTEN_INCARNATION,
+    HeadCache, HeadMeta, HeadModel, LastRunError, LastRunState, ReadEntry, ReadPage, ReadTool, ReadToolCall,
+    RunAttribution, SessionUsage, UNWRITTEN_INCARNATION,
 };
 use crate::wire::requests::{unknown_mid, ReadCursor, ReadRequest, READ_MAX_BYTES};
 use crate::wire::status::RunState;
@@ -236,6 +236,7 @@ pub(super) fn session_head(ops: &Ops, route: &super::Route, version: u64) -> Res
             title: None,
             lineage_id: None,
             sender: super::owners::sender_grant(None, &route.caller),
+            cache: None,
         }));
     };
     // The last run's status as `run.status` serves it (an orphan a previous process left is
@@ -286,8 +287,14 @@ pub(super) fn session_head(ops: &Ops, route: &super::Route, version: u64) -> Res
             .clone()
             .map(|since| SessionUsage { usage: page.state.session_usage.clone(), since }),
         title: last.and_then(|e| e.title.clone()),
-        lineage_id: Some(lineage_id),
         sender: super::owners::sender_grant(last.and_then(|e| e.owner.as_ref()), &route.caller),
+        cache: ops.registry.cache_clocks().get(&lineage_id).map(|c| HeadCache {
+            last_sent_at_ms: c.last_sent_at_ms,
+            ttl_ms: c.ttl_ms,
+            expires_at_ms: c.expires_at_ms(),
+            expiry_basis: "estimated",
+        }),
+        lineage_id: Some(lineage_id),
     };
     Ok(super::body(answer))
 }

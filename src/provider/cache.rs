@@ -28,23 +28,14 @@ use sha2::{Digest, Sha256};
 
 use super::config::RenderConfig;
 use super::event::Family;
-use crate::frozen::{CachePolicy, CacheRole, CacheTtl};
+use crate::frozen::{CachePolicy, CacheTtl};
 
 /// Anthropic's limit of `cache_control` breakpoints per request.
 pub const ANTHROPIC_BREAKPOINTS: usize = 4;
 
-/// The lifetime an Anthropic request's markers ask for.
-pub fn anthropic_ttl(policy: Option<&CachePolicy>) -> CacheTtl {
-    match policy {
-        Some(CachePolicy { ttl: Some(CacheTtl::OneHour), .. }) => CacheTtl::OneHour,
-        Some(CachePolicy { ttl: None, role: Some(CacheRole::Primary) }) => CacheTtl::OneHour,
-        _ => CacheTtl::FiveMinutes,
-    }
-}
-
 /// Why `config`'s route cannot honour `policy` (`None`: it can).
 pub fn unsupported(config: &RenderConfig, policy: &CachePolicy) -> Option<String> {
-    let openai = config.provider == "openai" && matches!(config.family, Family::OpenaiChat | Family::OpenaiResponses);
+    let openai = config.openai_own_route();
     match (policy.ttl?, config.family) {
         (CacheTtl::OneDay, _) if !openai => {
             Some("cache ttl \"24h\" is served only on OpenAI's own API-key routes".into())
@@ -61,7 +52,7 @@ pub fn unsupported(config: &RenderConfig, policy: &CachePolicy) -> Option<String
 
 /// Anthropic: the breakpoints ([`ANTHROPIC_BREAKPOINTS`]) on a rendered Messages body.
 pub fn mark_anthropic(config: &RenderConfig, body: &mut Value) {
-    let control = match anthropic_ttl(config.policy.cache.as_ref()) {
+    let control = match CachePolicy::anthropic_ttl(config.policy.cache.as_ref()) {
         CacheTtl::OneHour => json!({"type": "ephemeral", "ttl": "1h"}),
         CacheTtl::FiveMinutes | CacheTtl::OneDay => json!({"type": "ephemeral"}),
     };

@@ -45,7 +45,7 @@ pub struct SendReply {
     /// On the send that admitted the session's first episode (and its keyed re-send): the
     /// baseline `session.baseline` serves, from the config the send froze (llm-runner §10).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub baseline: Option<cortexkit_role_llm_runner::baseline::Baseline>,
+    pub baseline: Option<crate::frozen::SessionBaseline>,
 }
 
 impl SendReply {

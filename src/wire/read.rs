@@ -128,6 +128,23 @@ pub struct HeadMeta {
     /// The caller's own delivery grant (`head_sender`); absent: no grant.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sender: Option<cortexkit_role_llm_runner::read::HeadSender>,
+    /// The prompt-cache clock from memory (spec §4 `session.head.cache`); absent until the
+    /// session sends a request its provider answers in this process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<HeadCache>,
+}
+
+/// `session.head.cache`: when the last answered request was sent, the lifetime it asked for,
+/// and the estimated expiry (both absent where the provider's lifetime is not known).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct HeadCache {
+    pub last_sent_at_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at_ms: Option<u64>,
+    /// Always `estimated` (§4a): broca computes it; the provider does not report it.
+    pub expiry_basis: &'static str,
 }
 
 /// `session.head`'s `usage` (`session_usage`): run usage's shape over every counted step of
