@@ -161,6 +161,10 @@ impl Limits {
     }
 }
 
+/// The most sessions whose prompt-cache clock (`agent::cache_clock`) one process keeps; past it
+/// the one that sent longest ago is forgotten (its head then has no `cache`, as after a restart).
+pub const CACHE_CLOCKS: usize = 65_536;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,7 +188,3 @@ mod tests {
         assert_eq!(Limits::parse(&json!([1])).unwrap_err().0, "limits");
     }
 }
-
-/// The most sessions whose prompt-cache clock (`agent::cache_clock`) one process keeps; past it
-/// the one that sent longest ago is forgotten (its head then has no `cache`, as after a restart).
-pub const CACHE_CLOCKS: usize = 65_536;
