@@ -121,13 +121,14 @@ fn reply(text: &str) -> Value {
 /// the owner is admitted on the same session.
 fn strangers_are_refused(h: &Harness) {
     let s = h.session("owners", "owned", None);
-    h.install(json!({"responses": [reply("first"), slow("held", 2_500)]}));
+    h.install(json!({"responses": [reply("first"), slow("held", 30_000)]}));
     let first = ok(h, A, &s, "session.send", send_params("hello"));
     let run1 = first["run_id"].as_str().unwrap().to_owned();
     wait_run(h, A, &s, &run1, "completed");
     assert_eq!(recorded_owners(&s.wal_path()), vec![json!({"principal": "reserved:owner-a"})]);
 
-    // A run going, a send queued behind it: everything a stranger could touch.
+    // A run going (held far longer than the checks below take on a loaded machine; the owner
+    // cancels it), a send queued behind it: everything a stranger could touch.
     let second = ok(h, A, &s, "session.send", send_params("slowly"));
     let run2 = second["run_id"].as_str().unwrap().to_owned();
     let queued = ok(h, A, &s, "session.send", send_params("after it"));
@@ -189,7 +190,7 @@ fn strangers_are_refused(h: &Harness) {
 /// its owner (spec §4: direct sessions keep their admission).
 fn direct_sessions_stay_unrestricted(h: &Harness) {
     let s = h.session("owners", "direct-started", None);
-    h.install(json!({"responses": [slow("held", 2_500)]}));
+    h.install(json!({"responses": [slow("held", 30_000)]}));
     let run = s.send("hello")["run_id"].as_str().unwrap().to_owned();
     assert_eq!(recorded_owners(&s.wal_path()), vec![Value::Null], "direct is never recorded as the owner");
     let grant = ok(h, B, &s, "session.head", json!({}))["sender"].clone();
