@@ -42,7 +42,37 @@ const SCENARIOS: &[Scenario] = &[
     ("a restart-paused run is resumed at boot under the same run id", restart_pause_resumes_at_boot),
     ("unknown send members are tolerated and logged once per key", unknown_members_logged_once),
     ("a retained session expires, is deleted and a later send starts fresh", retention_expires_and_deletes),
+    ("an Anthropic tool loop reads its prefix from the provider cache from its second step", prompt_cache_reads),
 ];
+
+/// Prompt caching through the daemon (#28): broca marks the prefix, broca-mock's model of the
+/// provider's cache (`{"usage": {"measured": true}}`) reads it back on every later step, and the
+/// run's usage and the head's cache clock show it.
+fn prompt_cache_reads(h: &Harness) {
+    let s = h.session(HARNESS, "cached-loop", None);
+    let measured = json!({"usage": {"measured": true, "output": 5}});
+    let call = |id: &str| json!({"events": [{"tool_call": {"id": id, "name": "look", "arguments": {}}}, measured, {"finish": "tool_calls"}]});
+    h.install_alone(
+        json!({"responses": [call("c1"), call("c2"), {"events": [{"text": "done"}, measured, {"finish": "stop"}]}]}),
+    );
+    let mut params = keyed("tidy the tree", "pc-1");
+    params["model"] = json!({"provider": "mock", "model": "echo-messages"});
+    params["system"] = json!("Read the file before you change it; keep each change small. ".repeat(120));
+    params["tools"] = json!([{"name": "look", "input_schema": {"type": "object"}}]);
+    let run = s.ok("session.send", params)["run_id"].as_str().unwrap().to_owned();
+    s.wait_run(&run, "completed");
+    let usage = s.ok("run.result", json!({"run_id": run}))["usage"].clone();
+    let tokens = |name: &str| usage[name].as_u64().unwrap_or_else(|| panic!("{name} in {usage}"));
+    let (cached, written) = (tokens("cached_input_tokens"), tokens("cache_write_tokens"));
+    assert!(written > 1000, "the first step wrote the prefix: {usage}");
+    assert!(cached > written, "steps two and three read what the steps before them wrote: {usage}");
+    let cache = s.ok("session.head", json!({}))["cache"].clone();
+    assert_eq!(
+        (cache["ttl_ms"].clone(), cache["expiry_basis"].clone()),
+        (json!(300_000), json!("estimated")),
+        "{cache}"
+    );
+}
 
 /// `session.send` is lenient: members it does not read are accepted and each is logged once per
 /// process at WARN on `broca.wire`, naming the key and the caller's harness.

@@ -333,6 +333,13 @@ impl Harness {
         self.mock.install("default", Script::from_json(&script.to_string()).expect("a valid mock script"));
     }
 
+    /// Clears the mock's `default` lane (what earlier scenarios left queued or recorded, and the
+    /// provider cache it models), then installs `script`.
+    pub fn install_alone(&self, script: Value) {
+        self.mock.reset("default");
+        self.install(script);
+    }
+
     // ---- connections and sessions
 
     /// The first consumer connection (direct to the daemon; sessions on it bind root `/`).
