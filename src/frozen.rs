@@ -314,7 +314,11 @@ impl FrozenConfig {
     /// route), and whether the lifetime was asked for or is the provider's default. Unknown
     /// members are absent.
     pub fn baseline_cache(&self) -> BaselineCache {
-        let asked = self.policy.cache.is_some_and(|c| c.ttl.is_some() || c.role.is_some());
+        // Anthropic resolves a named ttl or role to a tier; elsewhere only OpenAI's 24h is one.
+        let requested = match self.family {
+            Family::AnthropicMessages => self.policy.cache.is_some_and(|c| c.ttl.is_some() || c.role.is_some()),
+            _ => self.cache_ttl_ms().is_some(),
+        };
         let (options, renews) = match self.family {
             Family::AnthropicMessages => (vec![CacheTtl::FiveMinutes.ms(), CacheTtl::OneHour.ms()], Some(true)),
             _ if self.openai_own_route() => (vec![CacheTtl::OneDay.ms()], None),
@@ -325,13 +329,8 @@ impl FrozenConfig {
             ttl_options_ms: options,
             read_refreshes_ttl: renews,
             warm: "unsupported",
-            basis: if asked && !self.openai_chat_compatible() { "requested" } else { "provider_default" },
+            basis: if requested { "requested" } else { "provider_default" },
         }
-    }
-
-    /// A Chat-compatible route other than OpenAI's own: it caches (or not) on its own.
-    fn openai_chat_compatible(&self) -> bool {
-        self.family == Family::OpenaiChat && !self.openai_own_route()
     }
 
     /// The role's baseline this config describes (llm-runner §10): the plan's per-item digests,

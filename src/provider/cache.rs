@@ -64,7 +64,8 @@ pub fn mark_anthropic(config: &RenderConfig, body: &mut Value) {
         body["system"] = json!([{"type": "text", "text": system, "cache_control": control.clone()}]);
     }
     let Some(messages) = body.get_mut("messages").and_then(Value::as_array_mut) else { return };
-    let tail = messages.iter_mut().rev().filter_map(markable_block).take(2);
+    // The tools and the system prompt take one breakpoint each; the tail has the rest.
+    let tail = messages.iter_mut().rev().filter_map(markable_block).take(ANTHROPIC_BREAKPOINTS - 2);
     for block in tail.collect::<Vec<_>>() {
         block["cache_control"] = control.clone();
     }
