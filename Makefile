@@ -1,7 +1,7 @@
 # broca: the two commands a newcomer runs are `make demo` (once it exists) and `make test`.
 CARGO ?= cargo
 
-.PHONY: build demo test soak fuzz bench bench-capacity e2e mcp-check live conformance fmt lint check
+.PHONY: build demo test soak fuzz bench bench-capacity e2e mcp-check live conformance fmt lint check mock-bin
 
 build:
 	$(CARGO) build --release --locked
@@ -15,11 +15,16 @@ demo:
 # `SKIP <test>: <why>` (tests/skip/); they are printed again at the end with their count,
 # `SKIPS <n>`. The exit status is cargo's.
 SKIPS_LOG = $${CARGO_TARGET_DIR:-target}/tmp/skips.log
-test:
+test: mock-bin
 	@rm -f $(SKIPS_LOG); status=0; $(CARGO) test --locked || status=$$?; \
 	skips=$$(sort -u $(SKIPS_LOG) 2>/dev/null); \
 	if [ -n "$$skips" ]; then printf '%s\n' "$$skips"; fi; \
 	echo "SKIPS $$(printf '%s' "$$skips" | grep -c '^SKIP ')"; exit $$status
+
+# The broca-mock binary the tests run as a process (`broca_mock::exe()`): a package of its own,
+# so `cargo test` builds only its library for broca's tests.
+mock-bin:
+	@$(CARGO) build --locked --quiet -p broca-mock --bin broca-mock
 
 # The crash campaign at full size (`make test` runs 60 kills of it): broca under the real daemon,
 # SIGKILLed BROCA_SOAK_KILLS times at random moments and at every named fail point while sessions
@@ -30,7 +35,7 @@ test:
 # rebuilds from its WAL alone. Bounded by BROCA_SOAK_SECS (default 3 s per kill + 60 s). The
 # last line is `SOAK kills=<n> violations=<n> sends=<n> calls=<n>`; the exit status is the test's.
 BROCA_SOAK_KILLS ?= 1000
-soak:
+soak: mock-bin
 	@out=$$(mktemp); status=0; \
 	BROCA_SOAK_KILLS=$(BROCA_SOAK_KILLS) RUST_LOG=$${RUST_LOG:-error} $(CARGO) test --locked --test crash_tools \
 		-- --nocapture --test-threads=1 tool_calls_are_at_most_once_under_real_kills >"$$out" 2>&1 || status=$$?; \
@@ -69,7 +74,7 @@ e2e:
 # after a `DEVIATIONS ...` line sorting the failures against the listed deviations
 # (tests/conformance/report.rs). The exit status is the verdict's; with
 # BROCA_CONFORMANCE_ACCEPT_DEVIATIONS=1 (CI) a failure of listed deviations alone exits 0.
-conformance:
+conformance: mock-bin
 	@out=$$(mktemp); status=0; \
 	BROCA_CONFORMANCE=1 RUST_LOG=$${RUST_LOG:-error} $(CARGO) test --locked --test conformance >"$$out" || status=$$?; \
 	grep -v '^CONFORMANCE ' "$$out"; grep '^CONFORMANCE ' "$$out" | tail -n 1; rm -f "$$out"; exit $$status

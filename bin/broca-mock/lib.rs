@@ -11,8 +11,9 @@ pub mod vault;
 use std::path::PathBuf;
 
 /// The `broca-mock` binary built beside the running test or example (`target/<profile>/`):
-/// a test of another package cannot name it with `CARGO_BIN_EXE_`, and `cargo test` at the
-/// workspace root builds it. Panics, naming the build command, when it is missing.
+/// a test of another package cannot name it with `CARGO_BIN_EXE_`, and `cargo test` builds
+/// only this library for them, so `make test` builds the binary first (`make mock-bin`).
+/// Panics, naming the build command, when it is missing.
 pub fn exe() -> PathBuf {
     let here = std::env::current_exe().expect("the running executable's path");
     let mut dir = here.parent().map(PathBuf::from).unwrap_or_default();
