@@ -309,10 +309,23 @@ impl FrozenConfig {
         self.provider == "openai" && matches!(self.family, Family::OpenaiChat | Family::OpenaiResponses)
     }
 
+    /// Anthropic's own Messages route (the catalog's `anthropic` provider), the one route
+    /// with a documented zero-output request (`session.warm`, spec §4a).
+    pub fn first_party_anthropic(&self) -> bool {
+        self.family == Family::AnthropicMessages && self.provider == "anthropic"
+    }
+
+    /// Whether `session.warm` serves this config: first-party Anthropic without manual
+    /// thinking (a budget needs `max_tokens` above it). A forced `tool_choice` or a structured
+    /// output format would refuse it too; broca renders neither from a send.
+    pub fn warm_supported(&self) -> bool {
+        let manual = self.variant_params.pointer("/thinking/type").and_then(Value::as_str) == Some("enabled");
+        self.first_party_anthropic() && !manual
+    }
+
     /// The declared cache object: the lifetime asked for, the lifetimes the route offers,
-    /// whether a read renews the lifetime, whether `session.warm` is served (not yet, by any
-    /// route), and whether the lifetime was asked for or is the provider's default. Unknown
-    /// members are absent.
+    /// whether a read renews the lifetime, whether `session.warm` is served, and whether the
+    /// lifetime was asked for or is the provider's default. Unknown members are absent.
     pub fn baseline_cache(&self) -> BaselineCache {
         // Anthropic resolves a named ttl or role to a tier; elsewhere only OpenAI's 24h is one.
         let requested = match self.family {
@@ -328,7 +341,7 @@ impl FrozenConfig {
             ttl_ms: self.cache_ttl_ms(),
             ttl_options_ms: options,
             read_refreshes_ttl: renews,
-            warm: "unsupported",
+            warm: if self.warm_supported() { "supported" } else { "unsupported" },
             basis: if requested { "requested" } else { "provider_default" },
         }
     }

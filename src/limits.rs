@@ -165,6 +165,10 @@ impl Limits {
 /// the one that sent longest ago is forgotten (its head then has no `cache`, as after a restart).
 pub const CACHE_CLOCKS: usize = 65_536;
 
+/// The most `session.warm`s one process has in flight at once (one per session, each on its
+/// own thread); one more is refused `too_many_requests` until one finishes.
+pub const WARMS_IN_FLIGHT: usize = 64;
+
 #[cfg(test)]
 mod tests {
     use super::*;

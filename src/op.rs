@@ -74,6 +74,7 @@ ops! {
     SendStatus = "send.status", Query, Any;
     SessionSendStatus = "session.send_status", Query, Any;
     SessionSubscribe = "session.subscribe", Stream, Any;
+    SessionWarm = "session.warm", Write, Owner;
 }
 
 impl Op {
@@ -111,8 +112,8 @@ mod tests {
     }
 
     #[test]
-    fn the_owner_only_ops_are_the_four_the_spec_names() {
+    fn the_owner_only_ops_are_the_spec_s_writes_and_the_baseline() {
         let owner: Vec<&str> = Op::ALL.iter().filter(|op| op.owner_only()).map(|op| op.name()).collect();
-        assert_eq!(owner, ["session.baseline", "session.send", "session.retract", "run.cancel"]);
+        assert_eq!(owner, ["session.baseline", "session.send", "session.retract", "run.cancel", "session.warm"]);
     }
 }

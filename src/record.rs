@@ -13,6 +13,9 @@ use serde_json::Value;
 use crate::frozen::FrozenConfig;
 use crate::message::{Message, RunUsage, StepUsage};
 
+mod warm;
+pub use warm::CacheWarmed;
+
 /// The feature a `RunCancelRequested` frame requires.
 pub const FEATURE_RUN_CANCEL_AT: &str = "run-cancel-at/v1";
 
@@ -590,11 +593,8 @@ pub enum Record {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         title: Option<String>,
     },
-    /// Informational; replay skips it.
-    CacheWarmed {
-        #[serde(default)]
-        detail: Value,
-    },
+    /// One successful `session.warm` (informational; replay and the projection skip it).
+    CacheWarmed(Box<CacheWarmed>),
     /// A record type this build does not know (and whose frame required no feature).
     #[serde(skip)]
     Unknown(String),
@@ -635,7 +635,7 @@ impl Record {
             | Record::Queued { .. }
             | Record::Retracted { .. }
             | Record::Steered { .. }
-            | Record::CacheWarmed { .. }
+            | Record::CacheWarmed(_)
             | Record::Unknown(_) => None,
         }
         .filter(|&at| at > 0)
@@ -686,7 +686,7 @@ impl Record {
             | Record::RunResumed { run_id }
             | Record::RunFinished { run_id, .. }
             | Record::Steered { run_id, .. } => Some(run_id),
-            Record::Queued { .. } | Record::Retracted { .. } | Record::CacheWarmed { .. } | Record::Unknown(_) => None,
+            Record::Queued { .. } | Record::Retracted { .. } | Record::CacheWarmed(_) | Record::Unknown(_) => None,
         }
     }
 }

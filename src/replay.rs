@@ -106,6 +106,10 @@ pub struct Episode {
     /// same on every episode of a session).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<crate::owner::Owner>,
+    /// The account its credential belonged to at admission (`auth_selection.account_id`): a
+    /// warm whose credential now reads another account is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account_id: Option<String>,
 }
 
 /// How the last episode stands: what opening the lineage must do with it.
@@ -137,6 +141,8 @@ pub enum Effect {
     RunState { run_id: String, submission_id: Option<String>, state: RunState, seq: u64 },
     /// A send's fate changed (the send ledger: keyed re-sends, `send.status`, provisional ids).
     Send { submission_id: String, fate: SendFate, seq: u64 },
+    /// A `session.warm` the provider answered (its own export fact, never a message).
+    Warm { seq: u64, warm: Box<crate::record::CacheWarmed> },
 }
 
 /// What became of a durably queued send.
@@ -233,6 +239,20 @@ pub struct Replay {
     /// retained session's expiry counts from, and its `session.head.updated_at`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_activity_ms: Option<u64>,
+    /// The session's newest model attempt (`session.warm` re-sends its request).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_attempt: Option<LastAttempt>,
+}
+
+/// A model attempt as `session.warm` needs it: whose request it sent, the digest of those
+/// bytes, and the provider code it failed with (`account_limit_exhausted` walls a warm).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastAttempt {
+    pub run_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_body_sha256: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_code: Option<String>,
 }
 
 impl Replay {
@@ -384,7 +404,7 @@ impl Replay {
                 // unfinished step then recorded no message the steer could precede).
                 Self::batch_resolved(self.episode_for(run_id, false)?)
             }
-            Record::Retracted { .. } | Record::CacheWarmed { .. } | Record::Unknown(_) => Ok(()),
+            Record::Retracted { .. } | Record::CacheWarmed(_) | Record::Unknown(_) => Ok(()),
         }
     }
 
@@ -408,6 +428,11 @@ impl Replay {
                 if a.outcome == "retry" {
                     self.episode_mut().retries_used += 1;
                 }
+                self.last_attempt = Some(LastAttempt {
+                    run_id: a.run_id.clone(),
+                    request_body_sha256: a.request_body_sha256.clone(),
+                    provider_code: a.error.as_ref().and_then(|e| e.provider_code.clone()),
+                });
             }
             Record::ModelStepFinished { finish_reason, usage, message, provider, model, variant, at_ms, .. } => {
                 let ordinal = self.prompt_len;
@@ -448,7 +473,9 @@ impl Replay {
             Record::Queued { .. } | Record::Retracted { .. } | Record::Steered { .. } => {
                 self.change_queue(seq, record, sink)
             }
-            Record::CacheWarmed { .. } | Record::Unknown(_) => {}
+            // A warm changes no state; billing reads it.
+            Record::CacheWarmed(w) => sink(Effect::Warm { seq, warm: w.clone() }),
+            Record::Unknown(_) => {}
         }
         Ok(())
     }
@@ -481,6 +508,7 @@ impl Replay {
             title: r.title.clone(),
             unrendered_steers: Vec::new(),
             owner: r.owner.clone(),
+            account_id: r.auth_selection.as_ref().and_then(|a| a.account_id.clone()),
         });
         self.lower_input_cap(r.config.input_cap());
         let state = RunState::Active {

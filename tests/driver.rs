@@ -48,17 +48,6 @@ impl Rig {
             .collect()
     }
 
-    fn records(&self) -> Vec<Record> {
-        let path = self.ops.registry.shared().wal_path(&key());
-        let mut out = Vec::new();
-        broca::wal::read(&path, broca::record::KNOWN_FEATURES, None, &mut |f: broca::wal::ScannedFrame<'_>| {
-            out.push(Record::decode(f.payload).unwrap());
-            Ok::<(), broca::lineage::LineageError>(())
-        })
-        .unwrap();
-        out
-    }
-
     fn wait_state_value(&self, run_id: &str, want: &str) -> Value {
         self.wait_state(run_id, want);
         self.call("run.status", json!({"run_id": run_id})).unwrap()

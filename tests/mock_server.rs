@@ -173,7 +173,7 @@ fn http_429_with_retry_after_in_family_shape() {
     reply.headers.insert("retry-after".into(), "1".into());
     let script = Script {
         responses: vec![ScriptedResponse::Http(reply.clone()), ScriptedResponse::Http(reply)],
-        authorization: None,
+        ..Script::default()
     };
     server.install("default", script);
     let r = post(server.port(), "/v1/messages", &json!({}));

@@ -9,6 +9,7 @@ use parking_lot::Mutex;
 
 use super::admission::Checked;
 use super::decide;
+use super::warm::WarmDeps;
 use crate::agent::{Handled, RunCommand};
 use crate::lineage::Lineage;
 use crate::op::Op;
@@ -18,6 +19,7 @@ use crate::store::Store;
 use crate::wire::answers::{CancelReply, RetractReply, SendReply};
 use crate::wire::requests::{CancelRequest, RetractRequest};
 use crate::wire::send::SendParams;
+use crate::wire::warm::WarmReply;
 use crate::wire::{Refusal, RefusalCode};
 
 pub enum SessionCommand {
@@ -31,6 +33,10 @@ pub enum SessionCommand {
     Retract { request: RetractRequest, caller: Caller, answer: Answer<RetractReply> },
     /// `run.cancel` of a named run, from `caller` (checked as a retract is).
     Cancel { request: CancelRequest, caller: Caller, answer: Answer<CancelReply> },
+    /// `session.warm` from `caller` (spec §4a): decided here, sent on its own thread.
+    Warm { caller: Caller, answer: Answer<WarmReply> },
+    /// A warm the provider answered: recorded, then answered.
+    WarmDone(Box<super::warm::WarmDone>),
     /// Cancel whatever run is going (no answer; nothing when none is).
     CancelRunning(CancelAt),
     /// Shutdown: stop now and seal the running run `interrupted`.
@@ -46,6 +52,8 @@ impl std::fmt::Debug for SessionCommand {
             SessionCommand::Send { send, .. } => write!(f, "Send({:?})", send.delivery),
             SessionCommand::Retract { request, .. } => write!(f, "Retract({})", request.submission_id),
             SessionCommand::Cancel { request, .. } => write!(f, "Cancel({}, {:?})", request.run_id, request.at),
+            SessionCommand::Warm { .. } => write!(f, "Warm"),
+            SessionCommand::WarmDone(done) => write!(f, "{done:?}"),
             SessionCommand::CancelRunning(at) => write!(f, "CancelRunning({at:?})"),
             SessionCommand::Seal => write!(f, "Seal"),
             SessionCommand::SealAtBoundary => write!(f, "SealAtBoundary"),
@@ -53,14 +61,17 @@ impl std::fmt::Debug for SessionCommand {
     }
 }
 
+/// What commands are decided with: the admission rules, the store, and what warms need.
+pub(super) struct Ctx<'a> {
+    pub admission: &'a super::admission::Admission,
+    pub store: &'a Store,
+    pub warm: &'a WarmDeps,
+}
+
 /// Handles one command on the session's owner. The signals (cancel, seal) mean something only
 /// to a run in progress; between runs they find nothing to act on.
-pub(super) fn handle(
-    admission: &super::admission::Admission,
-    store: &Store,
-    lineage: &mut Lineage,
-    cmd: SessionCommand,
-) -> Handled {
+pub(super) fn handle(ctx: &Ctx<'_>, lineage: &mut Lineage, cmd: SessionCommand) -> Handled {
+    let (admission, store) = (ctx.admission, ctx.store);
     match cmd {
         SessionCommand::Open => Handled::default(),
         SessionCommand::Send { send, checked, answer } => {
@@ -83,6 +94,17 @@ pub(super) fn handle(
             );
             answer.send(reply);
             Handled { units, signal: None }
+        }
+        SessionCommand::Warm { caller, answer } => {
+            match decide::owner_admits(lineage, Op::SessionWarm, &caller) {
+                Ok(()) => super::warm::start(ctx.warm, lineage, answer),
+                Err(refusal) => answer.send(Err(refusal)),
+            }
+            Handled::default()
+        }
+        SessionCommand::WarmDone(done) => {
+            super::warm::done(ctx.warm, lineage, *done);
+            Handled::default()
         }
         SessionCommand::CancelRunning(at) => Handled { units: Vec::new(), signal: Some(RunCommand::Cancel(at)) },
         SessionCommand::Seal => Handled { units: Vec::new(), signal: Some(RunCommand::Seal) },

@@ -24,6 +24,7 @@ pub mod admission;
 pub mod command;
 pub mod decide;
 pub mod policy;
+pub mod warm;
 
 use crate::agent::{self, LoopOptions, Mailbox, Output, ToolDispatcher};
 use crate::lineage::{Lineage, LineageError, Shared};
@@ -75,6 +76,8 @@ type Slot = Arc<Mutex<Option<Actor>>>;
 pub struct Registry {
     shared: Arc<Shared>,
     deps: Arc<RunDeps>,
+    /// What `session.warm` needs (the client, the clocks, the way back to an actor).
+    warm: warm::WarmDeps,
     slots: Mutex<HashMap<SessionKey, Slot>>,
     gauges: Gauges,
     /// Shutting down: no new turn starts, and running ones are sealed.
@@ -114,7 +117,14 @@ pub fn take_opened_here() -> bool {
 
 impl Registry {
     pub fn new(shared: Arc<Shared>, deps: RunDeps) -> Arc<Registry> {
-        Arc::new(Registry {
+        Arc::new_cyclic(|registry| Registry {
+            warm: warm::WarmDeps {
+                client: Arc::clone(&deps.client),
+                clocks: Arc::clone(&deps.opts.cache_clocks),
+                credentials: deps.opts.credentials.clone(),
+                bearer: deps.opts.bearer.clone(),
+                registry: registry.clone(),
+            },
             shared,
             deps: Arc::new(deps),
             slots: Mutex::new(HashMap::new()),
@@ -458,10 +468,14 @@ impl Registry {
 
     /// Handles a command between turns (a signal finds no run to act on).
     fn handle(&self, lineage: &mut Lineage, cmd: SessionCommand, publish: &mut dyn FnMut(Output)) {
-        let handled = command::handle(&self.deps.admission, &self.shared.store, lineage, cmd);
+        let handled = command::handle(&self.ctx(), lineage, cmd);
         if !handled.units.is_empty() {
             publish(Output::Control(handled.units));
         }
+    }
+
+    fn ctx(&self) -> command::Ctx<'_> {
+        command::Ctx { admission: &self.deps.admission, store: &self.shared.store, warm: &self.warm }
     }
 
     /// Drops a closed session's slot from the registry unless someone else holds it (a caller
@@ -553,8 +567,8 @@ impl Registry {
         }
         let d = &self.deps;
         self.gauges.runs_in_flight.fetch_add(1, Ordering::Relaxed);
-        let (admission, store) = (&d.admission, &self.shared.store);
-        let mut handle = |lineage: &mut Lineage, cmd| command::handle(admission, store, lineage, cmd);
+        let ctx = self.ctx();
+        let mut handle = |lineage: &mut Lineage, cmd| command::handle(&ctx, lineage, cmd);
         let mailbox = Mailbox { rx, handle: &mut handle };
         let driven = agent::drive_with(lineage, d.client.as_ref(), &d.tools, mailbox, &d.opts, &mut |o| publish(o));
         self.gauges.runs_in_flight.fetch_sub(1, Ordering::Relaxed);

@@ -399,12 +399,15 @@ impl<C> Driver<'_, C> {
         self.opts.steps.begin(&self.run_id, step, self.lineage.now_ms());
         let end = self.model_step_attempts(step);
         self.opts.steps.end(&self.run_id);
+        self.opts.cache_clocks.step_done(self.lineage.addr());
         end
     }
 
     /// Attempts with retries until an answer, a pause or an end.
     fn model_step_attempts(&mut self, step: u64) -> Result<StepEnd, LineageError> {
-        let body = self.render_cache.render_appended(&self.config, &self.history);
+        let body: Arc<[u8]> = self.render_cache.render_appended(&self.config, &self.history).into();
+        // A warm of this session while the step runs re-sends these exact bytes (spec §4a).
+        self.opts.cache_clocks.sending(self.lineage.addr(), &self.run_id, Arc::clone(&body));
         // The body's digest (attempt telemetry) is taken once the first attempt's request is
         // on its way, so hashing overlaps the provider's answer instead of delaying the request.
         self.request_sha = None;

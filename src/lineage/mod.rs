@@ -623,8 +623,12 @@ impl Lineage {
         let durable = Durable { offset: self.wal.synced_end(), seq: self.wal.synced_seq(), head: self.head };
         self.end.publish(self.opening.as_mut(), durable);
         // Run lifecycle changes and queue changes reach the store at once (boot recovery finds
-        // queued work there); everything else in batches.
-        let terminal = self.batch.effects.iter().any(|e| matches!(e, replay::Effect::RunState { .. }));
+        // queued work there), and so does a warm's fact (its bill); everything else in batches.
+        let terminal = self
+            .batch
+            .effects
+            .iter()
+            .any(|e| matches!(e, replay::Effect::RunState { .. } | replay::Effect::Warm { .. }));
         let queue_changed = std::mem::take(&mut self.queue_changed);
         self.flush_store(terminal || queue_changed || self.batch.len() >= FLUSH_EFFECTS);
         Ok(units)

@@ -116,7 +116,7 @@ pub fn unit_count(record: &Record, tool_message: bool) -> usize {
         Record::RunFinished { error, .. } => {
             1 + usize::from(error.as_ref().is_some_and(|e| e.provider_code.as_deref() == Some(ORPHAN_PROVIDER_CODE)))
         }
-        Record::CacheWarmed { .. } | Record::Unknown(_) => 0,
+        Record::CacheWarmed(_) | Record::Unknown(_) => 0,
         Record::StepStarted { .. }
         | Record::ModelAttemptFinished(_)
         | Record::ToolDispatchIntent { .. }
@@ -222,7 +222,7 @@ fn record_units(record: &Record, context: &Context) -> Vec<(Unit, Option<LiveEve
             context.message,
         )
         .to_vec(),
-        Record::CacheWarmed { .. } | Record::Unknown(_) => Vec::new(),
+        Record::CacheWarmed(_) | Record::Unknown(_) => Vec::new(),
     }
 }
 

@@ -17,6 +17,7 @@ mod read;
 mod send;
 mod status;
 pub mod table;
+mod warm;
 
 use std::sync::Arc;
 
@@ -143,6 +144,10 @@ impl Ops {
             Some(Op::SessionBaseline) => {
                 reply(Empty::decode(&params).and_then(|Empty| baseline::session_baseline(self, key)))
             }
+            Some(Op::SessionWarm) => match crate::wire::warm::WarmRequest::decode(&params) {
+                Ok(request) => warm::session_warm(self, route, request, version, reply),
+                Err(r) => reply(Err(r)),
+            },
         }
     }
 }

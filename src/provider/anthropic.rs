@@ -115,7 +115,7 @@ pub fn normalize_stop_reason(raw: &str) -> &'static str {
 
 /// Usage as Messages reports it: `input_tokens` already excludes cache reads
 /// (`cache_read_input_tokens`) and writes (`cache_creation_input_tokens`).
-fn usage(u: &Value) -> StepUsage {
+pub(crate) fn usage(u: &Value) -> StepUsage {
     StepUsage {
         input_tokens: u64_at(u, &["input_tokens"]),
         cached_input_tokens: u64_at(u, &["cache_read_input_tokens"]),

@@ -33,6 +33,7 @@ use super::config::{AuthSource, RenderConfig};
 use super::event::StreamEvent;
 use super::sse::SseFramer;
 use super::telemetry::Telemetry;
+use super::warm::{WarmAnswer, WarmCall};
 use crate::record::{ErrorClass, ProviderError};
 
 /// Batches of events buffered between the streamer and the loop (backpressure beyond this).
@@ -87,6 +88,14 @@ pub enum AttemptEvent {
 /// Starts model attempts. Implementations must return immediately.
 pub trait ModelClient: Send + Sync {
     fn start(&self, attempt: Attempt) -> Receiver<AttemptEvent>;
+
+    /// Sends one `session.warm` and waits for the provider's answer. Blocking: a warm runs on
+    /// its own thread, never on a session's actor. A client that cannot reach a provider this
+    /// way refuses it.
+    fn warm(&self, call: WarmCall) -> Result<WarmAnswer, ProviderError> {
+        let _ = call;
+        Err(ProviderError::permanent("warm_unsupported_client", "this model client sends no warm requests"))
+    }
 }
 
 /// The real client: ureq, one helper thread per attempt in flight (reused from a
@@ -249,7 +258,39 @@ fn origin(base_url: &str) -> &str {
     }
 }
 
+/// How long a warm may take to answer (a zero-output request answers in about the time the
+/// provider takes to read the prefix).
+pub const WARM_TIMEOUT: Duration = Duration::from_secs(60);
+/// The most bytes read of a warm's answer (or of a refusal's body).
+const WARM_ANSWER_MAX: u64 = 1 << 20;
+
 impl ModelClient for HttpClient {
+    fn warm(&self, call: WarmCall) -> Result<WarmAnswer, ProviderError> {
+        let slot = self.slot(origin(&call.config.base_url), WARM_TIMEOUT);
+        let req = request(&slot.agent, &call.config, call.bearer.as_deref(), "application/json");
+        let resp = match req.send_bytes(&call.body) {
+            Ok(resp) => resp,
+            Err(ureq::Error::Status(status, resp)) => {
+                let mut body = Vec::new();
+                let _ = resp.into_reader().take(WARM_ANSWER_MAX).read_to_end(&mut body);
+                return Err(super::wire(call.config.family).classify_error(status, &body));
+            }
+            Err(e) => return Err(transport_error(e.to_string())),
+        };
+        let headers: Vec<(String, String)> = resp
+            .headers_names()
+            .into_iter()
+            .filter_map(|name| resp.header(&name).map(|v| (name.clone(), v.to_owned())))
+            .collect();
+        let mut body = Vec::new();
+        resp.into_reader()
+            .take(WARM_ANSWER_MAX)
+            .read_to_end(&mut body)
+            .map_err(|e| transport_error(format!("the warm's answer broke: {e}")))?;
+        *slot.last_used.lock() = Instant::now();
+        super::warm::decode_answer(&body, &headers)
+    }
+
     fn start(&self, attempt: Attempt) -> Receiver<AttemptEvent> {
         let (tx, rx) = bounded(EVENT_QUEUE);
         let slot = self.slot(origin(&attempt.config.base_url), attempt.read_timeout);
@@ -271,14 +312,15 @@ fn transport_error(message: String) -> ProviderError {
     ProviderError { class: ErrorClass::Transient, provider_code: Some("transport".into()), message, http_status: None }
 }
 
-fn request(agent: &ureq::Agent, a: &Attempt) -> ureq::Request {
-    let family = super::wire(a.config.family);
-    let url = format!("{}{}", a.config.base_url, family.path());
-    let mut req = agent.post(&url).set("content-type", "application/json").set("accept", "text/event-stream");
+/// A request to `config`'s route: the family's path and headers, its credential, `accept`.
+fn request(agent: &ureq::Agent, config: &RenderConfig, bearer: Option<&str>, accept: &str) -> ureq::Request {
+    let family = super::wire(config.family);
+    let url = format!("{}{}", config.base_url, family.path());
+    let mut req = agent.post(&url).set("content-type", "application/json").set("accept", accept);
     for (name, value) in family.headers() {
         req = req.set(name, value);
     }
-    if let (AuthSource::Bearer | AuthSource::Vault { .. }, Some(token)) = (&a.config.auth, &a.bearer) {
+    if let (AuthSource::Bearer | AuthSource::Vault { .. }, Some(token)) = (&config.auth, bearer) {
         req = req.set("authorization", &format!("Bearer {token}"));
     }
     req
@@ -302,7 +344,7 @@ fn retry_after_secs(value: &str) -> Option<Duration> {
 /// The streamer thread's body. Ends when the stream ends, fails, is cancelled, or the loop
 /// stops listening.
 fn stream(slot: &AgentSlot, a: Attempt, tx: &Sender<AttemptEvent>) {
-    let resp = match request(&slot.agent, &a).send_bytes(&a.body) {
+    let resp = match request(&slot.agent, &a.config, a.bearer.as_deref(), "text/event-stream").send_bytes(&a.body) {
         Ok(resp) => resp,
         Err(ureq::Error::Status(status, resp)) => {
             let after = retry_after(&resp);

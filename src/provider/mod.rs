@@ -20,6 +20,7 @@ pub mod render_cache;
 pub mod scripted;
 pub mod sse;
 pub mod telemetry;
+pub mod warm;
 pub mod wire;
 
 pub use errors::classify_http_error;

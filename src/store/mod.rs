@@ -17,6 +17,7 @@
 //! so the watermark never claims messages the table lacks.
 
 mod error;
+mod export;
 #[cfg(debug_assertions)]
 mod faults;
 pub mod writer;
@@ -47,7 +48,7 @@ pub struct Entry {
 }
 
 /// Bumped when derived tables change shape.
-const SCHEMA_VERSION: i64 = 5;
+const SCHEMA_VERSION: i64 = 6;
 
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS lineages (
@@ -126,7 +127,8 @@ CREATE TABLE IF NOT EXISTS export_facts (
     terminal_reason TEXT NOT NULL,
     occurred_at_ms INTEGER,
     occurred_at_precision TEXT NOT NULL,
-    recorded_at_ms INTEGER NOT NULL
+    recorded_at_ms INTEGER NOT NULL,
+    warm INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS export_meta (
     key TEXT PRIMARY KEY,
@@ -324,6 +326,7 @@ impl Store {
                 tx.execute_batch("DROP TABLE IF EXISTS runs; DROP TABLE IF EXISTS transcript; DROP TABLE IF EXISTS sends; DROP TABLE IF EXISTS lineages;")?;
             }
             tx.execute_batch(SCHEMA)?;
+            export::add_warm_column(&tx)?;
             tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
             tx.execute(
                 "INSERT OR IGNORE INTO export_meta (key, value) VALUES ('source_instance_id', ?1)",
@@ -470,6 +473,9 @@ impl Store {
                     at.put_run_state(&tx, run_id, submission_id.as_deref(), state, *seq)?
                 }
                 Effect::Send { submission_id, fate, seq } => at.put_send(&tx, submission_id, fate, *seq)?,
+                Effect::Warm { seq, warm } => {
+                    export::insert_warm_fact(&tx, key, &at.lineage, *seq, warm, at.recorded_at_ms)?
+                }
             }
         }
         if let Some(cp) = &batch.checkpoint {
@@ -688,7 +694,7 @@ impl FlushAt<'_> {
         ])?;
         if let RunState::Finished { reason, usage, at_ms, .. } = state {
             let times = (*at_ms, self.recorded_at_ms);
-            insert_facts(tx, key, &self.lineage, run_id, reason.as_str(), usage, times)?;
+            export::insert_facts(tx, key, &self.lineage, run_id, reason.as_str(), usage, times)?;
         }
         Ok(())
     }
@@ -746,62 +752,4 @@ fn json_string<T: serde::Serialize>(v: &T) -> String {
 /// A unit enum's bare name (`"auth_required"` → `auth_required`).
 fn json_str<T: serde::Serialize>(v: &T) -> String {
     json_string(v).trim_matches('"').to_string()
-}
-
-/// One usage-only fact per `(run, provider, model, variant)`; a run with no step gets one fact
-/// with no model. Insert-once: a replay of the same terminal adds nothing.
-fn insert_facts(
-    tx: &Connection,
-    key: &SessionKey,
-    lineage: &str,
-    run_id: &str,
-    reason: &str,
-    usage: &crate::message::RunUsage,
-    (at_ms, recorded_at_ms): (u64, u64),
-) -> Result<(), StoreError> {
-    let mut stmt = tx.prepare_cached(
-        "INSERT OR IGNORE INTO export_facts (fact_id, kind, lineage, session, harness, project_root, run_id, provider, model, variant,
-            steps, unreported_steps, input_tokens, cached_input_tokens, cache_write_tokens, output_tokens, reasoning_tokens,
-            terminal_reason, occurred_at_ms, occurred_at_precision, recorded_at_ms)
-         VALUES (?1, 'session', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, 'terminal', ?19)",
-    )?;
-    let occurred = (at_ms > 0).then_some(at_ms as i64);
-    let opt = |v: Option<u64>| v.map(|v| v as i64);
-    let mut put = |provider: Option<&str>,
-                   model: Option<&str>,
-                   variant: Option<&str>,
-                   steps: u64,
-                   unreported: u64,
-                   t: &crate::message::StepUsage| {
-        let fact_id =
-            format!("{lineage}:{run_id}:{}:{}:{}", provider.unwrap_or(""), model.unwrap_or(""), variant.unwrap_or(""));
-        stmt.execute(params![
-            fact_id,
-            lineage,
-            key.session,
-            key.harness,
-            key.project_root,
-            run_id,
-            provider,
-            model,
-            variant,
-            steps as i64,
-            unreported as i64,
-            opt(t.input_tokens),
-            opt(t.cached_input_tokens),
-            opt(t.cache_write_tokens),
-            opt(t.output_tokens),
-            opt(t.reasoning_tokens),
-            reason,
-            occurred,
-            recorded_at_ms as i64
-        ])
-    };
-    if usage.by_model.is_empty() {
-        put(None, None, None, usage.steps, usage.unreported_steps, &usage.totals)?;
-    }
-    for m in &usage.by_model {
-        put(Some(&m.provider), Some(&m.model), m.variant.as_deref(), m.steps, m.unreported_steps, &m.totals)?;
-    }
-    Ok(())
 }

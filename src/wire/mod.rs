@@ -16,6 +16,7 @@ pub mod read;
 pub mod requests;
 pub mod send;
 pub mod status;
+pub mod warm;
 
 use std::collections::BTreeSet;
 use std::sync::OnceLock;
@@ -150,6 +151,22 @@ pub enum RefusalCode {
     /// The session's record expired under its retention (`detail {expired_at_ms}`, llm-runner
     /// §9.1); terminal.
     Expired,
+    /// `session.warm` (spec §4a): another warm of the session has not finished.
+    WarmInFlight,
+    /// `session.warm`: the latest attempt hit the account's limit and it has not reset.
+    AccountWalled,
+    /// `session.warm`: the credential now belongs to another account than the session froze.
+    AccountChanged,
+    /// `session.warm`: the session has sent no model request to re-send.
+    NoStepYet,
+    /// `session.warm`: the session's route or request cannot be warmed (`detail.reason`).
+    WarmUnsupported,
+    /// `session.warm`: the cache's estimated expiry is unknown or under 5 s away.
+    CacheExpired,
+    /// `session.warm`: the last request cannot be rebuilt to the bytes its step sent.
+    WarmPrefixUnavailable,
+    /// `session.warm`: the warm was sent and the provider refused it (its error in `detail`).
+    WarmFailed,
 }
 
 impl RefusalCode {
@@ -200,6 +217,14 @@ impl RefusalCode {
             RefusalCode::TooManySubscribers => "too_many_subscribers",
             RefusalCode::SessionQueueFull => "session_queue_full",
             RefusalCode::Expired => "expired",
+            RefusalCode::WarmInFlight => "warm_in_flight",
+            RefusalCode::AccountWalled => "account_walled",
+            RefusalCode::AccountChanged => "account_changed",
+            RefusalCode::NoStepYet => "no_step_yet",
+            RefusalCode::WarmUnsupported => "warm_unsupported",
+            RefusalCode::CacheExpired => "cache_expired",
+            RefusalCode::WarmPrefixUnavailable => "warm_prefix_unavailable",
+            RefusalCode::WarmFailed => "warm_failed",
         }
     }
 }

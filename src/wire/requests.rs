@@ -274,7 +274,7 @@ fn non_empty(params: &Value, field: &str) -> Result<String, Refusal> {
 }
 
 /// An optional member that, when present, must be a non-empty string.
-fn optional_string(params: &Value, field: &str) -> Result<Option<String>, Refusal> {
+pub(super) fn optional_string(params: &Value, field: &str) -> Result<Option<String>, Refusal> {
     match params.get(field) {
         None => Ok(None),
         Some(Value::String(s)) if !s.is_empty() => Ok(Some(s.clone())),
@@ -282,7 +282,7 @@ fn optional_string(params: &Value, field: &str) -> Result<Option<String>, Refusa
     }
 }
 
-fn count(params: &Value, field: &str) -> Result<Option<u64>, Refusal> {
+pub(super) fn count(params: &Value, field: &str) -> Result<Option<u64>, Refusal> {
     match params.get(field) {
         None => Ok(None),
         Some(v) => v.as_u64().map(Some).ok_or_else(|| invalid_params(field, "a non-negative integer is required")),

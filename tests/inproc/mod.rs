@@ -140,6 +140,18 @@ impl Rig {
     pub fn script(&self, script: Value) {
         self.mock.install("default", Script::from_json(&script.to_string()).unwrap());
     }
+
+    /// Every record of the session's WAL, in order.
+    pub fn records(&self) -> Vec<broca::record::Record> {
+        let path = self.ops.registry.shared().wal_path(&key());
+        let mut out = Vec::new();
+        broca::wal::read(&path, broca::record::KNOWN_FEATURES, None, &mut |f: broca::wal::ScannedFrame<'_>| {
+            out.push(broca::record::Record::decode(f.payload).unwrap());
+            Ok::<(), broca::lineage::LineageError>(())
+        })
+        .unwrap();
+        out
+    }
 }
 
 /// The rig's tools: `slow` answers after 400 ms, `slower` after 1.5 s; any other name is

@@ -105,6 +105,8 @@ struct Lane {
     authorization: Option<String>,
     /// What the lane's provider has cached (`prompt_cache`).
     prompt_cache: super::prompt_cache::PromptCache,
+    /// How the next warms are answered (the script's `warms`).
+    warms: VecDeque<super::script::WarmScript>,
 }
 
 /// All lanes, behind one lock held only for queue operations (never across I/O).
@@ -118,6 +120,7 @@ impl Lanes {
         let mut lanes = self.lanes.lock();
         let lane = lanes.entry(lane.to_string()).or_default();
         lane.pending.extend(script.responses);
+        lane.warms.extend(script.warms);
         if script.authorization.is_some() {
             lane.authorization = script.authorization;
         }
@@ -145,6 +148,11 @@ impl Lanes {
     /// The next scripted response, or `None` when the FIFO is empty.
     pub(crate) fn pop(&self, lane: &str) -> Option<ScriptedResponse> {
         self.lanes.lock().get_mut(lane).and_then(|l| l.pending.pop_front())
+    }
+
+    /// The next warm's scripted answer (a plain one when none is scripted).
+    pub(crate) fn pop_warm(&self, lane: &str) -> super::script::WarmScript {
+        self.lanes.lock().get_mut(lane).and_then(|l| l.warms.pop_front()).unwrap_or_default()
     }
 
     pub(crate) fn requests(&self, lane: &str) -> Vec<RecordedRequest> {
@@ -198,7 +206,7 @@ mod tests {
     fn fifo_pops_in_order_per_lane() {
         let lanes = Lanes::default();
         let reply = |t: &str| ScriptedResponse::Stream(StreamReply::new(vec![Step::Text(t.into())]));
-        lanes.install("a", Script { responses: vec![reply("1"), reply("2")], authorization: None });
+        lanes.install("a", Script { responses: vec![reply("1"), reply("2")], ..Script::default() });
         lanes.install("a", Script::one(reply("3")));
         assert_eq!(lanes.pending("a"), 3);
         assert_eq!(lanes.pop("b"), None);

@@ -50,6 +50,12 @@
 //! without it or with another value is answered 401 (the family's error document) and pops
 //! nothing.
 //!
+//! A **warm** (an Anthropic Messages request with `max_tokens: 0` and no `stream`, as
+//! `session.warm` sends it; [`warm`]) pops no response: it is answered with the non-streaming
+//! Message its prompt-cache prefix earns (usage only, empty content) and rate-limit headers. A
+//! script's optional `"warms": [{"delay_ms"?: n, "status"?: s}, …]` shapes the lane's next
+//! warms in order (a delay before answering; an HTTP error instead of the answer).
+//!
 //! A response is an **HTTP reply** — `status`, optional `body` (default: the family's own
 //! error document for that status, e.g. Anthropic `{"type":"error","error":{"type":
 //! "rate_limit_error",...}}`, OpenAI `{"error":{"type":"requests","code":
@@ -130,6 +136,7 @@ pub mod prompt_cache;
 pub mod render;
 pub mod script;
 mod tls;
+pub mod warm;
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
@@ -458,6 +465,10 @@ fn serve_request(shared: &Shared, conn: &mut Conn, request: Request, keep: bool)
         return Ok(keep);
     };
     *shared.last_request_at.lock() = Some(std::time::Instant::now());
+    let warm_body = parsed.as_ref().filter(|b| family == Family::AnthropicMessages && warm::is_warm(b));
+    if let (true, Some(body)) = (authorized, warm_body) {
+        return answer_warm(shared, conn, &lane, &model, body, keep);
+    }
     let response = if authorized {
         let response = shared.lanes.pop(&lane).unwrap_or_else(|| ScriptedResponse::Stream(default_reply()));
         match (response, &parsed) {
@@ -473,6 +484,37 @@ fn serve_request(shared: &Shared, conn: &mut Conn, request: Request, keep: bool)
     };
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed).to_string();
     answer(shared, conn, family, model, id, response, keep)
+}
+
+/// Answers a warm (`warm`): its scripted delay and status, else what the lane's prompt cache
+/// earns it. Pops no scripted response.
+fn answer_warm(
+    shared: &Shared,
+    conn: &mut Conn,
+    lane: &str,
+    model: &str,
+    body: &serde_json::Value,
+    keep: bool,
+) -> io::Result<bool> {
+    let scripted = shared.lanes.pop_warm(lane);
+    if !http::pause(scripted.delay_ms, &shared.stopping) {
+        return Ok(false);
+    }
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed).to_string();
+    let reply = match (scripted.status, warm::refused(body)) {
+        (Some(status), _) => {
+            let mut reply = Reply::json(
+                status,
+                &render::error_document(Family::AnthropicMessages, status, &format!("req_mock{id}")),
+            );
+            reply.headers.push(("request-id".into(), format!("req_mock{id}")));
+            reply
+        }
+        (None, Some(why)) => warm::refusal(why, &id),
+        (None, None) => warm::answer(model, &id, &shared.lanes.measure(lane, Family::AnthropicMessages, body)),
+    };
+    http::write_reply(conn, &reply, keep)?;
+    Ok(keep)
 }
 
 /// Sends one scripted response; returns whether the connection stays open.

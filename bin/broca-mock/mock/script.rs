@@ -22,6 +22,21 @@ pub struct Script {
     /// another value, is answered 401 with the family's own error document and pops nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub authorization: Option<String>,
+    /// How the lane answers its next warms (Anthropic zero-output requests, `super::warm`),
+    /// one per warm, in order; a warm past them is answered at once. Warms never pop
+    /// `responses`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warms: Vec<WarmScript>,
+}
+
+/// One warm's answer: after `delay_ms`, the measured usage, or `status`'s error document.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WarmScript {
+    #[serde(default)]
+    pub delay_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
 }
 
 impl Script {
@@ -36,7 +51,7 @@ impl Script {
 
     /// A script of one response.
     pub fn one(response: ScriptedResponse) -> Script {
-        Script { responses: vec![response], authorization: None }
+        Script { responses: vec![response], ..Script::default() }
     }
 }
 

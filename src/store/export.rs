@@ -1,0 +1,117 @@
+//! The metering lane's facts (spec §17b): usage only, insert-once, never rewritten. A run's
+//! terminal gives one fact per `(run, provider, model, variant)`; a `session.warm` gives one
+//! fact of its own, marked `warm = 1`, whose id is taken over its record's WAL sequence so the
+//! run's ordinary facts keep their ids (§4a "Records").
+
+use rusqlite::{params, Connection};
+
+use super::StoreError;
+use crate::record::CacheWarmed;
+use crate::session_key::SessionKey;
+
+/// Adds the `warm` mark to a table an older layout created (the lane is kept across layouts).
+pub(super) fn add_warm_column(tx: &Connection) -> Result<(), StoreError> {
+    let has = tx.prepare("SELECT 1 FROM pragma_table_info('export_facts') WHERE name = 'warm'")?.exists([])?;
+    if !has {
+        tx.execute_batch("ALTER TABLE export_facts ADD COLUMN warm INTEGER NOT NULL DEFAULT 0")?;
+    }
+    Ok(())
+}
+
+/// A warm's fact, billed under the run whose request it re-sent: no steps, its own usage
+/// (absent measurements stay absent), `terminal_reason` `warm`, occurred at its send start.
+pub(super) fn insert_warm_fact(
+    tx: &Connection,
+    key: &SessionKey,
+    lineage: &str,
+    seq: u64,
+    warm: &CacheWarmed,
+    recorded_at_ms: u64,
+) -> Result<(), StoreError> {
+    let opt = |v: Option<u64>| v.map(|v| v as i64);
+    let u = &warm.usage;
+    tx.prepare_cached(
+        "INSERT OR IGNORE INTO export_facts (fact_id, kind, lineage, session, harness, project_root, run_id, provider, model, variant,
+            steps, unreported_steps, input_tokens, cached_input_tokens, cache_write_tokens, output_tokens, reasoning_tokens,
+            terminal_reason, occurred_at_ms, occurred_at_precision, recorded_at_ms, warm)
+         VALUES (?1, 'session', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 0, ?10, ?11, ?12, ?13, ?14, ?15, 'warm', ?16, 'terminal', ?17, 1)",
+    )?
+    .execute(params![
+        format!("{lineage}:warm:{seq}"),
+        lineage,
+        key.session,
+        key.harness,
+        key.project_root,
+        warm.run_id,
+        warm.provider,
+        warm.model,
+        warm.variant,
+        u.is_unreported() as i64,
+        opt(u.input_tokens),
+        opt(u.cached_input_tokens),
+        opt(u.cache_write_tokens),
+        opt(u.output_tokens),
+        opt(u.reasoning_tokens),
+        (warm.sent_at_ms > 0).then_some(warm.sent_at_ms as i64),
+        recorded_at_ms as i64
+    ])?;
+    Ok(())
+}
+
+/// One usage-only fact per `(run, provider, model, variant)`; a run with no step gets one fact
+/// with no model. Insert-once: a replay of the same terminal adds nothing.
+pub(super) fn insert_facts(
+    tx: &Connection,
+    key: &SessionKey,
+    lineage: &str,
+    run_id: &str,
+    reason: &str,
+    usage: &crate::message::RunUsage,
+    (at_ms, recorded_at_ms): (u64, u64),
+) -> Result<(), StoreError> {
+    let mut stmt = tx.prepare_cached(
+        "INSERT OR IGNORE INTO export_facts (fact_id, kind, lineage, session, harness, project_root, run_id, provider, model, variant,
+            steps, unreported_steps, input_tokens, cached_input_tokens, cache_write_tokens, output_tokens, reasoning_tokens,
+            terminal_reason, occurred_at_ms, occurred_at_precision, recorded_at_ms)
+         VALUES (?1, 'session', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, 'terminal', ?19)",
+    )?;
+    let occurred = (at_ms > 0).then_some(at_ms as i64);
+    let opt = |v: Option<u64>| v.map(|v| v as i64);
+    let mut put = |provider: Option<&str>,
+                   model: Option<&str>,
+                   variant: Option<&str>,
+                   steps: u64,
+                   unreported: u64,
+                   t: &crate::message::StepUsage| {
+        let fact_id =
+            format!("{lineage}:{run_id}:{}:{}:{}", provider.unwrap_or(""), model.unwrap_or(""), variant.unwrap_or(""));
+        stmt.execute(params![
+            fact_id,
+            lineage,
+            key.session,
+            key.harness,
+            key.project_root,
+            run_id,
+            provider,
+            model,
+            variant,
+            steps as i64,
+            unreported as i64,
+            opt(t.input_tokens),
+            opt(t.cached_input_tokens),
+            opt(t.cache_write_tokens),
+            opt(t.output_tokens),
+            opt(t.reasoning_tokens),
+            reason,
+            occurred,
+            recorded_at_ms as i64
+        ])
+    };
+    if usage.by_model.is_empty() {
+        put(None, None, None, usage.steps, usage.unreported_steps, &usage.totals)?;
+    }
+    for m in &usage.by_model {
+        put(Some(&m.provider), Some(&m.model), m.variant.as_deref(), m.steps, m.unreported_steps, &m.totals)?;
+    }
+    Ok(())
+}
