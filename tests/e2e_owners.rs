@@ -143,6 +143,8 @@ fn strangers_are_refused(h: &Harness) {
     pin::assert_golden("scope_owner_mismatch.session_retract.json", &body.to_string(), None);
     let body = mismatch(h, B, &s, "session.baseline", json!({}));
     pin::assert_golden("scope_owner_mismatch.session_baseline.json", &body.to_string(), None);
+    let body = mismatch(h, B, &s, "session.warm", json!({}));
+    pin::assert_golden("scope_owner_mismatch.session_warm.json", &body.to_string(), None);
     let body = mismatch(h, B, &s, "session.send", json!({"prompt": "mine now", "delivery": "interrupt"}));
     pin::assert_golden("scope_owner_mismatch.session_send.json", &body.to_string(), None);
     // Authorization before validation: a stranger's malformed request is still not the owner's.
@@ -159,7 +161,7 @@ fn strangers_are_refused(h: &Harness) {
     assert_eq!(wal_len(&s), before, "refused calls wrote nothing");
     // Authorization refusals are not counted (spec §4); the owner's invalid one is.
     let counted_after = counted(h);
-    for op in ["session.baseline", "session.retract", "session.send"] {
+    for op in ["session.baseline", "session.retract", "session.send", "session.warm"] {
         assert_eq!(counted_after[op], counted_before[op], "{op}: {counted_after}");
     }
     assert_eq!(counted_after["run.cancel"], counted_before["run.cancel"].as_u64().unwrap() + 1, "{counted_after}");

@@ -167,7 +167,7 @@ fn the_reference_scan_reads_paths_and_groups() {
 /// file: how many code lines name `Value`, and why. A new use fails here until it is typed or
 /// listed with its reason; a removed one asks for its row to shrink.
 const VALUE_IN_THE_CORE: &[(&str, usize, &str)] = &[
-    ("src/record.rs", 11, "tool result output (ToolResult.output; refused_before_run reads the shape older records gave refusals); Frozen::Unreadable keeps a config this build cannot read as written (and reads its tools/max_input_tokens from it); CacheWarmed.detail, a kind this build never writes (#28 defines it)"),
+    ("src/record.rs", 10, "tool result output (ToolResult.output; refused_before_run reads the shape older records gave refusals); Frozen::Unreadable keeps a config this build cannot read as written (and reads its tools/max_input_tokens from it)"),
     ("src/replay.rs", 2, "a tool result's output as the batch holds it"),
     ("src/lineage/projection.rs", 2, "a tool result's output, and ToolStarted's empty arguments placeholder"),
     ("src/lineage/unit.rs", 5, "a tool_result unit's output; the unit's JSON at the wire edge (to_json, body)"),

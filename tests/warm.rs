@@ -259,3 +259,34 @@ fn the_remaining_warm_refusals_are_pinned() {
         WarmRefusal::Unsupported { reason: WarmUnsupported::ManualThinking, provider: "anthropic".into() };
     assert_eq!(unsupported.refusal().detail.unwrap().get("reason").unwrap(), "manual_thinking");
 }
+
+/// A running run is never a refusal (W-5, W-7): while its step is at the provider, the warm
+/// re-sends that step's exact bytes, is recorded mid-run and billed under that run, and the
+/// run goes on to finish as it would have.
+#[test]
+fn a_warm_while_a_step_streams_re_sends_the_bytes_in_flight() {
+    let rig = inproc::rig(Duration::from_secs(5));
+    turn(&rig, "hello", "i-1");
+    let slow = json!({"events": [{"text": "thinking it over"}, {"delay_ms": 1500}, {"usage": {"measured": true, "output": 2}},
+                                 {"finish": "stop"}]});
+    rig.script(json!({"responses": [slow]}));
+    let sent = rig.call("session.send", anthropic("take your time", "i-2")).unwrap();
+    let run_id = sent["run_id"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rig.mock.requests("default").len() < 2 {
+        assert!(Instant::now() < deadline, "the step never reached the provider");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let warm = rig.call("session.warm", json!({})).unwrap();
+    let requests = rig.mock.requests("default");
+    assert_eq!(warm["request_body_sha256"], requests[1].body_sha256, "the step's own bytes");
+    assert_eq!(rig.call("run.status", json!({"run_id": run_id})).unwrap()["state"], "active");
+    rig.wait_state(&run_id, "completed");
+    let warmed = rig.records().into_iter().find_map(|r| match r {
+        Record::CacheWarmed(w) => Some(w),
+        _ => None,
+    });
+    assert_eq!(warmed.unwrap().run_id, run_id);
+    let texts: Vec<Value> = rig.call("session.read", json!({})).unwrap()["messages"].as_array().unwrap().clone();
+    assert_eq!(texts.len(), 4, "two turns, no warm message: {texts:?}");
+}

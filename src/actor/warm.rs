@@ -158,9 +158,8 @@ fn snapshot(deps: &WarmDeps, lineage: &Lineage) -> Result<Job, WarmRefusal> {
         Some(f) => vec![f.body.to_vec()],
         None => rebuilt(lineage, &config).map_err(|_| unavailable())?,
     };
-    let first: serde_json::Value =
-        candidates.first().and_then(|b| serde_json::from_slice(b).ok()).ok_or_else(unavailable)?;
-    if let Some(reason) = crate::provider::warm::unsupported(&config, &first) {
+    let first = candidates.first().ok_or_else(unavailable)?;
+    if let Some(reason) = crate::provider::warm::unsupported_bytes(&config, first) {
         return Err(WarmRefusal::Unsupported { reason, provider: config.provider.clone() });
     }
     if in_flight.is_none() && last.and_then(|a| a.provider_code.as_deref()) == Some(ACCOUNT_LIMIT_EXHAUSTED) {
@@ -181,8 +180,7 @@ fn snapshot(deps: &WarmDeps, lineage: &Lineage) -> Result<Job, WarmRefusal> {
         }
     }
     .ok_or_else(unavailable)?;
-    let base_json: serde_json::Value = serde_json::from_slice(&base).map_err(|_| unavailable())?;
-    let body = crate::provider::warm::warm_body(&base_json).ok_or_else(unavailable)?;
+    let body = crate::provider::warm::warm_body_bytes(&base).ok_or_else(unavailable)?;
     let ttl_ms = config.cache_ttl_ms().ok_or(WarmRefusal::CacheExpired { expires_at_ms: None })?;
     Ok(Job {
         key: lineage.key().clone(),
@@ -304,5 +302,101 @@ pub(super) fn done(deps: &WarmDeps, lineage: &mut Lineage, done: WarmDone) {
             answer.send(Ok(reply));
         }
         Err(e) => answer.send(Err(e.refusal())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::vault::{Credential, CredentialSource, Credentials, Secret, VaultError};
+    use parking_lot::Mutex;
+    use std::time::Duration;
+
+    /// A vault whose credential belongs to `account`.
+    struct Vault {
+        account: &'static str,
+    }
+
+    impl CredentialSource for Vault {
+        fn get_scoped_within(&self, _: &str, _: Option<u64>, _: Duration) -> Result<Credential, VaultError> {
+            let secret = Secret::new("sk-secret".into());
+            Ok(Credential {
+                secret,
+                record_version: "1".into(),
+                expires_at_ms: None,
+                account_id: Some(self.account.into()),
+            })
+        }
+        fn report_auth_failure(&self, _: &str, _: u16, _: &str) -> Result<bool, VaultError> {
+            Ok(true)
+        }
+    }
+
+    /// A provider that counts warms and echoes the credential back in its refusal.
+    #[derive(Default)]
+    struct Provider {
+        sent: Mutex<Vec<Option<String>>>,
+        refuse: bool,
+    }
+
+    impl ModelClient for Provider {
+        fn start(
+            &self,
+            _: crate::provider::client::Attempt,
+        ) -> crossbeam_channel::Receiver<crate::provider::client::AttemptEvent> {
+            unreachable!("a warm starts no attempt")
+        }
+        fn warm(&self, call: WarmCall) -> Result<WarmAnswer, ProviderError> {
+            self.sent.lock().push(call.bearer.clone());
+            if self.refuse {
+                let message = format!("key {} is over its quota", call.bearer.unwrap_or_default());
+                return Err(ProviderError::permanent("rate_limit_error", message));
+            }
+            Ok(WarmAnswer::default())
+        }
+    }
+
+    fn job() -> Job {
+        let config: RenderConfig = serde_json::from_value(serde_json::json!({
+            "provider": "anthropic", "model": "claude-sonnet-4-5", "family": "anthropic_messages",
+            "base_url": "http://127.0.0.1:1/v1", "wire_model": "claude-sonnet-4-5",
+            "auth": {"kind": "vault", "credential_id": "cred-a"}}))
+        .unwrap();
+        Job {
+            key: SessionKey::new("/p", "h", "s"),
+            run_id: "run-1".into(),
+            config,
+            account_id: Some("acct-1".into()),
+            request_body_sha256: "ab".repeat(32),
+            body: b"{}".to_vec(),
+            ttl_ms: 300_000,
+            clock: Arc::new(ManualClock::at(1_000)),
+        }
+    }
+
+    #[test]
+    fn a_credential_of_another_account_is_refused_before_anything_is_sent() {
+        let provider = Provider::default();
+        let vault = Credentials::new(Arc::new(Vault { account: "acct-2" }));
+        let refused = perform(&provider, Some(&vault), None, &job()).unwrap_err();
+        assert_eq!(refused, WarmRefusal::AccountChanged { credential_id: "cred-a".into() });
+        assert!(provider.sent.lock().is_empty(), "nothing sent");
+
+        let same = Credentials::new(Arc::new(Vault { account: "acct-1" }));
+        let (record, reply) = perform(&provider, Some(&same), None, &job()).unwrap();
+        assert_eq!(provider.sent.lock().as_slice(), [Some("sk-secret".to_string())], "the vault's credential");
+        assert_eq!((record.sent_at_ms, record.expires_at_ms, reply.expires_at_ms), (1_000, Some(301_000), 301_000));
+        assert_eq!(record.account_id.as_deref(), Some("acct-1"));
+    }
+
+    #[test]
+    fn a_provider_refusal_is_warm_failed_with_the_credential_cut_out() {
+        let provider = Provider { refuse: true, ..Provider::default() };
+        let vault = Credentials::new(Arc::new(Vault { account: "acct-1" }));
+        let refused = perform(&provider, Some(&vault), None, &job()).unwrap_err();
+        let WarmRefusal::Failed(error) = refused else { panic!("{refused:?}") };
+        assert_eq!(error.message, "key [redacted] is over its quota");
+        assert_eq!(perform(&provider, None, None, &job()).unwrap_err().code(), RefusalCode::WarmFailed, "no vault");
     }
 }

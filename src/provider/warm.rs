@@ -38,6 +38,15 @@ pub struct WarmAnswer {
     pub ratelimit: BTreeMap<String, String>,
 }
 
+/// Why `config`'s request, rendered as the bytes `base`, cannot be warmed; `None` when it can
+/// (a body that is not JSON is no request a warm could re-send: `Provider`).
+pub fn unsupported_bytes(config: &RenderConfig, base: &[u8]) -> Option<WarmUnsupported> {
+    match serde_json::from_slice::<Value>(base) {
+        Ok(body) => unsupported(config, &body),
+        Err(_) => Some(WarmUnsupported::Provider),
+    }
+}
+
 /// Why `config`'s request, rendered as `base`, cannot be warmed; `None` when it can.
 pub fn unsupported(config: &RenderConfig, base: &Value) -> Option<WarmUnsupported> {
     if !config.first_party_anthropic() {
@@ -54,6 +63,11 @@ pub fn unsupported(config: &RenderConfig, base: &Value) -> Option<WarmUnsupporte
         return Some(WarmUnsupported::StructuredOutput);
     }
     None
+}
+
+/// [`warm_body`] of the request bytes `base`.
+pub fn warm_body_bytes(base: &[u8]) -> Option<Vec<u8>> {
+    warm_body(&serde_json::from_slice(base).ok()?)
 }
 
 /// The warm body of a Messages request: `max_tokens: 0` in its place, `stream` removed, every

@@ -29,11 +29,12 @@ const FSYNC_SAMPLES: usize = 1000;
 mod cache;
 mod cli;
 mod publish;
+mod warm;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("--help") {
-        println!("usage: broca-bench            run every benchmark\n       broca-bench loop       only the loop benchmarks\n       broca-bench cache      only the prompt-cache figures\n       broca-bench replay-rss WAL   (internal) replay WAL, print peak RSS in KiB");
+        println!("usage: broca-bench            run every benchmark\n       broca-bench loop       only the loop benchmarks\n       broca-bench cache      only the prompt-cache and warm figures\n       broca-bench replay-rss WAL   (internal) replay WAL, print peak RSS in KiB");
         return;
     }
     if args.get(1).map(String::as_str) == Some("replay-rss") {
@@ -46,7 +47,7 @@ fn main() {
     fs::create_dir_all(&base).expect("bench dir");
     let dir = tempfile::tempdir_in(&base).expect("bench dir");
     if args.get(1).map(String::as_str) == Some("cache") {
-        for (name, value, unit) in cache::figures(dir.path()) {
+        for (name, value, unit) in cache::figures(dir.path()).into_iter().chain(warm::figures(dir.path())) {
             report(name, value, unit);
         }
         return;
@@ -74,7 +75,7 @@ fn main() {
     report("open.tail_ms_100k", open_tail_ms(dir.path(), &wal_100k), "ms");
 
     report_loop(dir.path(), raw);
-    for (name, value, unit) in cache::figures(dir.path()) {
+    for (name, value, unit) in cache::figures(dir.path()).into_iter().chain(warm::figures(dir.path())) {
         report(name, value, unit);
     }
     if let Some(ms) = demo_ms() {
