@@ -5,7 +5,9 @@
 //!
 //! - `warm.latency_us`: median wall time of one `session.warm`, request to answer.
 //! - `warm.bare_request_us`: median of the bare request (the provider's share).
-//! - `warm.ratio_to_bare`: the two side by side.
+//! - `warm.raw_fsync_us`: a raw fsync on the same disk in the same run (a warm pays one).
+//! - `warm.ratio_to_bare`: the two side by side; `warm.overhead_less_fsync_us`: what broca adds
+//!   beyond the provider's time and its one fsync (decision, WAL rebuild and render, thread).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -44,7 +46,7 @@ pub fn figures(dir: &Path) -> Vec<(&'static str, f64, &'static str)> {
         .build()
         .expect("module")
         .ops;
-    let key = SessionKey::new("/bench", "bench", "warm");
+    let key = SessionKey::new(&dir.to_string_lossy(), "bench", "warm");
     let answer = json!({"events": [{"text": "noted"}, {"usage": {"measured": true, "output": 3}}, {"finish": "stop"}]});
     mock.install(LANE, Script::from_json(&json!({"responses": [answer]}).to_string()).expect("script"));
     let system = "Read the file before you change it; keep each change small. ".repeat(110);
@@ -78,9 +80,13 @@ pub fn figures(dir: &Path) -> Vec<(&'static str, f64, &'static str)> {
         bare.push(start.elapsed());
     }
     let (warm, bare) = (median_us(warms), median_us(bare));
+    // The warm's own fsync (its record is durable before it answers), on this disk now.
+    let fsync = broca::testkit::raw_fsync_p50_us(dir, 200);
     vec![
         ("warm.latency_us", warm, "us"),
         ("warm.bare_request_us", bare, "us"),
+        ("warm.raw_fsync_us", fsync, "us"),
         ("warm.ratio_to_bare", warm / bare, "x"),
+        ("warm.overhead_less_fsync_us", warm - bare - fsync, "us"),
     ]
 }
