@@ -3,11 +3,8 @@
 //! (never inside a step, or between a tool call and its result) and answers through the
 //! command's [`Answer`].
 
-use std::sync::Arc;
-
-use parking_lot::Mutex;
-
 use super::admission::Checked;
+use super::answer::Answer;
 use super::decide;
 use super::warm::WarmDeps;
 use crate::agent::{Handled, RunCommand};
@@ -20,7 +17,7 @@ use crate::wire::answers::{CancelReply, RetractReply, SendReply};
 use crate::wire::requests::{CancelRequest, RetractRequest};
 use crate::wire::send::SendParams;
 use crate::wire::warm::WarmReply;
-use crate::wire::{Refusal, RefusalCode};
+use crate::wire::Refusal;
 
 pub enum SessionCommand {
     /// Open the session and nothing else: opening seals an orphaned run and drains the queue
@@ -117,42 +114,5 @@ fn split<T>(decided: Result<(T, decide::Units), Refusal>) -> (Result<T, Refusal>
     match decided {
         Ok((reply, units)) => (Ok(reply), units),
         Err(r) => (Err(r), Vec::new()),
-    }
-}
-
-type Respond<T> = Box<dyn FnOnce(Result<T, Refusal>) + Send>;
-
-/// A reply given exactly once: by the first [`Answer::send`], or, if every handle is dropped
-/// unanswered (the session closed before the command ran), with a transient refusal, so no
-/// request is left hanging. Clones share the one reply.
-pub struct Answer<T>(Arc<Once<T>>);
-
-struct Once<T>(Mutex<Option<Respond<T>>>);
-
-impl<T> Clone for Answer<T> {
-    fn clone(&self) -> Self {
-        Answer(Arc::clone(&self.0))
-    }
-}
-
-impl<T> Answer<T> {
-    pub fn new(respond: impl FnOnce(Result<T, Refusal>) + Send + 'static) -> Answer<T> {
-        Answer(Arc::new(Once(Mutex::new(Some(Box::new(respond))))))
-    }
-
-    pub fn send(&self, result: Result<T, Refusal>) {
-        if let Some(respond) = self.0 .0.lock().take() {
-            respond(result);
-        }
-    }
-}
-
-impl<T> Drop for Once<T> {
-    fn drop(&mut self) {
-        if let Some(respond) = self.0.get_mut().take() {
-            let detail = Some(crate::detail!("class" => "transient"));
-            let message = "open failed: the session closed before answering";
-            respond(Err(Refusal::new(RefusalCode::OpenFailed, message, detail)));
-        }
     }
 }

@@ -21,6 +21,7 @@ use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, SendTimeoutError, S
 use parking_lot::Mutex;
 
 pub mod admission;
+mod answer;
 pub mod command;
 pub mod decide;
 pub mod policy;
@@ -44,7 +45,8 @@ const CONTROL_WAIT: Duration = Duration::from_secs(2);
 pub type Publish = Arc<dyn Fn(&SessionKey) -> Box<dyn FnMut(Output) + Send> + Send + Sync>;
 
 pub use admission::Admission;
-pub use command::{Answer, SessionCommand};
+pub use answer::Answer;
+pub use command::SessionCommand;
 
 /// What every actor needs to run turns.
 pub struct RunDeps {
@@ -117,13 +119,21 @@ pub fn take_opened_here() -> bool {
 
 impl Registry {
     pub fn new(shared: Arc<Shared>, deps: RunDeps) -> Arc<Registry> {
-        Arc::new_cyclic(|registry| Registry {
+        Arc::new_cyclic(|registry: &std::sync::Weak<Registry>| Registry {
             warm: warm::WarmDeps {
                 client: Arc::clone(&deps.client),
                 clocks: Arc::clone(&deps.opts.cache_clocks),
                 credentials: deps.opts.credentials.clone(),
                 bearer: deps.opts.bearer.clone(),
-                registry: registry.clone(),
+                post: {
+                    let registry = registry.clone();
+                    Arc::new(move |key: &SessionKey, done| match registry.upgrade() {
+                        Some(r) => r
+                            .command(key, Placement::Standard, SessionCommand::WarmDone(done))
+                            .map_err(|e| e.to_string()),
+                        None => Err("the module is shutting down".into()),
+                    })
+                },
             },
             shared,
             deps: Arc::new(deps),

@@ -1,7 +1,7 @@
 //! `session.warm` on the session's actor (spec §4a "Concurrency"). The actor only decides the
 //! refusals and snapshots what the warm needs ([`start`]); the warm itself runs on its own
 //! thread ([`perform`]), so cancels, sends, steers and status are never held behind a slow
-//! provider. Its completion comes back to the actor as [`SessionCommand::WarmDone`], which
+//! provider. Its completion comes back to the actor as `SessionCommand::WarmDone`, which
 //! writes the `cache_warmed` record through the session's single writer, moves the cache clock
 //! and only then answers ([`done`]): the answer never promises a record a crash could lose.
 //!
@@ -17,12 +17,11 @@
 //! rendered from its episode's frozen config, sent only if it renders to the digest its
 //! attempt recorded.
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use super::command::{Answer, SessionCommand};
-use super::Registry;
+use super::answer::Answer;
 use crate::agent::cache_clock::{CacheClocks, WarmSlot};
 use crate::clock::SharedClock;
 use crate::lineage::{Lineage, LineageError};
@@ -32,7 +31,6 @@ use crate::provider::warm::{WarmAnswer, WarmCall};
 use crate::record::{pause_name, CacheWarmed, ErrorClass, ProviderError, Record};
 use crate::replay::Resolution;
 use crate::session_key::{hex, SessionKey};
-use crate::state_root::Placement;
 use crate::wire::warm::{WarmRefusal, WarmReply};
 use crate::wire::{over_limit, Refusal, RefusalCode};
 
@@ -50,8 +48,12 @@ pub struct WarmDeps {
     pub clocks: Arc<CacheClocks>,
     pub credentials: Option<crate::vault::Credentials>,
     pub bearer: Option<String>,
-    pub registry: Weak<Registry>,
+    /// Hands a finished warm to its session's actor (as `SessionCommand::WarmDone`).
+    pub post: Post,
 }
+
+/// See [`WarmDeps::post`]; `Err` says why the warm could not be handed over.
+pub type Post = Arc<dyn Fn(&SessionKey, Box<WarmDone>) -> Result<(), String> + Send + Sync>;
 
 /// A warm decided and snapshotted on the actor, to run on its own thread.
 struct Job {
@@ -87,7 +89,7 @@ pub(super) fn start(deps: &WarmDeps, lineage: &Lineage, answer: Answer<WarmReply
         Err(refusal) => return answer.send(Err(refusal)),
     };
     let (client, clocks) = (Arc::clone(&deps.client), Arc::clone(&deps.clocks));
-    let (credentials, bearer, registry) = (deps.credentials.clone(), deps.bearer.clone(), deps.registry.clone());
+    let (credentials, bearer, post) = (deps.credentials.clone(), deps.bearer.clone(), Arc::clone(&deps.post));
     let reply = answer.clone();
     let spawned = std::thread::Builder::new().name("broca-warm".into()).spawn(move || {
         let performed = perform(client.as_ref(), credentials.as_ref(), bearer, &job);
@@ -97,12 +99,8 @@ pub(super) fn start(deps: &WarmDeps, lineage: &Lineage, answer: Answer<WarmReply
                 reply.send(Err(refused.refusal()));
             }
             Ok((record, done)) => {
-                let cmd = SessionCommand::WarmDone(Box::new(WarmDone { record, reply: done, answer: reply }));
-                let posted = match registry.upgrade() {
-                    Some(registry) => registry.command(&job.key, Placement::Standard, cmd).map_err(|e| e.to_string()),
-                    None => Err("the module is shutting down".into()),
-                };
-                if let Err(e) = posted {
+                let done = Box::new(WarmDone { record, reply: done, answer: reply });
+                if let Err(e) = post(&job.key, done) {
                     // The command (and with it the answer) was dropped: its caller hears the
                     // session closed; the warm is neither recorded nor billed.
                     log::warn!(target: "broca.warm", "session {addr}: a finished warm could not be recorded: {e}");

@@ -16,12 +16,38 @@ use serde_json::Value;
 use super::config::RenderConfig;
 use crate::message::StepUsage;
 use crate::record::ProviderError;
-use crate::wire::warm::WarmUnsupported;
 
 /// The response headers a warm keeps (by prefix, lowercase).
 pub const RATELIMIT_HEADER_PREFIX: &str = "anthropic-ratelimit-unified-";
 /// The most header values kept from one answer (a provider cannot grow the record).
 pub const RATELIMIT_HEADERS_MAX: usize = 32;
+
+/// Why a session's request cannot be warmed (`warm_unsupported`'s `detail.reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WarmUnsupported {
+    /// Any route but first-party Anthropic Messages.
+    Provider,
+    /// Bedrock Converse has no documented zero-output request.
+    BedrockConverse,
+    /// Manual thinking needs `max_tokens` above its budget.
+    ManualThinking,
+    /// A forced `tool_choice` must produce a call.
+    ForcedToolChoice,
+    /// A structured output format must produce output.
+    StructuredOutput,
+}
+
+impl WarmUnsupported {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WarmUnsupported::Provider => "provider",
+            WarmUnsupported::BedrockConverse => "bedrock_converse",
+            WarmUnsupported::ManualThinking => "manual_thinking",
+            WarmUnsupported::ForcedToolChoice => "forced_tool_choice",
+            WarmUnsupported::StructuredOutput => "structured_output",
+        }
+    }
+}
 
 /// A warm to send: the route, the exact warm body, and the credential (memory only).
 #[derive(Clone)]

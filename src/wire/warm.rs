@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use super::requests::{count, optional_string};
 use super::{strict, Detail, Refusal, RefusalCode};
+pub use crate::provider::warm::WarmUnsupported;
 use crate::record::{ErrorClass, ProviderError};
 
 /// A warm names the session it expects (either identity, or none).
@@ -52,33 +53,6 @@ pub struct WarmReply {
     pub ttl_ms: u64,
     pub expires_at_ms: u64,
     pub expiry_basis: &'static str,
-}
-
-/// Why a session's request cannot be warmed (`warm_unsupported`'s `detail.reason`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WarmUnsupported {
-    /// Any route but first-party Anthropic Messages.
-    Provider,
-    /// Bedrock Converse has no documented zero-output request.
-    BedrockConverse,
-    /// Manual thinking needs `max_tokens` above its budget.
-    ManualThinking,
-    /// A forced `tool_choice` must produce a call.
-    ForcedToolChoice,
-    /// A structured output format must produce output.
-    StructuredOutput,
-}
-
-impl WarmUnsupported {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WarmUnsupported::Provider => "provider",
-            WarmUnsupported::BedrockConverse => "bedrock_converse",
-            WarmUnsupported::ManualThinking => "manual_thinking",
-            WarmUnsupported::ForcedToolChoice => "forced_tool_choice",
-            WarmUnsupported::StructuredOutput => "structured_output",
-        }
-    }
 }
 
 /// The warm's refusals, in the order they are decided (`crate::actor::warm`).
