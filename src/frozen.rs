@@ -8,7 +8,7 @@ use cortexkit_role_tool_provider::catalog::Reply;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// The wire families broca speaks. Bedrock and Gemini/Code Assist come later.
+/// The wire families broca speaks. Bedrock, Code Assist and the ChatGPT backend come later.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Family {
@@ -18,6 +18,8 @@ pub enum Family {
     OpenaiChat,
     /// OpenAI Responses (`POST {api}/responses`).
     OpenaiResponses,
+    /// Google Gemini (`POST {api}/models/{model}:streamGenerateContent?alt=sse`).
+    GoogleGenerateContent,
 }
 
 impl Family {
@@ -26,6 +28,7 @@ impl Family {
             Family::AnthropicMessages => "anthropic_messages",
             Family::OpenaiChat => "openai_chat",
             Family::OpenaiResponses => "openai_responses",
+            Family::GoogleGenerateContent => "google_generate_content",
         }
     }
 }

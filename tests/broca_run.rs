@@ -68,13 +68,17 @@ fn code(out: &Output) -> i32 {
 }
 
 /// One model per wire family, each on its own mock lane.
-const FAMILIES: [(&str, &str); 3] =
-    [("mock/echo-chat", "chat"), ("mock/echo-messages", "messages"), ("mock/echo-responses", "responses")];
+const FAMILIES: [(&str, &str); 4] = [
+    ("mock/echo-chat", "chat"),
+    ("mock/echo-messages", "messages"),
+    ("mock/echo-responses", "responses"),
+    ("mock/echo-gemini", "gemini"),
+];
 
 #[test]
 fn a_session_accumulates_episodes_in_every_family() {
     let rig = Rig::new();
-    for model in ["mock/echo-chat", "mock/echo-messages", "mock/echo-responses"] {
+    for (model, _) in FAMILIES {
         let lane = model.split('/').nth(1).unwrap();
         rig.script(lane, json!([text_step("Paris."), text_step("About two million.")]));
         let session = format!("geo-{lane}");

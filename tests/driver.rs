@@ -991,3 +991,37 @@ fn the_conversation_key_and_its_source_are_frozen_on_each_run() {
     assert_eq!(got[1], (json!("team-7"), json!("caller")));
     assert_eq!(got[2], (json!("team-7"), json!("inherited")), "absent inherits the latest frozen key");
 }
+
+/// Gemini (#29): a tool loop on `google.generate_content` through broca-mock. The call Gemini
+/// made comes back as a `functionCall` carrying the thought signature Gemini put on it, its
+/// result as a `functionResponse` named after the tool, and the run reads back whole.
+#[test]
+fn a_gemini_tool_loop_round_trips_its_call_result_and_signature() {
+    let rig = rig(Duration::from_secs(5));
+    let call = json!({"events": [{"reasoning": "I should time it.", "signature": "CiQBgeminiSig=="},
+                                  {"tool_call": {"id": "fc_9", "name": "slow", "arguments": {"n": 1}}},
+                                  {"usage": {"input": 40, "output": 7, "reasoning": 3}}, {"finish": "tool_calls"}]});
+    rig.script(json!({"responses": [call, reply_script("It took a while.", 0)]}));
+    let mut params = keyed("how slow is it?", "gm-1");
+    params["model"] = json!({"provider": "mock", "model": "echo-gemini"});
+    params["tools"] = json!([{"name": "slow", "input_schema": {"type": "object"}}]);
+    let run = rig.call("session.send", params).unwrap()["run_id"].as_str().unwrap().to_owned();
+    rig.wait_state(&run, "completed");
+    let requests = rig.mock.requests("default");
+    assert_eq!(requests.len(), 2);
+    assert!(requests[0].path.ends_with("/models/echo-gemini:streamGenerateContent?alt=sse"), "{}", requests[0].path);
+    let second = requests[1].body_json().unwrap();
+    let model_turn = &second["contents"][1];
+    assert_eq!(model_turn["role"], "model");
+    assert_eq!(
+        model_turn["parts"][0],
+        json!({"functionCall": {"name": "slow", "args": {"n": 1}, "id": "fc_9"}, "thoughtSignature": "CiQBgeminiSig=="})
+    );
+    let answer = &second["contents"][2]["parts"][0]["functionResponse"];
+    assert_eq!((answer["name"].clone(), answer["id"].clone()), (json!("slow"), json!("fc_9")), "{second}");
+    assert_eq!(answer["response"]["output"], "slow done");
+    let texts = ["user:how slow is it?", "assistant:I should time it.", "tool:", "assistant:It took a while."];
+    assert_eq!(rig.texts(), texts, "the thought summary is kept as reasoning");
+    let status = rig.call("run.status", json!({"run_id": run})).unwrap();
+    assert_eq!(status["usage"]["reasoning_tokens"], 3, "{status}");
+}

@@ -315,13 +315,14 @@ fn transport_error(message: String) -> ProviderError {
 /// A request to `config`'s route: the family's path and headers, its credential, `accept`.
 fn request(agent: &ureq::Agent, config: &RenderConfig, bearer: Option<&str>, accept: &str) -> ureq::Request {
     let family = super::wire(config.family);
-    let url = format!("{}{}", config.base_url, family.path());
+    let url = family.url(config);
     let mut req = agent.post(&url).set("content-type", "application/json").set("accept", accept);
     for (name, value) in family.headers() {
         req = req.set(name, value);
     }
     if let (AuthSource::Bearer | AuthSource::Vault { .. }, Some(token)) = (&config.auth, bearer) {
-        req = req.set("authorization", &format!("Bearer {token}"));
+        let (name, value) = family.auth_header(token);
+        req = req.set(name, &value);
     }
     req
 }

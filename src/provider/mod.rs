@@ -14,6 +14,7 @@ pub mod config {
 }
 pub mod errors;
 pub mod event;
+pub mod gemini;
 pub mod openai_chat;
 pub mod openai_responses;
 pub mod render_cache;

@@ -21,7 +21,8 @@ use super::{classify_http_error, render_request, wire};
 use crate::message::{Message, Part, Role};
 use crate::record::ErrorClass;
 
-const FAMILIES: [Family; 3] = [Family::AnthropicMessages, Family::OpenaiChat, Family::OpenaiResponses];
+const FAMILIES: [Family; 4] =
+    [Family::AnthropicMessages, Family::OpenaiChat, Family::OpenaiResponses, Family::GoogleGenerateContent];
 
 fn testdata() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata")
@@ -348,6 +349,12 @@ fn request_cases() -> Vec<(String, RenderConfig, Vec<Message>)> {
             "gpt-5",
             json!({"reasoning": {"effort": "high", "summary": "auto"}, "include": ["reasoning.encrypted_content"]}),
         ),
+        (
+            Family::GoogleGenerateContent,
+            "google",
+            "gemini-2.5-flash",
+            json!({"generationConfig": {"thinkingConfig": {"includeThoughts": true, "thinkingBudget": 8192}}}),
+        ),
     ];
     let mut cases = Vec::new();
     for (family, provider, model, variant_params) in families {
@@ -376,6 +383,8 @@ fn request_cases() -> Vec<(String, RenderConfig, Vec<Message>)> {
                 ("cache.24h", CachePolicy { role: Some(CacheRole::Primary), ttl: Some(CacheTtl::OneDay) }),
                 ("cache.key", CachePolicy::default()),
             ],
+            // Implicit caching: nothing is rendered.
+            Family::GoogleGenerateContent => &[],
         };
         for (case, policy) in policies {
             let mut cached = config(family, provider, model);
@@ -431,6 +440,8 @@ fn http_errors_classify() {
     let anthropic = |t: &str, m: &str| json!({"type": "error", "error": {"type": t, "message": m}}).to_string();
     let openai =
         |t: &str, c: &str, m: &str| json!({"error": {"message": m, "type": t, "param": null, "code": c}}).to_string();
+    let google =
+        |code: u16, status: &str| json!({"error": {"code": code, "message": "m", "status": status}}).to_string();
     let cases: Vec<(Family, u16, String, ErrorClass, Option<&str>)> = vec![
         (
             Family::AnthropicMessages,
@@ -516,6 +527,28 @@ fn http_errors_classify() {
         ),
         (Family::OpenaiChat, 502, "<html>Bad Gateway</html>".into(), ErrorClass::Transient, None),
         (Family::OpenaiChat, 418, String::new(), ErrorClass::Permanent, None),
+        (
+            Family::GoogleGenerateContent,
+            429,
+            google(429, "RESOURCE_EXHAUSTED"),
+            ErrorClass::Transient,
+            Some("RESOURCE_EXHAUSTED"),
+        ),
+        (
+            Family::GoogleGenerateContent,
+            401,
+            google(401, "UNAUTHENTICATED"),
+            ErrorClass::AuthRequired,
+            Some("UNAUTHENTICATED"),
+        ),
+        (
+            Family::GoogleGenerateContent,
+            400,
+            google(400, "INVALID_ARGUMENT"),
+            ErrorClass::Permanent,
+            Some("INVALID_ARGUMENT"),
+        ),
+        (Family::GoogleGenerateContent, 503, google(503, "UNAVAILABLE"), ErrorClass::Transient, Some("UNAVAILABLE")),
     ];
     for (family, status, body, class, code) in cases {
         let e = classify_http_error(family, status, body.as_bytes());
@@ -551,6 +584,17 @@ fn stop_reasons_normalize() {
     assert_eq!(openai_chat::normalize_finish_reason("content_filter", false, false), "content_filter");
     assert_eq!(openai_responses::normalize_incomplete_reason("content_filter"), "content_filter");
     assert_eq!(openai_responses::normalize_incomplete_reason("max_output_tokens"), "length");
+    for (raw, called, reason) in [
+        ("STOP", false, "stop"),
+        ("STOP", true, "tool_calls"),
+        ("MAX_TOKENS", false, "length"),
+        ("SAFETY", false, "content_filter"),
+        ("IMAGE_SAFETY", false, "content_filter"),
+        ("MALFORMED_FUNCTION_CALL", true, "other"),
+        ("FINISH_REASON_UNSPECIFIED", false, "other"),
+    ] {
+        assert_eq!(super::gemini::normalize_finish_reason(raw, called), reason, "{raw}");
+    }
 }
 
 #[test]

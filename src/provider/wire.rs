@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use super::common::merge_variant;
 use super::config::RenderConfig;
 use super::event::{Family, StreamDecoder};
-use super::{anthropic, cache, errors, openai_chat, openai_responses};
+use super::{anthropic, cache, errors, gemini, openai_chat, openai_responses};
 use crate::message::Message;
 use crate::record::ProviderError;
 
@@ -25,8 +25,19 @@ pub enum Setting {
 pub trait WireFamily: Sync {
     fn family(&self) -> Family;
 
-    /// The request path under the route's base URL (`wire.api`).
+    /// The request path under the route's base URL (`wire.api`); a family whose path names the
+    /// model gives its shape here and the whole URL in [`WireFamily::url`].
     fn path(&self) -> &'static str;
+
+    /// The request URL for `config`'s route.
+    fn url(&self, config: &RenderConfig) -> String {
+        format!("{}{}", config.base_url, self.path())
+    }
+
+    /// The header a credential is sent in: `Authorization: Bearer <token>` by default.
+    fn auth_header(&self, token: &str) -> (&'static str, String) {
+        ("authorization", format!("Bearer {token}"))
+    }
 
     /// Headers the family's requests carry besides content negotiation and authorization.
     fn headers(&self) -> &'static [(&'static str, &'static str)] {
@@ -46,9 +57,14 @@ pub trait WireFamily: Sync {
         self.finish(config, self.body(config, transcript))
     }
 
+    /// Merges the variant's members into a body (default: at its top level, replacing).
+    fn merge_variant(&self, body: &mut Value, config: &RenderConfig) {
+        merge_variant(body, config);
+    }
+
     /// Finishes a body: the variant's members, the cache marks, compact bytes.
     fn finish(&self, config: &RenderConfig, mut body: Value) -> Vec<u8> {
-        merge_variant(&mut body, config);
+        self.merge_variant(&mut body, config);
         self.mark_cache(config, &mut body);
         serde_json::to_vec(&body).unwrap_or_default()
     }
@@ -94,6 +110,7 @@ pub fn wire(family: Family) -> &'static dyn WireFamily {
         Family::AnthropicMessages => &AnthropicMessages,
         Family::OpenaiChat => &OpenaiChat,
         Family::OpenaiResponses => &OpenaiResponses,
+        Family::GoogleGenerateContent => &GoogleGenerateContent,
     }
 }
 
@@ -201,5 +218,44 @@ impl WireFamily for OpenaiResponses {
             }
             _ => Value::Null,
         }
+    }
+}
+
+struct GoogleGenerateContent;
+
+impl WireFamily for GoogleGenerateContent {
+    fn family(&self) -> Family {
+        Family::GoogleGenerateContent
+    }
+    /// The path's shape: `/models/<model>` then this (`gemini::path`).
+    fn path(&self) -> &'static str {
+        ":streamGenerateContent"
+    }
+    fn url(&self, config: &RenderConfig) -> String {
+        format!("{}{}", config.base_url, gemini::path(&config.wire_model))
+    }
+    fn auth_header(&self, token: &str) -> (&'static str, String) {
+        ("x-goog-api-key", token.to_owned())
+    }
+    fn body(&self, config: &RenderConfig, transcript: &[Message]) -> Value {
+        gemini::body(config, transcript)
+    }
+    fn merge_variant(&self, body: &mut Value, config: &RenderConfig) {
+        gemini::merge_variant(body, config);
+    }
+    fn decoder(&self) -> Box<dyn StreamDecoder> {
+        Box::new(gemini::GeminiDecoder::new())
+    }
+    fn render_variant(&self, setting: &Setting, _wire_model: &str) -> Value {
+        let thinking = match setting {
+            Setting::Effort(e) => json!({"includeThoughts": true, "thinkingLevel": e}),
+            Setting::ToggleOff => json!({"includeThoughts": false, "thinkingBudget": 0}),
+            Setting::ToggleOn => json!({"includeThoughts": true, "thinkingBudget": -1}),
+            Setting::Budget(n) => json!({"includeThoughts": true, "thinkingBudget": n}),
+        };
+        json!({"generationConfig": {"thinkingConfig": thinking}})
+    }
+    fn has_toggle_mapping(&self) -> bool {
+        true
     }
 }

@@ -19,10 +19,11 @@ use serde_json::{json, Value};
 
 use crate::{corpus, fuzz, Gen};
 
-const FAMILIES: [(Family, &str); 3] = [
+const FAMILIES: [(Family, &str); 4] = [
     (Family::AnthropicMessages, "anthropic_messages."),
     (Family::OpenaiChat, "openai_chat."),
     (Family::OpenaiResponses, "openai_responses."),
+    (Family::GoogleGenerateContent, "google_generate_content."),
 ];
 
 /// One recorded stream, as its events (the text between blank lines).
@@ -259,4 +260,9 @@ fn fuzz_sse_openai_chat() {
 #[test]
 fn fuzz_sse_openai_responses() {
     fuzz_family("sse.openai_responses", Family::OpenaiResponses);
+}
+
+#[test]
+fn fuzz_sse_google_generate_content() {
+    fuzz_family("sse.google_generate_content", Family::GoogleGenerateContent);
 }

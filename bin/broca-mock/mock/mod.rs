@@ -529,10 +529,12 @@ fn answer(
 ) -> io::Result<bool> {
     let request_id = format!("req_mock{id}");
     let id_header = match family {
-        Family::AnthropicMessages => "request-id",
-        Family::OpenaiChat | Family::OpenaiResponses => "x-request-id",
+        Family::AnthropicMessages => Some("request-id"),
+        Family::OpenaiChat | Family::OpenaiResponses => Some("x-request-id"),
+        Family::GoogleGenerateContent => None,
     };
-    let mut headers = vec![(id_header.to_string(), request_id.clone())];
+    let mut headers: Vec<(String, String)> =
+        id_header.map(|name| (name.to_string(), request_id.clone())).into_iter().collect();
     match response {
         ScriptedResponse::Http(reply) => {
             if !http::pause(reply.delay_ms, &shared.stopping) {
@@ -598,13 +600,26 @@ fn format_rest(rest: &str) -> Option<&str> {
 }
 
 fn family_of(rest: &str) -> Option<Family> {
+    if gemini_model(rest).is_some() {
+        return Some(Family::GoogleGenerateContent);
+    }
     [Family::AnthropicMessages, Family::OpenaiChat, Family::OpenaiResponses]
         .into_iter()
         .find(|f| broca::provider::wire(*f).path() == rest)
 }
 
-/// The request's `model`, echoed in the stream as real servers do.
+/// The model a Gemini path names: `/models/<model>:streamGenerateContent`.
+fn gemini_model(rest: &str) -> Option<&str> {
+    let model =
+        rest.strip_prefix("/models/")?.strip_suffix(broca::provider::wire(Family::GoogleGenerateContent).path())?;
+    (!model.is_empty() && !model.contains('/')).then_some(model)
+}
+
+/// The request's `model` (Gemini's is in the path), echoed in the stream as real servers do.
 fn model_of(request: &Request) -> String {
+    if let Some(model) = route(request.path()).and_then(|(_, rest)| gemini_model(rest)) {
+        return model.to_string();
+    }
     serde_json::from_slice::<serde_json::Value>(&request.body)
         .ok()
         .and_then(|v| v.get("model").and_then(|m| m.as_str()).map(str::to_string))

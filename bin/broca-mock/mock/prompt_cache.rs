@@ -15,6 +15,9 @@
 //!   [`ANTHROPIC_LOOKBACK`] blocks from any breakpoint (a read refreshes that entry's TTL).
 //!   `cached` is the read prefix's tokens, `cache_write` those from there to the last
 //!   breakpoint, `input` the rest.
+//! - **Gemini** (implicit caching) is modelled as OpenAI without a key: blocks are the
+//!   `systemInstruction`, the tools, then each `contents` item; `cached` is reported as
+//!   `cachedContentTokenCount`.
 //! - **OpenAI** (Chat and Responses): blocks are the system/instructions, the tools, then each
 //!   message or input item. Every request caches its prefixes of [`MIN_CACHEABLE_TOKENS`] or
 //!   more under its `prompt_cache_key` (none is a key too) for ten minutes, or 24 hours with
@@ -66,7 +69,9 @@ impl PromptCache {
         self.entries.retain(|_, (expires, _)| *expires > now);
         match family {
             Family::AnthropicMessages => self.anthropic(body, now),
-            Family::OpenaiChat | Family::OpenaiResponses => self.openai(family, body, now),
+            Family::OpenaiChat | Family::OpenaiResponses | Family::GoogleGenerateContent => {
+                self.openai(family, body, now)
+            }
         }
     }
 
@@ -183,13 +188,17 @@ fn anthropic_blocks(body: &Value) -> Vec<Block> {
 
 fn openai_blocks(family: Family, body: &Value) -> Vec<Block> {
     let mut parts = Vec::new();
-    if let Some(instructions) = body.get("instructions") {
+    if let Some(instructions) = body.get("instructions").or_else(|| body.get("systemInstruction")) {
         parts.push((instructions.clone(), None));
     }
     if let Some(tools) = body.get("tools") {
         parts.push((tools.clone(), None));
     }
-    let items = if family == Family::OpenaiResponses { &body["input"] } else { &body["messages"] };
+    let items = match family {
+        Family::OpenaiResponses => &body["input"],
+        Family::GoogleGenerateContent => &body["contents"],
+        _ => &body["messages"],
+    };
     parts.extend(items.as_array().into_iter().flatten().map(|item| (item.clone(), None)));
     chain(&body["model"], parts)
 }

@@ -12,6 +12,7 @@
 
 mod anthropic;
 mod chat;
+mod gemini;
 mod responses;
 
 #[cfg(test)]
@@ -58,6 +59,7 @@ pub fn render(family: Family, steps: &[Step], ctx: &RenderCtx) -> Vec<Piece> {
         Family::AnthropicMessages => Box::new(anthropic::Anthropic::new(ctx, usage)),
         Family::OpenaiChat => Box::new(chat::Chat::new(ctx, usage)),
         Family::OpenaiResponses => Box::new(responses::Responses::new(ctx, usage)),
+        Family::GoogleGenerateContent => Box::new(gemini::Gemini::new(ctx, usage)),
     };
     let mut out = Vec::new();
     for step in with_implicit_finish(steps) {
@@ -181,6 +183,20 @@ pub fn error_document(family: Family, status: u16, request_id: &str) -> Value {
                 _ => ("server_error", Value::Null, "The server had an error while processing your request."),
             };
             json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
+        }
+        Family::GoogleGenerateContent => {
+            let (status_name, message) = match status {
+                400 => ("INVALID_ARGUMENT", "Request contains an invalid argument."),
+                401 => ("UNAUTHENTICATED", "API key not valid. Please pass a valid API key."),
+                403 => ("PERMISSION_DENIED", "The caller does not have permission."),
+                404 => ("NOT_FOUND", "models/unknown is not found for API version v1beta."),
+                429 => ("RESOURCE_EXHAUSTED", "Resource has been exhausted (e.g. check quota)."),
+                503 => ("UNAVAILABLE", "The model is overloaded. Please try again later."),
+                504 => ("DEADLINE_EXCEEDED", "Deadline expired before operation could complete."),
+                _ => ("INTERNAL", "An internal error has occurred."),
+            };
+            let _ = request_id;
+            json!({"error": {"code": status, "message": message, "status": status_name}})
         }
     }
 }

@@ -8,7 +8,8 @@ use super::examples::*;
 use super::*;
 use broca::provider::sse::{SseEvent, SseFramer};
 
-const ALL: [Family; 3] = [Family::AnthropicMessages, Family::OpenaiChat, Family::OpenaiResponses];
+const ALL: [Family; 4] =
+    [Family::AnthropicMessages, Family::OpenaiChat, Family::OpenaiResponses, Family::GoogleGenerateContent];
 
 fn ctx() -> RenderCtx {
     RenderCtx { model: "mock-model".into(), id: "7".into(), created: 1_767_225_600 }

@@ -1,0 +1,291 @@
+//! Google Gemini (`google.generate_content`): `POST {api}/models/{model}:streamGenerateContent
+//! ?alt=sse`, authenticated with the API key in `x-goog-api-key`. Request rendering and the
+//! stream decoder.
+//!
+//! # Request
+//!
+//! `{contents, systemInstruction?, tools?, generationConfig?}`:
+//! - the route's system prompt → `systemInstruction: {parts: [{text}]}`;
+//! - user (and system-role) messages → `{role: "user", parts: [{text} | {inlineData: {mimeType,
+//!   data}}]}`;
+//! - assistant → `{role: "model", parts}`: text → `{text}`; a tool call → `{functionCall: {name,
+//!   args}}` (its id as `functionCall.id` when the call had one from Gemini); reasoning text is
+//!   not sent back (Gemini ignores thought summaries on input), but a reasoning part's signature
+//!   rides on the next part as `thoughtSignature`, where Gemini put it (the part after the
+//!   signature, or an empty text part when none follows). A signature minted by another
+//!   provider is never sent;
+//! - a tool-role message → `{role: "user", parts: [{functionResponse: {name, response}}]}`, one
+//!   part per result, the name taken from the call it answers; `response` is `{output}` (the
+//!   result's text) or `{error}` for an error result;
+//! - tools → `[{functionDeclarations: [{name, description?, parameters}]}]`;
+//! - the output cap → `generationConfig.maxOutputTokens`; a variant's `thinkingConfig` is merged
+//!   into `generationConfig` (`render_variant` renders `{generationConfig: {thinkingConfig}}`).
+//!
+//! # Stream
+//!
+//! `data:`-only events, each a whole `GenerateContentResponse`: `candidates[0].content.parts`
+//! (each part one of `text`, `text` with `thought: true` (a thought summary), `functionCall
+//! {name, args, id?}` whole in one part, with an optional `thoughtSignature` on any part),
+//! `candidates[0].finishReason` on the last chunk, and `usageMetadata` (cumulative, usually on
+//! every chunk). There is no terminal sentinel: the chunk carrying a `finishReason` ends the
+//! answer. An `{"error": {code, message, status}}` event is an in-stream error.
+//!
+//! Usage: `promptTokenCount` includes `cachedContentTokenCount` (implicit caching); fresh input
+//! is the difference. `candidatesTokenCount` excludes `thoughtsTokenCount`; output is their sum,
+//! reasoning the thoughts.
+//!
+//! Finish reasons: `STOP` → stop (tool_calls when the answer called a tool), `MAX_TOKENS` →
+//! length, the safety family (`SAFETY`, `RECITATION`, `BLOCKLIST`, `PROHIBITED_CONTENT`, `SPII`,
+//! `IMAGE_*`) → content_filter, anything else → other.
+
+use std::collections::HashMap;
+
+use serde_json::{json, Value};
+
+use super::common::{class, data_object, replays_reasoning, str_at, tool_output, u64_at};
+use super::config::{RenderConfig, ToolSpec};
+use super::errors::stream_error;
+use super::event::{DecodeError, EventClass, StreamDecoder, StreamEvent};
+use super::sse::SseEvent;
+use crate::message::{Message, Part, Role, StepUsage};
+
+/// The request path after the base URL for `wire_model` (the model id is part of the path).
+pub fn path(wire_model: &str) -> String {
+    format!("/models/{wire_model}:streamGenerateContent?alt=sse")
+}
+
+pub fn body(config: &RenderConfig, transcript: &[Message]) -> Value {
+    let names: HashMap<&str, &str> = transcript
+        .iter()
+        .flat_map(|m| &m.content)
+        .filter_map(|p| match p {
+            Part::ToolCall { tool_call_id, tool_name, .. } => Some((tool_call_id.as_str(), tool_name.as_str())),
+            _ => None,
+        })
+        .collect();
+    let contents: Vec<Value> = transcript.iter().filter_map(|m| content(m, config, &names)).collect();
+    let mut body = json!({"contents": contents});
+    if let Some(system) = config.system.as_deref().filter(|s| !s.is_empty()) {
+        body["systemInstruction"] = json!({"parts": [{"text": system}]});
+    }
+    if !config.tools.is_empty() {
+        body["tools"] = json!([{"functionDeclarations": config.tools.iter().map(tool).collect::<Vec<_>>()}]);
+    }
+    if let Some(cap) = config.max_output_tokens {
+        body["generationConfig"] = json!({"maxOutputTokens": cap});
+    }
+    body
+}
+
+/// Merges a variant's `{generationConfig: {thinkingConfig}}` into the body's own
+/// `generationConfig` (the output cap stays beside it), then the rest of the variant on top.
+pub fn merge_variant(body: &mut Value, config: &RenderConfig) {
+    let Value::Object(extra) = &config.variant_params else { return };
+    for (k, v) in extra {
+        match (k.as_str(), body.get_mut(k.as_str()), v) {
+            ("generationConfig", Some(Value::Object(own)), Value::Object(more)) => {
+                own.extend(more.iter().map(|(k, v)| (k.clone(), v.clone())))
+            }
+            _ => body[k.as_str()] = v.clone(),
+        }
+    }
+}
+
+fn tool(spec: &ToolSpec) -> Value {
+    let mut declared = json!({"name": spec.name, "parameters": spec.input_schema});
+    if !spec.description.is_empty() {
+        declared["description"] = json!(spec.description);
+    }
+    declared
+}
+
+fn content(m: &Message, config: &RenderConfig, names: &HashMap<&str, &str>) -> Option<Value> {
+    let (role, parts) = match m.role {
+        Role::User | Role::System => ("user", user_parts(m)),
+        Role::Assistant => ("model", model_parts(m, replays_reasoning(m, config))),
+        Role::Tool => ("user", m.content.iter().filter_map(|p| function_response(p, names)).collect()),
+    };
+    (!parts.is_empty()).then(|| json!({"role": role, "parts": parts}))
+}
+
+fn user_parts(m: &Message) -> Vec<Value> {
+    m.content
+        .iter()
+        .filter_map(|p| match p {
+            Part::Text { text } if !text.is_empty() => Some(json!({"text": text})),
+            Part::Image { media_type, data } => Some(json!({"inlineData": {"mimeType": media_type, "data": data}})),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The model's parts, each reasoning signature riding on the part after it.
+fn model_parts(m: &Message, replay: bool) -> Vec<Value> {
+    let mut parts = Vec::new();
+    let mut signature: Option<&str> = None;
+    for p in &m.content {
+        let mut part = match p {
+            Part::Reasoning { signature: Some(s), .. } if replay => {
+                signature = Some(s);
+                continue;
+            }
+            Part::Text { text } if !text.is_empty() => json!({"text": text}),
+            Part::ToolCall { tool_call_id, tool_name, input } => {
+                let args = if input.is_object() { input.clone() } else { json!({}) };
+                let mut call = json!({"name": tool_name, "args": args});
+                if let Some(id) = tool_call_id.strip_prefix(GEMINI_ID_PREFIX) {
+                    call["id"] = json!(id);
+                }
+                json!({"functionCall": call})
+            }
+            _ => continue,
+        };
+        if let Some(s) = signature.take() {
+            part["thoughtSignature"] = json!(s);
+        }
+        parts.push(part);
+    }
+    if let Some(s) = signature {
+        parts.push(json!({"text": "", "thoughtSignature": s}));
+    }
+    parts
+}
+
+fn function_response(p: &Part, names: &HashMap<&str, &str>) -> Option<Value> {
+    let Part::ToolResult { tool_call_id, output, is_error } = p else { return None };
+    let name = names.get(tool_call_id.as_str()).copied().unwrap_or(tool_call_id.as_str());
+    let (text, is_error) = tool_output(output, *is_error);
+    let response = if is_error { json!({"error": text}) } else { json!({"output": text}) };
+    let mut answer = json!({"name": name, "response": response});
+    if let Some(id) = tool_call_id.strip_prefix(GEMINI_ID_PREFIX) {
+        answer["id"] = json!(id);
+    }
+    Some(json!({"functionResponse": answer}))
+}
+
+/// A tool call id Gemini gave (`functionCall.id`) is kept as `gemini:<id>` and sent back; a
+/// call without one gets an id broca mints from the response's `responseId` and the call's
+/// position (a fresh random one when the response has no id), never sent.
+const GEMINI_ID_PREFIX: &str = "gemini:";
+
+/// The finish reason normalized; `called`: the answer called a tool.
+pub fn normalize_finish_reason(raw: &str, called: bool) -> &'static str {
+    match raw {
+        "STOP" if called => "tool_calls",
+        "STOP" => "stop",
+        "MAX_TOKENS" => "length",
+        "SAFETY" | "RECITATION" | "BLOCKLIST" | "PROHIBITED_CONTENT" | "SPII" => "content_filter",
+        r if r.starts_with("IMAGE_") => "content_filter",
+        _ => "other",
+    }
+}
+
+fn usage(u: &Value) -> StepUsage {
+    let prompt = u64_at(u, &["promptTokenCount"]);
+    let cached = u64_at(u, &["cachedContentTokenCount"]);
+    let candidates = u64_at(u, &["candidatesTokenCount"]);
+    let thoughts = u64_at(u, &["thoughtsTokenCount"]);
+    let output = match (candidates, thoughts) {
+        (None, None) => None,
+        (c, t) => Some(c.unwrap_or(0).saturating_add(t.unwrap_or(0))),
+    };
+    StepUsage {
+        input_tokens: prompt.map(|p| p.saturating_sub(cached.unwrap_or(0))),
+        cached_input_tokens: cached,
+        cache_write_tokens: None,
+        output_tokens: output,
+        reasoning_tokens: thoughts,
+    }
+}
+
+/// Decodes a `streamGenerateContent` SSE stream.
+///
+/// Invariants: a `ToolCallStart` index counts this answer's function calls in order; each call
+/// is whole (its arguments in one delta); `finished` is set by the first chunk with a
+/// `finishReason`, and the `Finish` event is emitted once, after that chunk's parts and usage.
+#[derive(Default)]
+pub struct GeminiDecoder {
+    calls: usize,
+    finished: bool,
+    /// The response's `responseId` (mints the ids of calls Gemini gave none).
+    response_id: Option<String>,
+}
+
+impl GeminiDecoder {
+    pub fn new() -> GeminiDecoder {
+        GeminiDecoder::default()
+    }
+
+    /// One part's events; returns whether it was content.
+    fn part(&mut self, part: &Value, out: &mut Vec<StreamEvent>) -> bool {
+        let mut content = false;
+        if let Some(signature) = str_at(part, &["thoughtSignature"]).filter(|s| !s.is_empty()) {
+            out.push(StreamEvent::ReasoningSignature { signature: signature.to_owned() });
+        }
+        if let Some(call) = part.get("functionCall") {
+            let name = str_at(call, &["name"]).unwrap_or_default().to_owned();
+            let id = match str_at(call, &["id"]).filter(|s| !s.is_empty()) {
+                Some(id) => format!("{GEMINI_ID_PREFIX}{id}"),
+                None => match &self.response_id {
+                    Some(response) => format!("call_{response}_{}", self.calls),
+                    None => format!("call_{}", uuid::Uuid::new_v4().simple()),
+                },
+            };
+            let args = call.get("args").cloned().unwrap_or_else(|| json!({}));
+            let index = self.calls;
+            self.calls += 1;
+            out.push(StreamEvent::ToolCallStart { index, id, name });
+            out.push(StreamEvent::ToolCallArgsDelta { index, delta: args.to_string() });
+            content = true;
+        }
+        if let Some(text) = str_at(part, &["text"]).filter(|t| !t.is_empty()) {
+            let thought = part.get("thought").and_then(Value::as_bool) == Some(true);
+            out.push(if thought {
+                StreamEvent::ReasoningDelta { text: text.to_owned() }
+            } else {
+                StreamEvent::TextDelta { text: text.to_owned() }
+            });
+            content = true;
+        }
+        content
+    }
+}
+
+impl StreamDecoder for GeminiDecoder {
+    fn decode(&mut self, event: &SseEvent, out: &mut Vec<StreamEvent>) -> Result<EventClass, DecodeError> {
+        let data = data_object(event)?;
+        if let Some(error) = data.get("error") {
+            let status = str_at(error, &["status"]);
+            out.push(stream_error(status, None, str_at(error, &["message"])));
+            self.finished = true;
+            return Ok(class("error", false, false));
+        }
+        if self.response_id.is_none() {
+            self.response_id = str_at(&data, &["responseId"]).filter(|id| !id.is_empty()).map(String::from);
+        }
+        let candidate = data.get("candidates").and_then(|c| c.get(0));
+        let mut content = false;
+        if let Some(parts) = candidate.and_then(|c| c.pointer("/content/parts")).and_then(Value::as_array) {
+            for part in parts {
+                content |= self.part(part, out);
+            }
+        }
+        if let Some(u) = data.get("usageMetadata") {
+            out.push(StreamEvent::Usage { usage: usage(u) });
+        }
+        let known = candidate.is_some() || data.get("usageMetadata").is_some();
+        match candidate.and_then(|c| str_at(c, &["finishReason"])) {
+            Some(raw) if !self.finished => {
+                self.finished = true;
+                let reason = normalize_finish_reason(raw, self.calls > 0);
+                out.push(StreamEvent::Finish { reason: reason.into(), raw: raw.into() });
+            }
+            _ => {}
+        }
+        Ok(class("generate_content_response", content, !known))
+    }
+
+    fn finished(&self) -> bool {
+        self.finished
+    }
+}
