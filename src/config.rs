@@ -48,6 +48,9 @@ pub struct BrocaConfig {
     /// `step_events`: where `step.finished.v1` hints are published; `None`: the group is not
     /// declared and nothing is published.
     pub step_events: Option<BusConfig>,
+    /// `auth_methods`: provider id → the auth method its routes use (`apikey`, `chatgpt`,
+    /// `oauth`, `antigravity`); a provider not named uses its API key.
+    pub auth_methods: BTreeMap<String, crate::catalog::route::AuthMethod>,
 }
 
 /// `step_events`: the bus broca publishes its live step hints on (llm-runner §14.3).
@@ -75,6 +78,7 @@ impl Default for BrocaConfig {
             context_management: ContextDefaults::default(),
             limits: Limits::default(),
             step_events: None,
+            auth_methods: BTreeMap::new(),
         }
     }
 }
@@ -151,6 +155,9 @@ impl BrocaConfig {
         if let Some(v) = top.get("step_events") {
             config.step_events = Some(parse_step_events(v).map_err(|(m, r)| member_error(path, m, r))?);
         }
+        if let Some(v) = top.get("auth_methods") {
+            config.auth_methods = parse_auth_methods(v).map_err(|(m, r)| member_error(path, m, r))?;
+        }
         Ok(config)
     }
 
@@ -176,6 +183,20 @@ impl BrocaConfig {
             _ => Placement::Standard,
         }
     }
+}
+
+/// `auth_methods`: an object of provider id → auth method name.
+fn parse_auth_methods(v: &Value) -> Result<BTreeMap<String, crate::catalog::route::AuthMethod>, MemberRefusal> {
+    use crate::catalog::route::AuthMethod;
+    let Value::Object(map) = v else {
+        return Err(("auth_methods".into(), "must be an object of provider id -> auth method".into()));
+    };
+    map.iter()
+        .map(|(provider, method)| match method.as_str().and_then(AuthMethod::parse) {
+            Some(m) if !provider.is_empty() => Ok((provider.clone(), m)),
+            _ => Err((format!("auth_methods.{provider}"), "must be one of apikey, chatgpt, oauth, antigravity".into())),
+        })
+        .collect()
 }
 
 /// A refused member: its dotted name and why.
@@ -412,6 +433,15 @@ mod tests {
         assert_eq!(refused_member(r#"{"limits": {"open_sessions": 0}}"#), "limits.open_sessions");
         assert_eq!(refused_member(r#"{"limits": {"queue": 3}}"#), "limits.queue");
         assert_eq!(refused_member(r#"{"limits": 3}"#), "limits");
+    }
+
+    #[test]
+    fn auth_methods_name_a_known_method_per_provider() {
+        use crate::catalog::route::AuthMethod;
+        let config = parse(r#"{"auth_methods": {"openai": "chatgpt", "google": "antigravity"}}"#).unwrap();
+        assert_eq!(config.auth_methods.get("openai"), Some(&AuthMethod::Chatgpt));
+        assert_eq!(refused_member(r#"{"auth_methods": {"openai": "password"}}"#), "auth_methods.openai");
+        assert_eq!(refused_member(r#"{"auth_methods": ["chatgpt"]}"#), "auth_methods");
     }
 
     #[test]

@@ -20,6 +20,9 @@ pub enum Family {
     OpenaiResponses,
     /// Google Gemini (`POST {api}/models/{model}:streamGenerateContent?alt=sse`).
     GoogleGenerateContent,
+    /// The ChatGPT/Codex backend (`POST {backend}/responses`): Responses as a ChatGPT
+    /// subscription's credential speaks it.
+    OpenaiChatgptResponses,
 }
 
 impl Family {
@@ -29,6 +32,7 @@ impl Family {
             Family::OpenaiChat => "openai_chat",
             Family::OpenaiResponses => "openai_responses",
             Family::GoogleGenerateContent => "google_generate_content",
+            Family::OpenaiChatgptResponses => "openai_chatgpt_responses",
         }
     }
 }

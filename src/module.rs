@@ -152,6 +152,7 @@ impl ModuleBuilder {
             auth: AuthSource::None,
             vault: self.vault.0,
             vault_on_override: self.vault.1,
+            auth_methods: self.config.auth_methods.clone(),
         };
         let admission = Arc::new(Admission {
             catalog: Arc::new(RwLock::new(catalog)),

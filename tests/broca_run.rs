@@ -301,3 +301,39 @@ fn a_cli_turn_freezes_the_session_policy_as_the_module_does() {
     assert_eq!(sources, [Some("session"), Some("inherited")]);
     assert_eq!(policies[0].conversation_key, policies[1].conversation_key);
 }
+
+/// A `chatgpt` credential routes an OpenAI Responses model to the ChatGPT/Codex backend (#29):
+/// the Codex client's headers, `instructions` always, and never the output cap or the extended
+/// retention the backend refuses (broca-mock answers 400 to either, as the backend does). On a
+/// Chat model it routes nowhere and is refused by name before anything is written.
+#[test]
+fn a_chatgpt_credential_selects_the_codex_backend_for_a_responses_model() {
+    let rig = Rig::new();
+    rig.script("codex", json!([text_step("Paris.")]));
+    let out = rig.run(
+        "codex",
+        &[
+            "--model",
+            "mock/echo-responses",
+            "--auth-method",
+            "chatgpt",
+            "--max-output-tokens",
+            "64",
+            "Capital of France?",
+        ],
+    );
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "Paris.\n");
+    let sent = &rig.mock.requests("codex")[0];
+    assert_eq!(sent.header("originator"), Some("codex_cli_rs"));
+    assert_eq!(sent.header("openai-beta"), Some("responses=experimental"));
+    let body = sent.body_json().unwrap();
+    assert!(body.get("max_output_tokens").is_none(), "{body}");
+    assert_eq!(body["instructions"], "", "required by the backend even without a system prompt");
+
+    let refused = rig.run("codex", &["--model", "mock/echo-chat", "--auth-method", "chatgpt", "hi"]);
+    assert_ne!(code(&refused), 0);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("a chatgpt credential serves only OpenAI Responses models"), "{stderr}");
+    assert_eq!(rig.mock.requests("codex").len(), 1, "nothing sent for the refused turn");
+}

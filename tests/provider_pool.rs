@@ -67,7 +67,14 @@ fn run(shared: &Shared, client: &HttpClient, config: &RenderConfig, session: &st
 fn attempt(client: &HttpClient, config: &RenderConfig) -> AttemptEvent {
     let body = broca::provider::render_request(config, &[Message::user_text("hi")]);
     let cancel = Arc::new(AtomicBool::new(false));
-    let a = Attempt { config: config.clone(), body, bearer: None, read_timeout: Duration::from_secs(10), cancel };
+    let a = Attempt {
+        config: config.clone(),
+        body,
+        bearer: None,
+        account_id: None,
+        read_timeout: Duration::from_secs(10),
+        cancel,
+    };
     let rx = client.start(a);
     loop {
         match rx.recv_timeout(Duration::from_secs(20)).unwrap() {

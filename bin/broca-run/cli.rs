@@ -19,6 +19,10 @@ usage: broca-run [OPTIONS] [PROMPT | -]
                            else ~/.local/share/cortexkit/broca)
   --base-url URL           provider base URL instead of the catalog's (for mocks; needs no credential)
   --auth-bearer TOKEN      bearer credential for the provider (kept in memory, never written)
+  --auth-method M          how the model's provider authenticates: apikey (default), chatgpt (a
+                           ChatGPT subscription: OpenAI Responses models on the ChatGPT/Codex
+                           backend), oauth or antigravity; names the dev-tools handle read
+                           (<M>:<provider>) and overrides broca.jsonc auth_methods
   --subc FILE              a subc connection file (else BROCA_LIVE_SUBC or SUBC_SOCKET): tools,
                            the catalog (fetched when the LKG is missing or stale) and, without
                            --auth-bearer or --base-url, the model's credential by its dev-tools
@@ -63,6 +67,8 @@ pub struct Args {
     pub state_root: Option<PathBuf>,
     pub base_url: Option<String>,
     pub auth_bearer: Option<String>,
+    /// `--auth-method`: the model's provider authenticates this way.
+    pub auth_method: Option<broca::catalog::route::AuthMethod>,
     pub subc: Option<PathBuf>,
     /// `(module, preset)` per `--tool-provider`.
     pub tool_providers: Vec<(String, Option<String>)>,
@@ -100,6 +106,7 @@ pub fn parse(argv: impl Iterator<Item = String>) -> Result<Parsed, String> {
         state_root: None,
         base_url: None,
         auth_bearer: None,
+        auth_method: None,
         subc: None,
         tool_providers: Vec::new(),
         max_steps: None,
@@ -130,6 +137,12 @@ pub fn parse(argv: impl Iterator<Item = String>) -> Result<Parsed, String> {
             "--state-root" => a.state_root = Some(PathBuf::from(value("--state-root")?)),
             "--base-url" => a.base_url = Some(value("--base-url")?),
             "--auth-bearer" => a.auth_bearer = Some(value("--auth-bearer")?),
+            "--auth-method" => {
+                let name = value("--auth-method")?;
+                let method = broca::catalog::route::AuthMethod::parse(&name)
+                    .ok_or_else(|| format!("--auth-method {name:?}: one of apikey, chatgpt, oauth, antigravity"))?;
+                a.auth_method = Some(method);
+            }
             "--subc" => a.subc = Some(PathBuf::from(value("--subc")?)),
             "--tool-provider" => {
                 let v = value("--tool-provider")?;

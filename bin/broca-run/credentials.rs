@@ -13,7 +13,7 @@
 
 use std::path::PathBuf;
 
-use broca::catalog::route::credential_id;
+use broca::catalog::route::credential_id_for;
 use broca::catalog::SharedCatalog;
 use broca::subc::consumer::Consumer;
 use broca::vault::handles::{self, devtools_handles_path};
@@ -61,7 +61,7 @@ pub fn bearer(
     }
     .or_else(|| model.split_once('/').map(|(p, _)| p.to_owned()))
     .ok_or_else(|| format!("cannot tell the provider of model {model:?}"))?;
-    let id = credential_id(&provider);
+    let id = credential_id_for(&provider, args.auth_method.unwrap_or_default());
     let Some(path) = devtools_handles_path(|k| std::env::var(k).ok()) else {
         return Err(format!(
             "no dev-tools handle for {id}: set {} or HOME (or pass --auth-bearer)",

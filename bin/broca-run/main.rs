@@ -212,6 +212,11 @@ fn run(mut args: Args) -> u8 {
 
 /// The rules this turn is admitted by: the module's own ([`Admission`]), over the state root's
 /// LKG catalog and `broca.jsonc`.
+/// The provider of a `provider/model` id.
+fn provider_of(model: &str) -> Option<&str> {
+    model.split_once('/').map(|(provider, _)| provider)
+}
+
 fn admission(
     args: &Args,
     shared: &Shared,
@@ -223,9 +228,14 @@ fn admission(
         Refusal::new(broca::wire::RefusalCode::InvalidParams, format!("broca.jsonc: {e}"), detail)
     })?;
     let lkg = shared.root.catalog_path();
+    let mut auth_methods = broca_config.auth_methods.clone();
+    if let (Some(method), Some(provider)) = (args.auth_method, args.model.as_deref().and_then(provider_of)) {
+        auth_methods.insert(provider.to_owned(), method);
+    }
     let overrides = RouteOverrides {
         base_url_override: args.base_url.clone().or_else(|| std::env::var("BROCA_PROVIDER_BASE_URL").ok()),
         auth: if credentials::has_bearer_source(args, consumer) { AuthSource::Bearer } else { AuthSource::None },
+        auth_methods,
         ..Default::default()
     };
     Ok(Admission {

@@ -515,6 +515,7 @@ impl<C> Driver<'_, C> {
                 Some(c) => Some(c.secret.expose().to_owned()),
                 None => self.opts.bearer.clone(),
             },
+            account_id: self.credential.as_ref().and_then(|c| c.account_id.clone()),
             read_timeout: self.opts.idle_timeout + Duration::from_secs(1),
             cancel: Arc::clone(&cancel),
         });

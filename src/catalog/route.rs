@@ -37,12 +37,59 @@ pub struct RouteOverrides {
     /// so the e2e rig checks vault credentials against the mock provider); off, a mock route
     /// is credential-free.
     pub vault_on_override: bool,
+    /// The auth method a provider's routes use (`broca.jsonc` `auth_methods`, `broca-run
+    /// --auth-method`); a provider not named uses its API key.
+    pub auth_methods: std::collections::BTreeMap<String, AuthMethod>,
 }
 
 /// The vault credential a provider's catalog routes read: its API key record.
 pub fn credential_id(provider: &str) -> String {
-    format!("apikey:{provider}")
+    credential_id_for(provider, AuthMethod::ApiKey)
 }
+
+/// The vault credential of `provider` under `method` (`<method>:<provider>`, the claustrum
+/// record ids: `apikey:openai`, `chatgpt:openai`, `antigravity:google`).
+pub fn credential_id_for(provider: &str, method: AuthMethod) -> String {
+    format!("{}:{provider}", method.as_str())
+}
+
+/// How a provider's requests authenticate (the catalog's `auth_method` values). A subscription
+/// credential selects its own client protocol and endpoint (spec §1a): `chatgpt` on an OpenAI
+/// Responses row routes to the ChatGPT/Codex backend.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum AuthMethod {
+    /// The provider's API key (every catalog route's default).
+    #[default]
+    ApiKey,
+    /// A ChatGPT subscription's OAuth token: the ChatGPT/Codex backend.
+    Chatgpt,
+    /// The provider's own OAuth (e.g. a Claude subscription): the provider's API.
+    Oauth,
+    /// A Google Antigravity OAuth token: the Code Assist backend.
+    Antigravity,
+}
+
+impl AuthMethod {
+    pub const ALL: [AuthMethod; 4] =
+        [AuthMethod::ApiKey, AuthMethod::Chatgpt, AuthMethod::Oauth, AuthMethod::Antigravity];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthMethod::ApiKey => "apikey",
+            AuthMethod::Chatgpt => "chatgpt",
+            AuthMethod::Oauth => "oauth",
+            AuthMethod::Antigravity => "antigravity",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<AuthMethod> {
+        AuthMethod::ALL.into_iter().find(|m| m.as_str() == name)
+    }
+}
+
+/// The ChatGPT/Codex backend a `chatgpt` credential requires (its route's endpoint; a mock's
+/// base URL override replaces it).
+pub const CHATGPT_BACKEND: &str = "https://chatgpt.com/backend-api/codex";
 
 /// Why a model cannot be admitted. Each maps to a typed refusal.
 #[derive(Debug, Clone, PartialEq)]
@@ -180,16 +227,27 @@ pub fn resolve(
     if row.existence != "present" {
         return Err(AdmissionError::Retired { model });
     }
-    let family = family_of(row)?;
-    let base_url = match (&overrides.base_url_override, &row.wire_api) {
-        (Some(url), _) => url.clone(),
-        (None, Some(api)) => api.clone(),
-        (None, None) => return Err(AdmissionError::RouteFactMissing { model, fact: "wire.api" }),
+    let method = overrides.auth_methods.get(&row.provider).copied().unwrap_or_default();
+    let (family, endpoint) = match (family_of(row)?, method) {
+        (Family::OpenaiResponses, AuthMethod::Chatgpt) => (Family::OpenaiChatgptResponses, Some(CHATGPT_BACKEND)),
+        (_, AuthMethod::Chatgpt) => {
+            let what = "a chatgpt credential serves only OpenAI Responses models".to_string();
+            return Err(AdmissionError::RouteUnsupported { model, what });
+        }
+        (family, _) => (family, None),
+    };
+    let base_url = match (&overrides.base_url_override, endpoint, &row.wire_api) {
+        (Some(url), _, _) => url.clone(),
+        (None, Some(endpoint), _) => endpoint.to_string(),
+        (None, None, Some(api)) => api.clone(),
+        (None, None, None) => return Err(AdmissionError::RouteFactMissing { model, fact: "wire.api" }),
     };
     let mocked = overrides.base_url_override.is_some() && !overrides.vault_on_override;
     let auth = match &overrides.auth {
         AuthSource::None if mocked => AuthSource::None,
-        AuthSource::None if overrides.vault => AuthSource::Vault { credential_id: credential_id(&row.provider) },
+        AuthSource::None if overrides.vault => {
+            AuthSource::Vault { credential_id: credential_id_for(&row.provider, method) }
+        }
         AuthSource::None => return Err(AdmissionError::CredentialUnavailable { model }),
         other => other.clone(),
     };

@@ -43,7 +43,7 @@ pub fn unsupported(config: &RenderConfig, policy: &CachePolicy) -> Option<String
         (CacheTtl::OneHour, family) if family != Family::AnthropicMessages => {
             Some("cache ttl \"1h\" is served only on Anthropic Messages routes".into())
         }
-        (_, Family::OpenaiChat) if !openai => {
+        (_, family) if family != Family::AnthropicMessages && !openai => {
             Some(format!("provider {} caches on its own: a cache ttl cannot be honoured", config.provider))
         }
         _ => None,
@@ -91,9 +91,52 @@ pub fn mark_openai(config: &RenderConfig, body: &mut Value) {
     }
 }
 
+/// The ChatGPT/Codex backend: `prompt_cache_key` as on OpenAI's own routes (the Codex client
+/// sends one per conversation); never `prompt_cache_retention`, which the backend refuses with
+/// HTTP 400 (a `24h` request is refused at admission instead).
+pub fn mark_chatgpt(config: &RenderConfig, body: &mut Value) {
+    let Value::Object(top) = body else { return };
+    if let Some(key) = &config.policy.conversation_key {
+        top.insert("prompt_cache_key".into(), Value::String(prompt_cache_key(key)));
+    }
+}
+
 /// `broca-` and the first 32 hex digits of the conversation key's SHA-256.
 pub fn prompt_cache_key(conversation_key: &str) -> String {
     let digest = Sha256::digest(conversation_key.as_bytes());
     let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
     format!("broca-{hex}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frozen::{CacheRole, FrozenConfig};
+
+    fn route(provider: &str, family: Family) -> FrozenConfig {
+        serde_json::from_value(json!({"provider": provider, "model": "m", "family": family.as_str(),
+                                      "base_url": "http://x", "wire_model": "m"}))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_named_lifetime_is_honoured_only_where_a_route_renders_one() {
+        let policy = |ttl| CachePolicy { role: Some(CacheRole::Primary), ttl: Some(ttl) };
+        let cases = [
+            ("anthropic", Family::AnthropicMessages, CacheTtl::OneHour, true),
+            ("openai", Family::OpenaiResponses, CacheTtl::OneDay, true),
+            ("openai", Family::OpenaiChat, CacheTtl::OneDay, true),
+            // The ChatGPT backend refuses prompt_cache_retention with HTTP 400.
+            ("openai", Family::OpenaiChatgptResponses, CacheTtl::OneDay, false),
+            ("openai", Family::OpenaiChatgptResponses, CacheTtl::FiveMinutes, false),
+            // Gemini caches implicitly: no lifetime can be asked for.
+            ("google", Family::GoogleGenerateContent, CacheTtl::FiveMinutes, false),
+            ("openrouter", Family::OpenaiChat, CacheTtl::FiveMinutes, false),
+        ];
+        for (provider, family, ttl, served) in cases {
+            let refused = unsupported(&route(provider, family), &policy(ttl));
+            assert_eq!(refused.is_none(), served, "{provider} {family:?} {ttl:?}: {refused:?}");
+        }
+        assert_eq!(unsupported(&route("google", Family::GoogleGenerateContent), &CachePolicy::default()), None);
+    }
 }

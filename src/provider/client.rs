@@ -66,6 +66,8 @@ pub struct Attempt {
     /// The secret for `AuthSource::Bearer` (or the vault credential for `AuthSource::Vault`),
     /// held only in memory.
     pub bearer: Option<String>,
+    /// The account the credential belongs to, sent where the family routes by it.
+    pub account_id: Option<String>,
     /// The longest silence tolerated on the socket before the read fails.
     pub read_timeout: Duration,
     pub cancel: Arc<AtomicBool>,
@@ -267,7 +269,7 @@ const WARM_ANSWER_MAX: u64 = 1 << 20;
 impl ModelClient for HttpClient {
     fn warm(&self, call: WarmCall) -> Result<WarmAnswer, ProviderError> {
         let slot = self.slot(origin(&call.config.base_url), WARM_TIMEOUT);
-        let req = request(&slot.agent, &call.config, call.bearer.as_deref(), "application/json");
+        let req = request(&slot.agent, &call.config, (call.bearer.as_deref(), None), "application/json");
         let resp = match req.send_bytes(&call.body) {
             Ok(resp) => resp,
             Err(ureq::Error::Status(status, resp)) => {
@@ -313,7 +315,12 @@ fn transport_error(message: String) -> ProviderError {
 }
 
 /// A request to `config`'s route: the family's path and headers, its credential, `accept`.
-fn request(agent: &ureq::Agent, config: &RenderConfig, bearer: Option<&str>, accept: &str) -> ureq::Request {
+fn request(
+    agent: &ureq::Agent,
+    config: &RenderConfig,
+    (bearer, account): (Option<&str>, Option<&str>),
+    accept: &str,
+) -> ureq::Request {
     let family = super::wire(config.family);
     let url = family.url(config);
     let mut req = agent.post(&url).set("content-type", "application/json").set("accept", accept);
@@ -323,6 +330,9 @@ fn request(agent: &ureq::Agent, config: &RenderConfig, bearer: Option<&str>, acc
     if let (AuthSource::Bearer | AuthSource::Vault { .. }, Some(token)) = (&config.auth, bearer) {
         let (name, value) = family.auth_header(token);
         req = req.set(name, &value);
+    }
+    if let (Some(header), Some(account)) = (family.account_header(), account) {
+        req = req.set(header, account);
     }
     req
 }
@@ -345,7 +355,8 @@ fn retry_after_secs(value: &str) -> Option<Duration> {
 /// The streamer thread's body. Ends when the stream ends, fails, is cancelled, or the loop
 /// stops listening.
 fn stream(slot: &AgentSlot, a: Attempt, tx: &Sender<AttemptEvent>) {
-    let resp = match request(&slot.agent, &a.config, a.bearer.as_deref(), "text/event-stream").send_bytes(&a.body) {
+    let credential = (a.bearer.as_deref(), a.account_id.as_deref());
+    let resp = match request(&slot.agent, &a.config, credential, "text/event-stream").send_bytes(&a.body) {
         Ok(resp) => resp,
         Err(ureq::Error::Status(status, resp)) => {
             let after = retry_after(&resp);

@@ -52,6 +52,20 @@ pub fn body(config: &RenderConfig, transcript: &[Message]) -> Value {
     body
 }
 
+/// The ChatGPT/Codex backend's body: the Responses body without `max_output_tokens` (the
+/// backend rejects the field; an explicit cap is accepted and not rendered, spec §4), with
+/// `instructions` always present (the backend requires it; empty without a system prompt).
+pub fn chatgpt_body(config: &RenderConfig, transcript: &[Message]) -> Value {
+    let mut body = body(config, transcript);
+    if let Value::Object(top) = &mut body {
+        top.shift_remove("max_output_tokens");
+        if !top.contains_key("instructions") {
+            top.insert("instructions".into(), json!(""));
+        }
+    }
+    body
+}
+
 fn tool(spec: &ToolSpec) -> Value {
     with_description(
         json!({"type": "function", "name": spec.name, "parameters": spec.input_schema, "strict": false}),

@@ -21,6 +21,7 @@ use super::{classify_http_error, render_request, wire};
 use crate::message::{Message, Part, Role};
 use crate::record::ErrorClass;
 
+/// The families with a stream decoder of their own (the ChatGPT backend streams Responses).
 const FAMILIES: [Family; 4] =
     [Family::AnthropicMessages, Family::OpenaiChat, Family::OpenaiResponses, Family::GoogleGenerateContent];
 
@@ -350,6 +351,12 @@ fn request_cases() -> Vec<(String, RenderConfig, Vec<Message>)> {
             json!({"reasoning": {"effort": "high", "summary": "auto"}, "include": ["reasoning.encrypted_content"]}),
         ),
         (
+            Family::OpenaiChatgptResponses,
+            "openai",
+            "gpt-5",
+            json!({"reasoning": {"effort": "high", "summary": "auto"}, "include": ["reasoning.encrypted_content"]}),
+        ),
+        (
             Family::GoogleGenerateContent,
             "google",
             "gemini-2.5-flash",
@@ -383,6 +390,8 @@ fn request_cases() -> Vec<(String, RenderConfig, Vec<Message>)> {
                 ("cache.24h", CachePolicy { role: Some(CacheRole::Primary), ttl: Some(CacheTtl::OneDay) }),
                 ("cache.key", CachePolicy::default()),
             ],
+            // The backend refuses retention; the key is rendered.
+            Family::OpenaiChatgptResponses => &[("cache.key", CachePolicy::default())],
             // Implicit caching: nothing is rendered.
             Family::GoogleGenerateContent => &[],
         };

@@ -39,6 +39,11 @@ pub trait WireFamily: Sync {
         ("authorization", format!("Bearer {token}"))
     }
 
+    /// The header naming the credential's account, for a backend that routes by it.
+    fn account_header(&self) -> Option<&'static str> {
+        None
+    }
+
     /// Headers the family's requests carry besides content negotiation and authorization.
     fn headers(&self) -> &'static [(&'static str, &'static str)] {
         &[]
@@ -111,6 +116,7 @@ pub fn wire(family: Family) -> &'static dyn WireFamily {
         Family::OpenaiChat => &OpenaiChat,
         Family::OpenaiResponses => &OpenaiResponses,
         Family::GoogleGenerateContent => &GoogleGenerateContent,
+        Family::OpenaiChatgptResponses => &OpenaiChatgptResponses,
     }
 }
 
@@ -195,6 +201,46 @@ impl WireFamily for OpenaiChat {
 
 struct OpenaiResponses;
 
+fn responses_variant(setting: &Setting) -> Value {
+    match setting {
+        Setting::Effort(e) => {
+            json!({"reasoning": {"effort": e, "summary": "auto"}, "include": ["reasoning.encrypted_content"]})
+        }
+        _ => Value::Null,
+    }
+}
+
+/// The ChatGPT/Codex backend: Responses as the Codex client speaks it to a ChatGPT
+/// subscription (`openai_responses::chatgpt_body`).
+struct OpenaiChatgptResponses;
+
+impl WireFamily for OpenaiChatgptResponses {
+    fn family(&self) -> Family {
+        Family::OpenaiChatgptResponses
+    }
+    fn path(&self) -> &'static str {
+        "/responses"
+    }
+    fn headers(&self) -> &'static [(&'static str, &'static str)] {
+        &[("openai-beta", "responses=experimental"), ("originator", "codex_cli_rs")]
+    }
+    fn account_header(&self) -> Option<&'static str> {
+        Some("chatgpt-account-id")
+    }
+    fn body(&self, config: &RenderConfig, transcript: &[Message]) -> Value {
+        openai_responses::chatgpt_body(config, transcript)
+    }
+    fn mark_cache(&self, config: &RenderConfig, body: &mut Value) {
+        cache::mark_chatgpt(config, body);
+    }
+    fn decoder(&self) -> Box<dyn StreamDecoder> {
+        Box::new(openai_responses::ResponsesDecoder::new())
+    }
+    fn render_variant(&self, setting: &Setting, _wire_model: &str) -> Value {
+        responses_variant(setting)
+    }
+}
+
 impl WireFamily for OpenaiResponses {
     fn family(&self) -> Family {
         Family::OpenaiResponses
@@ -212,12 +258,7 @@ impl WireFamily for OpenaiResponses {
         Box::new(openai_responses::ResponsesDecoder::new())
     }
     fn render_variant(&self, setting: &Setting, _wire_model: &str) -> Value {
-        match setting {
-            Setting::Effort(e) => {
-                json!({"reasoning": {"effort": e, "summary": "auto"}, "include": ["reasoning.encrypted_content"]})
-            }
-            _ => Value::Null,
-        }
+        responses_variant(setting)
     }
 }
 

@@ -452,7 +452,11 @@ fn serve_request(shared: &Shared, conn: &mut Conn, request: Request, keep: bool)
         return Ok(keep);
     };
     let lane = lane.to_string();
-    let family = family_of(rest);
+    let family = family_of(rest).map(|f| match f {
+        // The Codex client speaks Responses to the ChatGPT backend, and says so.
+        Family::OpenaiResponses if request.header("originator").is_some() => Family::OpenaiChatgptResponses,
+        other => other,
+    });
     let is_model = family.is_some() && request.method == "POST";
     let model = model_of(&request);
     let authorized = shared.lanes.authorized(&lane, request.header("authorization"));
@@ -469,6 +473,12 @@ fn serve_request(shared: &Shared, conn: &mut Conn, request: Request, keep: bool)
     if let (true, Some(body)) = (authorized, warm_body) {
         return answer_warm(shared, conn, &lane, &model, body, keep);
     }
+    if let Some(member) = parsed.as_ref().and_then(|b| chatgpt_rejects(family, b)) {
+        // The ChatGPT backend refuses what only OpenAI's own API takes, before anything else.
+        let message = format!("Unsupported parameter: {member}");
+        http::write_reply(conn, &Reply::json(400, &serde_json::json!({"detail": message})), keep)?;
+        return Ok(keep);
+    }
     let response = if authorized {
         let response = shared.lanes.pop(&lane).unwrap_or_else(|| ScriptedResponse::Stream(default_reply()));
         match (response, &parsed) {
@@ -484,6 +494,13 @@ fn serve_request(shared: &Shared, conn: &mut Conn, request: Request, keep: bool)
     };
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed).to_string();
     answer(shared, conn, family, model, id, response, keep)
+}
+
+/// The member the ChatGPT backend refuses with HTTP 400 in `body`, if any: the output cap and
+/// the extended cache retention.
+fn chatgpt_rejects(family: Family, body: &serde_json::Value) -> Option<&'static str> {
+    let members = ["max_output_tokens", "prompt_cache_retention"];
+    (family == Family::OpenaiChatgptResponses).then(|| members.into_iter().find(|m| body.get(m).is_some())).flatten()
 }
 
 /// Answers a warm (`warm`): its scripted delay and status, else what the lane's prompt cache
@@ -530,7 +547,7 @@ fn answer(
     let request_id = format!("req_mock{id}");
     let id_header = match family {
         Family::AnthropicMessages => Some("request-id"),
-        Family::OpenaiChat | Family::OpenaiResponses => Some("x-request-id"),
+        Family::OpenaiChat | Family::OpenaiResponses | Family::OpenaiChatgptResponses => Some("x-request-id"),
         Family::GoogleGenerateContent => None,
     };
     let mut headers: Vec<(String, String)> =

@@ -69,9 +69,10 @@ impl PromptCache {
         self.entries.retain(|_, (expires, _)| *expires > now);
         match family {
             Family::AnthropicMessages => self.anthropic(body, now),
-            Family::OpenaiChat | Family::OpenaiResponses | Family::GoogleGenerateContent => {
-                self.openai(family, body, now)
-            }
+            Family::OpenaiChat
+            | Family::OpenaiResponses
+            | Family::OpenaiChatgptResponses
+            | Family::GoogleGenerateContent => self.openai(family, body, now),
         }
     }
 
@@ -195,7 +196,7 @@ fn openai_blocks(family: Family, body: &Value) -> Vec<Block> {
         parts.push((tools.clone(), None));
     }
     let items = match family {
-        Family::OpenaiResponses => &body["input"],
+        Family::OpenaiResponses | Family::OpenaiChatgptResponses => &body["input"],
         Family::GoogleGenerateContent => &body["contents"],
         _ => &body["messages"],
     };

@@ -58,7 +58,7 @@ pub fn render(family: Family, steps: &[Step], ctx: &RenderCtx) -> Vec<Piece> {
     let mut renderer: Box<dyn Envelope + '_> = match family {
         Family::AnthropicMessages => Box::new(anthropic::Anthropic::new(ctx, usage)),
         Family::OpenaiChat => Box::new(chat::Chat::new(ctx, usage)),
-        Family::OpenaiResponses => Box::new(responses::Responses::new(ctx, usage)),
+        Family::OpenaiResponses | Family::OpenaiChatgptResponses => Box::new(responses::Responses::new(ctx, usage)),
         Family::GoogleGenerateContent => Box::new(gemini::Gemini::new(ctx, usage)),
     };
     let mut out = Vec::new();
@@ -172,7 +172,7 @@ pub fn error_document(family: Family, status: u16, request_id: &str) -> Value {
             };
             json!({"type": "error", "error": {"type": kind, "message": message}, "request_id": request_id})
         }
-        Family::OpenaiChat | Family::OpenaiResponses => {
+        Family::OpenaiChat | Family::OpenaiResponses | Family::OpenaiChatgptResponses => {
             let (kind, code, message) = match status {
                 400 => ("invalid_request_error", Value::Null, "Invalid request."),
                 401 => ("invalid_request_error", json!("invalid_api_key"), "Incorrect API key provided."),
