@@ -8,7 +8,7 @@ use cortexkit_role_tool_provider::catalog::Reply;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// The wire families broca speaks. Bedrock, Code Assist and the ChatGPT backend come later.
+/// The wire families broca speaks. Google Code Assist comes later.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Family {
@@ -23,6 +23,9 @@ pub enum Family {
     /// The ChatGPT/Codex backend (`POST {backend}/responses`): Responses as a ChatGPT
     /// subscription's credential speaks it.
     OpenaiChatgptResponses,
+    /// Amazon Bedrock Converse (`POST {api}/model/{model}/converse-stream`, an AWS event
+    /// stream).
+    AwsBedrockConverse,
 }
 
 impl Family {
@@ -33,6 +36,7 @@ impl Family {
             Family::OpenaiResponses => "openai_responses",
             Family::GoogleGenerateContent => "google_generate_content",
             Family::OpenaiChatgptResponses => "openai_chatgpt_responses",
+            Family::AwsBedrockConverse => "aws_bedrock_converse",
         }
     }
 }

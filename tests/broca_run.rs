@@ -68,11 +68,12 @@ fn code(out: &Output) -> i32 {
 }
 
 /// One model per wire family, each on its own mock lane.
-const FAMILIES: [(&str, &str); 4] = [
+const FAMILIES: [(&str, &str); 5] = [
     ("mock/echo-chat", "chat"),
     ("mock/echo-messages", "messages"),
     ("mock/echo-responses", "responses"),
     ("mock/echo-gemini", "gemini"),
+    ("mock/echo-bedrock", "bedrock"),
 ];
 
 #[test]

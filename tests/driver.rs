@@ -1025,3 +1025,41 @@ fn a_gemini_tool_loop_round_trips_its_call_result_and_signature() {
     let status = rig.call("run.status", json!({"run_id": run})).unwrap();
     assert_eq!(status["usage"]["reasoning_tokens"], 3, "{status}");
 }
+
+/// Bedrock Converse (#29): a tool loop over broca-mock's AWS event stream (binary frames with
+/// their CRCs). The call comes back as `toolUse`, its result as a `toolResult` in the next user
+/// turn, and the reasoning's signature as `reasoningContent`.
+#[test]
+fn a_bedrock_tool_loop_round_trips_over_the_event_stream() {
+    let rig = rig(Duration::from_secs(5));
+    let call = json!({"events": [{"reasoning": "Time it.", "signature": "EqQBbedrock=="},
+                                  {"tool_call": {"id": "tooluse_1", "name": "slow", "arguments": {"n": 2}, "chunks": 3}},
+                                  {"usage": {"input": 30, "output": 9, "cached": 0}}, {"finish": "tool_calls"}]});
+    rig.script(json!({"responses": [call, reply_script("Done timing.", 0)]}));
+    let mut params = keyed("time the slow tool", "bd-1");
+    params["model"] = json!({"provider": "mock", "model": "echo-bedrock"});
+    params["tools"] = json!([{"name": "slow", "input_schema": {"type": "object"}}]);
+    let run = rig.call("session.send", params).unwrap()["run_id"].as_str().unwrap().to_owned();
+    rig.wait_state(&run, "completed");
+    let requests = rig.mock.requests("default");
+    assert!(requests[0].path.ends_with("/model/echo-bedrock/converse-stream"), "{}", requests[0].path);
+    assert_eq!(requests[0].header("accept"), Some("application/vnd.amazon.eventstream"));
+    let second = requests[1].body_json().unwrap();
+    let assistant = &second["messages"][1];
+    assert_eq!(
+        assistant["content"][0],
+        json!({"reasoningContent": {"reasoningText": {"text": "Time it.", "signature": "EqQBbedrock=="}}})
+    );
+    assert_eq!(
+        assistant["content"][1],
+        json!({"toolUse": {"toolUseId": "tooluse_1", "name": "slow", "input": {"n": 2}}})
+    );
+    let result = &second["messages"][2]["content"][0]["toolResult"];
+    assert_eq!(
+        (result["toolUseId"].clone(), result["status"].clone()),
+        (json!("tooluse_1"), json!("success")),
+        "{second}"
+    );
+    let texts = ["user:time the slow tool", "assistant:Time it.", "tool:", "assistant:Done timing."];
+    assert_eq!(rig.texts(), texts);
+}

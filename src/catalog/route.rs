@@ -198,6 +198,7 @@ fn family_of(row: &ModelRow) -> Result<Family, AdmissionError> {
         ("@ai-sdk/openai-compatible", None) => Ok(Family::OpenaiChat),
         ("@ai-sdk/openai-compatible", Some("responses")) => Ok(Family::OpenaiResponses),
         ("@ai-sdk/google", None | Some("generate_content")) => Ok(Family::GoogleGenerateContent),
+        ("@ai-sdk/amazon-bedrock", None | Some("converse")) => Ok(Family::AwsBedrockConverse),
         (npm, Some(shape)) if ["@ai-sdk/anthropic", "@ai-sdk/openai", "@ai-sdk/openai-compatible"].contains(&npm) => {
             Err(unsupported(format!("wire.shape {shape:?} is not supported for wire.npm {npm:?}")))
         }

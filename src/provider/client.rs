@@ -31,7 +31,6 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 
 use super::config::{AuthSource, RenderConfig};
 use super::event::StreamEvent;
-use super::sse::SseFramer;
 use super::telemetry::Telemetry;
 use super::warm::{WarmAnswer, WarmCall};
 use crate::record::{ErrorClass, ProviderError};
@@ -356,7 +355,8 @@ fn retry_after_secs(value: &str) -> Option<Duration> {
 /// stops listening.
 fn stream(slot: &AgentSlot, a: Attempt, tx: &Sender<AttemptEvent>) {
     let credential = (a.bearer.as_deref(), a.account_id.as_deref());
-    let resp = match request(&slot.agent, &a.config, credential, "text/event-stream").send_bytes(&a.body) {
+    let accept = super::wire(a.config.family).accept();
+    let resp = match request(&slot.agent, &a.config, credential, accept).send_bytes(&a.body) {
         Ok(resp) => resp,
         Err(ureq::Error::Status(status, resp)) => {
             let after = retry_after(&resp);
@@ -373,7 +373,7 @@ fn stream(slot: &AgentSlot, a: Attempt, tx: &Sender<AttemptEvent>) {
         }
     };
     let mut reader = resp.into_reader();
-    let mut framer = SseFramer::new();
+    let mut framer = super::wire(a.config.family).framer();
     let mut decoder = super::wire(a.config.family).decoder();
     let mut telemetry = Telemetry::default();
     let mut events = Vec::new();

@@ -4,6 +4,7 @@
 //! transcript into request bytes, and response bytes into typed [`event::StreamEvent`]s.
 
 pub mod anthropic;
+pub mod bedrock;
 pub mod cache;
 mod chat_chunk;
 pub mod client;
@@ -14,6 +15,7 @@ pub mod config {
 }
 pub mod errors;
 pub mod event;
+pub mod eventstream;
 pub mod gemini;
 pub mod openai_chat;
 pub mod openai_responses;

@@ -31,6 +31,32 @@ pub struct Pushed {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SseError(pub String);
 
+/// A response framing: bytes in (split anywhere), whole events out. SSE for most families,
+/// the AWS event stream for Bedrock ([`super::eventstream`]).
+pub trait Framer: Send {
+    fn push(&mut self, bytes: &[u8]) -> Result<Pushed, SseError>;
+    /// Ends the stream (an incomplete event is discarded, never decoded).
+    fn finish(&mut self) -> Result<Pushed, SseError>;
+}
+
+impl Framer for SseFramer {
+    fn push(&mut self, bytes: &[u8]) -> Result<Pushed, SseError> {
+        SseFramer::push(self, bytes)
+    }
+    fn finish(&mut self) -> Result<Pushed, SseError> {
+        SseFramer::finish(self)
+    }
+}
+
+impl Framer for super::eventstream::EventStreamFramer {
+    fn push(&mut self, bytes: &[u8]) -> Result<Pushed, SseError> {
+        super::eventstream::EventStreamFramer::push(self, bytes)
+    }
+    fn finish(&mut self) -> Result<Pushed, SseError> {
+        super::eventstream::EventStreamFramer::finish(self)
+    }
+}
+
 #[derive(Default)]
 pub struct SseFramer {
     /// Bytes of an incomplete line.

@@ -17,13 +17,19 @@ use serde_json::{json, Value};
 use super::config::{AuthSource, RenderConfig, ToolSpec};
 use super::event::{Family, StreamDecoder};
 use super::sse::{Pushed, SseError, SseFramer};
+
 use super::{classify_http_error, render_request, wire};
 use crate::message::{Message, Part, Role};
 use crate::record::ErrorClass;
 
 /// The families with a stream decoder of their own (the ChatGPT backend streams Responses).
-const FAMILIES: [Family; 4] =
-    [Family::AnthropicMessages, Family::OpenaiChat, Family::OpenaiResponses, Family::GoogleGenerateContent];
+const FAMILIES: [Family; 5] = [
+    Family::AnthropicMessages,
+    Family::OpenaiChat,
+    Family::OpenaiResponses,
+    Family::GoogleGenerateContent,
+    Family::AwsBedrockConverse,
+];
 
 fn testdata() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata")
@@ -94,7 +100,7 @@ impl Run {
         self.stopped = true;
     }
 
-    fn end(mut self, framer: &mut SseFramer) -> String {
+    fn end(mut self, framer: &mut dyn super::sse::Framer) -> String {
         self.take(framer.finish());
         let end = json!({"end": {"finished": self.decoder.finished(), "comments": self.comments}});
         self.lines + &format!("{end}\n")
@@ -102,12 +108,12 @@ impl Run {
 }
 
 fn decode_chunks<'a>(family: Family, chunks: impl IntoIterator<Item = &'a [u8]>) -> String {
-    let mut framer = SseFramer::new();
+    let mut framer = wire(family).framer();
     let mut run = Run::new(family);
     for chunk in chunks {
         run.take(framer.push(chunk));
     }
-    run.end(&mut framer)
+    run.end(framer.as_mut())
 }
 
 fn family_of(name: &str) -> Family {
@@ -117,6 +123,9 @@ fn family_of(name: &str) -> Family {
         .expect("file named <family>.<case>.sse")
 }
 
+/// The recorded streams: `testdata/sse/*.sse` as they were sent, and the event-stream cases
+/// `testdata/eventstream/*.json` (each message's string headers and JSON payload, or a raw
+/// `bytes_hex` message), framed here as the service frames them.
 fn sse_cases() -> Vec<(String, Family, Vec<u8>)> {
     let mut cases: Vec<_> = std::fs::read_dir(testdata().join("sse"))
         .expect("testdata/sse")
@@ -127,8 +136,29 @@ fn sse_cases() -> Vec<(String, Family, Vec<u8>)> {
             (stem.clone(), family_of(&stem), std::fs::read(&p).expect("read sse"))
         })
         .collect();
+    for p in std::fs::read_dir(testdata().join("eventstream")).expect("testdata/eventstream") {
+        let p = p.expect("dir entry").path();
+        let stem = p.file_stem().expect("stem").to_string_lossy().into_owned();
+        let messages: Vec<Value> = serde_json::from_slice(&std::fs::read(&p).expect("read")).expect("JSON");
+        cases.push((stem.clone(), family_of(&stem), messages.iter().flat_map(event_stream_message).collect()));
+    }
     cases.sort_by(|a, b| a.0.cmp(&b.0));
     cases
+}
+
+/// One described event-stream message as bytes (see [`sse_cases`]).
+fn event_stream_message(m: &Value) -> Vec<u8> {
+    if let Some(cut) = m.get("truncated_bytes").and_then(Value::as_u64) {
+        let whole = event_stream_message(&m["message"]);
+        return whole[..cut as usize].to_vec();
+    }
+    let headers: Vec<(&str, &str)> = m["headers"]
+        .as_object()
+        .expect("headers")
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str().expect("string")))
+        .collect();
+    super::eventstream::encode(&headers, m["payload"].to_string().as_bytes())
 }
 
 /// Cases also split in two at every byte boundary (they hold multibyte UTF-8).
@@ -362,6 +392,7 @@ fn request_cases() -> Vec<(String, RenderConfig, Vec<Message>)> {
             "gemini-2.5-flash",
             json!({"generationConfig": {"thinkingConfig": {"includeThoughts": true, "thinkingBudget": 8192}}}),
         ),
+        (Family::AwsBedrockConverse, "amazon-bedrock", "anthropic.claude-sonnet-4-5-20250929-v1:0", Value::Null),
     ];
     let mut cases = Vec::new();
     for (family, provider, model, variant_params) in families {
@@ -394,6 +425,8 @@ fn request_cases() -> Vec<(String, RenderConfig, Vec<Message>)> {
             Family::OpenaiChatgptResponses => &[("cache.key", CachePolicy::default())],
             // Implicit caching: nothing is rendered.
             Family::GoogleGenerateContent => &[],
+            // cachePoint blocks, whatever the policy (the lifetime is the provider's).
+            Family::AwsBedrockConverse => &[("cache.points", CachePolicy::default())],
         };
         for (case, policy) in policies {
             let mut cached = config(family, provider, model);

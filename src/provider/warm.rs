@@ -75,6 +75,9 @@ pub fn unsupported_bytes(config: &RenderConfig, base: &[u8]) -> Option<WarmUnsup
 
 /// Why `config`'s request, rendered as `base`, cannot be warmed; `None` when it can.
 pub fn unsupported(config: &RenderConfig, base: &Value) -> Option<WarmUnsupported> {
+    if config.family == crate::frozen::Family::AwsBedrockConverse {
+        return Some(WarmUnsupported::BedrockConverse);
+    }
     if !config.first_party_anthropic() {
         return Some(WarmUnsupported::Provider);
     }

@@ -8,7 +8,8 @@ use serde_json::{json, Value};
 use super::common::merge_variant;
 use super::config::RenderConfig;
 use super::event::{Family, StreamDecoder};
-use super::{anthropic, cache, errors, gemini, openai_chat, openai_responses};
+use super::sse::{Framer, SseFramer};
+use super::{anthropic, bedrock, cache, errors, gemini, openai_chat, openai_responses};
 use crate::message::Message;
 use crate::record::ProviderError;
 
@@ -95,6 +96,16 @@ pub trait WireFamily: Sync {
     /// A fresh decoder for one response stream.
     fn decoder(&self) -> Box<dyn StreamDecoder>;
 
+    /// A fresh framing for one response stream (SSE by default).
+    fn framer(&self) -> Box<dyn Framer> {
+        Box::new(SseFramer::new())
+    }
+
+    /// The `accept` a streamed request sends.
+    fn accept(&self) -> &'static str {
+        "text/event-stream"
+    }
+
     /// A non-2xx answer, classified (transient, permanent, auth, context overflow).
     fn classify_error(&self, status: u16, body: &[u8]) -> ProviderError {
         errors::classify_http_error(self.family(), status, body)
@@ -117,6 +128,7 @@ pub fn wire(family: Family) -> &'static dyn WireFamily {
         Family::OpenaiResponses => &OpenaiResponses,
         Family::GoogleGenerateContent => &GoogleGenerateContent,
         Family::OpenaiChatgptResponses => &OpenaiChatgptResponses,
+        Family::AwsBedrockConverse => &AwsBedrockConverse,
     }
 }
 
@@ -298,5 +310,39 @@ impl WireFamily for GoogleGenerateContent {
     }
     fn has_toggle_mapping(&self) -> bool {
         true
+    }
+}
+
+struct AwsBedrockConverse;
+
+impl WireFamily for AwsBedrockConverse {
+    fn family(&self) -> Family {
+        Family::AwsBedrockConverse
+    }
+    /// The path's shape: `/model/<model>` then this (`bedrock::path`).
+    fn path(&self) -> &'static str {
+        "/converse-stream"
+    }
+    fn url(&self, config: &RenderConfig) -> String {
+        format!("{}{}", config.base_url, bedrock::path(&config.wire_model))
+    }
+    fn body(&self, config: &RenderConfig, transcript: &[Message]) -> Value {
+        bedrock::body(config, transcript)
+    }
+    fn mark_cache(&self, config: &RenderConfig, body: &mut Value) {
+        bedrock::mark_cache(config, body);
+    }
+    fn decoder(&self) -> Box<dyn StreamDecoder> {
+        Box::new(bedrock::BedrockDecoder::new())
+    }
+    fn framer(&self) -> Box<dyn Framer> {
+        Box::new(super::eventstream::EventStreamFramer::new())
+    }
+    fn accept(&self) -> &'static str {
+        "application/vnd.amazon.eventstream"
+    }
+    /// Variants render nothing on Converse (spec §4 variants table).
+    fn render_variant(&self, _setting: &Setting, _wire_model: &str) -> Value {
+        Value::Null
     }
 }

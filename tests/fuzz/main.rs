@@ -16,6 +16,7 @@
 //! spread order within the budget; `BROCA_FUZZ_SWEEP=full` visits all of them.
 
 mod catalog;
+mod eventstream;
 mod gen;
 mod ops;
 mod sse;

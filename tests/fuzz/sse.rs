@@ -12,13 +12,14 @@
 use std::collections::BTreeSet;
 
 use broca::provider::event::{Family, StreamEvent};
-use broca::provider::sse::SseFramer;
 use broca::provider::wire;
 use broca::record::ErrorClass;
 use serde_json::{json, Value};
 
 use crate::{corpus, fuzz, Gen};
 
+/// The families whose recorded streams are SSE (`testdata/sse/`); Bedrock's event stream has
+/// its own target (`eventstream`).
 const FAMILIES: [(Family, &str); 4] = [
     (Family::AnthropicMessages, "anthropic_messages."),
     (Family::OpenaiChat, "openai_chat."),
@@ -162,9 +163,10 @@ fn mutant_stream(g: &mut Gen, ts: &[Transcript], family: Family, names: &[&str])
 
 const FINISH_REASONS: [&str; 6] = ["stop", "length", "tool_calls", "content_filter", "refusal", "other"];
 
-/// Decodes `bytes` as the streamer does and checks every event the decoder produced.
-fn decode_stream(g: &mut Gen, family: Family, bytes: &[u8]) {
-    let mut framer = SseFramer::new();
+/// Decodes `bytes` as the streamer does (the family's own framing) and checks every event the
+/// decoder produced.
+pub(crate) fn decode_stream(g: &mut Gen, family: Family, bytes: &[u8]) {
+    let mut framer = wire::wire(family).framer();
     let mut decoder = wire::wire(family).decoder();
     let mut starts = 0usize;
     let mut fed = 0;
@@ -213,6 +215,34 @@ fn decode_stream(g: &mut Gen, family: Family, bytes: &[u8]) {
     }
 }
 
+/// The family's non-2xx classifier over a mutated error document and any status.
+pub(crate) fn fuzz_classifier(g: &mut Gen, family: Family) {
+    let doc = match family {
+        Family::AnthropicMessages => {
+            json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
+        }
+        Family::AwsBedrockConverse => json!({"message": "Too many requests, please wait before trying again."}),
+        _ => {
+            json!({"error": {"type": "requests", "code": "rate_limit_exceeded", "message": "slow down", "param": null}})
+        }
+    };
+    let body = if g.chance(2) {
+        g.mutant_bytes(&doc, &["error", "type", "code", "message"])
+    } else {
+        let n = g.below(64);
+        g.bytes(n)
+    };
+    let status = *g.pick(&[400, 401, 403, 404, 408, 409, 413, 422, 429, 500, 502, 503, 529, 0, 999, u16::MAX]);
+    let error = wire::wire(family).classify_error(status, &body);
+    assert_eq!(error.http_status, Some(status));
+    assert!(!error.message.is_empty(), "{error:?}");
+    if status == 401 {
+        assert_eq!(error.class, ErrorClass::AuthRequired);
+    } else if (500..=599).contains(&status) {
+        assert_eq!(error.class, ErrorClass::Transient, "{error:?}");
+    }
+}
+
 fn fuzz_family(target: &str, family: Family) {
     let ts = transcripts();
     let names = names_of(&ts, family);
@@ -220,30 +250,7 @@ fn fuzz_family(target: &str, family: Family) {
     fuzz(target, 200, |g| {
         let bytes = mutant_stream(g, &ts, family, &names);
         decode_stream(g, family, &bytes);
-        // The same family's non-2xx classifier over a mutated error document and any status.
-        let doc = match family {
-            Family::AnthropicMessages => {
-                json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
-            }
-            _ => {
-                json!({"error": {"type": "requests", "code": "rate_limit_exceeded", "message": "slow down", "param": null}})
-            }
-        };
-        let body = if g.chance(2) {
-            g.mutant_bytes(&doc, &["error", "type", "code", "message"])
-        } else {
-            let n = g.below(64);
-            g.bytes(n)
-        };
-        let status = *g.pick(&[400, 401, 403, 404, 408, 409, 413, 422, 429, 500, 502, 503, 529, 0, 999, u16::MAX]);
-        let error = wire::wire(family).classify_error(status, &body);
-        assert_eq!(error.http_status, Some(status));
-        assert!(!error.message.is_empty(), "{error:?}");
-        if status == 401 {
-            assert_eq!(error.class, ErrorClass::AuthRequired);
-        } else if (500..=599).contains(&status) {
-            assert_eq!(error.class, ErrorClass::Transient, "{error:?}");
-        }
+        fuzz_classifier(g, family);
     });
 }
 

@@ -549,6 +549,7 @@ fn answer(
         Family::AnthropicMessages => Some("request-id"),
         Family::OpenaiChat | Family::OpenaiResponses | Family::OpenaiChatgptResponses => Some("x-request-id"),
         Family::GoogleGenerateContent => None,
+        Family::AwsBedrockConverse => Some("x-amzn-requestid"),
     };
     let mut headers: Vec<(String, String)> =
         id_header.map(|name| (name.to_string(), request_id.clone())).into_iter().collect();
@@ -574,6 +575,9 @@ fn answer(
             let ctx = RenderCtx { model, id, created };
             let pieces = render::render(family, &reply.events, &ctx);
             let stamp = reply.uses_now_token();
+            if family == Family::AwsBedrockConverse {
+                headers.push(("Content-Type".into(), "application/vnd.amazon.eventstream".into()));
+            }
             headers.extend(reply.headers);
             http::write_stream_head(conn, &headers, keep)?;
             let ended = if keep {
@@ -620,9 +624,32 @@ fn family_of(rest: &str) -> Option<Family> {
     if gemini_model(rest).is_some() {
         return Some(Family::GoogleGenerateContent);
     }
+    if bedrock_model(rest).is_some() {
+        return Some(Family::AwsBedrockConverse);
+    }
     [Family::AnthropicMessages, Family::OpenaiChat, Family::OpenaiResponses]
         .into_iter()
         .find(|f| broca::provider::wire(*f).path() == rest)
+}
+
+/// The model a Bedrock path names: `/model/<percent-encoded id>/converse-stream`, decoded.
+fn bedrock_model(rest: &str) -> Option<String> {
+    let encoded =
+        rest.strip_prefix("/model/")?.strip_suffix(broca::provider::wire(Family::AwsBedrockConverse).path())?;
+    let bytes = encoded.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok().filter(|m| !m.is_empty() && !m.contains('/'))
 }
 
 /// The model a Gemini path names: `/models/<model>:streamGenerateContent`.
@@ -636,6 +663,9 @@ fn gemini_model(rest: &str) -> Option<&str> {
 fn model_of(request: &Request) -> String {
     if let Some(model) = route(request.path()).and_then(|(_, rest)| gemini_model(rest)) {
         return model.to_string();
+    }
+    if let Some(model) = route(request.path()).and_then(|(_, rest)| bedrock_model(rest)) {
+        return model;
     }
     serde_json::from_slice::<serde_json::Value>(&request.body)
         .ok()

@@ -68,7 +68,8 @@ impl PromptCache {
     pub fn measure(&mut self, family: Family, body: &Value, now: Instant) -> Usage {
         self.entries.retain(|_, (expires, _)| *expires > now);
         match family {
-            Family::AnthropicMessages => self.anthropic(body, now),
+            Family::AnthropicMessages => self.breakpoints(anthropic_blocks(body), now),
+            Family::AwsBedrockConverse => self.breakpoints(bedrock_blocks(body), now),
             Family::OpenaiChat
             | Family::OpenaiResponses
             | Family::OpenaiChatgptResponses
@@ -76,8 +77,8 @@ impl PromptCache {
         }
     }
 
-    fn anthropic(&mut self, body: &Value, now: Instant) -> Usage {
-        let blocks = anthropic_blocks(body);
+    /// Prefix caching at explicit breakpoints (Anthropic `cache_control`, Bedrock `cachePoint`).
+    fn breakpoints(&mut self, blocks: Vec<Block>, now: Instant) -> Usage {
         let total = blocks.last().map_or(0, |b| b.tokens);
         let key = String::new();
         let mut read: Option<usize> = None;
@@ -185,6 +186,34 @@ fn anthropic_blocks(body: &Value) -> Vec<Block> {
         }
     }
     chain(&body["model"], parts)
+}
+
+/// Bedrock Converse: blocks are the tool specs, the system blocks, then each message's content
+/// blocks (role included); a `cachePoint` block marks a five-minute breakpoint on the block
+/// before it.
+fn bedrock_blocks(body: &Value) -> Vec<Block> {
+    let mut parts: Vec<(Value, Option<Duration>)> = Vec::new();
+    let push = |block: &Value, role: Option<&Value>, parts: &mut Vec<(Value, Option<Duration>)>| {
+        if block.get("cachePoint").is_some() {
+            if let Some(last) = parts.last_mut() {
+                last.1 = Some(FIVE_MINUTES);
+            }
+        } else {
+            parts.push((role.map_or_else(|| block.clone(), |r| serde_json::json!([r, block])), None));
+        }
+    };
+    for tool in body.pointer("/toolConfig/tools").and_then(Value::as_array).into_iter().flatten() {
+        push(tool, None, &mut parts);
+    }
+    for block in body["system"].as_array().into_iter().flatten() {
+        push(block, None, &mut parts);
+    }
+    for message in body["messages"].as_array().into_iter().flatten() {
+        for block in message["content"].as_array().into_iter().flatten() {
+            push(block, Some(&message["role"]), &mut parts);
+        }
+    }
+    chain(&body["modelId"], parts)
 }
 
 fn openai_blocks(family: Family, body: &Value) -> Vec<Block> {

@@ -11,6 +11,7 @@
 //!   empty) and `data: <json>`, verbatim in every family.
 
 mod anthropic;
+mod bedrock;
 mod chat;
 mod gemini;
 mod responses;
@@ -60,12 +61,17 @@ pub fn render(family: Family, steps: &[Step], ctx: &RenderCtx) -> Vec<Piece> {
         Family::OpenaiChat => Box::new(chat::Chat::new(ctx, usage)),
         Family::OpenaiResponses | Family::OpenaiChatgptResponses => Box::new(responses::Responses::new(ctx, usage)),
         Family::GoogleGenerateContent => Box::new(gemini::Gemini::new(ctx, usage)),
+        Family::AwsBedrockConverse => Box::new(bedrock::Bedrock::new(ctx, usage)),
     };
+    let binary = family == Family::AwsBedrockConverse;
     let mut out = Vec::new();
     for step in with_implicit_finish(steps) {
         match &step {
             Step::DelayMs(ms) => out.push(Piece::Delay(*ms)),
+            // An event stream has no comments.
+            Step::Comment(_) if binary => {}
             Step::Comment(text) => out.push(Piece::Bytes(format!(": {text}\n\n").into_bytes())),
+            Step::UnknownEvent { name, data } if binary => out.push(bedrock::event(name, data)),
             Step::UnknownEvent { name, data } => {
                 out.push(sse((!name.is_empty()).then_some(name.as_str()), &data.to_string()))
             }
@@ -197,6 +203,17 @@ pub fn error_document(family: Family, status: u16, request_id: &str) -> Value {
             };
             let _ = request_id;
             json!({"error": {"code": status, "message": message, "status": status_name}})
+        }
+        Family::AwsBedrockConverse => {
+            let message = match status {
+                400 => "The provided request is not valid.",
+                403 => "The security token included in the request is invalid.",
+                404 => "The specified model could not be found.",
+                429 => "Too many requests, please wait before trying again.",
+                503 => "The service is temporarily unavailable.",
+                _ => "The server encountered an internal error.",
+            };
+            json!({"message": message})
         }
     }
 }

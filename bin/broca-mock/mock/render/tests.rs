@@ -6,8 +6,9 @@ use serde_json::{json, Value};
 use super::super::script::{default_reply, StreamError, ToolCall, DEFAULT_REPLY_TEXT};
 use super::examples::*;
 use super::*;
-use broca::provider::sse::{SseEvent, SseFramer};
+use broca::provider::sse::SseEvent;
 
+/// The SSE families (Bedrock's event stream has its own test below).
 const ALL: [Family; 4] =
     [Family::AnthropicMessages, Family::OpenaiChat, Family::OpenaiResponses, Family::GoogleGenerateContent];
 
@@ -15,8 +16,8 @@ fn ctx() -> RenderCtx {
     RenderCtx { model: "mock-model".into(), id: "7".into(), created: 1_767_225_600 }
 }
 
-fn frame(bytes: &[u8]) -> (Vec<SseEvent>, u64) {
-    let mut framer = SseFramer::new();
+fn frame(family: Family, bytes: &[u8]) -> (Vec<SseEvent>, u64) {
+    let mut framer = broca::provider::wire(family).framer();
     let mut pushed = framer.push(bytes).unwrap();
     let rest = framer.finish().unwrap();
     pushed.events.extend(rest.events);
@@ -24,7 +25,7 @@ fn frame(bytes: &[u8]) -> (Vec<SseEvent>, u64) {
 }
 
 fn events(family: Family, steps: &[Step]) -> Vec<SseEvent> {
-    frame(&bytes(&render(family, steps, &ctx()))).0
+    frame(family, &bytes(&render(family, steps, &ctx()))).0
 }
 
 fn data(e: &SseEvent) -> Value {
@@ -84,7 +85,7 @@ fn assert_subset(expected: &Value, actual: &Value, at: &str, ignored: &[&str]) {
 /// The rendered events match the example's, in order, member for member.
 fn assert_like(example: &str, actual: &[SseEvent], skip: &[&str], ignored: &[&str]) {
     let keep = |e: &&SseEvent| !skip.contains(&kind(e).as_str());
-    let framed = frame(example.as_bytes()).0;
+    let framed = frame(Family::AnthropicMessages, example.as_bytes()).0;
     let expected: Vec<&SseEvent> = framed.iter().filter(keep).collect();
     let actual: Vec<&SseEvent> = actual.iter().filter(keep).collect();
     let names = |v: &[&SseEvent]| v.iter().map(|e| kind(e)).collect::<Vec<_>>();
@@ -205,10 +206,10 @@ fn rich() -> Vec<Step> {
 fn any_byte_split_frames_the_same_events() {
     for family in ALL {
         let all = bytes(&render(family, &rich(), &ctx()));
-        let (whole, comments) = frame(&all);
+        let (whole, comments) = frame(family, &all);
         assert_eq!(comments, 1);
         for cut in (0..all.len()).step_by(7) {
-            let mut framer = SseFramer::new();
+            let mut framer = broca::provider::wire(family).framer();
             let mut got = framer.push(&all[..cut]).unwrap().events;
             got.extend(framer.push(&all[cut..]).unwrap().events);
             got.extend(framer.finish().unwrap().events);
@@ -420,11 +421,13 @@ fn errors_and_disconnects_end_without_a_terminal() {
     for family in ALL {
         let cut = render(family, &[Step::Text("partial".into()), Step::Disconnect], &ctx());
         assert_eq!(cut.last(), Some(&Piece::Disconnect));
-        let evs = frame(&bytes(&cut)).0;
+        let evs = frame(family, &bytes(&cut)).0;
         assert!(evs.iter().all(|e| !terminal.contains(&kind(e).as_str())), "{family:?}");
         let failed = events(family, &[Step::Text("partial".into()), error("overloaded_error", "Overloaded")]);
         assert!(failed.iter().all(|e| !terminal.contains(&kind(e).as_str())), "{family:?}");
-        assert!(failed.iter().any(|e| e.data.contains("overloaded_error")), "{family:?}");
+        // Gemini names the failure by its status, the others by the scripted type.
+        let named = if family == Family::GoogleGenerateContent { "UNAVAILABLE" } else { "overloaded_error" };
+        assert!(failed.iter().any(|e| e.data.contains(named)), "{family:?}");
     }
     let done = Step::Error(StreamError { kind: "server_error".into(), message: "m".into(), done: true });
     let chat = events(Family::OpenaiChat, &[done]);
@@ -475,13 +478,14 @@ fn default_reply_says_hello_in_every_family() {
                     .as_str()
                     .or(d["choices"][0]["delta"]["content"].as_str())
                     .or(if d["type"] == "response.output_text.delta" { d["delta"].as_str() } else { None })
+                    .or(d["candidates"][0]["content"]["parts"][0]["text"].as_str())
                     .map(str::to_string)
             })
             .collect();
         assert_eq!(text, DEFAULT_REPLY_TEXT, "{family:?}");
-        assert!(evs
+        assert!(evs.iter().any(|e| ["\"output_tokens\":6", "\"completion_tokens\":6", "\"candidatesTokenCount\":6"]
             .iter()
-            .any(|e| e.data.contains("\"output_tokens\":6") || e.data.contains("\"completion_tokens\":6")));
+            .any(|n| e.data.contains(n))));
     }
 }
 
@@ -499,4 +503,34 @@ fn error_documents_have_each_family_shape() {
         (Some("requests"), Some("rate_limit_exceeded"))
     );
     assert_eq!(error_document(Family::OpenaiResponses, 401, "r")["error"]["code"], "invalid_api_key");
+}
+
+/// Bedrock: the rendered event stream frames (CRCs checked) and decodes, through broca's own
+/// decoder, to the script's text, reasoning and signature, call, finish and usage; a split
+/// anywhere frames the same; an error is an exception message and no `metadata` follows it.
+#[test]
+fn bedrock_renders_a_checked_event_stream_broca_decodes() {
+    use broca::provider::event::StreamEvent;
+    let family = Family::AwsBedrockConverse;
+    let all = bytes(&render(family, &rich(), &ctx()));
+    let (whole, comments) = frame(family, &all);
+    assert_eq!(comments, 0, "an event stream has no comments");
+    for cut in (0..all.len()).step_by(5) {
+        let mut framer = broca::provider::wire(family).framer();
+        let mut got = framer.push(&all[..cut]).unwrap().events;
+        got.extend(framer.push(&all[cut..]).unwrap().events);
+        assert_eq!(got, whole, "cut {cut}");
+    }
+    let mut decoder = broca::provider::wire(family).decoder();
+    let mut out = Vec::new();
+    for event in &whole {
+        decoder.decode(event, &mut out).unwrap();
+    }
+    assert!(decoder.finished(), "metadata ends the stream");
+    assert!(out.iter().any(|e| matches!(e, StreamEvent::TextDelta { .. })), "{out:?}");
+    assert!(out.iter().any(|e| matches!(e, StreamEvent::ToolCallStart { .. })), "{out:?}");
+    assert!(out.iter().any(|e| matches!(e, StreamEvent::Finish { .. })), "{out:?}");
+    let failed = events(family, &[Step::Text("partial".into()), error("overloaded_error", "Overloaded")]);
+    assert_eq!(failed.last().unwrap().event.as_deref(), Some("exception:modelStreamErrorException"));
+    assert!(failed.iter().all(|e| e.event.as_deref() != Some("metadata")));
 }
