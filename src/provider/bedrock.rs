@@ -39,7 +39,8 @@
 //!
 //! Finish reasons: `end_turn`, `stop_sequence` → stop; `max_tokens`,
 //! `model_context_window_exceeded` → length; `tool_use` → tool_calls; `guardrail_intervened`,
-//! `content_filtered` → content_filter; anything else → other.
+//! `content_filtered` → content_filter; `malformed_model_output`, `malformed_tool_use` → error;
+//! anything else → other (the role's own table, llm-runner §6.6).
 
 use std::collections::HashMap;
 
@@ -167,15 +168,9 @@ fn tool_result(p: &Part) -> Option<Value> {
     Some(json!({"toolResult": {"toolUseId": tool_call_id, "content": [{"text": text}], "status": status}}))
 }
 
-/// The stop reason normalized.
-pub fn normalize_stop_reason(raw: &str) -> &'static str {
-    match raw {
-        "end_turn" | "stop_sequence" => "stop",
-        "max_tokens" | "model_context_window_exceeded" => "length",
-        "tool_use" => "tool_calls",
-        "guardrail_intervened" | "content_filtered" => "content_filter",
-        _ => "other",
-    }
+/// The stop reason normalized by the role's table for `aws.bedrock_converse`.
+pub fn normalize_stop_reason(raw: &str) -> String {
+    super::common::role_finish("aws.bedrock_converse", raw, false)
 }
 
 fn usage(u: &Value) -> StepUsage {
@@ -268,7 +263,7 @@ impl StreamDecoder for BedrockDecoder {
             "contentBlockDelta" => self.delta(&data, out),
             "messageStop" => {
                 let raw = str_at(&data, &["stopReason"]).unwrap_or("end_turn");
-                out.push(StreamEvent::Finish { reason: normalize_stop_reason(raw).into(), raw: raw.into() });
+                out.push(StreamEvent::Finish { reason: normalize_stop_reason(raw), raw: raw.into() });
                 false
             }
             "metadata" => {

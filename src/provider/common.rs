@@ -177,6 +177,17 @@ pub(crate) fn with_description(mut tool: Value, spec: &ToolSpec) -> Value {
     tool
 }
 
+/// A raw finish reason normalized by the role's own table (llm-runner §6.6,
+/// `cortexkit_role_llm_runner::finish`) for the routing `source` (`google.generate_content`,
+/// `aws.bedrock_converse`, …); `called`: the answer called a tool (a `stop` then reads
+/// `tool_calls`). An unknown source reads `other`.
+pub(crate) fn role_finish(source: &str, raw: &str, called: bool) -> String {
+    match cortexkit_role_llm_runner::finish::normalize(source, Some(raw), called) {
+        Ok(Some(finish)) => finish.as_str().to_owned(),
+        Ok(None) | Err(_) => "other".to_owned(),
+    }
+}
+
 /// Whether an assistant message's opaque reasoning (signatures, encrypted blobs) may be sent to
 /// this route. A blob is only valid for the provider that minted it, so when the message's
 /// `origin` names a provider (`provider` or `provider_module_id`) it must equal

@@ -34,9 +34,10 @@
 //! is the difference. `candidatesTokenCount` excludes `thoughtsTokenCount`; output is their sum,
 //! reasoning the thoughts.
 //!
-//! Finish reasons: `STOP` → stop (tool_calls when the answer called a tool), `MAX_TOKENS` →
-//! length, the safety family (`SAFETY`, `RECITATION`, `BLOCKLIST`, `PROHIBITED_CONTENT`, `SPII`,
-//! `IMAGE_*`) → content_filter, anything else → other.
+//! Finish reasons by the role's own table (llm-runner §6.6): `STOP` → stop (tool_calls when the
+//! answer called a tool), `MAX_TOKENS` → length, the safety family → content_filter,
+//! `MALFORMED_FUNCTION_CALL` and the other malformed-output reasons → error, anything else →
+//! other.
 
 use std::collections::HashMap;
 
@@ -168,16 +169,10 @@ fn function_response(p: &Part, names: &HashMap<&str, &str>) -> Option<Value> {
 /// position (a fresh random one when the response has no id), never sent.
 const GEMINI_ID_PREFIX: &str = "gemini:";
 
-/// The finish reason normalized; `called`: the answer called a tool.
-pub fn normalize_finish_reason(raw: &str, called: bool) -> &'static str {
-    match raw {
-        "STOP" if called => "tool_calls",
-        "STOP" => "stop",
-        "MAX_TOKENS" => "length",
-        "SAFETY" | "RECITATION" | "BLOCKLIST" | "PROHIBITED_CONTENT" | "SPII" => "content_filter",
-        r if r.starts_with("IMAGE_") => "content_filter",
-        _ => "other",
-    }
+/// The finish reason normalized by the role's table for `google.generate_content`;
+/// `called`: the answer called a tool.
+pub fn normalize_finish_reason(raw: &str, called: bool) -> String {
+    super::common::role_finish("google.generate_content", raw, called)
 }
 
 fn usage(u: &Value) -> StepUsage {
@@ -278,7 +273,7 @@ impl StreamDecoder for GeminiDecoder {
             Some(raw) if !self.finished => {
                 self.finished = true;
                 let reason = normalize_finish_reason(raw, self.calls > 0);
-                out.push(StreamEvent::Finish { reason: reason.into(), raw: raw.into() });
+                out.push(StreamEvent::Finish { reason, raw: raw.into() });
             }
             _ => {}
         }

@@ -632,10 +632,21 @@ fn stop_reasons_normalize() {
         ("MAX_TOKENS", false, "length"),
         ("SAFETY", false, "content_filter"),
         ("IMAGE_SAFETY", false, "content_filter"),
-        ("MALFORMED_FUNCTION_CALL", true, "other"),
+        ("MALFORMED_FUNCTION_CALL", true, "error"),
+        ("MISSING_THOUGHT_SIGNATURE", false, "error"),
         ("FINISH_REASON_UNSPECIFIED", false, "other"),
     ] {
         assert_eq!(super::gemini::normalize_finish_reason(raw, called), reason, "{raw}");
+    }
+    for (raw, reason) in [
+        ("end_turn", "stop"),
+        ("tool_use", "tool_calls"),
+        ("model_context_window_exceeded", "length"),
+        ("guardrail_intervened", "content_filter"),
+        ("malformed_tool_use", "error"),
+        ("something_new", "other"),
+    ] {
+        assert_eq!(super::bedrock::normalize_stop_reason(raw), reason, "{raw}");
     }
 }
 

@@ -161,7 +161,7 @@ fn mutant_stream(g: &mut Gen, ts: &[Transcript], family: Family, names: &[&str])
     bytes
 }
 
-const FINISH_REASONS: [&str; 6] = ["stop", "length", "tool_calls", "content_filter", "refusal", "other"];
+const FINISH_REASONS: [&str; 7] = ["stop", "length", "tool_calls", "content_filter", "refusal", "error", "other"];
 
 /// Decodes `bytes` as the streamer does (the family's own framing) and checks every event the
 /// decoder produced.
