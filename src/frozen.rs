@@ -8,7 +8,7 @@ use cortexkit_role_tool_provider::catalog::Reply;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// The wire families broca speaks. Google Code Assist comes later.
+/// The wire families broca speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Family {
@@ -26,6 +26,9 @@ pub enum Family {
     /// Amazon Bedrock Converse (`POST {api}/model/{model}/converse-stream`, an AWS event
     /// stream).
     AwsBedrockConverse,
+    /// Google Code Assist (`POST {backend}/v1internal:streamGenerateContent?alt=sse`): Gemini
+    /// in Code Assist's envelope, as an Antigravity credential speaks it.
+    GoogleCodeAssist,
 }
 
 impl Family {
@@ -37,6 +40,7 @@ impl Family {
             Family::GoogleGenerateContent => "google_generate_content",
             Family::OpenaiChatgptResponses => "openai_chatgpt_responses",
             Family::AwsBedrockConverse => "aws_bedrock_converse",
+            Family::GoogleCodeAssist => "google_code_assist",
         }
     }
 }

@@ -338,3 +338,36 @@ fn a_chatgpt_credential_selects_the_codex_backend_for_a_responses_model() {
     assert!(stderr.contains("a chatgpt credential serves only OpenAI Responses models"), "{stderr}");
     assert_eq!(rig.mock.requests("codex").len(), 1, "nothing sent for the refused turn");
 }
+
+/// An `antigravity` credential routes a Gemini row to Code Assist (#29): the request is the
+/// Gemini body in Code Assist's envelope, and a level selects the route's backend tier (the
+/// default tier without one); a level the row defines but the route has no tier for is refused
+/// `variant_unsupported`, naming the route's tiers, before anything is sent.
+#[test]
+fn an_antigravity_credential_selects_code_assist_and_a_level_its_tier() {
+    let rig = Rig::new();
+    let model = "mock/antigravity-echo-gemini";
+    rig.script("ca", json!([text_step("Paris."), text_step("Lyon.")]));
+    let out =
+        rig.run("ca", &["--model", model, "--auth-method", "antigravity", "--session", "ca", "Capital of France?"]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "Paris.\n");
+    let high = rig.run("ca", &["--model", model, "--auth-method", "antigravity", "--variant", "high", "Second city?"]);
+    assert_eq!(code(&high), 0, "{}", String::from_utf8_lossy(&high.stderr));
+    let sent = rig.mock.requests("ca");
+    assert!(sent[0].path.ends_with("/v1internal:streamGenerateContent?alt=sse"), "{}", sent[0].path);
+    let (first, second) = (sent[0].body_json().unwrap(), sent[1].body_json().unwrap());
+    assert_eq!(
+        (first["model"].clone(), first["userAgent"].clone()),
+        (json!("echo-gemini-medium"), json!("antigravity"))
+    );
+    assert_eq!(first["request"]["contents"][0]["parts"][0]["text"], "Capital of France?");
+    assert_eq!(second["model"], "echo-gemini-high");
+    assert_eq!(second["request"]["generationConfig"]["thinkingConfig"]["thinkingLevel"], "high");
+
+    let medium = rig.run("ca", &["--model", model, "--auth-method", "antigravity", "--variant", "medium", "hi"]);
+    assert_ne!(code(&medium), 0);
+    let stderr = String::from_utf8_lossy(&medium.stderr);
+    assert!(stderr.contains("has no tier for it; the route's tiers are [high, low]"), "{stderr}");
+    assert_eq!(rig.mock.requests("ca").len(), 2, "nothing sent for the refused turn");
+}

@@ -10,6 +10,7 @@ pub mod lkg;
 pub mod pages;
 pub mod poller;
 pub mod route;
+pub mod tiers;
 pub mod variant;
 
 use std::collections::BTreeMap;
@@ -74,6 +75,10 @@ pub struct ModelRow {
     pub wire_npm: Option<String>,
     pub wire_api: Option<String>,
     pub wire_shape: Option<String>,
+    /// `route.reasoning_wire_ids`: a Code Assist route's backend id per reasoning level.
+    pub reasoning_wire_ids: Option<BTreeMap<String, String>>,
+    /// `route.reasoning_default`: the backend id a Code Assist send without a variant uses.
+    pub reasoning_default: Option<String>,
 }
 
 impl ModelRow {
@@ -99,6 +104,10 @@ impl ModelRow {
             wire_npm: text("wire.npm"),
             wire_api: text("wire.api"),
             wire_shape: text("wire.shape"),
+            reasoning_wire_ids: facts.get("route.reasoning_wire_ids").and_then(Value::as_object).map(|tiers| {
+                tiers.iter().filter_map(|(level, id)| id.as_str().map(|id| (level.clone(), id.to_owned()))).collect()
+            }),
+            reasoning_default: text("route.reasoning_default"),
         })
     }
 }

@@ -87,6 +87,10 @@ impl AuthMethod {
     }
 }
 
+/// The Code Assist backend an `antigravity` credential requires (its route's endpoint; a
+/// mock's base URL override replaces it).
+pub const CODE_ASSIST: &str = "https://cloudcode-pa.googleapis.com";
+
 /// The ChatGPT/Codex backend a `chatgpt` credential requires (its route's endpoint; a mock's
 /// base URL override replaces it).
 pub const CHATGPT_BACKEND: &str = "https://chatgpt.com/backend-api/codex";
@@ -123,6 +127,13 @@ pub enum AdmissionError {
         model: String,
         variant: String,
         defined: Vec<String>,
+    },
+    /// A level the row defines but the Code Assist route has no tier for (`tiers`: the route's).
+    TierUnsupported {
+        model: String,
+        variant: String,
+        defined: Vec<String>,
+        tiers: Vec<String>,
     },
     /// A budget variant whose budget is not below the output cap.
     BudgetExceedsOutput {
@@ -168,6 +179,13 @@ impl AdmissionError {
             }
             AdmissionError::VariantUnsupported { model, variant, defined } => Refusal::new(RefusalCode::VariantUnsupported,
                 format!("{PREFIX}model '{model}' does not define variant '{variant}'; its variants are [{}]", defined.join(", ")),
+                Some(crate::detail!("model" => model, "variant" => variant, "defined" => defined)),
+            ),
+            AdmissionError::TierUnsupported { model, variant, defined, tiers } => Refusal::new(RefusalCode::VariantUnsupported,
+                format!(
+                    "{PREFIX}model '{model}' defines variant '{variant}', but its Code Assist route has no tier for it; the route's tiers are [{}]",
+                    tiers.join(", ")
+                ),
                 Some(crate::detail!("model" => model, "variant" => variant, "defined" => defined)),
             ),
             AdmissionError::BudgetExceedsOutput { model, budget, output } => Refusal::new(RefusalCode::OpenFailed,
@@ -235,6 +253,11 @@ pub fn resolve(
             let what = "a chatgpt credential serves only OpenAI Responses models".to_string();
             return Err(AdmissionError::RouteUnsupported { model, what });
         }
+        (Family::GoogleGenerateContent, AuthMethod::Antigravity) => (Family::GoogleCodeAssist, Some(CODE_ASSIST)),
+        (_, AuthMethod::Antigravity) => {
+            let what = "an antigravity credential serves only Gemini models (Code Assist)".to_string();
+            return Err(AdmissionError::RouteUnsupported { model, what });
+        }
         (family, _) => (family, None),
     };
     let base_url = match (&overrides.base_url_override, endpoint, &row.wire_api) {
@@ -256,6 +279,19 @@ pub fn resolve(
         (Some(asked), Some(limit)) => Some(asked.min(limit)),
         (asked, limit) => asked.or(limit),
     };
+    if family == Family::GoogleCodeAssist {
+        let defined: Vec<String> = variant::variants(row, family).into_iter().map(|(n, _)| n).collect();
+        if let Some(name) = req.variant.as_ref().filter(|v| !defined.contains(v)) {
+            return Err(AdmissionError::VariantUnsupported { model, variant: name.clone(), defined });
+        }
+        let (wire_model, variant_params) = super::tiers::resolve(row, req.variant.as_deref(), &defined)?;
+        return Ok(RenderConfig {
+            wire_model,
+            variant: req.variant.clone(),
+            variant_params,
+            ..config_of(row, family, base_url, auth, req, max_output_tokens)
+        });
+    }
     let (variant_params, variant) = match &req.variant {
         None => (serde_json::Value::Null, None),
         Some(name) => {
@@ -273,14 +309,26 @@ pub fn resolve(
             (variant::render(setting, family, &row.model), Some(name.clone()))
         }
     };
-    Ok(RenderConfig {
+    Ok(RenderConfig { variant, variant_params, ..config_of(row, family, base_url, auth, req, max_output_tokens) })
+}
+
+/// The render config of `row` on `family` before its variant (none, with the row's own id).
+fn config_of(
+    row: &ModelRow,
+    family: Family,
+    base_url: String,
+    auth: AuthSource,
+    req: &ModelRequest,
+    max_output_tokens: Option<u64>,
+) -> RenderConfig {
+    RenderConfig {
         provider: row.provider.clone(),
         model: row.model.clone(),
         family,
         base_url: base_url.trim_end_matches('/').to_string(),
         wire_model: row.model.clone(),
-        variant,
-        variant_params,
+        variant: None,
+        variant_params: serde_json::Value::Null,
         system: req.system.clone(),
         max_output_tokens,
         max_steps: req.max_steps,
@@ -288,7 +336,7 @@ pub fn resolve(
         auth,
         policy: Default::default(),
         plan: None,
-    })
+    }
 }
 
 #[cfg(test)]

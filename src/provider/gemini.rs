@@ -78,6 +78,23 @@ pub fn body(config: &RenderConfig, transcript: &[Message]) -> Value {
     body
 }
 
+/// The Code Assist path after the backend's base URL.
+pub const CODE_ASSIST_PATH: &str = "/v1internal:streamGenerateContent?alt=sse";
+
+/// Code Assist's body: the Gemini request in its envelope, `{model: <backend tier id>,
+/// userAgent: "antigravity", request}`. No `requestId` (request bytes stay deterministic) and
+/// no `project` (broca does not run the `loadCodeAssist` onboarding that finds one).
+pub fn code_assist_body(config: &RenderConfig, transcript: &[Message]) -> Value {
+    json!({"model": config.wire_model, "userAgent": "antigravity", "request": body(config, transcript)})
+}
+
+/// [`merge_variant`] inside Code Assist's envelope.
+pub fn code_assist_merge_variant(envelope: &mut Value, config: &RenderConfig) {
+    if let Some(request) = envelope.get_mut("request") {
+        merge_variant(request, config);
+    }
+}
+
 /// Merges a variant's `{generationConfig: {thinkingConfig}}` into the body's own
 /// `generationConfig` (the output cap stays beside it), then the rest of the variant on top.
 pub fn merge_variant(body: &mut Value, config: &RenderConfig) {
@@ -249,14 +266,44 @@ impl GeminiDecoder {
 impl StreamDecoder for GeminiDecoder {
     fn decode(&mut self, event: &SseEvent, out: &mut Vec<StreamEvent>) -> Result<EventClass, DecodeError> {
         let data = data_object(event)?;
+        Ok(self.response(&data, out))
+    }
+
+    fn finished(&self) -> bool {
+        self.finished
+    }
+}
+
+/// Decodes Code Assist's stream: each event `{response: <GenerateContentResponse>, traceId?}`
+/// (an error document arrives unwrapped), read as Gemini reads the inner response.
+#[derive(Default)]
+pub struct CodeAssistDecoder(GeminiDecoder);
+
+impl StreamDecoder for CodeAssistDecoder {
+    fn decode(&mut self, event: &SseEvent, out: &mut Vec<StreamEvent>) -> Result<EventClass, DecodeError> {
+        let data = data_object(event)?;
+        match data.get("response") {
+            Some(response) => Ok(self.0.response(response, out)),
+            None => Ok(self.0.response(&data, out)),
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.0.finished
+    }
+}
+
+impl GeminiDecoder {
+    /// One `GenerateContentResponse` (or error document).
+    fn response(&mut self, data: &Value, out: &mut Vec<StreamEvent>) -> EventClass {
         if let Some(error) = data.get("error") {
             let status = str_at(error, &["status"]);
             out.push(stream_error(status, None, str_at(error, &["message"])));
             self.finished = true;
-            return Ok(class("error", false, false));
+            return class("error", false, false);
         }
         if self.response_id.is_none() {
-            self.response_id = str_at(&data, &["responseId"]).filter(|id| !id.is_empty()).map(String::from);
+            self.response_id = str_at(data, &["responseId"]).filter(|id| !id.is_empty()).map(String::from);
         }
         let candidate = data.get("candidates").and_then(|c| c.get(0));
         let mut content = false;
@@ -277,10 +324,6 @@ impl StreamDecoder for GeminiDecoder {
             }
             _ => {}
         }
-        Ok(class("generate_content_response", content, !known))
-    }
-
-    fn finished(&self) -> bool {
-        self.finished
+        class("generate_content_response", content, !known)
     }
 }

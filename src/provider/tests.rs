@@ -23,12 +23,13 @@ use crate::message::{Message, Part, Role};
 use crate::record::ErrorClass;
 
 /// The families with a stream decoder of their own (the ChatGPT backend streams Responses).
-const FAMILIES: [Family; 5] = [
+const FAMILIES: [Family; 6] = [
     Family::AnthropicMessages,
     Family::OpenaiChat,
     Family::OpenaiResponses,
     Family::GoogleGenerateContent,
     Family::AwsBedrockConverse,
+    Family::GoogleCodeAssist,
 ];
 
 fn testdata() -> PathBuf {
@@ -393,6 +394,12 @@ fn request_cases() -> Vec<(String, RenderConfig, Vec<Message>)> {
             json!({"generationConfig": {"thinkingConfig": {"includeThoughts": true, "thinkingBudget": 8192}}}),
         ),
         (Family::AwsBedrockConverse, "amazon-bedrock", "anthropic.claude-sonnet-4-5-20250929-v1:0", Value::Null),
+        (
+            Family::GoogleCodeAssist,
+            "google",
+            "gemini-3.8-flash-high",
+            json!({"generationConfig": {"thinkingConfig": {"includeThoughts": true, "thinkingLevel": "high"}}}),
+        ),
     ];
     let mut cases = Vec::new();
     for (family, provider, model, variant_params) in families {
@@ -427,6 +434,7 @@ fn request_cases() -> Vec<(String, RenderConfig, Vec<Message>)> {
             Family::GoogleGenerateContent => &[],
             // cachePoint blocks, whatever the policy (the lifetime is the provider's).
             Family::AwsBedrockConverse => &[("cache.points", CachePolicy::default())],
+            Family::GoogleCodeAssist => &[],
         };
         for (case, policy) in policies {
             let mut cached = config(family, provider, model);

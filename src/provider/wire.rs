@@ -129,6 +129,7 @@ pub fn wire(family: Family) -> &'static dyn WireFamily {
         Family::GoogleGenerateContent => &GoogleGenerateContent,
         Family::OpenaiChatgptResponses => &OpenaiChatgptResponses,
         Family::AwsBedrockConverse => &AwsBedrockConverse,
+        Family::GoogleCodeAssist => &GoogleCodeAssist,
     }
 }
 
@@ -344,5 +345,35 @@ impl WireFamily for AwsBedrockConverse {
     /// Variants render nothing on Converse (spec §4 variants table).
     fn render_variant(&self, _setting: &Setting, _wire_model: &str) -> Value {
         Value::Null
+    }
+}
+
+/// Google Code Assist: Gemini in Code Assist's envelope, to the backend an Antigravity
+/// credential selects; its OAuth token as `Authorization: Bearer`.
+struct GoogleCodeAssist;
+
+impl WireFamily for GoogleCodeAssist {
+    fn family(&self) -> Family {
+        Family::GoogleCodeAssist
+    }
+    fn path(&self) -> &'static str {
+        gemini::CODE_ASSIST_PATH
+    }
+    fn body(&self, config: &RenderConfig, transcript: &[Message]) -> Value {
+        gemini::code_assist_body(config, transcript)
+    }
+    fn merge_variant(&self, body: &mut Value, config: &RenderConfig) {
+        gemini::code_assist_merge_variant(body, config);
+    }
+    fn decoder(&self) -> Box<dyn StreamDecoder> {
+        Box::new(gemini::CodeAssistDecoder::default())
+    }
+    /// A level selects a backend tier at admission (`crate::catalog::tiers`), which also
+    /// freezes its thinking settings; nothing is rendered per setting here.
+    fn render_variant(&self, _setting: &Setting, _wire_model: &str) -> Value {
+        Value::Null
+    }
+    fn has_toggle_mapping(&self) -> bool {
+        true
     }
 }

@@ -68,9 +68,15 @@ fn admit_every_model(g: &mut Gen, catalog: &Catalog, response: &Value) {
         let mut asked: Vec<Option<String>> =
             vec![None, Some("high".into()), Some(String::new()), Some("x".repeat(300))];
         if let Some(row) = catalog.row(&model) {
-            for family in
-                [Family::AnthropicMessages, Family::OpenaiChat, Family::OpenaiResponses, Family::GoogleGenerateContent]
-            {
+            for family in [
+                Family::AnthropicMessages,
+                Family::OpenaiChat,
+                Family::OpenaiResponses,
+                Family::OpenaiChatgptResponses,
+                Family::GoogleGenerateContent,
+                Family::GoogleCodeAssist,
+                Family::AwsBedrockConverse,
+            ] {
                 for (name, setting) in variant::variants(row, family) {
                     let _ = variant::render(&setting, family, &row.model);
                     asked.push(Some(name));

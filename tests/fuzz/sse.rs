@@ -20,11 +20,12 @@ use crate::{corpus, fuzz, Gen};
 
 /// The families whose recorded streams are SSE (`testdata/sse/`); Bedrock's event stream has
 /// its own target (`eventstream`).
-const FAMILIES: [(Family, &str); 4] = [
+const FAMILIES: [(Family, &str); 5] = [
     (Family::AnthropicMessages, "anthropic_messages."),
     (Family::OpenaiChat, "openai_chat."),
     (Family::OpenaiResponses, "openai_responses."),
     (Family::GoogleGenerateContent, "google_generate_content."),
+    (Family::GoogleCodeAssist, "google_code_assist."),
 ];
 
 /// One recorded stream, as its events (the text between blank lines).
@@ -267,6 +268,11 @@ fn fuzz_sse_openai_chat() {
 #[test]
 fn fuzz_sse_openai_responses() {
     fuzz_family("sse.openai_responses", Family::OpenaiResponses);
+}
+
+#[test]
+fn fuzz_sse_google_code_assist() {
+    fuzz_family("sse.google_code_assist", Family::GoogleCodeAssist);
 }
 
 #[test]

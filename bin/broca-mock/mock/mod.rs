@@ -548,7 +548,7 @@ fn answer(
     let id_header = match family {
         Family::AnthropicMessages => Some("request-id"),
         Family::OpenaiChat | Family::OpenaiResponses | Family::OpenaiChatgptResponses => Some("x-request-id"),
-        Family::GoogleGenerateContent => None,
+        Family::GoogleGenerateContent | Family::GoogleCodeAssist => None,
         Family::AwsBedrockConverse => Some("x-amzn-requestid"),
     };
     let mut headers: Vec<(String, String)> =
@@ -626,6 +626,9 @@ fn family_of(rest: &str) -> Option<Family> {
     }
     if bedrock_model(rest).is_some() {
         return Some(Family::AwsBedrockConverse);
+    }
+    if rest == "/v1internal:streamGenerateContent" {
+        return Some(Family::GoogleCodeAssist);
     }
     [Family::AnthropicMessages, Family::OpenaiChat, Family::OpenaiResponses]
         .into_iter()

@@ -74,6 +74,7 @@ impl PromptCache {
             | Family::OpenaiResponses
             | Family::OpenaiChatgptResponses
             | Family::GoogleGenerateContent => self.openai(family, body, now),
+            Family::GoogleCodeAssist => self.openai(Family::GoogleGenerateContent, &body["request"], now),
         }
     }
 

@@ -2,7 +2,8 @@
 //! `GenerateContentResponse` with one candidate: its `content` (`role: "model"`, the chunk's
 //! parts), `index: 0`; the last chunk adds `finishReason`; every chunk carries the cumulative
 //! `usageMetadata` when the script reports usage, and `modelVersion` and `responseId`. No
-//! sentinel follows the last chunk.
+//! sentinel follows the last chunk. Code Assist wraps each as `{response, traceId}` (an error
+//! stays unwrapped).
 //!
 //! Steps: text → a `{text}` part; reasoning → a `{text, thought: true}` part, its signature as
 //! `thoughtSignature` on the next part (an empty text part when none follows); a tool call → a
@@ -23,11 +24,13 @@ pub(super) struct Gemini<'a> {
     /// A signature waiting for the next part.
     signature: Option<String>,
     refused: bool,
+    /// Code Assist: each response wrapped as `{response, traceId}`.
+    wrapped: bool,
 }
 
 impl<'a> Gemini<'a> {
-    pub(super) fn new(ctx: &'a RenderCtx, usage: Option<Usage>) -> Gemini<'a> {
-        Gemini { ctx, usage, signature: None, refused: false }
+    pub(super) fn new(ctx: &'a RenderCtx, usage: Option<Usage>, wrapped: bool) -> Gemini<'a> {
+        Gemini { ctx, usage, signature: None, refused: false, wrapped }
     }
 
     fn chunk(&self, parts: Vec<Value>, finish: Option<&str>, out: &mut Vec<Piece>) {
@@ -50,6 +53,9 @@ impl<'a> Gemini<'a> {
         }
         response["modelVersion"] = json!(self.ctx.model);
         response["responseId"] = json!(format!("mock{}", self.ctx.id));
+        if self.wrapped {
+            response = json!({"response": response, "traceId": format!("trace{}", self.ctx.id)});
+        }
         out.push(sse(None, &response.to_string()));
     }
 

@@ -60,7 +60,8 @@ pub fn render(family: Family, steps: &[Step], ctx: &RenderCtx) -> Vec<Piece> {
         Family::AnthropicMessages => Box::new(anthropic::Anthropic::new(ctx, usage)),
         Family::OpenaiChat => Box::new(chat::Chat::new(ctx, usage)),
         Family::OpenaiResponses | Family::OpenaiChatgptResponses => Box::new(responses::Responses::new(ctx, usage)),
-        Family::GoogleGenerateContent => Box::new(gemini::Gemini::new(ctx, usage)),
+        Family::GoogleGenerateContent => Box::new(gemini::Gemini::new(ctx, usage, false)),
+        Family::GoogleCodeAssist => Box::new(gemini::Gemini::new(ctx, usage, true)),
         Family::AwsBedrockConverse => Box::new(bedrock::Bedrock::new(ctx, usage)),
     };
     let binary = family == Family::AwsBedrockConverse;
@@ -190,7 +191,7 @@ pub fn error_document(family: Family, status: u16, request_id: &str) -> Value {
             };
             json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
         }
-        Family::GoogleGenerateContent => {
+        Family::GoogleGenerateContent | Family::GoogleCodeAssist => {
             let (status_name, message) = match status {
                 400 => ("INVALID_ARGUMENT", "Request contains an invalid argument."),
                 401 => ("UNAUTHENTICATED", "API key not valid. Please pass a valid API key."),
