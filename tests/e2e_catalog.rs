@@ -21,7 +21,7 @@ const VAULT_SECRET: &str = "sk-catalog-e2e-vault-31aa";
 
 /// The seeded catalog's version and model count.
 const V0: i64 = 1_795_392_012_345;
-const MODELS: u64 = 13;
+const MODELS: u64 = 16;
 
 struct Rig {
     h: Harness,

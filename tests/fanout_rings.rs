@@ -106,9 +106,13 @@ fn an_overtaken_display_reader_gets_one_exact_display_gap() {
 
 #[test]
 fn an_overtaken_control_reader_is_detached_lagged_never_skipped_ahead() {
-    let Gated { _dir, hub: _hub, mut publisher, release: release_tx, holding: _, frames } = gated();
+    let Gated { _dir, hub: _hub, mut publisher, release: release_tx, holding, frames } = gated();
     let total = CONTROL_LANE as u64 * 2;
-    for seq in 1..=total {
+    // The first unit reaches the subscriber, which holds it; the rest overtake it (publishing
+    // them all at once could overtake it before it took any, and deliver nothing).
+    publisher.publish(Output::Control(vec![unit(1)]));
+    holding.recv_timeout(Duration::from_secs(10)).expect("the subscriber holds its first unit");
+    for seq in 2..=total {
         publisher.publish(Output::Control(vec![unit(seq)]));
     }
     release_tx.send(()).unwrap();

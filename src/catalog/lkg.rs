@@ -116,7 +116,7 @@ mod tests {
         })
         .unwrap();
         assert_eq!(steps, WriteStep::ALL);
-        assert_eq!(Catalog::load_lkg(&path).unwrap().len(), 13);
+        assert_eq!(Catalog::load_lkg(&path).unwrap().len(), 16);
         assert_eq!(written_at_ms(&path), Some(42));
         std::fs::write(dir.path().join("catalog/.fusiform-lkg.abc.tmp"), b"torn").unwrap();
         assert_eq!(remove_stray_temps(&path), 1);
