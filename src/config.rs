@@ -50,7 +50,7 @@ pub struct BrocaConfig {
     pub step_events: Option<BusConfig>,
     /// `auth_methods`: provider id → the auth method its routes use (`apikey`, `chatgpt`,
     /// `oauth`, `antigravity`); a provider not named uses its API key.
-    pub auth_methods: BTreeMap<String, crate::catalog::route::AuthMethod>,
+    pub auth_methods: BTreeMap<String, crate::frozen::AuthMethod>,
 }
 
 /// `step_events`: the bus broca publishes its live step hints on (llm-runner §14.3).
@@ -186,8 +186,8 @@ impl BrocaConfig {
 }
 
 /// `auth_methods`: an object of provider id → auth method name.
-fn parse_auth_methods(v: &Value) -> Result<BTreeMap<String, crate::catalog::route::AuthMethod>, MemberRefusal> {
-    use crate::catalog::route::AuthMethod;
+fn parse_auth_methods(v: &Value) -> Result<BTreeMap<String, crate::frozen::AuthMethod>, MemberRefusal> {
+    use crate::frozen::AuthMethod;
     let Value::Object(map) = v else {
         return Err(("auth_methods".into(), "must be an object of provider id -> auth method".into()));
     };
@@ -437,7 +437,7 @@ mod tests {
 
     #[test]
     fn auth_methods_name_a_known_method_per_provider() {
-        use crate::catalog::route::AuthMethod;
+        use crate::frozen::AuthMethod;
         let config = parse(r#"{"auth_methods": {"openai": "chatgpt", "google": "antigravity"}}"#).unwrap();
         assert_eq!(config.auth_methods.get("openai"), Some(&AuthMethod::Chatgpt));
         assert_eq!(refused_member(r#"{"auth_methods": {"openai": "password"}}"#), "auth_methods.openai");

@@ -93,6 +93,40 @@ pub enum AuthSource {
     Vault { credential_id: String },
 }
 
+/// How a provider's requests authenticate (the catalog's `auth_method` values). A subscription
+/// credential selects its own client protocol and endpoint (spec §1a): `chatgpt` on an OpenAI
+/// Responses row routes to the ChatGPT/Codex backend.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum AuthMethod {
+    /// The provider's API key (every catalog route's default).
+    #[default]
+    ApiKey,
+    /// A ChatGPT subscription's OAuth token: the ChatGPT/Codex backend.
+    Chatgpt,
+    /// The provider's own OAuth (e.g. a Claude subscription): the provider's API.
+    Oauth,
+    /// A Google Antigravity OAuth token: the Code Assist backend.
+    Antigravity,
+}
+
+impl AuthMethod {
+    pub const ALL: [AuthMethod; 4] =
+        [AuthMethod::ApiKey, AuthMethod::Chatgpt, AuthMethod::Oauth, AuthMethod::Antigravity];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthMethod::ApiKey => "apikey",
+            AuthMethod::Chatgpt => "chatgpt",
+            AuthMethod::Oauth => "oauth",
+            AuthMethod::Antigravity => "antigravity",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<AuthMethod> {
+        AuthMethod::ALL.into_iter().find(|m| m.as_str() == name)
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FrozenConfig {
     /// Catalog identity, `provider/model` split.

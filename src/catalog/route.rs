@@ -53,39 +53,7 @@ pub fn credential_id_for(provider: &str, method: AuthMethod) -> String {
     format!("{}:{provider}", method.as_str())
 }
 
-/// How a provider's requests authenticate (the catalog's `auth_method` values). A subscription
-/// credential selects its own client protocol and endpoint (spec §1a): `chatgpt` on an OpenAI
-/// Responses row routes to the ChatGPT/Codex backend.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
-pub enum AuthMethod {
-    /// The provider's API key (every catalog route's default).
-    #[default]
-    ApiKey,
-    /// A ChatGPT subscription's OAuth token: the ChatGPT/Codex backend.
-    Chatgpt,
-    /// The provider's own OAuth (e.g. a Claude subscription): the provider's API.
-    Oauth,
-    /// A Google Antigravity OAuth token: the Code Assist backend.
-    Antigravity,
-}
-
-impl AuthMethod {
-    pub const ALL: [AuthMethod; 4] =
-        [AuthMethod::ApiKey, AuthMethod::Chatgpt, AuthMethod::Oauth, AuthMethod::Antigravity];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AuthMethod::ApiKey => "apikey",
-            AuthMethod::Chatgpt => "chatgpt",
-            AuthMethod::Oauth => "oauth",
-            AuthMethod::Antigravity => "antigravity",
-        }
-    }
-
-    pub fn parse(name: &str) -> Option<AuthMethod> {
-        AuthMethod::ALL.into_iter().find(|m| m.as_str() == name)
-    }
-}
+pub use crate::frozen::AuthMethod;
 
 /// The Code Assist backend an `antigravity` credential requires (its route's endpoint; a
 /// mock's base URL override replaces it).
@@ -284,7 +252,14 @@ pub fn resolve(
         if let Some(name) = req.variant.as_ref().filter(|v| !defined.contains(v)) {
             return Err(AdmissionError::VariantUnsupported { model, variant: name.clone(), defined });
         }
-        let (wire_model, variant_params) = super::tiers::resolve(row, req.variant.as_deref(), &defined)?;
+        let (wire_model, variant_params) = super::tiers::resolve(row, req.variant.as_deref()).map_err(|e| match e {
+            super::tiers::TierError::Missing { fact } => {
+                AdmissionError::RouteFactMissing { model: model.clone(), fact }
+            }
+            super::tiers::TierError::NoTier { variant, tiers } => {
+                AdmissionError::TierUnsupported { model: model.clone(), variant, defined: defined.clone(), tiers }
+            }
+        })?;
         return Ok(RenderConfig {
             wire_model,
             variant: req.variant.clone(),

@@ -7,37 +7,32 @@
 
 use serde_json::{json, Value};
 
-use super::route::AdmissionError;
 use super::ModelRow;
 
-/// The backend id and the request members a Code Assist send of `variant` renders to.
-/// `defined` is the catalog's variants of the row (already checked to hold `variant`).
-pub fn resolve(row: &ModelRow, variant: Option<&str>, defined: &[String]) -> Result<(String, Value), AdmissionError> {
-    let model = row.key.clone();
+/// Why a Code Assist send has no backend tier.
+#[derive(Debug, PartialEq, Eq)]
+pub enum TierError {
+    /// The route publishes no tier map or no default (`fact` names which).
+    Missing { fact: &'static str },
+    /// The route has no tier for this level (`tiers`: the levels it has).
+    NoTier { variant: String, tiers: Vec<String> },
+}
+
+/// The backend id and the request members a Code Assist send of `variant` renders to (the
+/// row's own variants were checked to hold `variant` before).
+pub fn resolve(row: &ModelRow, variant: Option<&str>) -> Result<(String, Value), TierError> {
     let Some(tiers) = row.reasoning_wire_ids.as_ref().filter(|t| !t.is_empty()) else {
         return match variant {
-            Some(v) => Err(AdmissionError::TierUnsupported {
-                model,
-                variant: v.to_owned(),
-                defined: defined.to_vec(),
-                tiers: Vec::new(),
-            }),
-            None => Err(AdmissionError::RouteFactMissing { model, fact: "route.reasoning_wire_ids" }),
+            Some(v) => Err(TierError::NoTier { variant: v.to_owned(), tiers: Vec::new() }),
+            None => Err(TierError::Missing { fact: "route.reasoning_wire_ids" }),
         };
     };
     let Some(level) = variant else {
         let default = row.reasoning_default.clone();
-        return default
-            .map(|id| (id, Value::Null))
-            .ok_or(AdmissionError::RouteFactMissing { model, fact: "route.reasoning_default" });
+        return default.map(|id| (id, Value::Null)).ok_or(TierError::Missing { fact: "route.reasoning_default" });
     };
     let Some(id) = tiers.get(level) else {
-        return Err(AdmissionError::TierUnsupported {
-            model,
-            variant: level.to_owned(),
-            defined: defined.to_vec(),
-            tiers: tiers.keys().cloned().collect(),
-        });
+        return Err(TierError::NoTier { variant: level.to_owned(), tiers: tiers.keys().cloned().collect() });
     };
     let argon = id.contains("argon");
     let thinking_level = if argon { level.to_ascii_uppercase() } else { level.to_owned() };
@@ -67,38 +62,26 @@ mod tests {
             Some(json!({"low": "gemini-3.8-flash-low", "high": "gemini-3.8-flash-high"})),
             Some("gemini-3.8-flash-medium"),
         );
-        let defined = vec!["low".to_string(), "medium".into(), "high".into()];
-        assert_eq!(resolve(&r, None, &defined).unwrap().0, "gemini-3.8-flash-medium");
-        let (id, params) = resolve(&r, Some("high"), &defined).unwrap();
+        assert_eq!(resolve(&r, None).unwrap().0, "gemini-3.8-flash-medium");
+        let (id, params) = resolve(&r, Some("high")).unwrap();
         assert_eq!(id, "gemini-3.8-flash-high");
         assert_eq!(params["generationConfig"]["thinkingConfig"]["thinkingLevel"], "high");
         // Defined by the row, but the route has no tier for it: refused naming the route's tiers.
-        match resolve(&r, Some("medium"), &defined) {
-            Err(AdmissionError::TierUnsupported { tiers, defined: d, .. }) => {
-                assert_eq!(tiers, ["high", "low"]);
-                assert_eq!(d, defined);
-            }
-            other => panic!("{other:?}"),
-        }
+        let no_tier = TierError::NoTier { variant: "medium".into(), tiers: vec!["high".into(), "low".into()] };
+        assert_eq!(resolve(&r, Some("medium")), Err(no_tier));
     }
 
     #[test]
     fn argon_tiers_think_in_capitals_and_missing_facts_refuse() {
         let argon = row(Some(json!({"low": "gemini-4-argon-low"})), Some("gemini-4-argon-medium"));
-        let (_, params) = resolve(&argon, Some("low"), &["low".into()]).unwrap();
+        let (_, params) = resolve(&argon, Some("low")).unwrap();
         assert_eq!(
             params,
             json!({"generationConfig": {"thinkingConfig": {"includeThoughts": true, "thinkingLevel": "LOW"}}})
         );
         let bare = row(None, None);
-        assert!(matches!(
-            resolve(&bare, None, &[]),
-            Err(AdmissionError::RouteFactMissing { fact: "route.reasoning_wire_ids", .. })
-        ));
+        assert_eq!(resolve(&bare, None), Err(TierError::Missing { fact: "route.reasoning_wire_ids" }));
         let no_default = row(Some(json!({"low": "x-low"})), None);
-        assert!(matches!(
-            resolve(&no_default, None, &[]),
-            Err(AdmissionError::RouteFactMissing { fact: "route.reasoning_default", .. })
-        ));
+        assert_eq!(resolve(&no_default, None), Err(TierError::Missing { fact: "route.reasoning_default" }));
     }
 }
