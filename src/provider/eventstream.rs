@@ -19,7 +19,7 @@
 //! is at most [`MAX_MESSAGE_BYTES`] and its prelude must be self-consistent before anything is
 //! buffered past it; a payload that is not UTF-8 is an error. Nothing here panics on input.
 
-use super::sse::{Pushed, SseError, SseEvent};
+use super::sse::{Framer, Pushed, SseError, SseEvent};
 
 /// The largest message accepted (the service's limit is 16 MiB, as for an SSE event).
 pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
@@ -71,6 +71,15 @@ impl EventStreamFramer {
             return Err(SseError(format!("event-stream message of {total} bytes ({headers} of headers) is malformed")));
         }
         Ok((rest.len() >= total).then_some(total))
+    }
+}
+
+impl Framer for EventStreamFramer {
+    fn push(&mut self, bytes: &[u8]) -> Result<Pushed, SseError> {
+        EventStreamFramer::push(self, bytes)
+    }
+    fn finish(&mut self) -> Result<Pushed, SseError> {
+        EventStreamFramer::finish(self)
     }
 }
 

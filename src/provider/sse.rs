@@ -32,7 +32,7 @@ pub struct Pushed {
 pub struct SseError(pub String);
 
 /// A response framing: bytes in (split anywhere), whole events out. SSE for most families,
-/// the AWS event stream for Bedrock ([`super::eventstream`]).
+/// the AWS event stream for Bedrock (`super::eventstream`).
 pub trait Framer: Send {
     fn push(&mut self, bytes: &[u8]) -> Result<Pushed, SseError>;
     /// Ends the stream (an incomplete event is discarded, never decoded).
@@ -45,15 +45,6 @@ impl Framer for SseFramer {
     }
     fn finish(&mut self) -> Result<Pushed, SseError> {
         SseFramer::finish(self)
-    }
-}
-
-impl Framer for super::eventstream::EventStreamFramer {
-    fn push(&mut self, bytes: &[u8]) -> Result<Pushed, SseError> {
-        super::eventstream::EventStreamFramer::push(self, bytes)
-    }
-    fn finish(&mut self) -> Result<Pushed, SseError> {
-        super::eventstream::EventStreamFramer::finish(self)
     }
 }
 
