@@ -1063,3 +1063,28 @@ fn a_bedrock_tool_loop_round_trips_over_the_event_stream() {
     let texts = ["user:time the slow tool", "assistant:Time it.", "tool:", "assistant:Done timing."];
     assert_eq!(rig.texts(), texts);
 }
+
+/// One session whose runs switch wire families (#29): each send names its own model, so each
+/// episode renders the whole history in its family's shape, and the session reads back intact.
+#[test]
+fn a_session_switching_families_between_runs_reads_back_intact() {
+    let rig = rig(Duration::from_secs(5));
+    let models = ["echo-chat", "echo-messages", "echo-gemini", "echo-bedrock", "echo-responses"];
+    let mut expected = Vec::new();
+    for (i, model) in models.iter().enumerate() {
+        rig.script(json!({"responses": [reply_script(&format!("answer {i}"), 0)]}));
+        let mut params = keyed(&format!("question {i}"), &format!("sw-{i}"));
+        params["model"] = json!({"provider": "mock", "model": model});
+        let run = rig.call("session.send", params).unwrap()["run_id"].as_str().unwrap().to_owned();
+        rig.wait_state(&run, "completed");
+        expected.push(format!("user:question {i}"));
+        expected.push(format!("assistant:answer {i}"));
+        // The run's request carried every earlier turn, in this family's shape.
+        let sent = rig.mock.requests("default").last().unwrap().body.clone();
+        let sent = String::from_utf8_lossy(&sent).to_string();
+        for earlier in 0..i {
+            assert!(sent.contains(&format!("answer {earlier}")), "{model}: lacks answer {earlier}: {sent}");
+        }
+    }
+    assert_eq!(rig.texts(), expected);
+}

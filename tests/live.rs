@@ -6,14 +6,26 @@
 //! - the daemon: the connection file `BROCA_LIVE_SUBC` or `SUBC_SOCKET` names (its claustrum
 //!   holds the credential, its fusiform serves the catalog);
 //! - the handle: `BROCA_DEVTOOLS_HANDLES` or `~/.config/cortexkit/broca/dev-tools-handles.json`;
-//! - the model: `BROCA_LIVE_MODEL` (default [`DEFAULT_MODEL`]).
+//! - the models: `BROCA_LIVE_MODEL` (one `provider/model`, optionally `@<auth method>`), else
+//!   one model per wire family ([`FAMILY_MODELS`]) for which the handles file holds the
+//!   credential (`<auth method>:<provider>`); a family without one is skipped by name.
 
 mod skip;
 
 use std::process::{Command, Stdio};
 
 const BIN: &str = env!("CARGO_BIN_EXE_broca-run");
-const DEFAULT_MODEL: &str = "openai/gpt-4.1-mini";
+
+/// One model per wire family, with the auth method that routes it there.
+const FAMILY_MODELS: [(&str, &str, &str); 7] = [
+    ("anthropic_messages", "anthropic/claude-sonnet-4-5", "apikey"),
+    ("openai_chat", "deepseek/deepseek-chat", "apikey"),
+    ("openai_responses", "openai/gpt-4.1-mini", "apikey"),
+    ("openai_chatgpt_responses", "openai/gpt-5", "chatgpt"),
+    ("google_generate_content", "google/gemini-2.5-flash", "apikey"),
+    ("google_code_assist", "google/antigravity-gemini-3.8-flash", "antigravity"),
+    ("aws_bedrock_converse", "amazon-bedrock/anthropic.claude-sonnet-4-5-20250929-v1:0", "apikey"),
+];
 
 fn var(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
@@ -28,10 +40,39 @@ fn one_turn_on_a_real_provider() {
     let connection = var("BROCA_LIVE_SUBC")
         .or_else(|| var("SUBC_SOCKET"))
         .expect("live: BROCA_LIVE_SUBC or SUBC_SOCKET must name the subc daemon's connection file");
-    let model = var("BROCA_LIVE_MODEL").unwrap_or_else(|| DEFAULT_MODEL.to_owned());
+    let models: Vec<(String, String)> = match var("BROCA_LIVE_MODEL") {
+        Some(m) => {
+            let (model, auth) = m.split_once('@').unwrap_or((&m, "apikey"));
+            vec![(model.to_owned(), auth.to_owned())]
+        }
+        None => with_handles(),
+    };
+    assert!(!models.is_empty(), "live: the handles file holds no credential of any family's model");
+    for (model, auth) in models {
+        one_turn(&connection, &model, &auth);
+    }
+}
+
+/// The families' models whose credential has a dev-tools handle; the others are skipped by name.
+fn with_handles() -> Vec<(String, String)> {
+    let path = broca::vault::handles::devtools_handles_path(|k| std::env::var(k).ok()).expect("a handles path");
+    let handles = broca::vault::handles::load(&path).handles;
+    let mut out = Vec::new();
+    for (family, model, auth) in FAMILY_MODELS {
+        let provider = model.split_once('/').map_or(model, |(p, _)| p);
+        if handles.get(&format!("{auth}:{provider}")).is_some() {
+            out.push((model.to_owned(), auth.to_owned()));
+        } else {
+            eprintln!("SKIP live.{family}: no dev-tools handle for {auth}:{provider} in {}", path.display());
+        }
+    }
+    out
+}
+
+fn one_turn(connection: &str, model: &str, auth: &str) {
     let root = tempfile::tempdir().expect("a temp state root");
     let out = Command::new(BIN)
-        .args(["--subc", &connection, "--model", &model, "--json", "--max-steps", "1"])
+        .args(["--subc", connection, "--model", model, "--auth-method", auth, "--json", "--max-steps", "1"])
         .arg("--state-root")
         .arg(root.path())
         .arg("Reply with the single word: pong")

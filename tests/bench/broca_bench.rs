@@ -28,13 +28,14 @@ const FSYNC_SAMPLES: usize = 1000;
 
 mod cache;
 mod cli;
+mod families;
 mod publish;
 mod warm;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("--help") {
-        println!("usage: broca-bench            run every benchmark\n       broca-bench loop       only the loop benchmarks\n       broca-bench cache      only the prompt-cache and warm figures\n       broca-bench replay-rss WAL   (internal) replay WAL, print peak RSS in KiB");
+        println!("usage: broca-bench            run every benchmark\n       broca-bench loop       only the loop benchmarks\n       broca-bench cache      only the prompt-cache and warm figures\n       broca-bench families   only the per-family loop and decoder figures\n       broca-bench replay-rss WAL   (internal) replay WAL, print peak RSS in KiB");
         return;
     }
     if args.get(1).map(String::as_str) == Some("replay-rss") {
@@ -53,6 +54,12 @@ fn main() {
         for (name, value, unit) in warm::figures(dir.path()) {
             report(name, value, unit);
         }
+        return;
+    }
+    if args.get(1).map(String::as_str) == Some("families") {
+        let raw = broca::testkit::raw_fsync_p50_us(dir.path(), FSYNC_SAMPLES / 5);
+        report("fs.raw_fsync_us", raw, "us");
+        families::report_all(dir.path(), raw);
         return;
     }
     if args.get(1).map(String::as_str) == Some("loop") {
@@ -84,6 +91,7 @@ fn main() {
     for (name, value, unit) in warm::figures(dir.path()) {
         report(name, value, unit);
     }
+    families::report_all(dir.path(), raw);
     if let Some(ms) = demo_ms() {
         report("cli.demo_ms", ms, "ms");
     }
@@ -321,11 +329,31 @@ fn loop_script() -> Script {
 
 /// The route of the bench model at `mock`'s `lane`.
 fn bench_config(mock: &MockServer, lane: &str) -> broca::provider::config::RenderConfig {
+    bench_route(mock, lane, &BenchModel::CHAT)
+}
+
+/// A model the loop bench drives, and the auth method that selects its family.
+pub struct BenchModel {
+    pub model: &'static str,
+    pub auth: broca::frozen::AuthMethod,
+}
+
+impl BenchModel {
+    const CHAT: BenchModel = BenchModel { model: "mock/echo-chat", auth: broca::frozen::AuthMethod::ApiKey };
+}
+
+/// The route of `bench`'s model at `mock`'s `lane`.
+pub fn bench_route(mock: &MockServer, lane: &str, bench: &BenchModel) -> broca::provider::config::RenderConfig {
     let lkg: serde_json::Value =
         serde_json::from_str(include_str!("../../testdata/catalog/fusiform-lkg.json")).expect("lkg");
     let catalog = Catalog::from_response(&lkg["response"]).expect("catalog");
-    let req = ModelRequest { model: "mock/echo-chat".into(), ..Default::default() };
-    let overrides = RouteOverrides { base_url_override: Some(mock.base_url(Some(lane))), ..Default::default() };
+    let req = ModelRequest { model: bench.model.into(), ..Default::default() };
+    let provider = bench.model.split_once('/').map_or("", |(p, _)| p).to_owned();
+    let overrides = RouteOverrides {
+        base_url_override: Some(mock.base_url(Some(lane))),
+        auth_methods: [(provider, bench.auth)].into_iter().collect(),
+        ..Default::default()
+    };
     route::resolve(Ok(&catalog), PathBuf::new(), &req, &overrides).expect("route")
 }
 
@@ -350,14 +378,14 @@ fn handshakes_per_run(dir: &Path) -> f64 {
 }
 
 /// What [`loop_step_overhead`] measures.
-struct LoopFigures {
+pub struct LoopFigures {
     /// Median over rounds of (loop − bare) wall time per step.
-    overhead_us: f64,
+    pub overhead_us: f64,
     /// Median bare-client wall time per step.
-    bare_us: f64,
+    pub bare_us: f64,
     /// Median process CPU time per step during the loop's run, and during the bare client's
     /// (both include the in-process mock serving it).
-    cpu_us: f64,
+    pub cpu_us: f64,
     bare_cpu_us: f64,
     /// The same in user mode only (no kernel fsync or scheduling work).
     user_cpu_us: f64,
@@ -372,14 +400,20 @@ struct LoopFigures {
 /// per step. Sending the loop's own bodies keeps the mock's work (parsing a growing transcript)
 /// out of the difference.
 fn loop_step_overhead(dir: &Path) -> LoopFigures {
+    let rounds = std::env::var("BROCA_BENCH_LOOP_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(21usize).max(1);
+    loop_step_overhead_of(dir, &BenchModel::CHAT, rounds)
+}
+
+/// [`loop_step_overhead`] of `bench`'s family, over `rounds` rounds.
+pub fn loop_step_overhead_of(dir: &Path, bench: &BenchModel, rounds: usize) -> LoopFigures {
     let mock = MockServer::start("127.0.0.1:0").expect("mock");
-    let root = StateRoot::at(&dir.join("loop-root")).expect("state root");
+    let root = StateRoot::at(&dir.join(format!("loop-root-{}", bench.model.replace('/', "-")))).expect("state root");
     let shared = Shared::open(root).expect("shared");
     let client = HttpClient::default();
     let bare_agent = ureq::AgentBuilder::new().build();
     let run_loop = |lane: &str, session: &str| {
         mock.install(lane, loop_script());
-        let config = bench_config(&mock, lane);
+        let config = bench_route(&mock, lane, bench);
         let mut lineage = shared.open_lineage(&SessionKey::new("/bench", "bench", session)).expect("lineage");
         let tools: Arc<dyn ToolDispatcher> = Arc::new(NoTools);
         let (_tx, rx) = crossbeam_channel::unbounded();
@@ -400,11 +434,13 @@ fn loop_step_overhead(dir: &Path) -> LoopFigures {
     let (mut user_cpus, mut bare_user_cpus) = (Vec::new(), Vec::new());
     let mut fsyncs = 0.0;
     // 21 rounds by default (a round is about 30 ms); more for a profiler (`perf record ... broca-bench loop`).
-    let rounds = std::env::var("BROCA_BENCH_LOOP_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(21usize).max(1);
+    let url = {
+        let bare = bench_route(&mock, "bare", bench);
+        broca::provider::wire(bare.family).url(&bare)
+    };
     for round in 0..rounds {
         // The bare client: one HTTP round trip and the whole stream per step, nothing else.
         mock.install("bare", loop_script());
-        let url = format!("{}/chat/completions", mock.base_url(Some("bare")));
         let (start, cpu, user) = (Instant::now(), cli::cpu_time(), cli::user_cpu_time());
         for body in &bodies {
             let resp =
