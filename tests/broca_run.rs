@@ -76,17 +76,29 @@ const FAMILIES: [(&str, &str); 5] = [
     ("mock/echo-bedrock", "bedrock"),
 ];
 
+/// All seven wire families: (model, the auth method that routes it there, its mock lane).
+const SEVEN: [(&str, &str, &str); 7] = [
+    ("mock/echo-chat", "apikey", "seven-chat"),
+    ("mock/echo-messages", "apikey", "seven-messages"),
+    ("mock/echo-responses", "apikey", "seven-responses"),
+    ("mock/echo-responses", "chatgpt", "seven-chatgpt"),
+    ("mock/echo-gemini", "apikey", "seven-gemini"),
+    ("mock/antigravity-echo-gemini", "antigravity", "seven-code-assist"),
+    ("mock/echo-bedrock", "apikey", "seven-bedrock"),
+];
+
 #[test]
 fn a_session_accumulates_episodes_in_every_family() {
     let rig = Rig::new();
-    for (model, _) in FAMILIES {
-        let lane = model.split('/').nth(1).unwrap();
+    for (model, auth, lane) in SEVEN {
         rig.script(lane, json!([text_step("Paris."), text_step("About two million.")]));
         let session = format!("geo-{lane}");
-        let first = rig.run(lane, &["--model", model, "--session", &session, "What is the capital of France?"]);
+        let turn =
+            |prompt: &str| rig.run(lane, &["--model", model, "--auth-method", auth, "--session", &session, prompt]);
+        let first = turn("What is the capital of France?");
         assert_eq!(code(&first), 0, "{model}: {}", String::from_utf8_lossy(&first.stderr));
         assert_eq!(String::from_utf8_lossy(&first.stdout), "Paris.\n", "{model}: streamed text on stdout");
-        let second = rig.run(lane, &["--model", model, "--session", &session, "How many people live there?"]);
+        let second = turn("How many people live there?");
         assert_eq!(code(&second), 0, "{model}");
         let bodies = rig.mock.requests(lane);
         let sent = String::from_utf8_lossy(&bodies[1].body).to_string();

@@ -275,7 +275,8 @@ pub fn resolve(
                 let defined = defined.into_iter().map(|(n, _)| n).collect();
                 return Err(AdmissionError::VariantUnsupported { model, variant: name.clone(), defined });
             };
-            if let (Family::AnthropicMessages, Setting::Budget(budget)) = (family, setting) {
+            let thinks_in_budget = matches!(family, Family::AnthropicMessages | Family::AwsBedrockConverse);
+            if let (true, Setting::Budget(budget)) = (thinks_in_budget, setting) {
                 let output = max_output_tokens.unwrap_or(0);
                 if output <= *budget {
                     return Err(AdmissionError::BudgetExceedsOutput { model, budget: *budget, output });

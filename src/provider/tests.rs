@@ -393,7 +393,12 @@ fn request_cases() -> Vec<(String, RenderConfig, Vec<Message>)> {
             "gemini-2.5-flash",
             json!({"generationConfig": {"thinkingConfig": {"includeThoughts": true, "thinkingBudget": 8192}}}),
         ),
-        (Family::AwsBedrockConverse, "amazon-bedrock", "anthropic.claude-sonnet-4-5-20250929-v1:0", Value::Null),
+        (
+            Family::AwsBedrockConverse,
+            "amazon-bedrock",
+            "anthropic.claude-sonnet-4-5-20250929-v1:0",
+            json!({"additionalModelRequestFields": {"thinking": {"type": "enabled", "budget_tokens": 8192}}}),
+        ),
         (
             Family::GoogleCodeAssist,
             "google",

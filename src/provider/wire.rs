@@ -342,9 +342,21 @@ impl WireFamily for AwsBedrockConverse {
     fn accept(&self) -> &'static str {
         "application/vnd.amazon.eventstream"
     }
-    /// Variants render nothing on Converse (spec §4 variants table).
-    fn render_variant(&self, _setting: &Setting, _wire_model: &str) -> Value {
-        Value::Null
+    /// Claude on Bedrock thinks through `additionalModelRequestFields` (the model's own
+    /// Messages members, passed through): a budget → `thinking: {type: enabled, budget_tokens}`,
+    /// the toggle → `thinking: {type: disabled}` / adaptive. Other models render nothing (the
+    /// spec's table row for Converse).
+    fn render_variant(&self, setting: &Setting, wire_model: &str) -> Value {
+        if !wire_model.contains("anthropic.claude") {
+            return Value::Null;
+        }
+        let thinking = match setting {
+            Setting::Budget(n) => json!({"type": "enabled", "budget_tokens": n}),
+            Setting::ToggleOff => json!({"type": "disabled"}),
+            Setting::ToggleOn => json!({"type": "adaptive"}),
+            Setting::Effort(_) => return Value::Null,
+        };
+        json!({"additionalModelRequestFields": {"thinking": thinking}})
     }
 }
 
