@@ -97,7 +97,7 @@ fn message(m: &[u8]) -> Result<SseEvent, SseError> {
     let headers = headers(&m[12..12 + headers_len])?;
     let payload = &m[12 + headers_len..total - 4];
     let data = std::str::from_utf8(payload).map_err(|_| SseError("event-stream payload is not UTF-8".into()))?;
-    let find = |name: &str| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
+    let find = |name: &str| headers.iter().find(|(n, _)| *n == name.as_bytes()).map(|(_, v)| *v);
     let event = match find(":message-type") {
         Some("exception") | Some("error") => {
             let kind = find(":exception-type").or_else(|| find(":error-code")).unwrap_or("unknown");
@@ -108,8 +108,9 @@ fn message(m: &[u8]) -> Result<SseEvent, SseError> {
     Ok(SseEvent { event: Some(event), data: data.to_string() })
 }
 
-/// The string-valued headers (other types are skipped, each checked for length).
-fn headers(mut b: &[u8]) -> Result<Vec<(String, String)>, SseError> {
+/// The string-valued headers, borrowed from the message (other types are skipped, each checked
+/// for length).
+fn headers(mut b: &[u8]) -> Result<Vec<(&[u8], &str)>, SseError> {
     let short = || SseError("event-stream headers are truncated".into());
     let mut out = Vec::new();
     while !b.is_empty() {
@@ -134,7 +135,7 @@ fn headers(mut b: &[u8]) -> Result<Vec<(String, String)>, SseError> {
         let value = b.get(..len).ok_or_else(short)?;
         if kind == 7 {
             let text = std::str::from_utf8(&value[2..]).map_err(|_| SseError("a header value is not UTF-8".into()))?;
-            out.push((String::from_utf8_lossy(name).into_owned(), text.to_owned()));
+            out.push((name, text));
         }
         b = &b[len..];
     }
