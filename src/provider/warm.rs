@@ -130,26 +130,13 @@ pub fn decode_answer(body: &[u8], headers: &[(String, String)]) -> Result<WarmAn
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::frozen::{AuthSource, Family};
+    use crate::frozen::Family;
     use serde_json::json;
 
     fn config(provider: &str, family: Family) -> RenderConfig {
-        RenderConfig {
-            provider: provider.into(),
-            model: "claude-sonnet-4-5".into(),
-            family,
-            base_url: "https://api.anthropic.com/v1".into(),
-            wire_model: "claude-sonnet-4-5".into(),
-            variant: None,
-            variant_params: Value::Null,
-            system: None,
-            max_output_tokens: None,
-            max_steps: None,
-            tools: vec![],
-            auth: AuthSource::None,
-            policy: Default::default(),
-            plan: None,
-        }
+        serde_json::from_value(json!({"provider": provider, "model": "claude-sonnet-4-5", "family": family.as_str(),
+                                      "base_url": "https://api.anthropic.com/v1", "wire_model": "claude-sonnet-4-5"}))
+        .unwrap()
     }
 
     #[test]
