@@ -1,5 +1,5 @@
 //! `broca-mock`: the scripted test double. Without `--subc` it is the model-provider server
-//! (Anthropic Messages, OpenAI Chat, OpenAI Responses over SSE; the script format and the
+//! (every wire family broca speaks: SSE, and Bedrock's AWS event stream; the script format and the
 //! control endpoint are documented in [`mock`], `mock/mod.rs`). With `--subc <connection-file>`
 //! it is a subc module serving `tool-provider/v1` (the tool script, the call log and the
 //! built-in tools are documented in [`tools`], `tools/mod.rs`).

@@ -1,4 +1,4 @@
-//! Helpers the three wire families share: reading SSE data as JSON, usage shapes, tool-output
+//! Helpers the wire families share: reading SSE data as JSON, usage shapes, tool-output
 //! text, and finishing a request body (variant merge, compact deterministic bytes).
 //!
 //! Invariants: nothing here panics on provider input; a number the provider did not send (or sent

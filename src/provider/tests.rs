@@ -1,4 +1,4 @@
-//! Golden tests of the three wire families.
+//! Golden tests of the wire families.
 //!
 //! Parse goldens: every `testdata/sse/<family>.<case>.sse` is framed and decoded, one JSON line
 //! per SSE event (`event_type`, `content`, `unknown`, the stream events it produced), then an

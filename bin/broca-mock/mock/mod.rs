@@ -17,7 +17,10 @@
 //! |---|---|---|
 //! | `POST /v1/messages` | `default` | Anthropic Messages |
 //! | `POST /v1/chat/completions` | `default` | OpenAI Chat |
-//! | `POST /v1/responses` | `default` | OpenAI Responses |
+//! | `POST /v1/responses` | `default` | OpenAI Responses (the ChatGPT/Codex backend when the request carries the Codex client's `originator` header) |
+//! | `POST /v1/models/<model>:streamGenerateContent?alt=sse` | `default` | Gemini |
+//! | `POST /v1/v1internal:streamGenerateContent?alt=sse` | `default` | Google Code Assist |
+//! | `POST /v1/model/<percent-encoded id>/converse-stream` | `default` | Bedrock Converse (an AWS event stream) |
 //! | `POST /lane/<name>/v1/<same>` | `<name>` | by the rest of the path |
 //!
 //! Every request under a lane prefix is recorded ([`RecordedRequest`]: method, target, headers,
