@@ -26,14 +26,6 @@ fn slow(text: &str, delay_ms: u64) -> Value {
 }
 
 impl Rig {
-    fn wait_requests(&self, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.mock.requests("default").len() < n {
-            assert!(Instant::now() < deadline, "the provider never got request {n}");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
     fn texts(&self) -> Vec<String> {
         let page = self.call("session.read", json!({})).unwrap();
         page["messages"]

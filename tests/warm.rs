@@ -8,7 +8,7 @@ use broca_mock::mock;
 mod pin;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use broca::clock::ManualClock;
 use broca::record::Record;
@@ -127,11 +127,7 @@ fn a_reopened_session_rebuilds_its_last_request_to_the_recorded_digest() {
     let rig = inproc::rig(Duration::from_millis(100));
     turn(&rig, "hello", "r-1");
     // The actor closes when idle; the warm reopens the session and renders from the WAL.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while rig.ops.registry.is_open(&key()) {
-        assert!(Instant::now() < deadline, "the idle actor never closed");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    rig.wait_closed(&key());
     let warm = rig.call("session.warm", json!({})).unwrap();
     assert_eq!(warm["request_body_sha256"], sha256(&rig.mock.requests("default")[0].body));
 }
@@ -168,11 +164,7 @@ fn warm_refusals_write_nothing_and_are_pinned() {
             rx.recv_timeout(Duration::from_secs(10)).unwrap()
         })
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while rig.mock.requests("default").len() < 3 {
-        assert!(Instant::now() < deadline, "the first warm never reached the provider");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    rig.wait_requests(3);
     refused(&rig, json!({}), "warm_refusal.warm_in_flight.json");
     assert!(first.join().unwrap().is_ok(), "the first warm finishes");
 
@@ -224,11 +216,7 @@ fn an_unknown_or_near_expiry_is_cache_expired() {
     // After a restart the clock is unknown until the session sends again.
     let fresh = inproc::rig(Duration::from_millis(100));
     turn(&fresh, "hello", "e-2");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while fresh.ops.registry.is_open(&key()) {
-        assert!(Instant::now() < deadline, "the idle actor never closed");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    fresh.wait_closed(&key());
     let restarted = inproc::ops_over(fresh.dir.path(), fresh.mock.base_url(None), Duration::from_secs(5));
     let (tx, rx) = crossbeam_channel::bounded(1);
     restarted.handle(&key(), "session.warm", json!({}), Box::new(move |r| tx.send(r).unwrap()));
@@ -272,11 +260,7 @@ fn a_warm_while_a_step_streams_re_sends_the_bytes_in_flight() {
     rig.script(json!({"responses": [slow]}));
     let sent = rig.call("session.send", anthropic("take your time", "i-2")).unwrap();
     let run_id = sent["run_id"].as_str().unwrap().to_owned();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while rig.mock.requests("default").len() < 2 {
-        assert!(Instant::now() < deadline, "the step never reached the provider");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    rig.wait_requests(2);
     let warm = rig.call("session.warm", json!({})).unwrap();
     let requests = rig.mock.requests("default");
     assert_eq!(warm["request_body_sha256"], requests[1].body_sha256, "the step's own bytes");

@@ -46,7 +46,7 @@ use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
-use super::common::{class, data_object, replays_reasoning, str_at, tool_output, u64_at};
+use super::common::{class, data_object, replays_reasoning, str_at, tool_output, u64_at, with_description};
 use super::config::{RenderConfig, ToolSpec};
 use super::errors::stream_error;
 use super::event::{DecodeError, EventClass, StreamDecoder, StreamEvent};
@@ -122,11 +122,7 @@ pub fn mark_cache(config: &RenderConfig, body: &mut Value) {
 }
 
 fn tool(spec: &ToolSpec) -> Value {
-    let mut declared = json!({"name": spec.name, "inputSchema": {"json": spec.input_schema}});
-    if !spec.description.is_empty() {
-        declared["description"] = json!(spec.description);
-    }
-    json!({"toolSpec": declared})
+    json!({"toolSpec": with_description(json!({"name": spec.name, "inputSchema": {"json": spec.input_schema}}), spec)})
 }
 
 fn user_content(m: &Message) -> Vec<Value> {

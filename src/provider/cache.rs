@@ -111,12 +111,10 @@ pub fn prompt_cache_key(conversation_key: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::frozen::{CacheRole, FrozenConfig};
+    use crate::frozen::CacheRole;
 
-    fn route(provider: &str, family: Family) -> FrozenConfig {
-        serde_json::from_value(json!({"provider": provider, "model": "m", "family": family.as_str(),
-                                      "base_url": "http://x", "wire_model": "m"}))
-        .unwrap()
+    fn route(provider: &str, family: Family) -> RenderConfig {
+        crate::provider::tests::config(family, provider, "m")
     }
 
     #[test]

@@ -43,7 +43,7 @@ use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
-use super::common::{class, data_object, replays_reasoning, str_at, tool_output, u64_at};
+use super::common::{class, data_object, replays_reasoning, str_at, tool_output, u64_at, with_description};
 use super::config::{RenderConfig, ToolSpec};
 use super::errors::stream_error;
 use super::event::{DecodeError, EventClass, StreamDecoder, StreamEvent};
@@ -110,11 +110,7 @@ pub fn merge_variant(body: &mut Value, config: &RenderConfig) {
 }
 
 fn tool(spec: &ToolSpec) -> Value {
-    let mut declared = json!({"name": spec.name, "parameters": spec.input_schema});
-    if !spec.description.is_empty() {
-        declared["description"] = json!(spec.description);
-    }
-    declared
+    with_description(json!({"name": spec.name, "parameters": spec.input_schema}), spec)
 }
 
 fn content(m: &Message, config: &RenderConfig, names: &HashMap<&str, &str>) -> Option<Value> {

@@ -272,7 +272,8 @@ fn hostile_shapes_never_panic() {
 
 // ---- request bodies ----
 
-fn config(family: Family, provider: &str, wire_model: &str) -> RenderConfig {
+/// A route of `family` on `provider` for `wire_model` (the goldens' system prompt, nothing else).
+pub(crate) fn config(family: Family, provider: &str, wire_model: &str) -> RenderConfig {
     RenderConfig {
         provider: provider.into(),
         model: wire_model.into(),

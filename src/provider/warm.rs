@@ -134,9 +134,7 @@ mod tests {
     use serde_json::json;
 
     fn config(provider: &str, family: Family) -> RenderConfig {
-        serde_json::from_value(json!({"provider": provider, "model": "claude-sonnet-4-5", "family": family.as_str(),
-                                      "base_url": "https://api.anthropic.com/v1", "wire_model": "claude-sonnet-4-5"}))
-        .unwrap()
+        crate::provider::tests::config(family, provider, "claude-sonnet-4-5")
     }
 
     #[test]

@@ -115,6 +115,16 @@ impl Rig {
         }
     }
 
+    /// Waits (10 s at most) until the provider has received `n` requests on the default lane.
+    pub fn wait_requests(&self, n: usize) {
+        wait_until(&format!("the provider gets request {n}"), || self.mock.requests("default").len() >= n);
+    }
+
+    /// Waits (10 s at most) until the session's actor has closed (its idle TTL passed).
+    pub fn wait_closed(&self, key: &SessionKey) {
+        wait_until("the idle actor closes", || !self.ops.registry.is_open(key));
+    }
+
     pub fn wait_state(&self, run_id: &str, want: &str) {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -125,6 +135,15 @@ impl Rig {
             assert!(Instant::now() < deadline, "{run_id} never reached {want}: {status}");
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+}
+
+/// Polls `done` until it holds, failing after 10 s with `what`.
+pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting: {what}");
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
