@@ -127,6 +127,14 @@ impl AuthMethod {
     }
 }
 
+/// A bare route (no system prompt, tools or policy) for unit tests.
+#[cfg(test)]
+pub(crate) fn test_route(provider: &str, family: Family, wire_model: &str) -> FrozenConfig {
+    serde_json::from_value(serde_json::json!({"provider": provider, "model": wire_model, "family": family.as_str(),
+                                              "base_url": "http://127.0.0.1:9", "wire_model": wire_model}))
+    .expect("a bare route decodes")
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FrozenConfig {
     /// Catalog identity, `provider/model` split.

@@ -114,7 +114,7 @@ mod tests {
     use crate::frozen::CacheRole;
 
     fn route(provider: &str, family: Family) -> RenderConfig {
-        crate::provider::tests::config(family, provider, "m")
+        crate::frozen::test_route(provider, family, "m")
     }
 
     #[test]

@@ -272,8 +272,7 @@ fn hostile_shapes_never_panic() {
 
 // ---- request bodies ----
 
-/// A route of `family` on `provider` for `wire_model` (the goldens' system prompt, nothing else).
-pub(crate) fn config(family: Family, provider: &str, wire_model: &str) -> RenderConfig {
+fn config(family: Family, provider: &str, wire_model: &str) -> RenderConfig {
     RenderConfig {
         provider: provider.into(),
         model: wire_model.into(),

@@ -134,7 +134,7 @@ mod tests {
     use serde_json::json;
 
     fn config(provider: &str, family: Family) -> RenderConfig {
-        crate::provider::tests::config(family, provider, "claude-sonnet-4-5")
+        crate::frozen::test_route(provider, family, "claude-sonnet-4-5")
     }
 
     #[test]
