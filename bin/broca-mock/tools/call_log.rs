@@ -21,8 +21,8 @@
 //!   or `args:<tool>:sha256:<hex>` when that canonical text is over [`MAX_INLINE_KEY_BYTES`].
 //! - A `cancel` line records a subc CANCEL the provider saw for an open call; a `reply` line
 //!   records how the call ended (`result`, `refused` with its `code`, `malformed`, `cancelled`,
-//!   `abandoned` when its route closed first); a `role` line records a role op (`tool.catalog`
-//!   fetches can be counted too).
+//!   `abandoned` when its route closed first, `held` for a held first reply); a `role` line
+//!   records a role op (`tool.catalog` fetches can be counted too).
 //! - Several provider processes (restarts) may append to one file; lines stay whole because each
 //!   is one `O_APPEND` write. A torn last line (a process killed mid-write) is skipped by
 //!   [`read`]; a bad line anywhere else is an error.
@@ -144,6 +144,8 @@ pub enum Outcome {
     Cancelled,
     /// The route closed before the call answered; nothing was sent.
     Abandoned,
+    /// A held first reply (`held-reply/v1`): the answer comes later through `late_results`.
+    Held,
 }
 
 /// The counting key of a call: its `call_key`, else its tool and canonical arguments.

@@ -20,7 +20,7 @@
 //! |---|---|
 //! | `role.describe` | `{majors: [{version: "tool-provider/v1", ops, stability: "alpha"}], implementation_version, capabilities: []}` |
 //! | `tool.catalog` | `CatalogAnswer` for the request's `preset` and the route's stamped scope; `digest_only` carries the same `catalog_digest`; `composition` gets its `composition_digest`; `presets` listed only without a preset; a `system_text` item with a listed preset gets one scripted line naming the preset and its tools (`tool_names` sorted); any `params` key, a preset-less `system_text` or an unlisted preset is refused `invalid_request {field}` |
-//! | `late_results`, `late_results.ack` | only with `"late_results": true`: an always-empty log (`{entries: [], cursor: {provider_incarnation, seq: 0}, more: false}`; a cursor of another incarnation is `cursor_incarnation_changed`) |
+//! | `late_results`, `late_results.ack` | only with `"late_results": true`: with `late_results_dir`, the held calls' entries whose custodian is the route's stamped principal ([`late`]); without it an always-empty log (`{entries: [], cursor: {provider_incarnation, seq: 0}, more: false}`); a cursor of another incarnation, or past the log, is `cursor_incarnation_changed` |
 //! | a tool's name | the tool's scripted behaviour, after the role's checks: `call_key` and `schema_pin` shapes (`invalid_request`), an unlisted `preset`, or none on a scoped route (`invalid_request {field: "preset"}`), a tool the route's catalog does not list (`unknown_tool`), a pin naming another digest or semantics (`tool_schema_changed` / `tool_semantics_changed`) |
 //!
 //! A CANCEL of a running call stops it: it answers `cancelled` (one terminal frame, as subc
@@ -31,6 +31,30 @@
 //! body (`{content: [{type: "text", text}], structuredContent?}`) on routes whose bind declared
 //! `tool-result/v1`, and its legacy body elsewhere (CONTRACT.md §4.1); other tools always answer
 //! legacy bodies (the text as a JSON string, or the JSON value).
+//!
+//! Held first replies (`held-reply/v1`, [`late`] and `provider/held.rs`): a `held` behaviour, or a
+//! `from_dir` call with a `<key>.held-reply` file, answers `{content: [{type: "text", text}],
+//! held: {reason}}` and holds the call in the late-results store when the bind declared both
+//! `held-reply/v1` and `tool-result/v1`, the tool's `result_format` is `tool-result/v1`, the call
+//! carries a `call_key` and the script has `late_results` with a `late_results_dir`; otherwise it
+//! answers at once as if not held (unless `force`). Tests settle held calls with files:
+//!
+//! ```text
+//! <late_results_dir>/held/<stem>.json     {"call_key", "custodian", "owner", "ref", "scope_epoch", "session",
+//!                                          "tool", "arguments", "reason", "held_at_ms", "release_at_ms"?, "from_dir"?}
+//! <late_results_dir>/release/<stem>.json  written by a test: {"kind":"result","result":<tool-result/v1 body>}
+//!                                          | {"kind":"result","text":"…"} | {"kind":"not_started","reason"?:"…"}
+//!                                          | {"kind":"expired"}; deleted once its entry is durable
+//! <late_results_dir>/log.jsonl            {"seq": n, "session": "…", "entry": <LateEntry>} per line
+//! <late_results_dir>/acked.json           {"<custodian>": <acked seq>}
+//! <from_dir>/<key>.held-reply             written by a test: a `held` object, e.g. {"reason": "consent"}
+//! <from_dir>/<key>.call_key               written by the mock: the held call's call_key
+//! <from_dir>/<key>.late                   written by a test: a release (a `result` without `result`/`text`
+//!                                          answers `<key>.json`; a non-tool-result/v1 value becomes one text part)
+//! ```
+//!
+//! `<stem>` is the lowercase hex of the call_key's bytes (`sha256-<hex>` of them past 100 bytes);
+//! the custodian is `reserved:<module_id>`, `direct` or `unverified`, from the route's stamp.
 //!
 //! Keepalives: while a call waits out a delay, on a route whose bind declared
 //! `call-keepalive/v1`, it sends `{"kind":"keepalive"}` Pushes on the call's corr every
@@ -53,7 +77,8 @@
 //!   "implementation_version": "broca-mock test",   // role.describe's implementation_version
 //!   "keepalive": true,                // declare call-keepalive/v1 (manifest) and send keepalives
 //!   "keepalive_interval_ms": 30000,   // 1..=30000
-//!   "late_results": false,            // catalog capability + empty late_results / late_results.ack
+//!   "late_results": false,            // catalog capability + late_results / late_results.ack
+//!   "late_results_dir": "/…/late",    // with late_results: the durable store of held calls (else an empty log)
 //!   "presets": ["default", "worker"], // served presets, listed in preset-less catalog answers (≤ 16)
 //!   "scoped_calls_need_preset": true, // refuse a preset-less call on a scoped route
 //!   "builtins": false,                // also serve the built-in tools (a same-named tool here replaces one)
@@ -93,7 +118,8 @@
 //! | `"hang": true` (`"ignore_cancel": true`) | never answers; answers `cancelled` on CANCEL (or not even then) |
 //! | `"count": true` | answers `{key, count}`: how many times this call's key was received, this one included (across restarts sharing a call log) |
 //! | `"whoami": true` | answers what the daemon stamped on the route (principal, scope), its identity and consumer capabilities, and the call's preset, `call_key`, `tool_call_id` |
-//! | `"from_dir": "/dir"` | answers the JSON in `/dir/<hex>.json`, `<hex>` the SHA-256 of the arguments' canonical JSON (keys sorted, compact), written by a test before the call (none: refused `tool_unavailable`); while `/dir/<hex>.hold` exists the call waits (CANCEL still ends it), having created `/dir/<hex>.held`: the conformance adapter's held calls, released from outside |
+//! | `"from_dir": "/dir"` | answers the JSON in `/dir/<hex>.json`, `<hex>` the SHA-256 of the arguments' canonical JSON (keys sorted, compact), written by a test before the call (none: refused `tool_unavailable`); while `/dir/<hex>.hold` exists the call waits (CANCEL still ends it), having created `/dir/<hex>.held`: the conformance adapter's held calls, released from outside; with `/dir/<hex>.held-reply` it answers a held first reply (above) and writes `/dir/<hex>.call_key` |
+//! | `"held": {"reason": "consent", "text"?: "…", "release_after_ms"?: n, "force"?: false}` | a held first reply (interim text default `waiting: <reason>`); `release_after_ms` settles it by itself with a `result` whose text is the arguments' canonical JSON (`structuredContent` the arguments); missing prerequisites: answers its arguments (echo) at once; `force`: the held body anyway, nothing recorded |
 //! | `"delay_ms": n` | waits `n` ms first (≤ 24 h) |
 //! | `"delay_from": "ms"` | waits the integer argument `ms` instead, when the call has one |
 //! | `"keepalive": false` | sends no keepalives while it waits |
@@ -113,6 +139,7 @@
 //! | `whoami` | — | the route's stamps |
 
 pub mod call_log;
+pub mod late;
 pub mod provider;
 pub mod script;
 
@@ -167,7 +194,13 @@ pub fn serve(opts: Options) -> ExitCode {
     let outbound = conn.outbound();
     let (stopped, _stopped_rx) = crossbeam_channel::unbounded();
     let script = opts.script.clone();
-    let provider = Provider::new(opts.script, outbound.clone(), log, &module_id, stopped);
+    let provider = match Provider::new(opts.script, outbound.clone(), log, &module_id, stopped) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("broca-mock: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let running = match conn.start(provider, provider::authorize) {
         Ok(r) => r,
         Err(e) => {

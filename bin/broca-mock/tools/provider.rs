@@ -40,8 +40,10 @@ use subc_protocol::tool_call::PRESET_FIELD;
 use subc_protocol::{BindIdentity, ErrorBody, Flags, Principal};
 
 use super::call_log::{self, CallEntry, CallLog, CancelEntry, Entry, Outcome, ReplyEntry, RoleEntry};
+use super::late::LateStore;
 use super::script::{Answer, Behaviour, ScopeClass, Tool, ToolScript};
 
+mod held;
 mod role;
 
 pub use role::manifest;
@@ -104,6 +106,8 @@ struct Shared {
     script: ToolScript,
     outbound: Outbound,
     log: CallLog,
+    /// Held calls and their late entries, with `late_results_dir`.
+    late: Option<Arc<LateStore>>,
     incarnation: String,
     module_id: String,
     in_flight: Mutex<HashMap<(Route, u64), InFlight>>,
@@ -119,23 +123,41 @@ pub struct Provider {
 }
 
 impl Provider {
-    pub fn new(script: ToolScript, outbound: Outbound, log: CallLog, module_id: &str, stopped: Sender<()>) -> Provider {
+    /// A provider with a new incarnation; with `late_results_dir`, its late-results store opened
+    /// (the error names the directory when it cannot be).
+    pub fn new(
+        script: ToolScript,
+        outbound: Outbound,
+        log: CallLog,
+        module_id: &str,
+        stopped: Sender<()>,
+    ) -> Result<Provider, String> {
+        let incarnation = uuid::Uuid::new_v4().to_string();
+        let late = match script.late_results_dir.as_deref().filter(|_| script.late_results) {
+            Some(dir) => Some(
+                LateStore::open(dir, &incarnation)
+                    .map_err(|e| format!("cannot open the late-results store {}: {e}", dir.display()))?
+                    .start(),
+            ),
+            None => None,
+        };
         let shared = Shared {
             script,
             outbound,
             log,
-            incarnation: uuid::Uuid::new_v4().to_string(),
+            late,
+            incarnation,
             module_id: module_id.to_owned(),
             in_flight: Mutex::new(HashMap::new()),
             metrics: Metrics::default(),
         };
-        Provider {
+        Ok(Provider {
             shared: Arc::new(shared),
             workers: Arc::new(Pool::new("mock-tool", broca::limits::OP_THREADS)),
             routes: HashMap::new(),
             draining: false,
             stopped,
-        }
+        })
     }
 
     /// Sends the script's scopes to the daemon (`scope.sync`), when it has any.
@@ -391,6 +413,14 @@ impl Call<'_> {
                 return self.record_end(&request.name, Outcome::Cancelled, None);
             }
         }
+        let hold = match held::plan(&behaviour.answer, &request.arguments) {
+            Some(Err(refusal)) => return self.end_refused(&request.name, &refusal),
+            plan => plan.and_then(Result::ok),
+        };
+        // A call asking to be held is answered here, unless a prerequisite is missing.
+        if hold.is_some_and(|plan| self.answer_held(plan, tool, &request)) {
+            return;
+        }
         let tool_result = self.bound.declares(cortexkit_role_tool_provider::TOOL_RESULT_V1_CAPABILITY)
             && tool.entry.result_format == Some(ResultFormat::ToolResultV1);
         match self.render(&behaviour.answer, &request, count, tool_result) {
@@ -560,7 +590,8 @@ impl Call<'_> {
             }
         };
         match answer {
-            Answer::Echo => {
+            // A `held` call answered at once (a prerequisite is missing) echoes its arguments.
+            Answer::Echo | Answer::Held(_) => {
                 let args = request.arguments.clone();
                 text_or_json(args.to_string(), args.clone(), Some(args))
             }
@@ -582,6 +613,17 @@ impl Call<'_> {
             Answer::FromDir(dir) => {
                 let path = dir.join(format!("{}.json", from_dir_key(&request.arguments)));
                 match std::fs::read(&path) {
+                    // Under tool-result/v1 a scripted value that is not such a body is wrapped:
+                    // a string as its text, anything else as its canonical JSON.
+                    Ok(bytes) if tool_result => match serde_json::from_slice::<Value>(&bytes) {
+                        Ok(value) => Rendered::Body(
+                            serde_json::to_vec(&super::late::as_tool_result(value)).expect("results serialize"),
+                        ),
+                        Err(_) => Rendered::Refusal(ErrorBody::new(
+                            "tool_unavailable",
+                            format!("broca-mock: {} is not JSON", path.display()),
+                        )),
+                    },
                     Ok(bytes) if serde_json::from_slice::<Value>(&bytes).is_ok() => Rendered::Body(bytes),
                     Ok(_) => Rendered::Refusal(ErrorBody::new(
                         "tool_unavailable",

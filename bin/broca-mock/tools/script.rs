@@ -16,7 +16,7 @@ use cortexkit_role_tool_provider::catalog::{
     self, check_flat_schema, check_reply, schema_digest, valid_preset_name, CatalogAnswer, CatalogTool, Reply,
     MAX_PRESETS, REPLY_MAX_MS,
 };
-use cortexkit_role_tool_provider::result::ResultFormat;
+use cortexkit_role_tool_provider::result::{HeldReply, ResultFormat};
 use cortexkit_role_tool_provider::{check_capability_tag, ops, KEEPALIVE_INTERVAL_MS};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -108,8 +108,34 @@ pub enum Answer {
     /// What the daemon stamped on the route, and the call's preset.
     WhoAmI,
     /// The JSON in `<dir>/<sha256 of the canonical arguments>.json`, written by a test before
-    /// the call; while `<…>.hold` exists the call waits (its arrival marked by `<…>.held`).
+    /// the call; while `<…>.hold` exists the call waits (its arrival marked by `<…>.held`); with
+    /// `<…>.held-reply` it answers a held first reply instead (`provider/held.rs`).
     FromDir(std::path::PathBuf),
+    /// A held first reply (`held-reply/v1`) when the route, the tool and the call allow one, the
+    /// answer coming later through `late_results`; otherwise the echo of the arguments.
+    Held(HeldSpec),
+}
+
+/// A `held` answer: the reason, the interim text, an optional automatic release, and `force`
+/// to send the held body even where the bind's terms forbid it (a deliberately broken provider).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeldSpec {
+    pub reason: String,
+    /// The interim model-facing text; default `waiting: <reason>`.
+    #[serde(default)]
+    pub text: Option<String>,
+    /// Settle the call this long after it was held, with a `result` entry echoing the arguments.
+    #[serde(default)]
+    pub release_after_ms: Option<u64>,
+    #[serde(default)]
+    pub force: bool,
+}
+
+impl HeldSpec {
+    pub fn interim_text(&self) -> String {
+        self.text.clone().unwrap_or_else(|| format!("waiting: {}", self.reason))
+    }
 }
 
 /// The script's spelling of a behaviour: modifiers plus exactly one answer member.
@@ -138,6 +164,8 @@ struct BehaviourSpec {
     whoami: bool,
     #[serde(default)]
     from_dir: Option<std::path::PathBuf>,
+    #[serde(default)]
+    held: Option<HeldSpec>,
     #[serde(default)]
     delay_ms: Option<u64>,
     #[serde(default)]
@@ -222,12 +250,22 @@ impl TryFrom<BehaviourSpec> for Behaviour {
         if let Some(dir) = s.from_dir {
             answers.push(Answer::FromDir(dir));
         }
+        if let Some(held) = s.held {
+            // A forced held body may carry a malformed reason on purpose.
+            if !held.force {
+                HeldReply::new(held.reason.clone()).validate().map_err(|p| format!("held.reason: {p}"))?;
+            }
+            if held.release_after_ms.is_some_and(|ms| ms > MAX_DELAY_MS) {
+                return Err(format!("held.release_after_ms is over {MAX_DELAY_MS}"));
+            }
+            answers.push(Answer::Held(held));
+        }
         let answer = match answers.len() {
             0 => Answer::Echo,
             1 => answers.remove(0),
             _ => {
                 return Err(
-                    "a behaviour has one answer: echo, text, result, refuse, malformed, big, hang, count, whoami or from_dir"
+                    "a behaviour has one answer: echo, text, result, refuse, malformed, big, hang, count, whoami, from_dir or held"
                         .into(),
                 )
             }
@@ -325,9 +363,13 @@ pub struct ScriptFile {
     #[serde(default)]
     pub keepalive_interval_ms: Option<u64>,
     /// Declare the `late_results` session capability and serve `late_results` /
-    /// `late_results.ack` (an always-empty log: the mock holds no call past its reply).
+    /// `late_results.ack`: an always-empty log, or with `late_results_dir` the durable store of
+    /// held calls and their late entries (`late.rs`).
     #[serde(default)]
     pub late_results: bool,
+    /// Where held calls and late entries live (`late.rs`); needs `late_results: true`.
+    #[serde(default)]
+    pub late_results_dir: Option<std::path::PathBuf>,
     /// The presets served, listed in every preset-less catalog answer.
     #[serde(default)]
     pub presets: Vec<String>,
@@ -377,6 +419,8 @@ pub struct ToolScript {
     pub keepalive: bool,
     pub keepalive_interval_ms: u64,
     pub late_results: bool,
+    /// The late-results store's directory; only with `late_results`.
+    pub late_results_dir: Option<std::path::PathBuf>,
     pub presets: Vec<String>,
     pub scoped_calls_need_preset: bool,
     pub scopes: Vec<ScopeRecord>,
@@ -452,6 +496,9 @@ impl ToolScript {
         if file.scopes.len() > MAX_SCOPES {
             return Err(err(format!("{} scopes, over the bound of {MAX_SCOPES}", file.scopes.len())));
         }
+        if file.late_results_dir.is_some() && !file.late_results {
+            return Err(err("late_results_dir needs \"late_results\": true"));
+        }
         let keepalive_interval_ms = file.keepalive_interval_ms.unwrap_or(KEEPALIVE_INTERVAL_MS);
         if !(1..=KEEPALIVE_INTERVAL_MS).contains(&keepalive_interval_ms) {
             return Err(err(format!("keepalive_interval_ms must be 1 to {KEEPALIVE_INTERVAL_MS}")));
@@ -472,6 +519,7 @@ impl ToolScript {
             keepalive: file.keepalive,
             keepalive_interval_ms,
             late_results: file.late_results,
+            late_results_dir: file.late_results_dir,
             presets,
             scoped_calls_need_preset: file.scoped_calls_need_preset,
             scopes: file.scopes,
@@ -698,6 +746,10 @@ mod tests {
             (r#"{"tools": [{"name": "a", "behaviour": {"big": {"bytes": 99999999}}}]}"#, "bound"),
             (r#"{"tools": [{"name": "a", "behaviour": {"shout": true}}]}"#, "unknown field"),
             (r#"{"keepalive_interval_ms": 0}"#, "keepalive_interval_ms"),
+            (r#"{"late_results_dir": "/tmp/late"}"#, "late_results_dir needs"),
+            (r#"{"tools": [{"name": "a", "behaviour": {"held": {"reason": "Not Snake"}}}]}"#, "held.reason"),
+            (r#"{"tools": [{"name": "a", "behaviour": {"held": {"reason": "consent"}, "echo": true}}]}"#, "one answer"),
+            (r#"{"tools": [{"name": "a", "behaviour": {"held": {"reason": "consent", "why": 1}}}]}"#, "unknown field"),
             (r#"{"toolz": []}"#, "unknown field"),
             ("{/* open", "unterminated"),
         ] {

@@ -37,8 +37,14 @@ pub(super) fn role_op(shared: &Shared, route: Route, corr: u64, bound: &Bound, r
     let answer = match request.name.as_str() {
         ops::ROLE_DESCRIBE => Ok(serde_json::to_vec(&describe(&shared.script)).expect("describe serializes")),
         ops::TOOL_CATALOG => catalog(&shared.script, bound, request.arguments),
-        ops::LATE_RESULTS if shared.script.late_results => late_results(&shared.incarnation, request.arguments),
-        ops::LATE_RESULTS_ACK if shared.script.late_results => late_results_ack(&shared.incarnation, request.arguments),
+        ops::LATE_RESULTS if shared.script.late_results => match &shared.late {
+            Some(store) => late_read(store, bound, request.arguments),
+            None => late_results(&shared.incarnation, request.arguments),
+        },
+        ops::LATE_RESULTS_ACK if shared.script.late_results => match &shared.late {
+            Some(store) => late_ack(store, bound, request.arguments),
+            None => late_results_ack(&shared.incarnation, request.arguments),
+        },
         other => Err(errors::unknown_tool(other)),
     };
     let _ = match answer {
@@ -96,7 +102,25 @@ pub(super) fn system_text(
     out
 }
 
-/// `late_results`: the mock holds no call past its reply, so its log is always empty.
+/// `late_results` from the store: the entries whose custodian is the principal stamped on this
+/// route ([`crate::tools::late::principal_text`]).
+pub(super) fn late_read(store: &LateStore, bound: &Bound, arguments: Value) -> Result<Vec<u8>, ErrorBody> {
+    let request: LateResultsRequest =
+        serde_json::from_value(arguments).map_err(|e| errors::invalid_request("arguments", e.to_string()))?;
+    let reply = store.read(&crate::tools::late::principal_text(bound.principal.as_ref()), &request)?;
+    Ok(serde_json::to_vec(&reply).expect("late results serialize"))
+}
+
+/// `late_results.ack` from the store, for this route's custodian.
+pub(super) fn late_ack(store: &LateStore, bound: &Bound, arguments: Value) -> Result<Vec<u8>, ErrorBody> {
+    let request: AckRequest =
+        serde_json::from_value(arguments).map_err(|e| errors::invalid_request("arguments", e.to_string()))?;
+    store.ack(&crate::tools::late::principal_text(bound.principal.as_ref()), &request)?;
+    Ok(b"{}".to_vec())
+}
+
+/// `late_results` without a store (`late_results_dir`): the mock holds no call past its
+/// reply, so its log is always empty.
 pub(super) fn late_results(incarnation: &str, arguments: Value) -> Result<Vec<u8>, ErrorBody> {
     let request: LateResultsRequest =
         serde_json::from_value(arguments).map_err(|e| errors::invalid_request("arguments", e.to_string()))?;
