@@ -122,6 +122,10 @@ const DEFAULT_MODULE_ID: &str = "broca";
 const SEAL_WITHIN: Duration = Duration::from_secs(10);
 
 fn serve(conn_file: &Path) -> ExitCode {
+    if let Err(e) = broca::held::release_fence() {
+        eprintln!("broca: refusing to start: {e}");
+        return ExitCode::from(2);
+    }
     let module_id = std::env::var(subc_protocol::SUBC_MODULE_ID_ENV)
         .ok()
         .filter(|id| !id.is_empty())
@@ -181,7 +185,7 @@ fn serve(conn_file: &Path) -> ExitCode {
         builder = builder.tool_plane(Arc::new(ToolPlane::new(consumer.clone())));
     }
     let built = builder.build();
-    let Module { ops, hub, registry } = match built {
+    let Module { ops, hub, registry, held } = match built {
         Ok(m) => m,
         Err(e) => {
             eprintln!("broca: cannot open the state root: {e}");
@@ -232,6 +236,9 @@ fn serve(conn_file: &Path) -> ExitCode {
             log::info!("broca: reopened {opened} session(s) with queued or unfinished work");
         }
     });
+    // Held calls (debug builds under the test marker only): their sessions reopen and their
+    // providers' late results are pulled again.
+    broca::module::start_held(held, Arc::clone(&registry));
     let end = running.join();
     // The connection is gone: seal what is still running (a graceful `interrupted`, not the
     // crash diagnostic) before the process ends.

@@ -68,6 +68,10 @@ pub struct ToolSpec {
     /// carries it, so a provider whose definition changed refuses instead of running it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pin: Option<String>,
+    /// The tool's catalog `result_format` as fetched (`tool-result/v1`): with the capability on
+    /// the route, its answers are `tool-result/v1` bodies and it may hold a call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_format: Option<cortexkit_role_tool_provider::result::ResultFormat>,
 }
 
 impl ToolSpec {

@@ -9,6 +9,7 @@ pub mod config;
 pub mod failpoint;
 pub mod fanout;
 pub mod frozen;
+pub mod held;
 pub mod limits;
 pub mod lineage;
 pub mod message;

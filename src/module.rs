@@ -14,6 +14,7 @@ use crate::catalog::{Catalog, CatalogError};
 use crate::clock::SharedClock;
 use crate::config::BrocaConfig;
 use crate::fanout::Hub;
+use crate::held::puller::Pullers;
 use crate::lineage::{LineageError, Shared};
 use crate::ops::Ops;
 use crate::provider::client::{HttpClient, ModelClient};
@@ -30,6 +31,43 @@ pub struct Module {
     pub ops: Arc<Ops>,
     pub hub: Arc<Hub>,
     pub registry: Arc<Registry>,
+    /// The held-call runtime (spec §19), when this process declares held replies and has a
+    /// tool plane: start it with [`Module::start_held`] once the module serves.
+    pub held: Option<Arc<Pullers>>,
+}
+
+impl Module {
+    /// Boot of the held-call runtime ([`start_held`]).
+    pub fn start_held(&self) {
+        start_held(self.held.clone(), Arc::clone(&self.registry));
+    }
+}
+
+/// Boot of the held-call runtime, off the startup path: every session with a registration is
+/// opened (its open-time recovery runs), then each module still needing its feed gets its
+/// puller. A recreated intake store is first rebuilt from the sessions' WALs.
+pub fn start_held(held: Option<Arc<Pullers>>, registry: Arc<Registry>) {
+    {
+        let Some(pullers) = held else { return };
+        let spawned = std::thread::Builder::new().name("broca-held-boot".into()).spawn(move || {
+            if pullers.intake().needs_rebuild() {
+                crate::held::rebuild::from_sessions(registry.shared(), pullers.intake());
+            }
+            let rows = pullers.intake().registrations().unwrap_or_default();
+            let mut opened = std::collections::HashSet::new();
+            for row in rows {
+                if opened.insert(row.key.clone()) {
+                    if let Err(e) = registry.open(&row.key) {
+                        log::warn!("held calls: session {} could not be opened: {e}", row.key.addr());
+                    }
+                }
+            }
+            pullers.ensure_all();
+        });
+        if let Err(e) = spawned {
+            log::error!("held calls: cannot start the boot thread: {e}");
+        }
+    }
 }
 
 /// Builds a [`Module`]; every setting has the serving default.
@@ -49,6 +87,7 @@ pub struct ModuleBuilder {
     readmit_from_catalog: bool,
     plane: Option<Arc<ToolPlane>>,
     clock: SharedClock,
+    held: bool,
 }
 
 impl ModuleBuilder {
@@ -71,6 +110,7 @@ impl ModuleBuilder {
             readmit_from_catalog: true,
             plane: None,
             clock: crate::clock::from_env(),
+            held: crate::held::declared(),
         }
     }
 
@@ -143,7 +183,32 @@ impl ModuleBuilder {
         self
     }
 
-    pub fn build(self) -> Result<Module, LineageError> {
+    /// Declare held replies on tool routes and run the held-call runtime (default: what
+    /// [`crate::held::declared`] says). Needs a tool plane.
+    pub fn held(mut self, on: bool) -> Self {
+        self.held = on;
+        self
+    }
+
+    pub fn build(mut self) -> Result<Module, LineageError> {
+        let held = match (&self.plane, self.held) {
+            (Some(plane), true) => {
+                let intake = crate::held::intake::Intake::open(self.root.path())
+                    .map_err(|e| LineageError::Refused(format!("the held-call intake store: {e}")))?;
+                let registry_slot: Arc<std::sync::OnceLock<std::sync::Weak<Registry>>> = Arc::default();
+                let slot = Arc::clone(&registry_slot);
+                let deliver: crate::held::puller::Deliver =
+                    Arc::new(move |reg, outcome| match slot.get().and_then(std::sync::Weak::upgrade) {
+                        Some(registry) => registry.deliver_late(reg, outcome),
+                        None => crate::held::LateAck::NotYet,
+                    });
+                let feed = Arc::clone(plane) as Arc<dyn crate::held::puller::FeedRoute>;
+                let pullers = Pullers::new(Arc::new(intake), feed, deliver);
+                self.opts.held = Some(Arc::clone(&pullers) as Arc<dyn crate::agent::CallRegistry>);
+                Some((pullers, registry_slot))
+            }
+            _ => None,
+        };
         let shared = Arc::new(Shared::open_clocked(self.root, self.storage, self.clock)?);
         let lkg = shared.root.catalog_path();
         let catalog = self.catalog.unwrap_or_else(|| Catalog::load_lkg(&lkg));
@@ -184,7 +249,11 @@ impl ModuleBuilder {
             readmit,
         };
         let registry = Registry::new(shared, deps);
+        let held = held.map(|(pullers, slot)| {
+            let _ = slot.set(Arc::downgrade(&registry));
+            pullers
+        });
         let ops = Arc::new(Ops { registry: Arc::clone(&registry), admission });
-        Ok(Module { ops, hub, registry })
+        Ok(Module { ops, hub, registry, held })
     }
 }

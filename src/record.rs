@@ -14,8 +14,10 @@ use crate::frozen::FrozenConfig;
 use crate::message::{Message, RunUsage, StepUsage};
 
 mod facts;
+mod held;
 mod warm;
 pub use facts::{AccountDecision, AttemptTelemetry, AuthSelection, BudgetDetail, EventTypeCount};
+pub use held::{ToolCallProviderHeld, FEATURE_PROVIDER_HELD};
 pub use warm::CacheWarmed;
 
 /// The feature a `RunCancelRequested` frame requires.
@@ -41,6 +43,7 @@ pub const KNOWN_FEATURES: &[&str] = &[
     FEATURE_RESTART_PAUSE,
     FEATURE_TOOL_REPLY,
     FEATURE_FETCH_PLAN,
+    FEATURE_PROVIDER_HELD,
 ];
 
 /// Where an episode's history comes from.
@@ -520,6 +523,8 @@ pub enum Record {
     },
     /// One successful `session.warm` (informational; replay and the projection skip it).
     CacheWarmed(Box<CacheWarmed>),
+    /// A provider held a call: its result arrives later, as a late result (spec §19).
+    ToolCallProviderHeld(Box<ToolCallProviderHeld>),
     /// A record type this build does not know (and whose frame required no feature).
     #[serde(skip)]
     Unknown(String),
@@ -535,6 +540,7 @@ impl Record {
         match self {
             Record::RunCancelRequested { .. } => vec![FEATURE_RUN_CANCEL_AT],
             Record::RunPaused { reason: PauseReason::Restart, .. } => vec![FEATURE_RESTART_PAUSE],
+            Record::ToolCallProviderHeld(_) => vec![FEATURE_PROVIDER_HELD],
             Record::RunStarted(r) => r.config.features(),
             Record::Queued { request, .. } => request.config.as_ref().map_or_else(Vec::new, Frozen::features),
             _ => Vec::new(),
@@ -561,6 +567,7 @@ impl Record {
             | Record::Retracted { .. }
             | Record::Steered { .. }
             | Record::CacheWarmed(_)
+            | Record::ToolCallProviderHeld(_)
             | Record::Unknown(_) => None,
         }
         .filter(|&at| at > 0)
@@ -602,6 +609,7 @@ impl Record {
         match self {
             Record::RunStarted(r) => Some(&r.run_id),
             Record::ModelAttemptFinished(a) => Some(&a.run_id),
+            Record::ToolCallProviderHeld(h) => Some(&h.run_id),
             Record::StepStarted { run_id, .. }
             | Record::ModelStepFinished { run_id, .. }
             | Record::ToolDispatchIntent { run_id, .. }
@@ -704,7 +712,7 @@ mod tests {
     #[test]
     fn the_known_kinds_are_the_record_enum_s_variants() {
         let known = kinds::known();
-        assert_eq!(known.len(), 14, "{known:?}");
+        assert_eq!(known.len(), 15, "{known:?}");
         for kind in ["run_started", "tool_result", "steered", "cache_warmed"] {
             assert!(Record::is_known_type(kind), "{kind}");
         }

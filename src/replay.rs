@@ -62,6 +62,9 @@ pub enum EpisodeStatus {
 pub struct BatchCall {
     pub tool_call_id: String,
     pub tool_name: String,
+    /// The call's key, as its intent recorded it (absent in older checkpoints).
+    #[serde(default)]
+    pub call_key: String,
     /// The module the intent dispatched it to (absent for a send's own tools).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub module: Option<String>,
@@ -70,6 +73,17 @@ pub struct BatchCall {
     /// When that result was recorded (`tool-times/v1`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at_ms: Option<u64>,
+    /// Its provider held it (spec §19): until its result is recorded, it waits for a late
+    /// result and is neither indeterminate nor sent again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<crate::record::ToolCallProviderHeld>,
+}
+
+impl BatchCall {
+    /// Held and still without its result.
+    pub fn is_waiting_held(&self) -> bool {
+        self.held.is_some() && self.result.is_none()
+    }
 }
 
 /// The last episode of a lineage.
@@ -385,6 +399,14 @@ impl Replay {
                     None => Err(format!("tool result {tool_call_id} has no dispatch intent")),
                 }
             }
+            Record::ToolCallProviderHeld(h) => {
+                let e = self.episode_for(&h.run_id, false)?;
+                match e.batch.iter().find(|c| c.tool_call_id == h.tool_call_id) {
+                    Some(c) if c.result.is_none() && c.held.is_none() => Ok(()),
+                    Some(_) => Err(format!("tool call {} is already held or answered", h.tool_call_id)),
+                    None => Err(format!("held call {} has no dispatch intent", h.tool_call_id)),
+                }
+            }
             Record::RunCancelRequested { run_id, .. } => self.episode_for(run_id, true).map(drop),
             Record::RunPaused { run_id, .. } => self.episode_for(run_id, false).map(drop),
             Record::RunResumed { run_id } => match self.episode_for(run_id, true)?.status {
@@ -445,19 +467,26 @@ impl Replay {
                 self.spend_input(usage);
                 self.push_message(seq, message.clone(), *at_ms, sink);
             }
-            Record::ToolDispatchIntent { tool_call_id, tool_name, module_id, .. } => {
+            Record::ToolDispatchIntent { tool_call_id, tool_name, module_id, call_key, .. } => {
                 self.episode_mut().batch.push(BatchCall {
                     tool_call_id: tool_call_id.clone(),
                     tool_name: tool_name.clone(),
+                    call_key: call_key.clone(),
                     module: module_id.clone(),
                     result: None,
                     finished_at_ms: None,
+                    held: None,
                 });
             }
             Record::ToolResult { tool_call_id, output, is_error, at_ms, .. } => {
                 if let Some(c) = self.episode_mut().batch.iter_mut().find(|c| &c.tool_call_id == tool_call_id) {
                     c.result = Some((output.clone(), *is_error));
                     c.finished_at_ms = *at_ms;
+                }
+            }
+            Record::ToolCallProviderHeld(h) => {
+                if let Some(c) = self.episode_mut().batch.iter_mut().find(|c| c.tool_call_id == h.tool_call_id) {
+                    c.held = Some((**h).clone());
                 }
             }
             Record::RunCancelRequested { at, .. } => {
@@ -663,9 +692,37 @@ impl Replay {
         e.batch.iter().find(|c| c.tool_call_id == tool_call_id).and_then(|c| c.module.as_deref())
     }
 
-    /// Calls of the open batch with an intent and no result: their outcome is unknown.
+    /// Calls of the open batch with an intent and no result: their outcome is unknown (a held
+    /// call reads so too until its late result arrives).
     pub fn indeterminate_calls(&self) -> Vec<&BatchCall> {
         self.last.iter().flat_map(|e| e.batch.iter().filter(|c| c.result.is_none())).collect()
+    }
+
+    /// Calls of the open batch a provider holds and that have no result yet, in planned order.
+    pub fn held_calls(&self) -> Vec<&crate::record::ToolCallProviderHeld> {
+        self.last
+            .iter()
+            .flat_map(|e| e.batch.iter().filter(|c| c.is_waiting_held()))
+            .filter_map(|c| c.held.as_ref())
+            .collect()
+    }
+
+    /// The open batch's tool-role message once every call has its result (a batch a late
+    /// result completed, not yet closed by the next step): what the next step shows the model.
+    pub fn resolved_batch_message(&self) -> Option<Message> {
+        let e = self.last.as_ref()?;
+        if e.step_open || e.batch.is_empty() || e.batch.iter().any(|c| c.result.is_none()) {
+            return None;
+        }
+        let content = e
+            .batch
+            .iter()
+            .filter_map(|c| {
+                let (output, is_error) = c.result.clone()?;
+                Some(Part::ToolResult { tool_call_id: c.tool_call_id.clone(), output, is_error })
+            })
+            .collect();
+        Some(Message { role: Role::Tool, content, origin: None })
     }
 }
 

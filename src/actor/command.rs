@@ -34,6 +34,8 @@ pub enum SessionCommand {
     Warm { caller: Caller, answer: Answer<WarmReply> },
     /// A warm the provider answered: recorded, then answered.
     WarmDone(Box<super::warm::WarmDone>),
+    /// A held call's late result, from its provider's puller (spec §19).
+    LateResult { call_key: String, outcome: crate::held::LateOutcome, answer: Answer<crate::held::LateAck> },
     /// Cancel whatever run is going (no answer; nothing when none is).
     CancelRunning(CancelAt),
     /// Shutdown: stop now and seal the running run `interrupted`.
@@ -51,6 +53,7 @@ impl std::fmt::Debug for SessionCommand {
             SessionCommand::Cancel { request, .. } => write!(f, "Cancel({}, {:?})", request.run_id, request.at),
             SessionCommand::Warm { .. } => write!(f, "Warm"),
             SessionCommand::WarmDone(done) => write!(f, "{done:?}"),
+            SessionCommand::LateResult { call_key, .. } => write!(f, "LateResult({call_key})"),
             SessionCommand::CancelRunning(at) => write!(f, "CancelRunning({at:?})"),
             SessionCommand::Seal => write!(f, "Seal"),
             SessionCommand::SealAtBoundary => write!(f, "SealAtBoundary"),
@@ -102,6 +105,18 @@ pub(super) fn handle(ctx: &Ctx<'_>, lineage: &mut Lineage, cmd: SessionCommand) 
         SessionCommand::WarmDone(done) => {
             super::warm::done(ctx.warm, lineage, *done);
             Handled::default()
+        }
+        SessionCommand::LateResult { call_key, outcome, answer } => {
+            match super::late::deliver(lineage, &call_key, outcome) {
+                Ok((ack, units)) => {
+                    answer.send(Ok(ack));
+                    Handled { units, signal: None }
+                }
+                Err(e) => {
+                    answer.send(Err(e.refusal()));
+                    Handled::default()
+                }
+            }
         }
         SessionCommand::CancelRunning(at) => Handled { units: Vec::new(), signal: Some(RunCommand::Cancel(at)) },
         SessionCommand::Seal => Handled { units: Vec::new(), signal: Some(RunCommand::Seal) },

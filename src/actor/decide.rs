@@ -329,7 +329,8 @@ fn cancel_run(lineage: &mut Lineage, run_id: &str, at: CancelAt, paused: bool) -
         lineage.append(&Record::RunCancelRequested { run_id: run_id.into(), at })?;
     }
     if paused {
-        lineage.finish_run(run_id, FinishReason::Cancelled, None, vec![])?;
+        let held = lineage.cancel_held_calls(run_id)?;
+        lineage.finish_run(run_id, FinishReason::Cancelled, None, held)?;
     }
     lineage.commit()
 }

@@ -24,6 +24,7 @@ pub mod admission;
 mod answer;
 pub mod command;
 pub mod decide;
+mod late;
 pub mod policy;
 pub mod warm;
 
@@ -39,6 +40,8 @@ use crate::state_root::Placement;
 pub use crate::limits::MAILBOX;
 /// How long a control command (cancel, drain, seal) may wait for room in a full mailbox.
 const CONTROL_WAIT: Duration = Duration::from_secs(2);
+/// How long a puller waits for a session's actor to take a late result.
+const LATE_RESULT_WAIT: Duration = Duration::from_secs(30);
 
 /// Where an actor's output goes: for each session its lineage thread opens, one sink (the
 /// session's fan-out publisher, or nowhere).
@@ -189,6 +192,33 @@ impl Registry {
     /// Opens the session's actor (nothing else): orphans are sealed and the queue drains.
     pub fn open(self: &Arc<Self>, key: &SessionKey) -> Result<(), LineageError> {
         self.send(key, Placement::Standard, SessionCommand::Open)
+    }
+
+    /// Hands a held call's late result to its session's actor (opening it if needed) and waits
+    /// for what became of it. Anything short of an answer is "not yet": the puller reads the
+    /// entry again later and nothing is acked.
+    pub fn deliver_late(
+        self: &Arc<Self>,
+        reg: &crate::held::intake::Registration,
+        outcome: crate::held::LateOutcome,
+    ) -> crate::held::LateAck {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let answer = Answer::new(move |r| {
+            let _ = tx.send(r);
+        });
+        let cmd = SessionCommand::LateResult { call_key: reg.call_key.clone(), outcome, answer };
+        if let Err(e) = self.command(&reg.key, Placement::Standard, cmd) {
+            log::info!("late result for {}: the session could not take it: {e}", reg.call_key);
+            return crate::held::LateAck::NotYet;
+        }
+        match rx.recv_timeout(LATE_RESULT_WAIT) {
+            Ok(Ok(ack)) => ack,
+            Ok(Err(refusal)) => {
+                log::info!("late result for {}: {}", reg.call_key, refusal.message);
+                crate::held::LateAck::NotYet
+            }
+            Err(_) => crate::held::LateAck::NotYet,
+        }
     }
 
     /// Asks the session's running turn to cancel. Returns false when no actor is open (so no

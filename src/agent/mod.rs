@@ -21,7 +21,7 @@ use std::time::Duration;
 use crossbeam_channel::Receiver;
 use serde_json::Value;
 
-pub use tools::{CallTarget, Cancel, NoTools, ToolCall, ToolDispatcher, ToolOutcome, ToolOutput};
+pub use tools::{CallRegistry, CallTarget, Cancel, NoTools, ToolCall, ToolDispatcher, ToolOutcome, ToolOutput};
 pub use turn::drive_with;
 pub use turn::{admit, admit_owned, admit_unreadable, drive, TurnOutcome};
 
@@ -135,6 +135,9 @@ pub struct LoopOptions {
     /// Where `step.finished.v1` hints go once their attempt records are durable (`None`: no
     /// hints; `broca.jsonc` names no bus, or this is `broca-run`).
     pub step_hints: Option<crate::bus::StepHints>,
+    /// Where calls that may be held are registered before they are sent (`None`: this process
+    /// does not declare held replies, and no call can be held).
+    pub held: Option<std::sync::Arc<dyn tools::CallRegistry>>,
 }
 
 impl Default for LoopOptions {
@@ -148,6 +151,7 @@ impl Default for LoopOptions {
             cache_clocks: Default::default(),
             tool_wait: Duration::from_secs(120),
             step_hints: None,
+            held: None,
         }
     }
 }

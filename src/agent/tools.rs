@@ -49,6 +49,8 @@ pub struct CallTarget {
     /// The provider's frozen catalog declares `late_results`: the call carries its `call_key`
     /// (spec §4; other providers never see it).
     pub send_call_key: bool,
+    /// The tool's frozen `result_format` is `tool-result/v1`.
+    pub tool_result_v1: bool,
 }
 
 /// A call's result, in the runner's output shape (`{"kind":"text",…}` or `{"kind":"error",…}`).
@@ -95,6 +97,24 @@ pub enum ToolOutcome {
     /// The call may have run and no answer came (deadline, lost connection): its outcome is
     /// unknown, it is never sent again, and the run ends `interrupted`.
     Indeterminate(String),
+    /// The provider held the call (`held-reply/v1`, spec §19): its result arrives later as a
+    /// late result; `reason` is the provider's open held reason.
+    Held { reason: String },
+}
+
+/// Where calls that may be answered late are registered (spec §19): a dispatch group before
+/// it is sent, in one synced transaction; a call's registration goes once its terminal is
+/// durable. Only a process that declares held replies has one.
+pub trait CallRegistry: Send + Sync + std::fmt::Debug {
+    /// Registers `calls` (those whose provider takes call keys) of `session`'s run `run_id`.
+    fn register(
+        &self,
+        session: &crate::session_key::SessionKey,
+        run_id: &str,
+        calls: &[&ToolCall],
+    ) -> Result<(), String>;
+    /// The calls `call_keys` have their durable terminal.
+    fn settled(&self, call_keys: &[String]);
 }
 
 /// Calls tools. `call` blocks until the tool answers, `deadline` passes or `cancel` is raised;
@@ -151,7 +171,9 @@ pub(crate) fn call_target(
     });
     let fallback = u64::try_from(default.as_millis()).unwrap_or(u64::MAX);
     let wait = cortexkit_role_tool_provider::catalog::reply_deadline_ms(spec.reply.as_ref(), arguments, fallback);
-    let target = CallTarget { module, preset: spec.preset.clone(), pin: spec.pin.clone(), send_call_key };
+    let tool_result_v1 = spec.result_format == Some(cortexkit_role_tool_provider::result::ResultFormat::ToolResultV1);
+    let target =
+        CallTarget { module, preset: spec.preset.clone(), pin: spec.pin.clone(), send_call_key, tool_result_v1 };
     (Some(target), std::time::Duration::from_millis(wait))
 }
 

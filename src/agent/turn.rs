@@ -53,6 +53,15 @@ enum StepEnd {
     Ended(FinishReason, Option<ProviderError>),
 }
 
+/// How a tool batch ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BatchEnd {
+    /// Every call has its result; `indeterminate`: one ended with its outcome unknown.
+    Done { indeterminate: bool },
+    /// Calls its providers hold still wait for their late results: the run pauses.
+    Held,
+}
+
 /// How one attempt ended.
 enum AttemptEnd {
     Done(Assembler, Telemetry),
@@ -128,7 +137,10 @@ pub fn drive_with<C>(
         out(Output::Control(units));
     }
     let frozen = lineage.state().last.as_ref().and_then(|e| e.config.config()).cloned();
-    let history = lineage.transcript(0, u64::MAX)?.messages.into_iter().map(|(_, m)| m).collect();
+    let mut history: Vec<Message> = lineage.transcript(0, u64::MAX)?.messages.into_iter().map(|(_, m)| m).collect();
+    // A batch late results completed while the run was paused: its tool message closes with
+    // the next step, and the model sees it there.
+    history.extend(lineage.state().resolved_batch_message());
     let config: RenderConfig = match frozen {
         Some(c) => c,
         None => {
@@ -380,7 +392,11 @@ impl<C> Driver<'_, C> {
                         }
                         return self.finish(FinishReason::Completed, None);
                     }
-                    if self.tool_batch(step, calls)? {
+                    let end = self.tool_batch(step, calls)?;
+                    if end == BatchEnd::Held {
+                        return self.pause(PauseReason::ToolHeld, None);
+                    }
+                    if end == (BatchEnd::Done { indeterminate: true }) {
                         let error = ProviderError {
                             class: ErrorClass::Transient,
                             provider_code: Some("tool_reply_timeout".into()),
@@ -610,22 +626,32 @@ impl<C> Driver<'_, C> {
         (self.out)(Output::Display(shown));
     }
 
-    /// Intents (durable before any call) → calls → results in planned order → one tool message.
-    /// Returns whether a call ended indeterminate (unanswered past its wait, or its dispatcher
-    /// could not tell): its outcome is unknown and the run ends `interrupted`.
-    /// Calls past [`crate::limits::CALLS_PER_BATCH`] get their intents and a never-executed
-    /// result (`reason: "too_many_calls"`), after the dispatched ones, in planned order.
+    /// Intents (durable before any call) → registrations of calls that may be held → calls →
+    /// results in planned order → one tool message. A call its provider holds gets its held
+    /// record (durable) and waits; when only held calls are left the batch ends [`BatchEnd::Held`]
+    /// and the run pauses (`tool_held`) with the other results recorded.
+    /// A call ending indeterminate (unanswered past its wait, or its dispatcher could not tell)
+    /// makes [`BatchEnd::Done`] `indeterminate`: its outcome is unknown and the run ends
+    /// `interrupted`. Calls past [`crate::limits::CALLS_PER_BATCH`] get their intents and a
+    /// never-executed result (`reason: "too_many_calls"`), after the dispatched ones.
     fn tool_batch(
         &mut self,
         step: u64,
         mut calls: Vec<(String, String, serde_json::Value)>,
-    ) -> Result<bool, LineageError> {
+    ) -> Result<BatchEnd, LineageError> {
         let over = calls.split_off(calls.len().min(crate::limits::CALLS_PER_BATCH));
         let batch = self.append_intents(step, calls)?;
         let unsent = self.append_intents(step, over)?;
         self.commit()?;
         crate::failpoint!("tool.after_intent_fsync");
+        let registered = self.register(&batch)?;
         let ids: Vec<String> = batch.iter().map(|c| c.tool_call_id.clone()).collect();
+        let keyed: Vec<(String, String, String)> = batch
+            .iter()
+            .map(|c| {
+                (c.call_key.clone(), c.name.clone(), c.target.as_ref().map_or(String::new(), |t| t.module.clone()))
+            })
+            .collect();
         // The batch waits as long as its slowest-bounded call may take.
         let wait = batch.iter().map(|c| c.wait).max().unwrap_or(self.opts.tool_wait);
         let deadline = Instant::now() + wait;
@@ -641,6 +667,9 @@ impl<C> Driver<'_, C> {
                 recv(rx) -> msg => match msg {
                     Ok((i, out)) => {
                         crate::failpoint!("tool.after_reply");
+                        if let ToolOutcome::Held { reason } = &out {
+                            self.record_held(step, &ids[i], &keyed[i], reason)?;
+                        }
                         if results[i].replace(out).is_none() {
                             waiting -= 1;
                         }
@@ -661,10 +690,22 @@ impl<C> Driver<'_, C> {
         }
         // Calls still running are given up on (their outcome is unknown; never sent again).
         cancel.cancel();
+        // Held calls keep waiting across a shutdown (the run pauses); a cancel ends them.
+        let cancelling = !self.sealing && self.cancel_requested().is_some();
         let mut indeterminate = false;
+        let mut held = false;
         let mut parts = Vec::with_capacity(ids.len());
-        for (id, result) in ids.into_iter().zip(results) {
+        let mut settled = Vec::new();
+        for ((id, result), (call_key, _, _)) in ids.into_iter().zip(results).zip(keyed) {
             let (out, outcome) = match result {
+                Some(ToolOutcome::Held { .. }) if !cancelling => {
+                    held = true;
+                    continue;
+                }
+                Some(ToolOutcome::Held { .. }) => (
+                    ToolOutput::error("the run was cancelled while its provider held the call; its outcome is unknown"),
+                    CallOutcome::Cancelled,
+                ),
                 Some(ToolOutcome::Completed(out)) => {
                     let outcome = if out.is_error { CallOutcome::Error } else { CallOutcome::Ok };
                     (out, outcome)
@@ -690,6 +731,9 @@ impl<C> Driver<'_, C> {
             if matches!(outcome, CallOutcome::Unknown | CallOutcome::Cancelled) {
                 self.unknown_calls.push(id.clone());
             }
+            if registered.contains(&call_key) {
+                settled.push(call_key);
+            }
             self.lineage.append(&Record::ToolResult {
                 run_id: self.run_id.clone(),
                 step,
@@ -708,8 +752,58 @@ impl<C> Driver<'_, C> {
                 "message": format!("not executed: one step may call at most {limit} tools")});
             parts.extend(self.append_not_executed(step, unsent, &output)?);
         }
+        if !settled.is_empty() {
+            // A registration goes once its call's result is durable.
+            self.commit()?;
+            if let Some(registry) = &self.opts.held {
+                registry.settled(&settled);
+            }
+        }
+        if held {
+            return Ok(BatchEnd::Held);
+        }
         self.history.push(Message { role: Role::Tool, content: parts, origin: None });
-        Ok(timed_out || indeterminate)
+        Ok(BatchEnd::Done { indeterminate: timed_out || indeterminate })
+    }
+
+    /// Registers the batch's calls that carry their key to a provider taking late results, in
+    /// one synced transaction before any is sent (spec §19). Returns their keys. A failure to
+    /// register fails the run's write path: nothing has been sent.
+    fn register(&mut self, batch: &[ToolCall]) -> Result<Vec<String>, LineageError> {
+        let Some(registry) = &self.opts.held else { return Ok(Vec::new()) };
+        let keyed: Vec<&ToolCall> =
+            batch.iter().filter(|c| c.target.as_ref().is_some_and(|t| t.send_call_key)).collect();
+        if keyed.is_empty() {
+            return Ok(Vec::new());
+        }
+        registry
+            .register(self.lineage.key(), &self.run_id, &keyed)
+            .map_err(|e| LineageError::Refused(format!("the held-call intake refused the batch: {e}")))?;
+        Ok(keyed.iter().map(|c| c.call_key.clone()).collect())
+    }
+
+    /// A provider held a call: its held record is made durable before the batch waits on it.
+    fn record_held(
+        &mut self,
+        step: u64,
+        tool_call_id: &str,
+        (call_key, tool, provider): &(String, String, String),
+        reason: &str,
+    ) -> Result<(), LineageError> {
+        let held = crate::record::ToolCallProviderHeld {
+            run_id: self.run_id.clone(),
+            step,
+            tool_call_id: tool_call_id.to_owned(),
+            call_key: call_key.clone(),
+            tool: tool.clone(),
+            provider: provider.clone(),
+            reason: reason.to_owned(),
+            held_at_ms: self.lineage.now_ms(),
+        };
+        self.lineage.append(&Record::ToolCallProviderHeld(Box::new(held)))?;
+        self.commit()?;
+        crate::failpoint!("held.after_record");
+        Ok(())
     }
 }
 

@@ -611,6 +611,11 @@ impl<S: StreamSink> Feeder<'_, S> {
 /// `event` when the unit has one.
 pub fn control_frame(unit: &ControlUnit) -> Value {
     let mut frame = json!({"kind": "control", "cursor": unit.cursor, "unit": unit.unit.to_json()});
+    // A status event while the run waits on held calls carries their list beside the unit, as
+    // run.status does (llm-runner §7); omitted when none.
+    if let Some(held) = unit.unit.held_calls() {
+        frame["held_calls"] = json!(held);
+    }
     if let Some(event) = &unit.event {
         frame["event"] = json!(event);
     }

@@ -408,7 +408,15 @@ impl Lineage {
             return Ok(());
         };
         let step = self.replay.last.as_ref().map_or(0, |e| e.step);
-        let calls: Vec<String> = self.replay.indeterminate_calls().iter().map(|c| c.tool_call_id.clone()).collect();
+        // A durably acknowledged cancel ends it `cancelled`, unless the cancel came from an
+        // interrupt still waiting to start: that unfinished interrupted run is `interrupted`.
+        let cancelled = self.replay.last.as_ref().and_then(|e| e.cancel).is_some() && !self.replay.interrupt_pending();
+        // Calls a provider holds keep waiting for their late results (the run pauses), unless
+        // the run was cancelled.
+        let waiting_held = |c: &crate::replay::BatchCall| c.held.is_some() && !cancelled;
+        let open = self.replay.indeterminate_calls();
+        let held = open.iter().filter(|c| waiting_held(c)).count();
+        let calls: Vec<String> = open.iter().filter(|c| !waiting_held(c)).map(|c| c.tool_call_id.clone()).collect();
         for id in &calls {
             self.append(&Record::ToolResult {
                 run_id: run_id.clone(),
@@ -421,12 +429,19 @@ impl Lineage {
                 refused: None,
             })?;
         }
+        if held > 0 {
+            self.append(&Record::RunPaused {
+                run_id: run_id.clone(),
+                reason: record::PauseReason::ToolHeld,
+                error: None,
+            })?;
+            self.opened_units = self.commit()?;
+            log::info!("run {run_id} left open by a previous process waits for {held} held call(s)");
+            return Ok(());
+        }
         // Steers acknowledged into this run and not yet delivered join its transcript now, as
         // at any run's end (spec §4: no new turn is started for them).
         self.deliver_steers(&run_id)?;
-        // A durably acknowledged cancel ends it `cancelled`, unless the cancel came from an
-        // interrupt still waiting to start: that unfinished interrupted run is `interrupted`.
-        let cancelled = self.replay.last.as_ref().and_then(|e| e.cancel).is_some() && !self.replay.interrupt_pending();
         let (reason, error) = if cancelled {
             (FinishReason::Cancelled, None)
         } else {
@@ -458,6 +473,39 @@ impl Lineage {
             delivered.push(p.message);
         }
         Ok(delivered)
+    }
+
+    /// Gives every call a provider still holds in `run_id`'s batch a cancelled result (not yet
+    /// durable): the run is ending by a cancel, and no late result will be taken for it. A
+    /// paused run is resumed first (a result is only written into a going run). Returns the
+    /// calls' ids.
+    pub fn cancel_held_calls(&mut self, run_id: &str) -> Result<Vec<String>, LineageError> {
+        let held: Vec<(String, u64)> = self
+            .replay
+            .last
+            .as_ref()
+            .filter(|e| e.run_id == run_id)
+            .map(|e| e.batch.iter().filter(|c| c.is_waiting_held()).map(|c| (c.tool_call_id.clone(), e.step)).collect())
+            .unwrap_or_default();
+        if held.is_empty() {
+            return Ok(Vec::new());
+        }
+        if matches!(self.replay.resolution(), Resolution::Paused { .. }) {
+            self.append(&Record::RunResumed { run_id: run_id.to_owned() })?;
+        }
+        for (id, step) in &held {
+            self.append(&Record::ToolResult {
+                run_id: run_id.to_owned(),
+                step: *step,
+                tool_call_id: id.clone(),
+                output: json!({"kind": "error", "reason": "cancelled_while_held", "message": "the run was cancelled while its provider held the call; its late result is not taken, and its outcome is unknown"}),
+                is_error: true,
+                outcome: Some(record::CallOutcome::Cancelled),
+                at_ms: Some(self.now_ms()),
+                refused: None,
+            })?;
+        }
+        Ok(held.into_iter().map(|(id, _)| id).collect())
     }
 
     /// Appends the last episode's `RunFinished` with its counters (not yet durable).

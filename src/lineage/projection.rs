@@ -39,6 +39,19 @@ pub struct Context {
     pub dispatched_to: Option<String>,
     /// The `send_id` of the queued send a `RunStarted` consumes (`run_started.send_id`).
     pub send_id: Option<String>,
+    /// The held calls the run waits on after a held record or a pause (a resume lists none: the
+    /// late result that resumed it is recorded right after it, and a pause follows if others
+    /// still wait).
+    pub held_calls: Vec<super::unit::HeldCall>,
+}
+
+/// The held calls waiting in `replay`'s open batch, as the role lists them.
+pub fn held_calls(replay: &Replay) -> Vec<super::unit::HeldCall> {
+    replay
+        .held_calls()
+        .into_iter()
+        .map(|h| super::unit::HeldCall::new(&h.call_key, &h.tool, &h.provider, &h.reason, h.held_at_ms))
+        .collect()
 }
 
 /// The message id (`mid`) of the message at internal `ordinal`, as the role spells it: `m`
@@ -84,7 +97,12 @@ pub fn apply(
         Record::ToolResult { tool_call_id, .. } => replay.dispatched_to(tool_call_id).map(String::from),
         _ => None,
     };
-    let context = Context { message, tool_message, assistant: replay.batch_assistant(), dispatched_to, send_id };
+    let held_calls = match record {
+        Record::ToolCallProviderHeld(_) | Record::RunPaused { .. } => held_calls(replay),
+        _ => Vec::new(),
+    };
+    let context =
+        Context { message, tool_message, assistant: replay.batch_assistant(), dispatched_to, send_id, held_calls };
     let units = project(seq, record, &context);
     replay.note_units(seq, units.len());
     Ok(units)
@@ -117,7 +135,8 @@ pub fn unit_count(record: &Record, tool_message: bool) -> usize {
             1 + usize::from(error.as_ref().is_some_and(|e| e.provider_code.as_deref() == Some(ORPHAN_PROVIDER_CODE)))
         }
         Record::CacheWarmed(_) | Record::Unknown(_) => 0,
-        Record::StepStarted { .. }
+        Record::ToolCallProviderHeld(_)
+        | Record::StepStarted { .. }
         | Record::ModelAttemptFinished(_)
         | Record::ToolDispatchIntent { .. }
         | Record::ToolResult { .. }
@@ -202,9 +221,21 @@ fn record_units(record: &Record, context: &Context) -> Vec<(Unit, Option<LiveEve
         }
         Record::RunPaused { run_id, reason, error } => {
             let event = LiveEvent::RunPaused(RunEnded::new(run_id, pause_name(*reason)));
-            vec![(Unit::RunPaused { run_id: run_id.clone(), reason: *reason, error: error.clone() }, Some(event))]
+            let held_calls = context.held_calls.clone();
+            vec![(
+                Unit::RunPaused { run_id: run_id.clone(), reason: *reason, error: error.clone(), held_calls },
+                Some(event),
+            )]
         }
         Record::RunResumed { run_id } => vec![(Unit::RunResumed { run_id: run_id.clone() }, None)],
+        Record::ToolCallProviderHeld(h) => vec![(
+            Unit::CallHeld {
+                run_id: h.run_id.clone(),
+                tool_call_id: h.tool_call_id.clone(),
+                held_calls: context.held_calls.clone(),
+            },
+            None,
+        )],
         Record::RunFinished { .. } => run_finished(record),
         Record::Queued { submission_id, .. } => {
             vec![(Unit::SubmissionQueued { submission_id: submission_id.clone() }, None)]

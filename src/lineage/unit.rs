@@ -11,6 +11,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::message::{Message, RunUsage, StepUsage};
+pub use cortexkit_role_llm_runner::run::HeldCall;
+
 use crate::record::{AttemptTelemetry, CancelAt, FinishReason, PauseReason, ProviderError};
 
 fn no_vec<T>(v: &[T]) -> bool {
@@ -97,9 +99,19 @@ pub enum Unit {
         reason: PauseReason,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<ProviderError>,
+        /// The held calls the run waits on (llm-runner `held_calls`); omitted when none.
+        #[serde(default, skip_serializing_if = "no_vec")]
+        held_calls: Vec<HeldCall>,
     },
     RunResumed {
         run_id: String,
+    },
+    /// A provider held a call (spec §19): the run's status event, with every held call it now
+    /// waits on.
+    CallHeld {
+        run_id: String,
+        tool_call_id: String,
+        held_calls: Vec<HeldCall>,
     },
     /// An orphan seal's crash diagnostic, before its `run_finished`.
     Error {
@@ -160,6 +172,7 @@ impl Unit {
             | Unit::RunCancelRequested { .. }
             | Unit::RunPaused { .. }
             | Unit::RunResumed { .. }
+            | Unit::CallHeld { .. }
             | Unit::Error { .. }
             | Unit::RunFinished { .. }
             | Unit::SubmissionQueued { .. }
@@ -177,6 +190,16 @@ impl Unit {
                 | Unit::RunFinished { .. }
                 | Unit::RunPaused { .. }
         )
+    }
+
+    /// The held calls a status unit lists (llm-runner `held_calls`), when it lists any.
+    pub fn held_calls(&self) -> Option<&[HeldCall]> {
+        match self {
+            Unit::RunPaused { held_calls, .. } | Unit::CallHeld { held_calls, .. } if !held_calls.is_empty() => {
+                Some(held_calls)
+            }
+            _ => None,
+        }
     }
 
     /// The unit as served (its wire JSON).

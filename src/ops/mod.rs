@@ -212,6 +212,14 @@ pub fn describe(config: &crate::config::BrocaConfig) -> Value {
         }
         None => describe,
     };
+    // Held calls are reported exactly when tool routes declare held replies (spec §19).
+    let describe = if crate::held::declared() {
+        let mut groups = describe.capabilities.clone();
+        groups.push(cortexkit_role_llm_runner::capabilities::HELD_CALLS.to_owned());
+        describe.with_capabilities(groups)
+    } else {
+        describe
+    };
     let mut out = serde_json::to_value(describe).expect("role.describe serializes");
     out["session_class"] = serde_json::json!({"backup_classes": config.backup_classes});
     out

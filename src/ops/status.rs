@@ -23,8 +23,8 @@ fn snapshot(ops: &Ops, key: &SessionKey) -> Result<Option<TranscriptPage>, Refus
     read::snapshot(ops.registry.shared(), key).map_err(|e| e.refusal())
 }
 
-/// A known run's status.
-fn run_body(ops: &Ops, facts: &RunFacts) -> RunStatus {
+/// A known run's status; `page` gives the held calls of the session's last run.
+fn run_body(ops: &Ops, facts: &RunFacts, page: &TranscriptPage) -> RunStatus {
     let run_id = Some(facts.run_id.clone());
     let mut out = match &facts.phase {
         RunPhase::Active => RunStatus::bare(run_id, RunState::Active),
@@ -44,6 +44,9 @@ fn run_body(ops: &Ops, facts: &RunFacts) -> RunStatus {
     }
     if facts.phase == RunPhase::Active {
         out.step = ops.registry.steps().get(&facts.run_id);
+    }
+    if page.state.last.as_ref().is_some_and(|e| e.run_id == facts.run_id) {
+        out.held_calls = crate::lineage::projection::held_calls(&page.state);
     }
     out
 }
@@ -79,10 +82,10 @@ pub(super) fn status_of(ops: &Ops, key: &SessionKey, run_id: Option<String>) -> 
             }
         };
         let facts = ledger::run(store, &addr, &page, &last).map_err(|e| e.refusal())?;
-        return Ok(facts.map_or_else(idle, |f| run_body(ops, &f)));
+        return Ok(facts.map_or_else(idle, |f| run_body(ops, &f, &page)));
     };
     if let Some(facts) = ledger::run(store, &addr, &page, &run_id).map_err(|e| e.refusal())? {
-        return Ok(run_body(ops, &facts));
+        return Ok(run_body(ops, &facts, &page));
     }
     // A queued send's provisional run id (`run-` + its submission id): its fate, from the WAL.
     if let Some(submission) = run_id.strip_prefix("run-").filter(|s| s.starts_with("sub-")) {
@@ -93,7 +96,7 @@ pub(super) fn status_of(ops: &Ops, key: &SessionKey, run_id: Option<String>) -> 
                 (Fate::Delivered, Some(x)) | (Fate::Started, Some(x)) => {
                     let facts = ledger::run(store, &addr, &page, x).map_err(|e| e.refusal())?;
                     let unknown = || RunStatus::bare(Some(x.clone()), RunState::Unknown);
-                    let mut body = facts.map_or_else(unknown, |f| run_body(ops, &f));
+                    let mut body = facts.map_or_else(unknown, |f| run_body(ops, &f, &page));
                     if row.fate == Fate::Delivered {
                         body.delivered = Some(Delivered { as_: "step", reference: x.clone() });
                     }
@@ -120,7 +123,7 @@ pub(super) fn run_result(ops: &Ops, key: &SessionKey, request: ResultRequest) ->
     let Some(facts) = ledger::run(&shared.store, &key.addr(), &page, &run_id).map_err(|e| e.refusal())? else {
         return Err(unknown());
     };
-    let mut out = RunResult::of(run_id.clone(), run_body(ops, &facts));
+    let mut out = RunResult::of(run_id.clone(), run_body(ops, &facts, &page));
     if let RunPhase::Finished { reason } = facts.phase {
         out.finish_reason = Some(reason.as_str());
         let reader = Reader::open(shared, key).ok_or_else(unknown)?;

@@ -300,6 +300,7 @@ fn stat_tool() -> ToolSpec {
         module: None,
         preset: None,
         pin: None,
+        result_format: None,
     }
 }
 
@@ -312,6 +313,7 @@ fn read_tool() -> ToolSpec {
         module: None,
         preset: None,
         pin: None,
+        result_format: None,
     }
 }
 

@@ -435,6 +435,26 @@ impl Store {
         Ok(out)
     }
 
+    /// Every session whose last run is not finished (running or paused) as the store last saw
+    /// it: where held calls can wait (the held-call intake's rebuild reads these).
+    pub fn unfinished_sessions(&self) -> Result<Vec<SessionKey>, StoreError> {
+        let conn = self.reader()?;
+        let mut stmt = conn.prepare("SELECT project_root, harness, session, replay FROM lineages")?;
+        let rows = stmt.query_map([], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (root, harness, session, replay) = row?;
+            let Ok(replay) = serde_json::from_str::<Replay>(&replay) else { continue };
+            use crate::replay::Resolution;
+            if matches!(replay.resolution(), Resolution::Resume { .. } | Resolution::Paused { .. }) {
+                out.push(SessionKey::new(&root, &harness, &session));
+            }
+        }
+        Ok(out)
+    }
+
     /// Drops everything derived from a lineage (its WAL was replaced: a new incarnation).
     pub fn forget_lineage(&self, lineage: &str) -> Result<(), StoreError> {
         let mut conn = self.conn.lock();

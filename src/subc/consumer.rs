@@ -350,6 +350,21 @@ impl Consumer {
         link.start(route, true, body)
     }
 
+    /// [`Consumer::start_on`] on the cached route whose bind declares `capabilities` (a route to
+    /// the same target declaring nothing is another route).
+    pub fn start_on_declaring(
+        &self,
+        target: &RouteTarget,
+        identity: &BindIdentity,
+        capabilities: &'static [&'static str],
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<PendingCall, CallError> {
+        let link = self.link()?;
+        let route = link.lease_declaring(target, identity, capabilities, Instant::now() + timeout)?;
+        link.start(route, true, body)
+    }
+
     /// One call to `target` for `identity` within `timeout` (route open included). Sent at most
     /// once; see [`CallError`] for what each failure says about delivery.
     pub fn call_on(

@@ -43,15 +43,28 @@ impl ToolDispatcher for ToolPlane {
             Err(refused) => return ToolOutcome::Error(format!("{} ({module}); nothing was sent", refused.message())),
         };
         let open_within = super::ROUTE_OPEN_WITHIN.min(deadline.saturating_duration_since(Instant::now()));
-        let pending =
-            match self.consumer.start_on(&ToolPlane::target(module), &ToolPlane::identity(lineage), &body, open_within)
-            {
-                Ok(p) => p,
-                Err(e) => return unsent(module, e),
-            };
+        let capabilities = crate::held::call_route_capabilities();
+        let pending = match self.consumer.start_on_declaring(
+            &ToolPlane::target(module),
+            &ToolPlane::identity(lineage),
+            capabilities,
+            &body,
+            open_within,
+        ) {
+            Ok(p) => p,
+            Err(e) => return unsent(module, e),
+        };
+        let declared = !capabilities.is_empty();
+        let terms = output::Terms {
+            tool_result_v1: declared && target.tool_result_v1,
+            may_hold: declared && target.tool_result_v1 && target.send_call_key,
+        };
         let waited = Instant::now();
         match wait(&pending, deadline, cancel) {
-            Some(Ok(answer)) => ToolOutcome::Completed(output::answered(module, &answer)),
+            Some(Ok(answer)) => match output::first_answer(module, &answer, terms) {
+                output::Answered::Result(out) => ToolOutcome::Completed(out),
+                output::Answered::Held { reason } => ToolOutcome::Held { reason },
+            },
             Some(Err(e)) => ended(module, e),
             None => {
                 // Given up on: the provider is told to stop; whatever it did is unknown.

@@ -296,6 +296,7 @@ pub fn spec(item: &ToolItem, tool: &CatalogTool) -> ToolSpec {
         module: Some(item.provider.clone()),
         preset: item.preset.clone(),
         pin: SchemaPin::new(&tool.name, &tool.schema_digest, tool.semantics).encode().ok(),
+        result_format: tool.result_format.clone(),
     }
 }
 

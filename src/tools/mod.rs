@@ -33,6 +33,14 @@ pub const MAX_KNOWN_WINDOWS: usize = crate::subc::consumer::ROUTE_CACHE_CAPACITY
 /// How long asking the daemon for a provider's declared concurrency may take.
 const WINDOW_LOOKUP_WITHIN: Duration = Duration::from_secs(2);
 
+/// The late-results feed of a module is read on its own route (spec §19: one unscoped route
+/// per module, under broca's own principal).
+impl crate::held::puller::FeedRoute for ToolPlane {
+    fn role_op(&self, module: &str, name: &str, arguments: Value, deadline: Instant) -> Result<Vec<u8>, CallError> {
+        ToolPlane::role_op(self, module, crate::held::puller::FEED_SESSION, name, arguments, deadline)
+    }
+}
+
 /// broca's side of the tool plane: the consumer connection it calls providers on, the calls in
 /// flight (dispatch fence and credit windows, [`flight`]) and each provider's window.
 pub struct ToolPlane {

@@ -3,8 +3,9 @@
 //! over the 65,536-byte model-visible limit is discarded whole for a `tool_result_too_large`
 //! error; refusals and delivery failures become `owned-broca` error outputs naming the module.
 
-use cortexkit_role_llm_runner::serializer_profile::error_output::ErrorOutput;
+use cortexkit_role_llm_runner::serializer_profile::error_output::{self, ErrorOutput};
 use cortexkit_role_llm_runner::tool_result_limit::{self, OUTPUT_DISCARDED};
+use cortexkit_role_tool_provider::result::{ContentPart, ToolResult};
 use serde_json::{json, Value};
 use subc_protocol::ErrorBody;
 
@@ -17,17 +18,142 @@ pub const MALFORMED_HELD_REPLY: &str = "malformed_provider_held_reply";
 /// The code of an answer that is not JSON.
 pub const INVALID_ANSWER: &str = "invalid_answer";
 
-/// The result of a call its provider answered with `body`.
-pub fn answered(module: &str, body: &[u8]) -> ToolOutput {
+/// How a call's answer is read, as its route and its tool's frozen catalog negotiated it
+/// (tool-provider §7.1, §8.1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Terms {
+    /// The route declared `tool-result/v1` and the tool opted in: a `tool-result/v1` body.
+    pub tool_result_v1: bool,
+    /// Every held-reply prerequisite holds (both capabilities on the bind, the tool's format,
+    /// a `call_key` on the call, the provider's `late_results`): the provider may hold it.
+    pub may_hold: bool,
+}
+
+/// A provider's first answer to a call.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Answered {
+    /// The call's result.
+    Result(ToolOutput),
+    /// The provider holds the call; its result arrives as a late result. The interim content is
+    /// never shown to the model.
+    Held { reason: String },
+}
+
+/// The first answer of a call its provider answered with `body`, under `terms`.
+pub fn first_answer(module: &str, body: &[u8], terms: Terms) -> Answered {
     let Ok(value) = serde_json::from_slice::<Value>(body) else {
-        let message = format!("the tool provider {module} answered something that is not JSON ({} bytes)", body.len());
-        return error(ErrorOutput::new(message).with_module(module).with_code(INVALID_ANSWER), false);
+        return Answered::Result(not_json(module, body.len()));
     };
+    if let Some(held) = value.get("held") {
+        let decoded = terms.may_hold.then(|| serde_json::from_value::<ToolResult>(value.clone()).ok()).flatten();
+        return match decoded.as_ref().and_then(|r| r.held().map(|h| (r, h))) {
+            Some((r, h)) if h.validate().is_ok() && r.is_error != Some(true) => {
+                Answered::Held { reason: h.reason.clone() }
+            }
+            _ => {
+                let _ = held;
+                let message = format!("the tool provider {module} held the call on terms that do not allow it");
+                Answered::Result(error(
+                    ErrorOutput::new(message).with_module(module).with_code(MALFORMED_HELD_REPLY),
+                    false,
+                ))
+            }
+        };
+    }
+    Answered::Result(result_value(module, value, terms.tool_result_v1))
+}
+
+/// The result of a call its provider answered with `body` (a legacy body, no held reply).
+pub fn answered(module: &str, body: &[u8]) -> ToolOutput {
+    match first_answer(module, body, Terms::default()) {
+        Answered::Result(out) => out,
+        Answered::Held { .. } => unreachable!("no held reply without may_hold"),
+    }
+}
+
+/// A late result's `result` payload (spec §19): read by the same rules as a first answer.
+pub fn late_result(module: &str, value: Value, tool_result_v1: bool) -> ToolOutput {
     if value.get("held").is_some() {
-        // broca declares no held replies: a provider holding the call broke the bind's terms.
-        let message = format!("the tool provider {module} held the call on a route that does not take held replies");
+        let message = format!("the tool provider {module} sent a held body as a late result");
         return error(ErrorOutput::new(message).with_module(module).with_code(MALFORMED_HELD_REPLY), false);
     }
+    result_value(module, value, tool_result_v1)
+}
+
+/// The text of the result of a held call whose provider reports it never started.
+pub fn never_started_text(reason: &str) -> String {
+    format!("The tool call never ran: its provider reports it was not started ({reason}). Nothing was executed.")
+}
+
+/// The text of the result of a held call whose late answer expired at its provider.
+pub const EXPIRED_TEXT: &str = "The tool's late answer expired at its provider before broca collected it; whether and how the call ran is unknown. It must not be repeated just to see the answer.";
+
+/// The result of a held call its provider reports never started: an error result, `refused`.
+pub fn never_started(module: &str, reason: &str) -> ToolOutput {
+    error(ErrorOutput::new(never_started_text(reason)).with_module(module).with_code("not_started"), true)
+}
+
+/// The result of a held call whose late answer expired.
+pub fn expired(module: &str) -> ToolOutput {
+    error(ErrorOutput::new(EXPIRED_TEXT).with_module(module).with_code("expired"), false)
+}
+
+fn not_json(module: &str, bytes: usize) -> ToolOutput {
+    let message = format!("the tool provider {module} answered something that is not JSON ({bytes} bytes)");
+    error(ErrorOutput::new(message).with_module(module).with_code(INVALID_ANSWER), false)
+}
+
+/// A completed answer's value, by the negotiated format.
+fn result_value(module: &str, value: Value, tool_result_v1: bool) -> ToolOutput {
+    if tool_result_v1 {
+        return match serde_json::from_value::<ToolResult>(value) {
+            Ok(result) => tool_result(module, result),
+            Err(e) => {
+                let message = format!("the tool provider {module} answered a malformed tool-result/v1 body: {e}");
+                error(ErrorOutput::new(message).with_module(module).with_code(INVALID_ANSWER), false)
+            }
+        };
+    }
+    legacy(module, value)
+}
+
+/// A `tool-result/v1` body: its content parts in order, as the model's text (images and
+/// unknown parts as one-line notes); `isError` an error result with its code.
+fn tool_result(module: &str, result: ToolResult) -> ToolOutput {
+    let bytes = cortexkit_role_tool_provider::result::model_visible_bytes(&result);
+    if bytes > tool_result_limit::MAX_MODEL_VISIBLE_BYTES {
+        // Discarded whole, never shortened (llm-runner §11.3.1), with the same detail a legacy
+        // body's size error carries.
+        let detail = serde_json::to_string(&tool_result_limit::SizeError::new(bytes)).unwrap_or_default();
+        return error(
+            ErrorOutput::new(OUTPUT_DISCARDED).with_module(module).with_code(TOOL_RESULT_TOO_LARGE).with_detail(detail),
+            false,
+        );
+    }
+    let lines: Vec<String> = result
+        .content
+        .iter()
+        .map(|part| match part {
+            ContentPart::Text { text } => text.clone(),
+            ContentPart::Image(image) => {
+                format!("[image not shown: mime={} {}x{}]", image.mime_type, image.width, image.height)
+            }
+            other => format!("[unsupported content: {}]", serde_json::to_string(other).unwrap_or_default()),
+        })
+        .collect();
+    let text = lines.join("\n");
+    if result.is_error == Some(true) {
+        let mut out = ErrorOutput::new(text).with_module(module);
+        if let Some(code) = result.error_code.filter(|c| error_output::is_valid_code(c)) {
+            out = out.with_code(code);
+        }
+        return error(out, false);
+    }
+    ToolOutput { output: json!({"kind": "text", "text": text}), is_error: false, refused: Some(false) }
+}
+
+/// A legacy body: a JSON string is the model's text, anything else JSON.
+fn legacy(module: &str, value: Value) -> ToolOutput {
     if let Some(size) = tool_result_limit::legacy_size_error(&value) {
         let detail = serde_json::to_string(&size).unwrap_or_default();
         return error(

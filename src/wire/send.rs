@@ -411,6 +411,7 @@ fn tools(t: &Value) -> Result<Vec<ToolSpec>, Refusal> {
             module: None,
             preset: None,
             pin: None,
+            result_format: None,
         });
     }
     Ok(out)

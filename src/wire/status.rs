@@ -126,6 +126,9 @@ pub struct RunStatus {
     /// A provisional id whose send was delivered as a steer into this run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub delivered: Option<Delivered>,
+    /// The held calls the run waits on (llm-runner `held_calls`); omitted when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub held_calls: Vec<cortexkit_role_llm_runner::run::HeldCall>,
 }
 
 impl RunStatus {
@@ -145,6 +148,7 @@ impl RunStatus {
             finish: None,
             step: None,
             delivered: None,
+            held_calls: Vec::new(),
         }
     }
 

@@ -106,6 +106,10 @@ impl Rig {
             "CK_LOG": "info",
             "BROCA_STATE_ROOT": state,
             "BROCA_PROVIDER_BASE_URL": config.model_url,
+            // Held replies are declared (a debug-build marker; spec §19), and late results are
+            // pulled every 100 ms instead of 3 s.
+            "BROCA_TEST_DECLARE_HELD_REPLY_V1": "1",
+            "BROCA_TEST_LATE_POLL_MS": "100",
         });
         if let Some(points) = failpoints {
             env["BROCA_FAILPOINTS"] = json!(points);

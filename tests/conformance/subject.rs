@@ -13,8 +13,8 @@ use cortexkit_role_llm_runner_conformance::harness::{
     Harness, HarnessError, KillPoint, KillReport, PointDeclaration, RouteStamp, Trigger,
 };
 use cortexkit_role_llm_runner_conformance::{
-    AttributionFixture, Capability, LlmRunnerSubject, ModelRequestObservation, Script, ToolResultLimitObservation,
-    ToolResultObservation,
+    AttributionFixture, Capability, LlmRunnerSubject, ModelRequestObservation, Script, ScriptedLateEntry,
+    ToolResultLimitObservation, ToolResultObservation,
 };
 use serde_json::{json, Map, Value};
 use subc_client_rs::SubcConsumer;
@@ -258,6 +258,18 @@ impl LlmRunnerSubject for Subject {
 
     async fn release_tool_call(&self, arguments: &Value) -> Result<(), HarnessError> {
         self.tools.release(arguments).map_err(HarnessError::new)
+    }
+
+    async fn install_held_reply(&self, _session: &str, arguments: &Value, reason: &str) -> Result<(), HarnessError> {
+        self.tools.hold_reply(arguments, reason).map_err(HarnessError::new)
+    }
+
+    async fn await_held_reply(&self, arguments: &Value) -> Result<String, HarnessError> {
+        self.tools.held_call_key(arguments).await.map_err(HarnessError::new)
+    }
+
+    async fn publish_late_entry(&self, arguments: &Value, entry: ScriptedLateEntry) -> Result<(), HarnessError> {
+        self.tools.publish_late(arguments, &entry).map_err(HarnessError::new)
     }
 
     async fn pause(&self) {

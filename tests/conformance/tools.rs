@@ -10,7 +10,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use cortexkit_role_llm_runner_conformance::{ScriptedToolCall, SCRIPTED_TOOL};
+use cortexkit_role_llm_runner_conformance::{ScriptedLateEntry, ScriptedToolCall, SCRIPTED_TOOL};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -43,8 +43,13 @@ impl Tools {
                 "description": "Answers the conformance suite's scripted result for its arguments.",
                 "input_schema": {"type": "object"},
                 "default": true,
+                // With held replies declared on broca's call routes (the rig sets the debug
+                // marker) the tool answers tool-result/v1 bodies and may hold a call.
+                "result_format": "tool-result/v1",
                 "behaviour": {"from_dir": dir},
             }],
+            "late_results": true,
+            "late_results_dir": base.join("late-results"),
         });
         fs::write(&script, text.to_string()).map_err(|e| format!("{}: {e}", script.display()))?;
         Ok(Tools { dir, script, call_log: base.join("tool-calls.jsonl") })
@@ -83,6 +88,43 @@ impl Tools {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         Ok(())
+    }
+
+    /// Makes the provider answer the call with `arguments` with a `held-reply/v1` first reply.
+    pub fn hold_reply(&self, arguments: &Value, reason: &str) -> Result<(), String> {
+        let path = self.dir.join(format!("{}.held-reply", key(arguments)));
+        fs::write(&path, json!({"reason": reason}).to_string()).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// The call_key of the call with `arguments`, once the provider has held it.
+    pub async fn held_call_key(&self, arguments: &Value) -> Result<String, String> {
+        let path = self.dir.join(format!("{}.call_key", key(arguments)));
+        let until = Instant::now() + ARRIVAL;
+        loop {
+            if let Ok(text) = fs::read_to_string(&path) {
+                return Ok(text.trim().to_owned());
+            }
+            if Instant::now() > until {
+                return Err(format!("the provider held no call with {arguments} within {ARRIVAL:?}"));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Publishes the provider's late entry for the held call with `arguments` (written whole:
+    /// a temporary file renamed into place).
+    pub fn publish_late(&self, arguments: &Value, entry: &ScriptedLateEntry) -> Result<(), String> {
+        let mut body = json!({"kind": entry.kind()});
+        if let Some(result) = entry.result_body() {
+            body["result"] = result.clone();
+        }
+        if let Some(reason) = entry.reason() {
+            body["reason"] = json!(reason);
+        }
+        let stem = key(arguments);
+        let (tmp, path) = (self.dir.join(format!("{stem}.late.tmp")), self.dir.join(format!("{stem}.late")));
+        fs::write(&tmp, body.to_string()).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))
     }
 
     /// Lets the held call with `arguments` answer.

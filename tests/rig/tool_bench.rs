@@ -278,6 +278,7 @@ fn roundtrips(h: &Harness, plane: &ToolPlane, plan: &Plan) -> Result<(Samples, S
         preset: spec.preset.clone(),
         pin: spec.pin.clone(),
         send_call_key: false,
+        tool_result_v1: false,
     };
     let call = ToolCall {
         run_id: "run-bench".into(),

@@ -292,7 +292,19 @@ impl Link {
         project_root: Option<&str>,
         deadline: Instant,
     ) -> Result<ClientRoute, CallError> {
-        let open = RouteOpen::new(target, identity, self.identity.as_ref());
+        self.open_route_declaring(target, identity, project_root, &[], deadline)
+    }
+
+    /// [`Link::open_route_rooted`], the bind declaring `capabilities`.
+    fn open_route_declaring(
+        self: &Arc<Self>,
+        target: &RouteTarget,
+        identity: &BindIdentity,
+        project_root: Option<&str>,
+        capabilities: &[&str],
+        deadline: Instant,
+    ) -> Result<ClientRoute, CallError> {
+        let open = RouteOpen::new(target, identity, self.identity.as_ref()).declaring(capabilities);
         let body = match project_root {
             Some(root) => open.to_bytes_rooted(root),
             None => open.to_bytes(),
@@ -330,15 +342,16 @@ impl Link {
         self: &Arc<Self>,
         target: &RouteTarget,
         identity: &BindIdentity,
+        capabilities: &[&str],
         deadline: Instant,
     ) -> Result<ClientRoute, CallError> {
-        match self.open_route(target, identity, deadline) {
+        match self.open_route_declaring(target, identity, None, capabilities, deadline) {
             Err(CallError::RouteOpen(body))
                 if is_retryable_route_open(&body.code) && Instant::now() + ROUTE_OPEN_RETRY_PAUSE < deadline =>
             {
                 log::debug!(target: "broca::subc", "route.open refused {}; retrying once", body.code);
                 std::thread::sleep(ROUTE_OPEN_RETRY_PAUSE);
-                self.open_route(target, identity, deadline)
+                self.open_route_declaring(target, identity, None, capabilities, deadline)
             }
             other => other,
         }
@@ -351,7 +364,18 @@ impl Link {
         identity: &BindIdentity,
         deadline: Instant,
     ) -> Result<ClientRoute, CallError> {
-        let key = RouteKey::new(target, identity);
+        self.lease_declaring(target, identity, &[], deadline)
+    }
+
+    /// [`Link::lease`] of the route whose bind declares `capabilities`.
+    pub fn lease_declaring(
+        self: &Arc<Self>,
+        target: &RouteTarget,
+        identity: &BindIdentity,
+        capabilities: &'static [&'static str],
+        deadline: Instant,
+    ) -> Result<ClientRoute, CallError> {
+        let key = RouteKey::declaring(target, identity, capabilities);
         {
             let mut routes = self.routes.lock();
             if let Some(route) = routes.lease(&key, Instant::now()) {
@@ -361,7 +385,7 @@ impl Link {
                 return Err(CallError::RouteCacheFull { capacity: routes.capacity() });
             }
         }
-        let route = self.open_route_retrying(target, identity, deadline)?;
+        let route = self.open_route_retrying(target, identity, capabilities, deadline)?;
         let inserted = self.routes.lock().insert_leased(key, route, Instant::now());
         match inserted {
             Insert::Inserted { evicted } => {

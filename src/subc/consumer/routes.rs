@@ -32,6 +32,9 @@ pub struct RouteKey {
     harness: String,
     session: String,
     build_class: Option<String>,
+    /// The consumer capabilities the route was opened declaring: routes to one target that
+    /// declare differently are different routes.
+    capabilities: &'static [&'static str],
 }
 
 /// [`RouteTarget`] in a hashable form.
@@ -44,6 +47,11 @@ enum TargetKey {
 
 impl RouteKey {
     pub fn new(target: &RouteTarget, identity: &BindIdentity) -> RouteKey {
+        RouteKey::declaring(target, identity, &[])
+    }
+
+    /// The key of a route opened declaring `capabilities`.
+    pub fn declaring(target: &RouteTarget, identity: &BindIdentity, capabilities: &'static [&'static str]) -> RouteKey {
         let target = match target {
             RouteTarget::ToolProvider { module_id } => TargetKey::ToolProvider(module_id.clone()),
             RouteTarget::ManagementSurface { module_id } => TargetKey::ManagementSurface(module_id.clone()),
@@ -56,6 +64,7 @@ impl RouteKey {
             harness: identity.harness.clone(),
             session: identity.session.clone(),
             build_class: identity.build_class.clone(),
+            capabilities,
         }
     }
 

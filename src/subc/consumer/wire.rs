@@ -19,6 +19,10 @@ pub struct RouteOpen<'a> {
     pub identity: &'a BindIdentity,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub consumer_identity: Option<&'a ConsumerIdentity>,
+    /// What this consumer reads on the route (`tool-result/v1`, `held-reply/v1`); omitted
+    /// when it declares nothing.
+    #[serde(skip_serializing_if = "<[&str]>::is_empty")]
+    pub consumer_capabilities: &'a [&'a str],
 }
 
 impl<'a> RouteOpen<'a> {
@@ -27,7 +31,13 @@ impl<'a> RouteOpen<'a> {
         identity: &'a BindIdentity,
         consumer_identity: Option<&'a ConsumerIdentity>,
     ) -> RouteOpen<'a> {
-        RouteOpen { op: "route.open", target, identity, consumer_identity }
+        RouteOpen { op: "route.open", target, identity, consumer_identity, consumer_capabilities: &[] }
+    }
+
+    /// The request declaring `capabilities` on the bind.
+    pub fn declaring(mut self, capabilities: &'a [&'a str]) -> RouteOpen<'a> {
+        self.consumer_capabilities = capabilities;
+        self
     }
 
     pub fn to_bytes(&self) -> Vec<u8> {
