@@ -34,12 +34,19 @@ mock-bin:
 # one never), finished sessions read as they did, cursors are continuous, and every session
 # rebuilds from its WAL alone. Bounded by BROCA_SOAK_SECS (default 3 s per kill + 60 s). The
 # last line is `SOAK kills=<n> violations=<n> sends=<n> calls=<n>`; the exit status is the test's.
+# Then the held-call kill campaign at BROCA_HELD_KILLS rounds (`make test` runs 10): SIGKILLs at
+# every held fail point and at random moments while late results are released at random times;
+# its line is `HELD-KILLS rounds=<n> ... violations=<n>`.
 BROCA_SOAK_KILLS ?= 1000
+BROCA_HELD_KILLS ?= 200
 soak: mock-bin
 	@out=$$(mktemp); status=0; \
 	BROCA_SOAK_KILLS=$(BROCA_SOAK_KILLS) RUST_LOG=$${RUST_LOG:-error} $(CARGO) test --locked --test crash_tools \
 		-- --nocapture --test-threads=1 tool_calls_are_at_most_once_under_real_kills >"$$out" 2>&1 || status=$$?; \
-	grep -v '^SOAK ' "$$out"; grep '^SOAK ' "$$out" | tail -n 1; rm -f "$$out"; exit $$status
+	BROCA_HELD_KILLS=$(BROCA_HELD_KILLS) RUST_LOG=$${RUST_LOG:-error} $(CARGO) test --locked --test e2e_held \
+		-- --nocapture >>"$$out" 2>&1 || status=$$?; \
+	grep -v '^SOAK \|^HELD-KILLS ' "$$out"; grep '^HELD-KILLS ' "$$out" | tail -n 1; \
+	grep '^SOAK ' "$$out" | tail -n 1; rm -f "$$out"; exit $$status
 
 # The structure-aware fuzz targets (tests/fuzz/: frame decoder, connection file, handshake, WAL
 # reader, the three SSE decoders, session.send and the strict ops' params, the catalog) for

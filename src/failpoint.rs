@@ -24,7 +24,8 @@
 //! at all (the same rule as the other debug-only test switches, e.g. `BROCA_TEST_TOOL_WAIT_MS`).
 //! In a debug build with the variable unset a hit is one `OnceLock` load and a `None` check.
 //!
-//! The points this build has (each a real site; `tests/crash_tools.rs` kills at all but the last two):
+//! The points this build has (each a real site; `tests/crash_tools.rs` kills at the `tool.`, `step.`,
+//! `run.`, `queue.` and `store.` ones, `tests/e2e_held.rs` at the `held.` ones):
 //!
 //! | name | site | the durable state when it fires |
 //! |---|---|---|
@@ -37,6 +38,10 @@
 //! | `queue.between_queued_and_started` | `actor` `next_turn` | a `Queued` send durable and chosen, its `RunStarted` not written |
 //! | `store.mid_checkpoint` | `store` `flush` | a run-index transaction holding the checkpoint row, not committed |
 //! | `catalog.mid_lkg_write` | `catalog::lkg` `write_atomic_with` | the new LKG written to its temp file, not synced or renamed (killed in `tests/catalog_lkg_crash.rs`) |
+//! | `held.after_register` | `held::puller` `register` | a batch's intents and its late-results registrations durable, no call sent |
+//! | `held.after_record` | `agent::turn` `record_held` | a call's `tool_call_provider_held` durable, the run not yet paused |
+//! | `held.before_deliver` | `actor::late` `deliver` | a late result taken from the provider, nothing of it written |
+//! | `held.after_deliver` | `actor::late` `deliver` | the late result durable as the call's result, the entry not acked |
 //! | `retention.after_tombstone` | `retention` `Expiry::settle` | an expired session's tombstone durable, its store rows and WAL not yet deleted (killed by the conformance suite's `crash_at_RetentionTombstoned`) |
 
 /// The environment variable naming the armed points.

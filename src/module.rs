@@ -191,9 +191,10 @@ impl ModuleBuilder {
     }
 
     pub fn build(mut self) -> Result<Module, LineageError> {
+        let shared = Arc::new(Shared::open_clocked(self.root, self.storage, self.clock)?);
         let held = match (&self.plane, self.held) {
             (Some(plane), true) => {
-                let intake = crate::held::intake::Intake::open(self.root.path())
+                let intake = crate::held::intake::Intake::open(shared.root.path())
                     .map_err(|e| LineageError::Refused(format!("the held-call intake store: {e}")))?;
                 let registry_slot: Arc<std::sync::OnceLock<std::sync::Weak<Registry>>> = Arc::default();
                 let slot = Arc::clone(&registry_slot);
@@ -202,14 +203,16 @@ impl ModuleBuilder {
                         Some(registry) => registry.deliver_late(reg, outcome),
                         None => crate::held::LateAck::NotYet,
                     });
+                let reading = Arc::clone(&shared);
+                let still_waiting: crate::held::puller::StillWaiting =
+                    Arc::new(move |reg| crate::held::rebuild::still_waiting(&reading, reg));
                 let feed = Arc::clone(plane) as Arc<dyn crate::held::puller::FeedRoute>;
-                let pullers = Pullers::new(Arc::new(intake), feed, deliver);
+                let pullers = Pullers::new(Arc::new(intake), feed, deliver, still_waiting);
                 self.opts.held = Some(Arc::clone(&pullers) as Arc<dyn crate::agent::CallRegistry>);
                 Some((pullers, registry_slot))
             }
             _ => None,
         };
-        let shared = Arc::new(Shared::open_clocked(self.root, self.storage, self.clock)?);
         let lkg = shared.root.catalog_path();
         let catalog = self.catalog.unwrap_or_else(|| Catalog::load_lkg(&lkg));
         let overrides = RouteOverrides {

@@ -88,3 +88,20 @@ pub enum LateAck {
     /// calls of its batch): do not ack; it is read again.
     NotYet,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_declaration_follows_the_debug_only_marker_and_the_fence_refuses_it_in_release() {
+        // Tests run with or without the marker; both answers follow from it.
+        let on = std::env::var(DECLARE_ENV).is_ok_and(|v| v == "1");
+        assert_eq!(declared(), cfg!(debug_assertions) && on);
+        assert_eq!(call_route_capabilities().is_empty(), !declared());
+        if declared() {
+            assert_eq!(call_route_capabilities(), [TOOL_RESULT_V1_CAPABILITY, HELD_REPLY_V1]);
+        }
+        assert_eq!(release_fence().is_err(), !cfg!(debug_assertions) && on);
+    }
+}

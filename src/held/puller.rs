@@ -34,6 +34,13 @@ const REQUEST_WITHIN: Duration = Duration::from_secs(10);
 
 /// Hands a late result to its session's actor and says what became of it.
 pub type Deliver = Arc<dyn Fn(&Registration, LateOutcome) -> LateAck + Send + Sync>;
+/// Whether a registered call still waits for its result in its session's WAL (`None`: cannot
+/// tell now). A call sealed at a crash, or cancelled while held, gets its result without a late
+/// entry: its registration goes when this says so.
+pub type StillWaiting = Arc<dyn Fn(&Registration) -> Option<bool> + Send + Sync>;
+
+/// Registrations checked against their WALs per quiet pass.
+const SWEEP_PER_PASS: usize = 64;
 
 /// Where a module's feed is read: one role op (`{name, arguments}`) on the module's feed route
 /// ([`FEED_SESSION`]), declaring no consumer capability (the tool plane serves it).
@@ -52,6 +59,7 @@ pub struct Pullers {
     intake: Arc<Intake>,
     feed: Arc<dyn FeedRoute>,
     deliver: Deliver,
+    still_waiting: StillWaiting,
     running: Mutex<HashSet<String>>,
     poll: Duration,
     /// This runtime, for starting pullers from a registration.
@@ -69,11 +77,17 @@ enum Pass {
 }
 
 impl Pullers {
-    pub fn new(intake: Arc<Intake>, feed: Arc<dyn FeedRoute>, deliver: Deliver) -> Arc<Pullers> {
+    pub fn new(
+        intake: Arc<Intake>,
+        feed: Arc<dyn FeedRoute>,
+        deliver: Deliver,
+        still_waiting: StillWaiting,
+    ) -> Arc<Pullers> {
         Arc::new_cyclic(|me| Pullers {
             intake,
             feed,
             deliver,
+            still_waiting,
             running: Mutex::new(HashSet::new()),
             poll: poll_interval(),
             me: me.clone(),
@@ -141,13 +155,33 @@ impl Pullers {
             }
             let wait = match self.pass(&module, &mut since) {
                 Ok(Pass::Done { more: true }) => Duration::ZERO,
-                Ok(Pass::Done { more: false }) | Ok(Pass::Pinned) => self.poll,
+                Ok(Pass::Done { more: false }) => {
+                    self.sweep(&module);
+                    self.poll
+                }
+                Ok(Pass::Pinned) => self.poll,
                 Err(e) => {
                     log::info!("late results from {module}: {e}; pulling again in {:?}", super::POLL_AFTER_ERROR);
                     super::POLL_AFTER_ERROR.min(self.poll.max(Duration::from_millis(1)) * 10)
                 }
             };
             std::thread::sleep(wait);
+        }
+    }
+
+    /// Drops the registrations of `module` whose calls have their result without a late entry
+    /// (sealed at a crash, cancelled while held): nothing will ever answer them here.
+    fn sweep(&self, module: &str) {
+        let rows = self.intake.registrations().unwrap_or_default();
+        let done: Vec<String> = rows
+            .iter()
+            .filter(|r| r.module == module)
+            .take(SWEEP_PER_PASS)
+            .filter(|r| (self.still_waiting)(r) == Some(false))
+            .map(|r| r.call_key.clone())
+            .collect();
+        if let Err(e) = self.intake.prune(&done) {
+            log::warn!("late results: cannot prune {} settled registration(s): {e}", done.len());
         }
     }
 

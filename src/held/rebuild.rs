@@ -9,6 +9,20 @@
 use crate::held::intake::{Intake, Registration};
 use crate::lineage::Shared;
 
+/// Whether the registered call still waits for a result in its session's WAL: its batch is open
+/// and it has no result. `false` once it has one (or its session is gone): its registration
+/// can go. `None` when the WAL cannot be read now.
+pub fn still_waiting(shared: &Shared, reg: &Registration) -> Option<bool> {
+    let page = crate::lineage::read::snapshot(shared, &reg.key).ok()?;
+    let Some(page) = page else { return Some(false) };
+    let open = page
+        .state
+        .last
+        .as_ref()
+        .is_some_and(|e| e.batch.iter().any(|c| c.call_key == reg.call_key && c.result.is_none()));
+    Some(open)
+}
+
 /// Registers again every held, unanswered call of the unfinished sessions. Returns how many.
 pub fn from_sessions(shared: &Shared, intake: &Intake) -> usize {
     let keys = match shared.store.unfinished_sessions() {

@@ -230,6 +230,9 @@ mod tests {
     #[test]
     fn role_describe_passes_the_role_crates_check() {
         let describe = super::describe(&crate::config::BrocaConfig::default());
+        let groups = describe["capabilities"].as_array().unwrap();
+        let held = groups.iter().any(|g| g == cortexkit_role_llm_runner::capabilities::HELD_CALLS);
+        assert_eq!(held, crate::held::declared(), "held_calls is declared exactly with held replies");
         if let Err(problems) = cortexkit_role_llm_runner::describe::check_describe(&describe) {
             panic!("role.describe is refused: {problems:?}\n{describe}");
         }
