@@ -29,13 +29,14 @@ const FSYNC_SAMPLES: usize = 1000;
 mod cache;
 mod cli;
 mod families;
+mod held;
 mod publish;
 mod warm;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("--help") {
-        println!("usage: broca-bench            run every benchmark\n       broca-bench loop       only the loop benchmarks\n       broca-bench cache      only the prompt-cache and warm figures\n       broca-bench families   only the per-family loop and decoder figures\n       broca-bench replay-rss WAL   (internal) replay WAL, print peak RSS in KiB");
+        println!("usage: broca-bench            run every benchmark\n       broca-bench loop       only the loop benchmarks\n       broca-bench cache      only the prompt-cache and warm figures\n       broca-bench families   only the per-family loop and decoder figures\n       broca-bench held       only the held-call resume figures\n       broca-bench replay-rss WAL   (internal) replay WAL, print peak RSS in KiB");
         return;
     }
     if args.get(1).map(String::as_str) == Some("replay-rss") {
@@ -52,6 +53,12 @@ fn main() {
             report(name, value, unit);
         }
         for (name, value, unit) in warm::figures(dir.path()) {
+            report(name, value, unit);
+        }
+        return;
+    }
+    if args.get(1).map(String::as_str) == Some("held") {
+        for (name, value, unit) in held::figures(dir.path()) {
             report(name, value, unit);
         }
         return;
@@ -92,6 +99,9 @@ fn main() {
         report(name, value, unit);
     }
     families::report_all(dir.path(), raw);
+    for (name, value, unit) in held::figures(dir.path()) {
+        report(name, value, unit);
+    }
     if let Some(ms) = demo_ms() {
         report("cli.demo_ms", ms, "ms");
     }
