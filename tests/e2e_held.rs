@@ -470,14 +470,14 @@ fn campaign_round(h: &Harness, p: &Provider, dir: &Path, rng: &mut Rng, point: O
         while !p.held().values().any(|v| v["arguments"]["tag"] == tag.as_str()) && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(20));
         }
-        if point.is_none() && rng.next() % 3 == 0 {
+        if point.is_none() && rng.next().is_multiple_of(3) {
             if let Some(pid) = h.broca_pid() {
                 // SAFETY: killing the broca process the daemon started for this harness.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
             }
             std::thread::sleep(Duration::from_millis(rng.next() % 200));
         }
-        if rng.next() % 2 == 0 {
+        if rng.next().is_multiple_of(2) {
             release_all(p, rng);
         }
         out.push((s, run));
