@@ -169,6 +169,7 @@ fn the_reference_scan_reads_paths_and_groups() {
 const VALUE_IN_THE_CORE: &[(&str, usize, &str)] = &[
     ("src/record.rs", 10, "tool result output (ToolResult.output; refused_before_run reads the shape older records gave refusals); Frozen::Unreadable keeps a config this build cannot read as written (and reads its tools/max_input_tokens from it)"),
     ("src/replay.rs", 2, "a tool result's output as the batch holds it"),
+    ("src/lineage/held.rs", 1, "a sealed tool result's output (the record's own output shape)"),
     ("src/lineage/projection.rs", 2, "a tool result's output, and ToolStarted's empty arguments placeholder"),
     ("src/lineage/unit.rs", 5, "a tool_result unit's output; the unit's JSON at the wire edge (to_json, body)"),
     ("src/actor/mod.rs", 1, "Frozen::Unreadable for a queued send recorded without a config"),

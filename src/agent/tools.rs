@@ -106,12 +106,14 @@ pub enum ToolOutcome {
 /// it is sent, in one synced transaction; a call's registration goes once its terminal is
 /// durable. Only a process that declares held replies has one.
 pub trait CallRegistry: Send + Sync + std::fmt::Debug {
-    /// Registers `calls` (those whose provider takes call keys) of `session`'s run `run_id`.
+    /// Registers `calls` (those whose provider takes call keys) of `session`'s run `run_id`, at
+    /// `now_ms` on the session's clock.
     fn register(
         &self,
         session: &crate::session_key::SessionKey,
         run_id: &str,
         calls: &[&ToolCall],
+        now_ms: u64,
     ) -> Result<(), String>;
     /// The calls `call_keys` have their durable terminal.
     fn settled(&self, call_keys: &[String]);

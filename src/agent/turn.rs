@@ -11,6 +11,7 @@ use sha2::{Digest, Sha256};
 mod admit;
 mod attempt_record;
 mod credential;
+mod held;
 mod stops;
 
 pub use admit::{admit, admit_owned, admit_unreadable};
@@ -764,46 +765,6 @@ impl<C> Driver<'_, C> {
         }
         self.history.push(Message { role: Role::Tool, content: parts, origin: None });
         Ok(BatchEnd::Done { indeterminate: timed_out || indeterminate })
-    }
-
-    /// Registers the batch's calls that carry their key to a provider taking late results, in
-    /// one synced transaction before any is sent (spec §19). Returns their keys. A failure to
-    /// register fails the run's write path: nothing has been sent.
-    fn register(&mut self, batch: &[ToolCall]) -> Result<Vec<String>, LineageError> {
-        let Some(registry) = &self.opts.held else { return Ok(Vec::new()) };
-        let keyed: Vec<&ToolCall> =
-            batch.iter().filter(|c| c.target.as_ref().is_some_and(|t| t.send_call_key)).collect();
-        if keyed.is_empty() {
-            return Ok(Vec::new());
-        }
-        registry
-            .register(self.lineage.key(), &self.run_id, &keyed)
-            .map_err(|e| LineageError::Refused(format!("the held-call intake refused the batch: {e}")))?;
-        Ok(keyed.iter().map(|c| c.call_key.clone()).collect())
-    }
-
-    /// A provider held a call: its held record is made durable before the batch waits on it.
-    fn record_held(
-        &mut self,
-        step: u64,
-        tool_call_id: &str,
-        (call_key, tool, provider): &(String, String, String),
-        reason: &str,
-    ) -> Result<(), LineageError> {
-        let held = crate::record::ToolCallProviderHeld {
-            run_id: self.run_id.clone(),
-            step,
-            tool_call_id: tool_call_id.to_owned(),
-            call_key: call_key.clone(),
-            tool: tool.clone(),
-            provider: provider.clone(),
-            reason: reason.to_owned(),
-            held_at_ms: self.lineage.now_ms(),
-        };
-        self.lineage.append(&Record::ToolCallProviderHeld(Box::new(held)))?;
-        self.commit()?;
-        crate::failpoint!("held.after_record");
-        Ok(())
     }
 }
 

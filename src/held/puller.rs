@@ -273,6 +273,7 @@ impl crate::agent::CallRegistry for Pullers {
         session: &crate::session_key::SessionKey,
         run_id: &str,
         calls: &[&crate::agent::ToolCall],
+        now_ms: u64,
     ) -> Result<(), String> {
         let rows: Vec<Registration> = calls
             .iter()
@@ -287,9 +288,7 @@ impl crate::agent::CallRegistry for Pullers {
                 })
             })
             .collect();
-        let now =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        self.intake.register(&rows, now).map_err(|e| e.to_string())?;
+        self.intake.register(&rows, now_ms).map_err(|e| e.to_string())?;
         crate::failpoint!("held.after_register");
         if let Some(me) = self.me.upgrade() {
             for row in &rows {

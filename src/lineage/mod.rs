@@ -9,6 +9,7 @@
 
 pub mod calls;
 pub mod ends;
+mod held;
 pub mod ledger;
 pub mod projection;
 pub mod read;
@@ -418,16 +419,8 @@ impl Lineage {
         let held = open.iter().filter(|c| waiting_held(c)).count();
         let calls: Vec<String> = open.iter().filter(|c| !waiting_held(c)).map(|c| c.tool_call_id.clone()).collect();
         for id in &calls {
-            self.append(&Record::ToolResult {
-                run_id: run_id.clone(),
-                step,
-                tool_call_id: id.clone(),
-                output: json!({"kind": "error", "reason": "outcome_unknown", "message": "the outcome of this call is unknown: broca ended while it was in flight, and it was not sent again"}),
-                is_error: true,
-                outcome: Some(record::CallOutcome::Unknown),
-                at_ms: Some(self.now_ms()),
-                refused: None,
-            })?;
+            let output = json!({"kind": "error", "reason": "outcome_unknown", "message": "the outcome of this call is unknown: broca ended while it was in flight, and it was not sent again"});
+            self.append_sealed_result(&run_id, step, id, output, record::CallOutcome::Unknown)?;
         }
         if held > 0 {
             self.append(&Record::RunPaused {
@@ -473,39 +466,6 @@ impl Lineage {
             delivered.push(p.message);
         }
         Ok(delivered)
-    }
-
-    /// Gives every call a provider still holds in `run_id`'s batch a cancelled result (not yet
-    /// durable): the run is ending by a cancel, and no late result will be taken for it. A
-    /// paused run is resumed first (a result is only written into a going run). Returns the
-    /// calls' ids.
-    pub fn cancel_held_calls(&mut self, run_id: &str) -> Result<Vec<String>, LineageError> {
-        let held: Vec<(String, u64)> = self
-            .replay
-            .last
-            .as_ref()
-            .filter(|e| e.run_id == run_id)
-            .map(|e| e.batch.iter().filter(|c| c.is_waiting_held()).map(|c| (c.tool_call_id.clone(), e.step)).collect())
-            .unwrap_or_default();
-        if held.is_empty() {
-            return Ok(Vec::new());
-        }
-        if matches!(self.replay.resolution(), Resolution::Paused { .. }) {
-            self.append(&Record::RunResumed { run_id: run_id.to_owned() })?;
-        }
-        for (id, step) in &held {
-            self.append(&Record::ToolResult {
-                run_id: run_id.to_owned(),
-                step: *step,
-                tool_call_id: id.clone(),
-                output: json!({"kind": "error", "reason": "cancelled_while_held", "message": "the run was cancelled while its provider held the call; its late result is not taken, and its outcome is unknown"}),
-                is_error: true,
-                outcome: Some(record::CallOutcome::Cancelled),
-                at_ms: Some(self.now_ms()),
-                refused: None,
-            })?;
-        }
-        Ok(held.into_iter().map(|(id, _)| id).collect())
     }
 
     /// Appends the last episode's `RunFinished` with its counters (not yet durable).

@@ -33,6 +33,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::clock::SharedClock;
 use crate::message::Message;
+use crate::replay::Resolution;
 use crate::replay::{Effect, Replay, RunState, SendFate};
 use crate::session_key::SessionKey;
 
@@ -413,31 +414,26 @@ impl Store {
     /// run still open (a crash left it). Boot recovery opens them so queued work is never left
     /// idle and orphans are sealed; the WAL then decides.
     pub fn sessions_with_work(&self) -> Result<Vec<SessionKey>, StoreError> {
-        let conn = self.reader()?;
-        let mut stmt = conn.prepare("SELECT project_root, harness, session, replay FROM lineages")?;
-        let rows = stmt.query_map([], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?))
-        })?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (root, harness, session, replay) = row?;
-            let Ok(replay) = serde_json::from_str::<Replay>(&replay) else { continue };
-            use crate::record::PauseReason;
-            use crate::replay::Resolution;
+        use crate::record::PauseReason;
+        self.sessions_where(|replay| {
             let open = matches!(
                 replay.resolution(),
                 Resolution::Resume { .. } | Resolution::Paused { reason: PauseReason::Restart, .. }
             );
-            if open || !replay.queue.is_empty() {
-                out.push(SessionKey::new(&root, &harness, &session));
-            }
-        }
-        Ok(out)
+            open || !replay.queue.is_empty()
+        })
     }
 
     /// Every session whose last run is not finished (running or paused) as the store last saw
     /// it: where held calls can wait (the held-call intake's rebuild reads these).
     pub fn unfinished_sessions(&self) -> Result<Vec<SessionKey>, StoreError> {
+        self.sessions_where(|replay| {
+            matches!(replay.resolution(), Resolution::Resume { .. } | Resolution::Paused { .. })
+        })
+    }
+
+    /// The sessions whose stored replay state `wanted` picks (unreadable states are skipped).
+    fn sessions_where(&self, wanted: impl Fn(&Replay) -> bool) -> Result<Vec<SessionKey>, StoreError> {
         let conn = self.reader()?;
         let mut stmt = conn.prepare("SELECT project_root, harness, session, replay FROM lineages")?;
         let rows = stmt.query_map([], |r| {
@@ -447,8 +443,7 @@ impl Store {
         for row in rows {
             let (root, harness, session, replay) = row?;
             let Ok(replay) = serde_json::from_str::<Replay>(&replay) else { continue };
-            use crate::replay::Resolution;
-            if matches!(replay.resolution(), Resolution::Resume { .. } | Resolution::Paused { .. }) {
+            if wanted(&replay) {
                 out.push(SessionKey::new(&root, &harness, &session));
             }
         }
