@@ -72,6 +72,13 @@ pub struct ToolSpec {
     /// the route, its answers are `tool-result/v1` bodies and it may hold a call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result_format: Option<cortexkit_role_tool_provider::result::ResultFormat>,
+    /// Its plan item opted into output references (llm-runner §9.13): each call of it gets a
+    /// call set scanned from `reference_slots`. Frozen with the tool, never rendered.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub output_refs: bool,
+    /// The catalog's reference-bearing arguments, as fetched (only for an opted-in tool).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reference_slots: Vec<cortexkit_role_llm_runner::output_refs::ReferenceSlot>,
 }
 
 impl ToolSpec {
@@ -175,6 +182,14 @@ pub struct FrozenConfig {
     pub plan: Option<PlanManifest>,
 }
 
+impl FrozenConfig {
+    /// Whether the session's requests show part numbers and its replies get output-reference
+    /// sets: an item of its frozen plan opted into `output_refs` (llm-runner §9.13).
+    pub fn renders_part_numbers(&self) -> bool {
+        self.plan.as_ref().is_some_and(|p| p.output_refs)
+    }
+}
+
 /// A session's frozen fetch plan (spec §4): what its first episode fetched from each tool
 /// provider. Later sends and resumes use it; nothing is ever fetched again for the session.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -193,6 +208,10 @@ pub struct PlanManifest {
     /// Their texts joined (a blank line between): rendered before the send's own system prompt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_text: Option<String>,
+    /// An item opted into output references (§9.13): the session's requests show part numbers
+    /// (`§N§ `, compaction A3) and its replies get reference sets.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub output_refs: bool,
 }
 
 /// A fetched system-text item.

@@ -34,6 +34,9 @@ pub const FEATURE_RESTART_PAUSE: &str = "restart-pause/v1";
 /// A config carrying a frozen fetch plan, or tools served by other modules: a reader that
 /// ignored it would run the session without its providers' tools, or call them unpinned.
 pub const FEATURE_FETCH_PLAN: &str = "fetch-plan/v1";
+/// A config whose plan opted into output references: a reader that ignored it would render
+/// the session's requests without the part numbers its model was shown (llm-runner §9.13).
+pub const FEATURE_OUTPUT_REFS: &str = "output-refs/v1";
 
 /// Every must-understand feature this build reads.
 pub const KNOWN_FEATURES: &[&str] = &[
@@ -44,6 +47,7 @@ pub const KNOWN_FEATURES: &[&str] = &[
     FEATURE_TOOL_REPLY,
     FEATURE_FETCH_PLAN,
     FEATURE_PROVIDER_HELD,
+    FEATURE_OUTPUT_REFS,
 ];
 
 /// Where an episode's history comes from.
@@ -250,18 +254,26 @@ impl Frozen {
     /// The must-understand features a record carrying this config requires: derived from the
     /// typed members (a config kept as written is read by its keys).
     pub fn features(&self) -> Vec<&'static str> {
-        let (class, cap, reply, plan) = match self {
+        let (class, cap, reply, plan, refs) = match self {
             Frozen::Config(c) => (
                 c.policy.session_class.is_some(),
                 c.policy.max_input_tokens.is_some(),
                 c.tools.iter().any(|t| t.reply.is_some()),
                 c.plan.is_some() || c.tools.iter().any(|t| t.module.is_some()),
+                c.renders_part_numbers(),
             ),
             Frozen::Unreadable(v) => {
                 let has = |k: &str| v.get(k).is_some_and(|v| !v.is_null());
                 let tools = v.get("tools").and_then(Value::as_array);
                 let any_tool = |member: &str| tools.is_some_and(|t| t.iter().any(|t| t.get(member).is_some()));
-                (has("session_class"), has("max_input_tokens"), any_tool("reply"), has("plan") || any_tool("module"))
+                let refs = v.get("plan").and_then(|p| p.get("output_refs")) == Some(&Value::Bool(true));
+                (
+                    has("session_class"),
+                    has("max_input_tokens"),
+                    any_tool("reply"),
+                    has("plan") || any_tool("module"),
+                    refs,
+                )
             }
         };
         [
@@ -269,6 +281,7 @@ impl Frozen {
             (cap, FEATURE_INPUT_TOKEN_CAP),
             (reply, FEATURE_TOOL_REPLY),
             (plan, FEATURE_FETCH_PLAN),
+            (refs, FEATURE_OUTPUT_REFS),
         ]
         .into_iter()
         .filter_map(|(on, f)| on.then_some(f))

@@ -874,16 +874,17 @@ fn wals(rig: &Rig) -> Vec<std::path::PathBuf> {
 }
 
 #[test]
-fn members_of_groups_broca_does_not_declare_are_refused_by_name_and_write_nothing() {
+fn members_broca_does_not_serve_or_that_are_malformed_are_refused_by_name_and_write_nothing() {
     let rig = rig(Duration::from_secs(5));
     let refusals_wrote_nothing = |rig: &inproc::Rig| assert!(wals(rig).is_empty(), "{:?}", wals(rig));
     // (retention is served since the group is declared: tests/retention.rs.)
-    // plan.*.output_refs (§9.13): refused even when false.
+    // plan.*.output_refs (§9.13, declared): a value other than true or false is refused by
+    // the list's field, before anything is fetched.
     let mut plan_send = keyed("with refs", "e-2");
-    plan_send["plan"] = json!({"tool_items": [{"provider": "fs", "output_refs": false}]});
+    plan_send["plan"] = json!({"tool_items": [{"provider": "fs", "output_refs": "yes"}]});
     let e = rig.call("session.send", plan_send).unwrap_err();
     assert_eq!(e.detail.as_ref().and_then(|d| d.get("field").cloned()), Some(json!("plan.tool_items[].output_refs")));
-    assert_golden("send.output_refs_undeclared.json", &e.to_json(), None);
+    assert_golden("send.output_refs_not_boolean.json", &e.to_json(), None);
     // A member the op reads is strict: a non-string system is refused.
     let mut system = keyed("odd system", "e-3");
     system["system"] = json!({"text": "be brief"});

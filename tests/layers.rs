@@ -167,7 +167,7 @@ fn the_reference_scan_reads_paths_and_groups() {
 /// file: how many code lines name `Value`, and why. A new use fails here until it is typed or
 /// listed with its reason; a removed one asks for its row to shrink.
 const VALUE_IN_THE_CORE: &[(&str, usize, &str)] = &[
-    ("src/record.rs", 10, "tool result output (ToolResult.output; refused_before_run reads the shape older records gave refusals); Frozen::Unreadable keeps a config this build cannot read as written (and reads its tools/max_input_tokens from it)"),
+    ("src/record.rs", 11, "tool result output (ToolResult.output; refused_before_run reads the shape older records gave refusals); Frozen::Unreadable keeps a config this build cannot read as written (and reads its tools/max_input_tokens/plan.output_refs from it)"),
     ("src/replay.rs", 2, "a tool result's output as the batch holds it"),
     ("src/lineage/held.rs", 1, "a sealed tool result's output (the record's own output shape)"),
     ("src/lineage/projection.rs", 2, "a tool result's output, and ToolStarted's empty arguments placeholder"),

@@ -85,8 +85,8 @@ fn send_cases() -> Vec<Case> {
             "open_failed",
         ),
         both(
-            "send.output_refs_undeclared",
-            with(json!({"plan": {"tool_items": [{"provider": "fs", "output_refs": false}]}})),
+            "send.output_refs_not_boolean",
+            with(json!({"plan": {"tool_items": [{"provider": "fs", "output_refs": "yes"}]}})),
             invalid,
         ),
         both("send.structured_output_undeclared", with(json!({"structured_output": {}})), invalid),

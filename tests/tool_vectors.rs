@@ -68,7 +68,7 @@ fn load(name: &str) -> Value {
 }
 
 fn item() -> ToolItem {
-    ToolItem { provider: MODULE.into(), preset: None, params: Map::new(), optional: false }
+    ToolItem { provider: MODULE.into(), preset: None, params: Map::new(), optional: false, output_refs: false }
 }
 
 fn name(case: &Value) -> &str {

@@ -301,6 +301,8 @@ fn stat_tool() -> ToolSpec {
         preset: None,
         pin: None,
         result_format: None,
+        output_refs: false,
+        reference_slots: Vec::new(),
     }
 }
 
@@ -314,6 +316,8 @@ fn read_tool() -> ToolSpec {
         preset: None,
         pin: None,
         result_format: None,
+        output_refs: false,
+        reference_slots: Vec::new(),
     }
 }
 

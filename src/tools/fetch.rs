@@ -16,6 +16,7 @@
 
 use std::time::{Duration, Instant};
 
+use cortexkit_role_llm_runner::output_refs::ReferenceSlot;
 use cortexkit_role_tool_provider::call::SchemaPin;
 use cortexkit_role_tool_provider::catalog::{self, CatalogAnswer, CatalogTool};
 use cortexkit_role_tool_provider::describe;
@@ -155,6 +156,8 @@ pub fn fetch(plane: &ToolPlane, lineage: &str, plan: &Plan) -> Result<FetchedPla
         composition_digest: plan.composition_digest.clone(),
         texts: text_items,
         system_text: (!text.is_empty()).then(|| text.join("\n\n")),
+        output_refs: plan.tool_items.iter().any(|i| i.output_refs)
+            || plan.system_text_items.iter().any(|i| i.output_refs),
     };
     Ok(FetchedPlan { manifest, tools })
 }
@@ -274,6 +277,8 @@ pub fn check_catalog(answer: &CatalogAnswer) -> Result<(), String> {
         }
         catalog::check_reply(tool).map_err(|p| format!("tool {:?}: reply: {p:?}", tool.name))?;
         catalog::check_modes(tool).map_err(|p| format!("tool {:?}: modes: {p:?}", tool.name))?;
+        catalog::check_reference_slots(&tool.reference_slots)
+            .map_err(|p| format!("tool {:?}: {}: {:?}", tool.name, p.field, p.name))?;
     }
     Ok(())
 }
@@ -297,6 +302,11 @@ pub fn spec(item: &ToolItem, tool: &CatalogTool) -> ToolSpec {
         preset: item.preset.clone(),
         pin: SchemaPin::new(&tool.name, &tool.schema_digest, tool.semantics).encode().ok(),
         result_format: tool.result_format.clone(),
+        output_refs: item.output_refs,
+        reference_slots: match item.output_refs {
+            true => tool.reference_slots.iter().map(|s| ReferenceSlot::new(&s.name, &s.kind)).collect(),
+            false => Vec::new(),
+        },
     }
 }
 

@@ -8,6 +8,8 @@
 //! - system-text items require a preset (spec §4: tool-provider has no default selector);
 //! - `compaction_item` and `step_transform_items` are refused by name: this build serves
 //!   neither;
+//! - an item's `output_refs` (llm-runner §9.13) is a boolean, absent meaning false; anything
+//!   else is refused naming the item list's `[].output_refs` field;
 //! - the plan's identity is the SHA-256 of its canonical (JCS) bytes as sent: `plan_drift`
 //!   compares identities, never content.
 
@@ -38,6 +40,8 @@ pub struct ToolItem {
     pub params: Map<String, Value>,
     /// Absent rather than refused when its provider cannot be fetched.
     pub optional: bool,
+    /// The item opts its tools' reference slots into output references (§9.13).
+    pub output_refs: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -45,6 +49,8 @@ pub struct SystemTextItem {
     pub provider: String,
     pub preset: String,
     pub params: Map<String, Value>,
+    /// The item opts into output references (§9.13): its session renders part numbers.
+    pub output_refs: bool,
 }
 
 /// Decodes and checks `plan`.
@@ -62,20 +68,17 @@ pub fn decode(plan: &Value) -> Result<Plan, Refusal> {
             return Err(invalid_params(&format!("plan.{refused}"), "not served by this build"));
         }
     }
-    // broca does not declare `output_refs`: a plan naming it on any item, even `false`, is
-    // refused before anything is fetched (llm-runner §9.13).
+    // `output_refs` is checked on every list before any item (llm-runner §9.13); `items` is
+    // the role vectors' spelling of `tool_items`.
     for (list_key, place) in
         [("tool_items", "tool_items"), ("items", "tool_items"), ("system_text_items", "system_text_items")]
     {
-        let names = obj
+        let malformed = obj
             .get(list_key)
             .and_then(Value::as_array)
-            .is_some_and(|items| items.iter().any(|i| i.get("output_refs").is_some()));
-        if names {
-            return Err(invalid_params(
-                &format!("plan.{place}[].output_refs"),
-                "output_refs is not served by this build",
-            ));
+            .is_some_and(|items| items.iter().any(|i| i.get("output_refs").is_some_and(|v| !v.is_boolean())));
+        if malformed {
+            return Err(invalid_params(&format!("plan.{place}[].output_refs"), "output_refs is true or false"));
         }
     }
     let (key, items) = match (obj.get("tool_items"), obj.get("items")) {
@@ -167,7 +170,8 @@ fn tool_item(item: &Value, at: &str) -> Result<ToolItem, Refusal> {
         Some(Value::Bool(true)) => true,
         Some(_) => return Err(invalid_params(&format!("{at}.optional"), "only true is accepted")),
     };
-    Ok(ToolItem { provider: provider(obj, at)?, preset: preset(obj, at)?, params: params(obj, at)?, optional })
+    let (provider, preset, params) = (provider(obj, at)?, preset(obj, at)?, params(obj, at)?);
+    Ok(ToolItem { provider, preset, params, optional, output_refs: output_refs(obj) })
 }
 
 fn system_text_item(item: &Value, at: &str) -> Result<SystemTextItem, Refusal> {
@@ -179,7 +183,12 @@ fn system_text_item(item: &Value, at: &str) -> Result<SystemTextItem, Refusal> {
     let preset = preset(obj, at)?.ok_or_else(|| {
         invalid_params(&format!("{at}.preset"), "required: tool-provider has no default system-text selector")
     })?;
-    Ok(SystemTextItem { provider, preset, params: params(obj, at)? })
+    Ok(SystemTextItem { provider, preset, params: params(obj, at)?, output_refs: output_refs(obj) })
+}
+
+/// An item's `output_refs` (checked to be a boolean before any item is decoded).
+fn output_refs(obj: &Map<String, Value>) -> bool {
+    obj.get("output_refs") == Some(&Value::Bool(true))
 }
 
 #[cfg(test)]
@@ -199,6 +208,11 @@ mod tests {
         let b = decode(&json!({"items": [{"provider": "aft", "preset": "default", "params": {}}]})).unwrap();
         assert_eq!(b.tool_items[0].preset.as_deref(), Some("default"));
         assert_ne!(a.identity, b.identity);
+        let refs = decode(
+            &json!({"tool_items": [{"provider": "a", "output_refs": true}, {"provider": "b", "output_refs": false}]}),
+        );
+        let refs = refs.unwrap();
+        assert!(refs.tool_items[0].output_refs && !refs.tool_items[1].output_refs && !a.tool_items[0].output_refs);
     }
 
     #[test]
@@ -212,6 +226,12 @@ mod tests {
             (json!({"compaction_item": {"provider": "mc", "preset": "head"}}), "plan.compaction_item"),
             (json!({"tool_items": [{"provider": "a"}, {"provider": "a"}]}), "plan.tool_items"),
             (json!({"composition": {"a": 1}, "composition_digest": "0".repeat(64)}), "plan.composition_digest"),
+            (json!({"tool_items": [{"provider": "a", "output_refs": "yes"}]}), "plan.tool_items[].output_refs"),
+            (json!({"items": [{"provider": "a", "output_refs": 1}]}), "plan.tool_items[].output_refs"),
+            (
+                json!({"system_text_items": [{"provider": "a", "output_refs": null}]}),
+                "plan.system_text_items[].output_refs",
+            ),
         ];
         for (plan, expected) in cases {
             assert_eq!(field(decode(&plan).unwrap_err()), expected, "{plan}");

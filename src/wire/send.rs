@@ -412,6 +412,8 @@ fn tools(t: &Value) -> Result<Vec<ToolSpec>, Refusal> {
             preset: None,
             pin: None,
             result_format: None,
+            output_refs: false,
+            reference_slots: Vec::new(),
         });
     }
     Ok(out)

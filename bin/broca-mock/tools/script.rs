@@ -335,6 +335,10 @@ pub struct ToolSpec {
     pub result_format: Option<ResultFormat>,
     #[serde(default)]
     pub emits_events: Option<bool>,
+    /// Reference-bearing arguments (`[{name, kind: "token" | "source:<dialect>"}]`), declared
+    /// in the catalog as tool-provider's `reference_slots`.
+    #[serde(default)]
+    pub reference_slots: Vec<catalog::ReferenceSlot>,
     /// Listed in the answer to a catalog request without a preset.
     #[serde(default = "yes")]
     pub default: bool,
@@ -634,6 +638,11 @@ fn catalog_entry(spec: &ToolSpec, presets: &[String]) -> Result<CatalogTool, Scr
     }
     if let Some(emits) = spec.emits_events {
         entry = entry.with_emits_events(emits);
+    }
+    if !spec.reference_slots.is_empty() {
+        catalog::check_reference_slots(&spec.reference_slots)
+            .map_err(|p| err(format!("tool {name}: reference_slots: {} {:?}", p.field, p.name)))?;
+        entry = entry.with_reference_slots(spec.reference_slots.clone());
     }
     check_reply(&entry).map_err(|p| err(format!("tool {p}")))?;
     Ok(entry)
