@@ -20,6 +20,7 @@ pub mod owner;
 pub mod pool;
 pub mod provider;
 pub mod record;
+pub mod refs;
 pub mod replay;
 pub mod retention;
 pub mod serve;

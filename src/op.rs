@@ -75,6 +75,8 @@ ops! {
     SessionSendStatus = "session.send_status", Query, Any;
     SessionSubscribe = "session.subscribe", Stream, Any;
     SessionWarm = "session.warm", Write, Owner;
+    SessionOutputRefs = "session.output_refs", Query, Any;
+    SessionOutputRefRead = "session.output_ref_read", Query, Any;
 }
 
 impl Op {

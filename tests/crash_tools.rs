@@ -977,20 +977,6 @@ fn check_rebuild(state: &Path, served: &Served, bad: &mut Vec<String>) -> usize 
 // The campaign
 // ---------------------------------------------------------------------------------------------
 
-/// Waits until the daemon routes to the tool provider (it registers after broca).
-fn wait_provider(h: &Harness) {
-    use broca::subc::consumer::Consumer;
-    let consumer = Consumer::connect(&h.connection_file(), None).expect("a probe connection");
-    let target = subc_protocol::RouteTarget::ToolProvider { module_id: TOOLS.into() };
-    let identity = subc_protocol::BindIdentity::new("runner", "probe");
-    let body = serde_json::to_vec(&json!({"name": "role.describe", "arguments": {}})).unwrap();
-    let until = Instant::now() + support::STEP;
-    while let Err(e) = consumer.call_on(&target, &identity, &body, Duration::from_secs(1)) {
-        assert!(Instant::now() < until, "the tool provider never answered: {e}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[test]
 fn tool_calls_are_at_most_once_under_real_kills() {
     let kills = env_u64("BROCA_SOAK_KILLS").unwrap_or(60).max(1) as usize;
@@ -1018,7 +1004,7 @@ fn tool_calls_are_at_most_once_under_real_kills() {
         ..Options::default()
     };
     let h = Harness::start_with(opts);
-    wait_provider(&h);
+    support::wait_tool_provider(&h, TOOLS);
     let started = Instant::now();
     let scripted = Scripted::default();
     let accepted = Mutex::new(Vec::new());

@@ -362,20 +362,6 @@ fn provider_pid(log: &Path) -> Option<i32> {
     })
 }
 
-/// Waits until the daemon routes to the tool provider (it registers after broca).
-fn wait_provider(h: &Harness) {
-    use broca::subc::consumer::Consumer;
-    let consumer = Consumer::connect(&h.connection_file(), None).expect("a probe connection");
-    let target = subc_protocol::RouteTarget::ToolProvider { module_id: TOOLS.into() };
-    let identity = subc_protocol::BindIdentity::new("runner", "probe");
-    let body = serde_json::to_vec(&json!({"name": "role.describe", "arguments": {}})).unwrap();
-    let until = Instant::now() + support::STEP;
-    while let Err(e) = consumer.call_on(&target, &identity, &body, Duration::from_secs(1)) {
-        assert!(Instant::now() < until, "the tool provider never answered: {e}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// The launcher the daemon starts in broca's place: this incarnation's fail points (taken once
 /// from `next-failpoints`), then broca itself, same pid.
 fn write_launcher(dir: &Path, broca: &Path) -> PathBuf {
@@ -564,7 +550,7 @@ fn held_calls_end_to_end() {
         ..Options::default()
     };
     let h = Harness::start_with(opts);
-    wait_provider(&h);
+    support::wait_tool_provider(&h, TOOLS);
     let mut failed = Vec::new();
     for (name, scenario) in SCENARIOS {
         let started = Instant::now();

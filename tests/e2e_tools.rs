@@ -363,7 +363,7 @@ fn provider_restart(h: &Harness, log: &Path) {
         assert!(Instant::now() < until, "the daemon never restarted the provider");
         std::thread::sleep(Duration::from_millis(50));
     }
-    wait_provider(h, TOOLS);
+    support::wait_tool_provider(h, TOOLS);
     h.install(json!({"responses": [call_step(&[("r2", "echo", after.clone())]), text_step("two")]}));
     let second = s.ok("session.send", support::send_params("second"));
     s.wait_run(&run_id(&second), "completed");
@@ -422,20 +422,6 @@ fn provider_pid(h: &Harness, module: &str) -> i32 {
     provider_pid_opt(h, module).unwrap_or_else(|| panic!("no process runs {module}"))
 }
 
-/// Waits until the daemon routes to the tool provider `module` (it registers after broca).
-fn wait_provider(h: &Harness, module: &str) {
-    use broca::subc::consumer::Consumer;
-    let consumer = Consumer::connect(&h.connection_file(), None).expect("a probe connection");
-    let target = subc_protocol::RouteTarget::ToolProvider { module_id: module.into() };
-    let identity = subc_protocol::BindIdentity::new("runner", "probe");
-    let body = serde_json::to_vec(&json!({"name": "role.describe", "arguments": {}})).unwrap();
-    let until = Instant::now() + support::STEP;
-    while let Err(e) = consumer.call_on(&target, &identity, &body, Duration::from_secs(1)) {
-        assert!(Instant::now() < until, "the tool provider never answered: {e}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[test]
 fn tools_from_other_modules() {
     let mock = broca_mock::exe();
@@ -457,8 +443,8 @@ fn tools_from_other_modules() {
     };
     let h = Harness::start_with(opts);
     let log = base.path().join(format!("{TOOLS}.calls.jsonl"));
-    wait_provider(&h, TOOLS);
-    wait_provider(&h, TWIN);
+    support::wait_tool_provider(&h, TOOLS);
+    support::wait_tool_provider(&h, TWIN);
     // Each provider's credit window comes from its declared concurrency, read from the daemon.
     let plane =
         broca::tools::ToolPlane::new(broca::subc::consumer::Consumer::connect(&h.connection_file(), None).unwrap());

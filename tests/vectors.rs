@@ -282,7 +282,8 @@ fn role_describe_declares_only_what_broca_serves_and_passes_the_check() {
     // Retention is declared with its limits (llm-runner §9.1).
     assert_eq!(describe["retention"], json!({"max_seconds": 2_592_000, "delete_within_ms": 2_000}));
     // Groups broca does not serve in full are not declared (a request needing one is refused).
-    for group in ["output_refs", "step_events", "live_ids", "attachments", "structured_output"] {
+    assert!(caps.contains(&"output_refs"), "output_refs is served (llm-runner §9.13)");
+    for group in ["step_events", "live_ids", "attachments", "structured_output"] {
         assert!(!caps.contains(&group), "{group} is declared but not served: {caps:?}");
     }
     assert!(!caps.contains(&"retract"), "broca's retract answer is the spec's object, not the role's string");

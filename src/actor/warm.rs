@@ -197,6 +197,7 @@ fn snapshot(deps: &WarmDeps, lineage: &Lineage) -> Result<Job, WarmRefusal> {
 /// (an attempt that got no answer). Its digest picks one.
 fn rebuilt(lineage: &Lineage, config: &RenderConfig) -> Result<Vec<Vec<u8>>, LineageError> {
     let messages: Vec<_> = lineage.transcript(0, u64::MAX)?.messages.into_iter().map(|(_, m)| m).collect();
+    let messages = crate::refs::tags::shown(config, &messages);
     let answered = messages.iter().rposition(|m| m.role == crate::message::Role::Assistant);
     let mut out = Vec::new();
     if let Some(at) = answered {

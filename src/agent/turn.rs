@@ -422,7 +422,8 @@ impl<C> Driver<'_, C> {
 
     /// Attempts with retries until an answer, a pause or an end.
     fn model_step_attempts(&mut self, step: u64) -> Result<StepEnd, LineageError> {
-        let body: Arc<[u8]> = self.render_cache.render_appended(&self.config, &self.history).into();
+        let shown = crate::refs::tags::shown(&self.config, &self.history);
+        let body: Arc<[u8]> = self.render_cache.render_appended(&self.config, &shown).into();
         // A warm of this session while the step runs re-sends these exact bytes (spec §4a).
         self.opts.cache_clocks.sending(self.lineage.addr(), &self.run_id, Arc::clone(&body));
         // The body's digest (attempt telemetry) is taken once the first attempt's request is

@@ -99,13 +99,15 @@ pub(super) fn session_history(
     let newer = (hi <= len).then(|| newer_cursor(&lineage_id, hi));
     let incarnation = page.incarnation.clone();
     let body = if request.display {
+        let ordinals: Vec<u64> = kept.iter().map(|e| e.ordinal).collect();
+        let mut refs = super::refs::descriptors(&reader, key, &page, &ordinals)?;
         let messages = kept
             .iter()
             .map(|e| DisplayEntry {
                 ordinal: served_ordinal(e.ordinal),
                 mid: mid(e.ordinal),
                 written_at: e.written_at.unwrap_or_default(),
-                row: row(&e.message, request.limits.as_ref()),
+                row: with_descriptors(row(&e.message, request.limits.as_ref()), refs.remove(&e.ordinal)),
             })
             .collect();
         let page = HistoryPage { messages, history_version: version, incarnation, older, newer };
@@ -152,6 +154,22 @@ fn unrepresentable(ordinal: u64) -> Refusal {
     );
     let detail = crate::detail!("ordinal" => ordinal, "field" => "written_at", "class" => "permanent");
     Refusal::new(RefusalCode::HistoryUnrepresentable, message, Some(detail))
+}
+
+/// `row` with its message's output-reference descriptors (llm-runner §9.13): the reply set on
+/// the row, each call set on its tool-call part. Display rows alone carry them.
+fn with_descriptors(mut row: DisplayRow, sets: Option<super::refs::MessageDescriptors>) -> DisplayRow {
+    for (part, descriptor) in sets.into_iter().flatten() {
+        match part {
+            None => row.output_refs = Some(descriptor),
+            Some(i) => {
+                if let Some(DisplayPart::ToolCall(call)) = row.parts.get_mut(i) {
+                    call.output_refs = Some(descriptor);
+                }
+            }
+        }
+    }
+    row
 }
 
 /// The display row of a broca message (its own profile: the contract leaves the projection of

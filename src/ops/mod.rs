@@ -14,6 +14,7 @@ pub mod expiry;
 mod history;
 mod owners;
 mod read;
+mod refs;
 mod send;
 mod status;
 pub mod table;
@@ -144,6 +145,12 @@ impl Ops {
             Some(Op::SessionBaseline) => {
                 reply(Empty::decode(&params).and_then(|Empty| baseline::session_baseline(self, key)))
             }
+            Some(Op::SessionOutputRefs) => {
+                reply(refs::decode_list(&params).and_then(|r| refs::session_output_refs(self, key, r)))
+            }
+            Some(Op::SessionOutputRefRead) => {
+                reply(refs::decode_read(&params).and_then(|r| refs::session_output_ref_read(self, key, r)))
+            }
             Some(Op::SessionWarm) => match crate::wire::warm::WarmRequest::decode(&params) {
                 Ok(request) => warm::session_warm(self, route, request, version, reply),
                 Err(r) => reply(Err(r)),
@@ -183,6 +190,7 @@ pub const GROUPS: &[&str] = {
         cap::DISPATCH_ATTRIBUTION,
         cap::HEAD_SENDER,
         cap::RETENTION,
+        cap::OUTPUT_REFS,
         "fetch-plan-optional-tools/v1",
     ]
 };

@@ -26,6 +26,7 @@ pub mod telemetry;
 pub mod warm;
 pub mod wire;
 
+pub(crate) use common::tool_output;
 pub use errors::classify_http_error;
 
 pub use wire::{wire, WireFamily};

@@ -133,6 +133,9 @@ pub enum RefusalCode {
     UnknownMid,
     /// A history position names an ordinal the session never assigned.
     UnknownOrdinal,
+    /// An output-reference set, record or cursor that is not this session's, or a record
+    /// without retained content (llm-runner §9.13).
+    UnknownRef,
     /// A history cursor no longer names a page (another session's).
     CursorExpired,
     /// A history page holds an entry without a recorded creation time.
@@ -209,6 +212,7 @@ impl RefusalCode {
             RefusalCode::LineageChanged => "lineage_changed",
             RefusalCode::UnknownMid => "unknown_mid",
             RefusalCode::UnknownOrdinal => "unknown_ordinal",
+            RefusalCode::UnknownRef => "unknown_ref",
             RefusalCode::CursorExpired => "cursor_expired",
             RefusalCode::HistoryUnrepresentable => "history_unrepresentable",
             RefusalCode::ScopeOwnerMismatch => "scope_owner_mismatch",

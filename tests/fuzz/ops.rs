@@ -222,6 +222,12 @@ fn strict_ops(run: &str, sub: &str, addr: &str) -> Vec<StrictOp> {
         op("send.status", &["send_id"], vec![json!({"send_id": "one"})]),
         op("session.send_status", &["send_id"], vec![json!({"send_id": "two"})]),
         op("run.tool_calls", &["run_id", "after", "limit"], vec![json!({"run_id": run, "limit": 1})]),
+        op("session.output_refs", &["set_id", "after"], vec![json!({"set_id": "ors-0-1"})]),
+        op(
+            "session.output_ref_read",
+            &["ref_id", "offset", "length"],
+            vec![json!({"ref_id": "ors-0-1.r0", "offset": 0, "length": 0})],
+        ),
     ]
 }
 

@@ -855,3 +855,17 @@ pub fn retry(s: &Session, method: &str, params: Value) -> Value {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Waits until the daemon routes to the tool provider `module` (it registers after broca).
+pub fn wait_tool_provider(h: &Harness, module: &str) {
+    use broca::subc::consumer::Consumer;
+    let consumer = Consumer::connect(&h.connection_file(), None).expect("a probe connection");
+    let target = subc_protocol::RouteTarget::ToolProvider { module_id: module.into() };
+    let identity = subc_protocol::BindIdentity::new("runner", "probe");
+    let body = serde_json::to_vec(&serde_json::json!({"name": "role.describe", "arguments": {}})).unwrap();
+    let until = std::time::Instant::now() + STEP;
+    while let Err(e) = consumer.call_on(&target, &identity, &body, std::time::Duration::from_secs(1)) {
+        assert!(std::time::Instant::now() < until, "the tool provider never answered: {e}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}

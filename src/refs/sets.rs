@@ -1,0 +1,312 @@
+//! A message's output-reference sets (llm-runner §9.13), derived from the durable transcript.
+//!
+//! A set is a function of what was durable when its message was: the transcript before it (the
+//! writing request showed all of it, numbered by [`super::tags::numbers`], and numbers never
+//! change), the message itself, the calls' keys and the session's frozen tools. broca never
+//! rewrites a transcript, so deriving the records at read time gives the bytes a write-time
+//! copy would hold; the snapshots are the stored tool results themselves, which live exactly
+//! as long as the session (retention removes both).
+
+use std::collections::{BTreeMap, HashMap};
+
+use cortexkit_role_llm_runner::output_refs::{Descriptor, Record, Resolution, Target};
+
+use super::ids::{RefId, SetId, SetSalt};
+use super::DIALECT;
+use crate::frozen::ToolSpec;
+use crate::lineage::projection::mid;
+use crate::message::{tool_result_content, Message, Part, Role};
+
+/// One immutable set: its descriptor, records and the retained snapshot bytes by SHA-256.
+#[derive(Debug)]
+pub struct Set {
+    pub descriptor: Descriptor,
+    pub records: Vec<Record>,
+    pub snapshots: BTreeMap<String, Vec<u8>>,
+}
+
+/// What deriving a session's sets needs besides its transcript.
+pub struct Inputs<'a> {
+    pub salt: &'a SetSalt,
+    /// The session's frozen tools (the plan items' opt-ins and reference slots).
+    pub tools: &'a [ToolSpec],
+    /// Each call's key, by tool call id.
+    pub call_keys: &'a HashMap<String, String>,
+}
+
+/// The sets of the assistant message at `history[at]` (ordinal `ordinal`): its reply set, then
+/// one set per call of an opted-in tool, in part order with the part's index. Any other message
+/// has none.
+pub fn message_sets(history: &[Message], at: usize, ordinal: u64, inputs: &Inputs<'_>) -> Vec<(Option<usize>, Set)> {
+    let Some(message) = history.get(at).filter(|m| m.role == Role::Assistant) else { return Vec::new() };
+    let targets = targets(&history[..at], ordinal - at as u64, inputs);
+    let mid = mid(ordinal);
+    let reply_id = SetId::reply(inputs.salt, ordinal);
+    let mut resolution = Resolution::new();
+    {
+        let mut mint = minter(&reply_id);
+        for part in &message.content {
+            if let Part::Text { text } = part {
+                resolution.reply(text, &targets, &mut mint);
+            }
+        }
+    }
+    let mut sets = vec![(None, set(reply_id, &mid, None, resolution))];
+    for (index, part) in message.content.iter().enumerate() {
+        let Part::ToolCall { tool_call_id, tool_name, input } = part else { continue };
+        let Some(tool) = inputs.tools.iter().find(|t| t.name == *tool_name && t.output_refs) else { continue };
+        let id = SetId::call(inputs.salt, ordinal, index);
+        let mut resolution = Resolution::new();
+        resolution.call(input, &tool.reference_slots, true, &targets, &mut minter(&id));
+        let key = inputs.call_keys.get(tool_call_id).cloned();
+        sets.push((Some(index), set(id, &mid, key, resolution)));
+    }
+    sets
+}
+
+fn set(id: SetId, mid: &str, call_key: Option<String>, resolution: Resolution) -> Set {
+    let mut descriptor = Descriptor::new(id.to_string(), mid, DIALECT, &resolution.records);
+    if let Some(key) = call_key {
+        descriptor = descriptor.with_call_key(key);
+    }
+    Set { descriptor, records: resolution.records, snapshots: resolution.snapshots }
+}
+
+/// Record ids `<set id>.r<n>`, counting from 0 in encounter order.
+fn minter(set: &SetId) -> impl FnMut() -> String + '_ {
+    let mut n = 0u32;
+    move || {
+        let id = RefId { set: set.clone(), index: n }.to_string();
+        n += 1;
+        id
+    }
+}
+
+/// The numbered parts `history` showed, by number: texts as non-tool parts, answered calls as
+/// their stored result (`first_ordinal` is `history[0]`'s ordinal, for part keys).
+fn targets(history: &[Message], first_ordinal: u64, inputs: &Inputs<'_>) -> BTreeMap<u64, Target> {
+    let numbers = super::tags::numbers(history);
+    let mut results: HashMap<&str, (String, &serde_json::Value)> = HashMap::new();
+    for (i, m) in history.iter().enumerate() {
+        for (p, part) in m.content.iter().enumerate() {
+            if let Part::ToolResult { tool_call_id, output, .. } = part {
+                results.insert(tool_call_id, (part_key(first_ordinal + i as u64, p), output));
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    for (i, (m, ns)) in history.iter().zip(&numbers).enumerate() {
+        for (p, (part, n)) in m.content.iter().zip(ns).enumerate() {
+            let Some(n) = n else { continue };
+            let target = match part {
+                Part::Text { text } => Target::text(part_key(first_ordinal + i as u64, p), text.clone().into_bytes()),
+                Part::ToolCall { tool_call_id, tool_name, .. } => {
+                    let Some((key, output)) = results.get(tool_call_id.as_str()) else { continue };
+                    let mut target = Target::text(key.clone(), tool_result_content(output).into_bytes());
+                    target.call_key = inputs.call_keys.get(tool_call_id).cloned();
+                    target.tool = Some(tool_name.clone());
+                    target.provider = inputs.tools.iter().find(|t| t.name == *tool_name).and_then(|t| t.module.clone());
+                    // A call without a recorded key (none in broca's WALs) still resolves as
+                    // a tool output: the target names the call by its result's part.
+                    target.call_key.get_or_insert_with(|| tool_call_id.clone());
+                    target
+                }
+                _ => continue,
+            };
+            out.insert(*n, target);
+        }
+    }
+    out
+}
+
+/// A part's key: its message's mid and its place, as display rows number parts.
+pub fn part_key(ordinal: u64, part: usize) -> String {
+    format!("{}/p{part}", mid(ordinal))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn tool(name: &str, opted_in: bool) -> ToolSpec {
+        let slots = vec![
+            cortexkit_role_llm_runner::output_refs::ReferenceSlot::new("data", "token"),
+            cortexkit_role_llm_runner::output_refs::ReferenceSlot::new("program", "source:rich-ui/1"),
+        ];
+        ToolSpec {
+            name: name.into(),
+            description: String::new(),
+            input_schema: json!({"type": "object"}),
+            reply: None,
+            module: Some("fs".into()),
+            preset: None,
+            pin: None,
+            result_format: None,
+            output_refs: opted_in,
+            reference_slots: if opted_in { slots } else { Vec::new() },
+        }
+    }
+
+    /// user text (1), the model's text (2) and its call (3, answered "OUTPUT"), then `reply`.
+    fn history(reply: Vec<Part>) -> Vec<Message> {
+        vec![
+            Message::user_text("list it"),
+            Message {
+                role: Role::Assistant,
+                content: vec![
+                    Part::Text { text: "listing".into() },
+                    Part::ToolCall { tool_call_id: "t1".into(), tool_name: "ls".into(), input: json!({}) },
+                ],
+                origin: None,
+            },
+            Message {
+                role: Role::Tool,
+                content: vec![Part::ToolResult {
+                    tool_call_id: "t1".into(),
+                    output: json!({"kind": "text", "text": "OUTPUT"}),
+                    is_error: false,
+                }],
+                origin: None,
+            },
+            Message { role: Role::Assistant, content: reply, origin: None },
+        ]
+    }
+
+    fn sets_of(reply: Vec<Part>) -> Vec<(Option<usize>, Set)> {
+        let salt = SetSalt::new("s", "i");
+        let keys = HashMap::from([("t1".to_owned(), "ck-1".to_owned()), ("t2".to_owned(), "ck-2".to_owned())]);
+        let tools = [tool("ls", true), tool("plain", false)];
+        let inputs = Inputs { salt: &salt, tools: &tools, call_keys: &keys };
+        message_sets(&history(reply), 3, 3, &inputs)
+    }
+
+    fn text(t: &str) -> Part {
+        Part::Text { text: t.into() }
+    }
+
+    #[test]
+    fn a_reply_resolves_a_shown_tool_output_to_its_stored_bytes() {
+        let sets = sets_of(vec![text("see $$tc(3)")]);
+        assert_eq!(sets.len(), 1);
+        let (_, set) = &sets[0];
+        let r = &set.records[0];
+        assert_eq!((r.state.as_str(), r.tag.as_deref(), r.call_key.as_deref()), ("resolved", Some("3"), Some("ck-1")));
+        assert_eq!(
+            (r.tool.as_deref(), r.provider.as_deref(), r.part.as_deref()),
+            (Some("ls"), Some("fs"), Some("m3/p0"))
+        );
+        assert_eq!(set.snapshots.get(r.sha256.as_deref().unwrap()).map(Vec::as_slice), Some(&b"OUTPUT"[..]));
+        assert!(set.descriptor.check(&set.records));
+        assert_eq!(set.descriptor.mid, "m4", "the served mid of the fourth message");
+        assert_eq!(set.descriptor.call_key, None);
+    }
+
+    #[test]
+    fn texts_and_unknown_numbers_keep_their_reasons_and_code_copies_nothing() {
+        let sets = sets_of(vec![text("$$tc(1) $$tc(2) $$tc(99999999999999999999999)"), text("`$$tc(3)` \\$$tc(3)")]);
+        let reasons: Vec<_> = sets[0].1.records.iter().map(|r| r.reason.as_deref()).collect();
+        assert_eq!(reasons, [Some("not_a_tool_output"), Some("not_a_tool_output"), Some("unknown_tag")]);
+        assert!(sets[0].1.snapshots.is_empty());
+    }
+
+    #[test]
+    fn occurrences_after_64_are_too_many_across_the_message() {
+        let sets = sets_of(vec![text(&"$$tc(3) ".repeat(40)), text(&"$$tc(3) ".repeat(25))]);
+        let records = &sets[0].1.records;
+        assert_eq!(records.len(), 65);
+        assert_eq!(records[64].reason.as_deref(), Some("too_many_refs"));
+        assert_eq!(records[63].state, "resolved");
+    }
+
+    #[test]
+    fn only_opted_in_calls_get_a_set_scanned_from_their_slots() {
+        let call =
+            |id: &str, name: &str, input| Part::ToolCall { tool_call_id: id.into(), tool_name: name.into(), input };
+        let sets = sets_of(vec![
+            text("calling"),
+            call(
+                "t2",
+                "ls",
+                json!({"data": "extra $$tc(3)", "program": "export const x = $$tc(3)", "other": "$$tc(3)"}),
+            ),
+            call("t3", "plain", json!({"data": "$$tc(3)"})),
+        ]);
+        assert_eq!(sets.len(), 2, "the reply set and the opted-in call's");
+        let (part, set) = &sets[1];
+        assert_eq!(*part, Some(1));
+        assert_eq!(set.descriptor.call_key.as_deref(), Some("ck-2"));
+        let states: Vec<_> = set.records.iter().map(|r| (r.state.as_str(), r.reason.as_deref())).collect();
+        assert_eq!(states, [("unresolved", Some("not_a_reference")), ("resolved", None)]);
+        assert_ne!(set.descriptor.set_id, sets[0].1.descriptor.set_id);
+    }
+
+    /// The published samples, each reply sample its own text part and each program or token
+    /// sample its own call: the records carry exactly the samples' references, in order.
+    #[test]
+    fn the_published_scanner_samples_scan_as_published() {
+        let mut reply = Vec::new();
+        let (mut expected_reply, mut expected_calls) = (Vec::new(), Vec::new());
+        for file in
+            [cortexkit_rich_ui_syntax::vectors::ORIGINAL_SAMPLES, cortexkit_rich_ui_syntax::vectors::EXTENDED_SAMPLES]
+        {
+            let samples: serde_json::Value = serde_json::from_str(file).unwrap();
+            for (i, sample) in samples["cases"].as_array().unwrap().iter().enumerate() {
+                let tags: Vec<String> = sample["references"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|r| r["n"].as_str().map_or_else(|| r["n"].to_string(), str::to_owned))
+                    .collect();
+                let source = sample["source"].clone();
+                match sample["mode"].as_str().unwrap() {
+                    "reply" => {
+                        reply.push(Part::Text { text: source.as_str().unwrap().to_owned() });
+                        expected_reply.extend(tags);
+                    }
+                    mode => {
+                        let slot = if mode == "token_slot" { "data" } else { "program" };
+                        let id = format!("s{}-{i}", expected_calls.len());
+                        reply.push(Part::ToolCall {
+                            tool_call_id: id,
+                            tool_name: "ls".into(),
+                            input: json!({slot: source}),
+                        });
+                        expected_calls.push(tags);
+                    }
+                }
+            }
+        }
+        let sets = sets_of(reply);
+        let tags = |set: &Set| -> Vec<String> { set.records.iter().filter_map(|r| r.tag.clone()).collect() };
+        assert_eq!(tags(&sets[0].1), expected_reply);
+        let calls: Vec<Vec<String>> = sets[1..].iter().map(|(_, set)| tags(set)).collect();
+        assert_eq!(calls, expected_calls);
+    }
+
+    /// A stored output of exactly 1 MiB resolves four times in one message; the fifth
+    /// occurrence would pass 4 MiB and keeps only its size and digest. One byte more is
+    /// `too_large` at once.
+    #[test]
+    fn snapshot_budgets_keep_size_and_digest_without_content() {
+        for (size, resolved) in [(1_048_576, 4), (1_048_577, 0)] {
+            let mut h = history(vec![text(&"$$tc(3) ".repeat(5))]);
+            let big = "x".repeat(size);
+            h[2].content[0] = Part::ToolResult {
+                tool_call_id: "t1".into(),
+                output: json!({"kind": "text", "text": big}),
+                is_error: false,
+            };
+            let salt = SetSalt::new("s", "i");
+            let keys = HashMap::from([("t1".to_owned(), "ck-1".to_owned())]);
+            let tools = [tool("ls", true)];
+            let inputs = Inputs { salt: &salt, tools: &tools, call_keys: &keys };
+            let sets = message_sets(&h, 3, 3, &inputs);
+            let records = &sets[0].1.records;
+            let states: Vec<&str> = records.iter().map(|r| r.state.as_str()).collect();
+            assert_eq!(states.iter().filter(|s| **s == "resolved").count(), resolved, "{size}: {states:?}");
+            assert!(records.iter().all(|r| r.bytes == Some(size as u64) && r.sha256.is_some()));
+            assert_eq!(sets[0].1.snapshots.len(), usize::from(resolved > 0), "content is kept once, by digest");
+        }
+    }
+}
