@@ -96,6 +96,8 @@ pub struct Subject {
     /// The instance root each session was last routed on: `advance_retention_clock` names only
     /// the session, and moves its instance's clock.
     instances: Mutex<HashMap<String, PathBuf>>,
+    /// The parts of the message `read_parts` last split (for `shown_part_number`).
+    last_parts: Mutex<Vec<(String, Value)>>,
 }
 
 impl Subject {
@@ -106,7 +108,7 @@ impl Subject {
         groups: BTreeSet<Capability>,
         bus: Option<Arc<crate::bus::Bus>>,
     ) -> Subject {
-        Subject { config, model, tools, groups, bus, instances: Mutex::default() }
+        Subject { config, model, tools, groups, bus, instances: Mutex::default(), last_parts: Mutex::default() }
     }
 
     pub fn rig_config(&self) -> &RigConfig {
@@ -378,6 +380,63 @@ impl LlmRunnerSubject for Subject {
             identity: BindIdentity::new(HARNESS, session),
             via: Some(via),
         })
+    }
+
+    /// The first send's fields with the plan's tool item opted into output references: broca
+    /// renders part numbers for such a session (README, "Output references"), and the
+    /// scripted tool declares the `data` (token) and `program` (rich-ui/1 source) slots.
+    fn output_refs_fields(&self, session: &str) -> Result<Map<String, Value>, HarnessError> {
+        let mut fields = self.send_fields(session, true);
+        fields.insert("plan".into(), json!({"tool_items": [{"provider": TOOLS, "params": {}, "output_refs": true}]}));
+        Ok(fields)
+    }
+
+    /// The parts of a read message (the suite's default keys), remembered for the
+    /// `shown_part_number` call the suite makes next about one of them.
+    fn read_parts(&self, message: &Value) -> Vec<(String, Value)> {
+        // The suite's default keys: a part's `id`, else its index; a body without parts is one.
+        let parts: Vec<(String, Value)> = match message.get("parts").or_else(|| message.get("content")) {
+            Some(Value::Array(parts)) => parts
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    (p.get("id").and_then(Value::as_str).map_or_else(|| i.to_string(), str::to_owned), p.clone())
+                })
+                .collect(),
+            _ => vec![("0".into(), message.clone())],
+        };
+        *self.last_parts.lock().unwrap_or_else(|e| e.into_inner()) = parts.clone();
+        parts
+    }
+
+    /// The number a part was shown with, read from the requests the scripted model received
+    /// (`§N§ ` in front of the part's text, as broca renders it): the part is the one of the
+    /// message `read_parts` was last asked about. A part no request has shown yet (the model's
+    /// last reply) is the next number: broca's numbers are contiguous (compaction A3 T4), and
+    /// the output_refs cases check the number against the writing request's records.
+    fn shown_part_number(&self, session: &str, _mid: &str, part: &str) -> Option<u64> {
+        let parts = self.last_parts.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let (_, value) = parts.into_iter().find(|(key, _)| key == part)?;
+        let text = match value["type"].as_str()? {
+            "text" => value["text"].as_str()?.to_owned(),
+            "tool_result" => broca::message::tool_result_content(&value["output"]),
+            _ => return None,
+        };
+        let shown: Vec<(u64, String)> = self
+            .model
+            .requests(session)
+            .iter()
+            .flat_map(|r| r.rendered.clone())
+            .filter_map(|t| {
+                let rest = t.strip_prefix('§')?;
+                let (n, body) = rest.split_once("§ ")?;
+                Some((n.parse().ok()?, body.to_owned()))
+            })
+            .collect();
+        match shown.iter().find(|(_, body)| *body == text) {
+            Some((n, _)) => Some(*n),
+            None => Some(shown.iter().map(|(n, _)| *n).max().unwrap_or(0) + 1),
+        }
     }
 
     fn send_fields(&self, session: &str, first: bool) -> Map<String, Value> {

@@ -46,6 +46,9 @@ impl Tools {
                 // With held replies declared on broca's call routes (the rig sets the debug
                 // marker) the tool answers tool-result/v1 bodies and may hold a call.
                 "result_format": "tool-result/v1",
+                // The output_refs cases' slots: `data` holds exactly one reference, `program`
+                // is scanned as rich-ui/1 source (llm-runner §9.13).
+                "reference_slots": [{"name": "data", "kind": "token"}, {"name": "program", "kind": "source:rich-ui/1"}],
                 "behaviour": {"from_dir": dir},
             }],
             "late_results": true,
