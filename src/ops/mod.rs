@@ -146,10 +146,10 @@ impl Ops {
                 reply(Empty::decode(&params).and_then(|Empty| baseline::session_baseline(self, key)))
             }
             Some(Op::SessionOutputRefs) => {
-                reply(refs::decode_list(&params).and_then(|r| refs::session_output_refs(self, key, r)))
+                reply(crate::wire::refs::decode_list(&params).and_then(|r| refs::session_output_refs(self, key, r)))
             }
             Some(Op::SessionOutputRefRead) => {
-                reply(refs::decode_read(&params).and_then(|r| refs::session_output_ref_read(self, key, r)))
+                reply(crate::wire::refs::decode_read(&params).and_then(|r| refs::session_output_ref_read(self, key, r)))
             }
             Some(Op::SessionWarm) => match crate::wire::warm::WarmRequest::decode(&params) {
                 Ok(request) => warm::session_warm(self, route, request, version, reply),

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use base64::Engine;
-use cortexkit_role_llm_runner::output_refs::{Descriptor, ListRequest, Page, ReadReply, ReadRequest, MAX_READ_BYTES};
+use cortexkit_role_llm_runner::output_refs::{Descriptor, ListRequest, Page, ReadReply, ReadRequest};
 use serde_json::Value;
 
 use super::Ops;
@@ -16,39 +16,6 @@ use crate::refs::ids::{RefId, SetId, SetSalt};
 use crate::refs::sets::{message_sets, Inputs, Set};
 use crate::session_key::SessionKey;
 use crate::wire::{invalid_params, Refusal, RefusalCode};
-
-/// Decodes `session.output_refs` params: `set_id` (a string), `after` (a string or null).
-pub fn decode_list(params: &Value) -> Result<ListRequest, Refusal> {
-    let set_id = string(params, "set_id")?.ok_or_else(|| invalid_params("set_id", "a set id is required"))?;
-    let mut request = ListRequest::new(set_id);
-    request.after = string(params, "after")?;
-    Ok(request)
-}
-
-/// Decodes `session.output_ref_read` params: `ref_id`, and `offset` and `length` as unsigned
-/// integers (`length` at most 131,072).
-pub fn decode_read(params: &Value) -> Result<ReadRequest, Refusal> {
-    let ref_id = string(params, "ref_id")?.ok_or_else(|| invalid_params("ref_id", "a record id is required"))?;
-    let number = |field: &str| {
-        params
-            .get(field)
-            .and_then(Value::as_u64)
-            .ok_or_else(|| invalid_params(field, "an unsigned integer is required"))
-    };
-    let request = ReadRequest::new(ref_id, number("offset")?, number("length")?);
-    if request.length > MAX_READ_BYTES {
-        return Err(invalid_params("length", &format!("at most {MAX_READ_BYTES} bytes are read at once")));
-    }
-    Ok(request)
-}
-
-fn string(params: &Value, field: &str) -> Result<Option<String>, Refusal> {
-    match params.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(_) => Err(invalid_params(field, "a string is required")),
-    }
-}
 
 pub(super) fn session_output_refs(ops: &Ops, key: &SessionKey, request: ListRequest) -> Result<Value, Refusal> {
     let set = find(ops, key, ("set_id", &request.set_id), |salt| SetId::parse(&request.set_id, salt))?;

@@ -13,6 +13,7 @@ pub mod answers;
 pub mod history;
 pub mod plan;
 pub mod read;
+pub mod refs;
 pub mod requests;
 pub mod send;
 pub mod status;
