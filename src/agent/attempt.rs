@@ -14,10 +14,13 @@ struct PendingCall {
 }
 
 /// Accumulates an attempt's events. Invariants: parts keep stream order; consecutive deltas of
-/// one kind extend the last part; tool calls are ordered by their stream index.
+/// one kind extend the last part, unless a `TextPartStart` came between two text deltas; tool
+/// calls are ordered by their stream index.
 #[derive(Default)]
 pub(super) struct Assembler {
     parts: Vec<Part>,
+    /// A `TextPartStart` arrived: the next text delta opens a new part.
+    text_break: bool,
     calls: Vec<PendingCall>,
     pub usage: StepUsage,
     pub finish: Option<(String, String)>,
@@ -37,10 +40,12 @@ impl Assembler {
             StreamEvent::TextDelta { text } => {
                 self.delivered = true;
                 match self.parts.last_mut() {
-                    Some(Part::Text { text: t }) => t.push_str(&text),
+                    Some(Part::Text { text: t }) if !self.text_break => t.push_str(&text),
                     _ => self.parts.push(Part::Text { text }),
                 }
+                self.text_break = false;
             }
+            StreamEvent::TextPartStart => self.text_break = true,
             StreamEvent::ReasoningDelta { text } => {
                 self.delivered = true;
                 match self.parts.last_mut() {
@@ -84,7 +89,7 @@ impl Assembler {
         let len = self.parts.len();
         match event {
             StreamEvent::TextDelta { .. } => match self.parts.last() {
-                Some(Part::Text { .. }) => Some((len - 1, None)),
+                Some(Part::Text { .. }) if !self.text_break => Some((len - 1, None)),
                 _ => Some((len, None)),
             },
             StreamEvent::ReasoningDelta { .. } => match self.parts.last() {
@@ -114,6 +119,28 @@ impl Assembler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_text_part_start_opens_a_new_text_part_and_locate_agrees() {
+        let mut a = Assembler::default();
+        let mut located = Vec::new();
+        for e in [
+            StreamEvent::TextPartStart,
+            StreamEvent::TextDelta { text: "one ".into() },
+            StreamEvent::TextDelta { text: "block".into() },
+            StreamEvent::TextPartStart,
+            StreamEvent::TextDelta { text: "two".into() },
+        ] {
+            if let Some((part, _)) = a.locate(&e) {
+                located.push(part);
+            }
+            a.push(e);
+        }
+        assert_eq!(located, [0, 0, 1]);
+        let m = a.into_message(serde_json::json!(null));
+        assert_eq!(m.content, [Part::Text { text: "one block".into() }, Part::Text { text: "two".into() }]);
+        assert_eq!(m.text(), "one blocktwo", "run.result joins text parts with nothing between them");
+    }
 
     #[test]
     fn deltas_merge_and_calls_assemble_in_index_order() {

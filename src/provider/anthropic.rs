@@ -179,7 +179,11 @@ impl AnthropicDecoder {
         self.current = Some(index);
         let block = data.get("content_block").unwrap_or(&Value::Null);
         let (kind, content, unknown) = match str_at(block, &["type"]) {
-            Some("text") => (Block::Text, push_text(out, str_at(block, &["text"]), text_delta), false),
+            Some("text") => {
+                // Each text block is a part of its own (citations split an answer into several).
+                out.push(StreamEvent::TextPartStart);
+                (Block::Text, push_text(out, str_at(block, &["text"]), text_delta), false)
+            }
             Some("thinking") => {
                 let content = push_text(out, str_at(block, &["thinking"]), reasoning_delta);
                 self.signature(str_at(block, &["signature"]), out);

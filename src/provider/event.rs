@@ -13,6 +13,10 @@ pub use crate::frozen::Family;
 pub enum StreamEvent {
     /// Assistant text.
     TextDelta { text: String },
+    /// A new text part begins: the family's stream separates text blocks (Anthropic's
+    /// `content_block_start` of a text block), so the next `TextDelta` starts a part of its own
+    /// even right after another text part.
+    TextPartStart,
     /// Reasoning (thinking / reasoning summary) text.
     ReasoningDelta { text: String },
     /// The opaque signature of the current reasoning block (sent back unchanged next turn).

@@ -71,6 +71,7 @@
 //! | event | renders as |
 //! |---|---|
 //! | `{"text": s}` | a text delta (consecutive texts share one block / part) |
+//! | `{"text_block": s}` | text opening a block of its own (Anthropic: a new `text` content block); elsewhere as `text` |
 //! | `{"reasoning": s, "signature": s?}` | Anthropic thinking block (signature just before its stop); Responses reasoning summary (signature → `encrypted_content`); Chat `reasoning_content` |
 //! | `{"redacted_reasoning": s}` | Anthropic `redacted_thinking`; Responses reasoning item with `encrypted_content`; nothing in Chat |
 //! | `{"refusal": s}` | Anthropic text; Chat `delta.refusal`; Responses `refusal` content part |

@@ -118,9 +118,12 @@ impl StreamReply {
     /// its own SSE event.
     pub fn uses_now_token(&self) -> bool {
         self.events.iter().any(|step| match step {
-            Step::Text(s) | Step::RedactedReasoning(s) | Step::Refusal(s) | Step::Finish(s) | Step::Comment(s) => {
-                s.contains(NOW_US_TOKEN)
-            }
+            Step::Text(s)
+            | Step::TextBlock(s)
+            | Step::RedactedReasoning(s)
+            | Step::Refusal(s)
+            | Step::Finish(s)
+            | Step::Comment(s) => s.contains(NOW_US_TOKEN),
             Step::Reasoning { text, signature } => {
                 text.contains(NOW_US_TOKEN) || signature.as_deref().is_some_and(|s| s.contains(NOW_US_TOKEN))
             }
@@ -150,6 +153,9 @@ pub enum WriteMode {
 #[serde(try_from = "RawStep", into = "RawStep")]
 pub enum Step {
     Text(String),
+    /// Text that begins a block of its own where the family has blocks (Anthropic: a new
+    /// `text` content block even right after another); elsewhere plain text.
+    TextBlock(String),
     Reasoning {
         text: String,
         signature: Option<String>,
@@ -177,6 +183,7 @@ impl Step {
         matches!(
             self,
             Step::Text(_)
+                | Step::TextBlock(_)
                 | Step::Reasoning { .. }
                 | Step::RedactedReasoning(_)
                 | Step::Refusal(_)
@@ -452,6 +459,8 @@ struct RawStep {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     text: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    text_block: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     reasoning: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     signature: Option<String>,
@@ -484,6 +493,9 @@ impl TryFrom<RawStep> for Step {
         let mut found: Vec<Step> = Vec::new();
         if let Some(t) = raw.text {
             found.push(Step::Text(t));
+        }
+        if let Some(t) = raw.text_block {
+            found.push(Step::TextBlock(t));
         }
         if let Some(text) = raw.reasoning {
             found.push(Step::Reasoning { text, signature: raw.signature.clone() });
@@ -565,6 +577,7 @@ impl From<Step> for RawStep {
         let mut raw = RawStep::default();
         match step {
             Step::Text(t) => raw.text = Some(t),
+            Step::TextBlock(t) => raw.text_block = Some(t),
             Step::Reasoning { text, signature } => {
                 raw.reasoning = Some(text);
                 raw.signature = signature;

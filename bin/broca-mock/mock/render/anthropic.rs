@@ -125,6 +125,10 @@ impl Envelope for Anthropic<'_> {
         match step {
             // Anthropic refusals arrive as ordinary text with `stop_reason: "refusal"`.
             Step::Text(t) | Step::Refusal(t) => self.text(t, out),
+            Step::TextBlock(t) => {
+                self.close_block(out);
+                self.text(t, out);
+            }
             Step::Reasoning { text, signature } => {
                 if self.open != Open::Thinking {
                     self.start_block(json!({"type": "thinking", "thinking": ""}), out);

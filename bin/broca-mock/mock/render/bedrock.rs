@@ -85,7 +85,7 @@ impl Envelope for Bedrock {
             out.push(event("messageStart", &json!({"role": "assistant"})));
         }
         match step {
-            Step::Text(t) | Step::Refusal(t) => {
+            Step::Text(t) | Step::TextBlock(t) | Step::Refusal(t) => {
                 self.refused |= matches!(step, Step::Refusal(_));
                 self.open_block(Open::Text, out);
                 self.delta(json!({"text": t}), out);

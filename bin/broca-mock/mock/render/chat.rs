@@ -87,7 +87,7 @@ impl Envelope for Chat<'_> {
             self.chunk(json!({"role": "assistant", "content": ""}), None, out);
         }
         match step {
-            Step::Text(t) => self.chunk(json!({ "content": t }), None, out),
+            Step::Text(t) | Step::TextBlock(t) => self.chunk(json!({ "content": t }), None, out),
             Step::Reasoning { text, .. } if !text.is_empty() => {
                 self.chunk(json!({ "reasoning_content": text }), None, out)
             }

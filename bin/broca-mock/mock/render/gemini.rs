@@ -71,7 +71,7 @@ impl<'a> Gemini<'a> {
 impl Envelope for Gemini<'_> {
     fn content(&mut self, step: &Step, out: &mut Vec<Piece>) {
         match step {
-            Step::Text(t) => self.part(json!({"text": t}), out),
+            Step::Text(t) | Step::TextBlock(t) => self.part(json!({"text": t}), out),
             Step::Refusal(t) => {
                 self.refused = true;
                 self.part(json!({"text": t}), out)

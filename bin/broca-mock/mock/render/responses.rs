@@ -287,7 +287,7 @@ impl Envelope for Responses<'_> {
     fn content(&mut self, step: &Step, out: &mut Vec<Piece>) {
         self.start(out);
         match step {
-            Step::Text(t) => self.message(Part::Text, t, out),
+            Step::Text(t) | Step::TextBlock(t) => self.message(Part::Text, t, out),
             Step::Refusal(t) => self.message(Part::Refusal, t, out),
             Step::Reasoning { text, signature } => self.reasoning(text, signature.as_deref(), out),
             Step::RedactedReasoning(data) => {

@@ -534,3 +534,20 @@ fn bedrock_renders_a_checked_event_stream_broca_decodes() {
     assert_eq!(failed.last().unwrap().event.as_deref(), Some("exception:modelStreamErrorException"));
     assert!(failed.iter().all(|e| e.event.as_deref() != Some("metadata")));
 }
+
+#[test]
+fn a_text_block_opens_an_anthropic_block_of_its_own_and_is_plain_text_elsewhere() {
+    let steps = [Step::TextBlock("one".into()), Step::Text(" more".into()), Step::TextBlock("two".into())];
+    let starts = |family| {
+        events(family, &steps)
+            .iter()
+            .filter(|e| kind(e) == "content_block_start" && data(e)["content_block"]["type"] == "text")
+            .count()
+    };
+    assert_eq!(starts(Family::AnthropicMessages), 2);
+    let chat: String = events(Family::OpenaiChat, &steps)
+        .iter()
+        .filter_map(|e| data(e)["choices"][0]["delta"]["content"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(chat, "one moretwo");
+}
