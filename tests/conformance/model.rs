@@ -1,6 +1,7 @@
 //! The scripted model, keyed per session: a loopback front in this process (outside broca)
 //! that broca's `BROCA_PROVIDER_BASE_URL` points at, in front of broca-mock's model server
-//! (`bin/broca-mock/mock`, which speaks the real OpenAI Chat SSE wire broca parses).
+//! (`bin/broca-mock/mock`, which speaks the real OpenAI Chat SSE wire broca parses, and the
+//! Anthropic Messages wire for the sessions the output_refs cases start).
 //!
 //! Each session's first send carries the system text `conformance-lane:<lane>` (see
 //! `subject.rs`), so every model request names the session it belongs to. The front answers a
@@ -167,10 +168,12 @@ impl Model {
     }
 }
 
-/// What one request offered the model, read from the OpenAI Chat body broca sent.
+/// What one request offered the model, read from the body broca sent (OpenAI Chat, or
+/// Anthropic Messages for the sessions `Subject::output_refs_fields` starts).
 fn observe(body: &Value) -> ModelRequestObservation {
     let tools: Vec<&Value> = body["tools"].as_array().map(|t| t.iter().collect()).unwrap_or_default();
-    let names = tools.iter().filter_map(|t| t["function"]["name"].as_str().map(str::to_owned)).collect();
+    let name = |t: &&Value| t["function"]["name"].as_str().or(t["name"].as_str()).map(str::to_owned);
+    let names = tools.iter().filter_map(name).collect();
     let mut observed = ModelRequestObservation::new(names);
     if let Some(max) = cap_of(body) {
         observed = observed.with_max_output_tokens(max);
@@ -184,22 +187,34 @@ fn observe(body: &Value) -> ModelRequestObservation {
     observed.with_rendered(rendered(body))
 }
 
-/// Every text the request carried, in request order, as the model received it: each message's
-/// string content (system, user, assistant and tool results alike) and each text part of an
-/// array content.
+/// Every text the request carried, in request order, as the model received it: the system
+/// text, each message's string content (system, user, assistant and tool results alike), each
+/// text part of an array content and each Anthropic `tool_result` block's content.
 fn rendered(body: &Value) -> Vec<String> {
     let messages = body["messages"].as_array().map(Vec::as_slice).unwrap_or_default();
     let mut texts = Vec::new();
+    contents(&body["system"], &mut texts);
     for content in messages.iter().map(|m| &m["content"]) {
-        match content {
-            Value::String(text) => texts.push(text.clone()),
-            Value::Array(parts) => texts.extend(
-                parts.iter().filter(|p| p["type"] == "text").filter_map(|p| p["text"].as_str()).map(str::to_owned),
-            ),
-            _ => {}
-        }
+        contents(content, &mut texts);
     }
     texts
+}
+
+/// The texts of one content: a string, or an array's text parts and tool results.
+fn contents(content: &Value, texts: &mut Vec<String>) {
+    match content {
+        Value::String(text) => texts.push(text.clone()),
+        Value::Array(parts) => {
+            for part in parts {
+                match part["type"].as_str() {
+                    Some("text") => texts.extend(part["text"].as_str().map(str::to_owned)),
+                    Some("tool_result") => contents(&part["content"], texts),
+                    _ => {}
+                }
+            }
+        }
+        _ => {}
+    }
 }
 
 /// The assistant messages in a request's history (OpenAI Chat `messages`).
@@ -207,11 +222,14 @@ fn assistant_messages(body: &Value) -> usize {
     body["messages"].as_array().map_or(0, |m| m.iter().filter(|m| m["role"] == "assistant").count())
 }
 
-/// The lane named by the request's system text.
+/// The lane named by the request's system text (a Chat system or developer message, or
+/// Anthropic's top-level `system`).
 fn lane_of(body: &Value) -> Option<String> {
     let messages = body["messages"].as_array()?;
-    messages.iter().filter(|m| m["role"] == "system" || m["role"] == "developer").find_map(|m| {
-        let text = match &m["content"] {
+    let chat = messages.iter().filter(|m| m["role"] == "system" || m["role"] == "developer").map(|m| &m["content"]);
+    std::iter::once(&body["system"]).chain(chat).find_map(|content| {
+        let text = match content {
+            Value::Null => return None,
             Value::String(s) => s.clone(),
             other => other.to_string(),
         };
@@ -252,7 +270,9 @@ fn render(turn: &ScriptedTurn, cap: Option<u64>, hold_after: Option<usize>) -> V
                 } else {
                     text.clone()
                 };
-                let key = if matches!(part, ScriptedPart::Text(_)) { "text" } else { "reasoning" };
+                // Each scripted text part opens a text block of its own where the family has
+                // blocks (Anthropic); on Chat it is plain text, joined with its neighbours.
+                let key = if matches!(part, ScriptedPart::Text(_)) { "text_block" } else { "reasoning" };
                 events.push(json!({ key: shown }));
             }
             ScriptedPart::ToolCall(call) => {

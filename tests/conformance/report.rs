@@ -17,23 +17,13 @@ pub struct Deviation {
 
 /// Every deviation, each one failed case of the suite's report. A listed case that stops failing
 /// is reported too, so the list never outlives its reason.
-pub const DEVIATIONS: &[Deviation] = &[
-    Deviation {
-        case: "display_without_limits_is_whole",
-        rule: "its scripted tool answers a JSON object of over 131,072 canonical bytes; llm-runner 0.8.0 \
+pub const DEVIATIONS: &[Deviation] = &[Deviation {
+    case: "display_without_limits_is_whole",
+    rule: "its scripted tool answers a JSON object of over 131,072 canonical bytes; llm-runner 0.8.0 \
                §11.3.1 and tool-provider 0.15.0 §4.5 measure a legacy non-string result as its \
                canonical JSON against the inclusive 65,536-byte limit, so broca discards it for \
                tool_result_too_large (the suite's fake measures string results only)",
-    },
-    Deviation {
-        case: "output_refs_shared_samples",
-        rule: "the case scripts each published sample as its own text part of one reply, but the \
-               adapter's fixture model speaks OpenAI Chat, whose stream has one text channel: broca \
-               stores the reply's text as one part, and the published scanner over the samples joined \
-               (sample 10's unclosed fence swallows the rest) finds other references than over each \
-               (llm-runner 0.8.0 §9.13 scans stored text parts; the call sets match the samples)",
-    },
-];
+}];
 
 /// The failed cases and verdict reasons, sorted against [`DEVIATIONS`].
 pub struct Ledger {

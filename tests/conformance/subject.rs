@@ -30,6 +30,8 @@ use crate::tools::Tools;
 pub const HARNESS: &str = "conformance";
 /// The model every session runs on: broca-mock's OpenAI Chat row in the seeded catalog.
 const MODEL: (&str, &str) = ("mock", "echo-chat");
+/// The model of the sessions the output_refs cases start: broca-mock's Anthropic Messages row.
+const BLOCKS_MODEL: (&str, &str) = ("mock", "echo-messages");
 /// How long a held model request is awaited.
 const ARRIVAL: Duration = Duration::from_secs(30);
 
@@ -98,6 +100,8 @@ pub struct Subject {
     instances: Mutex<HashMap<String, PathBuf>>,
     /// The parts of the message `read_parts` last split (for `shown_part_number`).
     last_parts: Mutex<Vec<(String, Value)>>,
+    /// Sessions started by `output_refs_fields`, which run on [`BLOCKS_MODEL`].
+    block_sessions: Mutex<BTreeSet<String>>,
 }
 
 impl Subject {
@@ -108,7 +112,16 @@ impl Subject {
         groups: BTreeSet<Capability>,
         bus: Option<Arc<crate::bus::Bus>>,
     ) -> Subject {
-        Subject { config, model, tools, groups, bus, instances: Mutex::default(), last_parts: Mutex::default() }
+        Subject {
+            config,
+            model,
+            tools,
+            groups,
+            bus,
+            instances: Mutex::default(),
+            last_parts: Mutex::default(),
+            block_sessions: Mutex::default(),
+        }
     }
 
     pub fn rig_config(&self) -> &RigConfig {
@@ -385,7 +398,11 @@ impl LlmRunnerSubject for Subject {
     /// The first send's fields with the plan's tool item opted into output references: broca
     /// renders part numbers for such a session (README, "Output references"), and the
     /// scripted tool declares the `data` (token) and `program` (rich-ui/1 source) slots.
+    /// Such a session runs on broca-mock's Anthropic Messages row: its stream keeps a reply's
+    /// text parts apart as content blocks (the shared-samples case scripts one per sample),
+    /// where Chat's single text channel joins them.
     fn output_refs_fields(&self, session: &str) -> Result<Map<String, Value>, HarnessError> {
+        self.block_sessions.lock().unwrap_or_else(|e| e.into_inner()).insert(session.to_owned());
         let mut fields = self.send_fields(session, true);
         fields.insert("plan".into(), json!({"tool_items": [{"provider": TOOLS, "params": {}, "output_refs": true}]}));
         Ok(fields)
@@ -442,7 +459,9 @@ impl LlmRunnerSubject for Subject {
     fn send_fields(&self, session: &str, first: bool) -> Map<String, Value> {
         let lane = self.model.lane(session);
         let mut fields = Map::new();
-        fields.insert("model".into(), json!({"provider": MODEL.0, "model": MODEL.1}));
+        let blocks = self.block_sessions.lock().unwrap_or_else(|e| e.into_inner()).contains(session);
+        let model = if blocks { BLOCKS_MODEL } else { MODEL };
+        fields.insert("model".into(), json!({"provider": model.0, "model": model.1}));
         // The scripted model keys its answers by this line (model.rs).
         fields.insert("system".into(), json!(format!("{LANE_MARKER}{lane}")));
         if first {
