@@ -6,13 +6,15 @@
 //! A session whose plan item says `output_refs: true` shows `§N§ ` numbers; the model's reply
 //! naming `$$tc(N)` gets a reference set whose records resolve to the stored tool output, read
 //! back a range at a time; its descriptors appear on display rows only; another session's ids
-//! are unknown; a SIGKILLed broca derives the same records after its restart.
+//! are unknown; retention removes the sets with the session; a SIGKILLed broca derives the same
+//! records after its restart.
 
 use broca_mock::mock;
 mod pin;
 mod support;
 
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use base64::Engine;
 use serde_json::{json, Value};
@@ -223,6 +225,31 @@ fn output_references_end_to_end() {
     let last = String::from_utf8_lossy(&h.mock.requests("default").last().unwrap().body).to_string();
     assert!(!last.contains('§'), "no numbers without the opt-in: {last}");
     assert!(descriptors(&plain).is_empty());
+
+    // Retention removes the sets with the session: a retained session's reference is readable
+    // until it expires, then every read answers `expired`, and its WAL is deleted.
+    let brief = h.session(HARNESS, &h.unique("brief"), None);
+    h.install(json!({"responses": [call_step("c1", "logs", json!({})), text_step("quiet"), text_step("see $$tc(2)")]}));
+    let mut first = plan_send("show me the log", true);
+    first["retention"] = json!(1);
+    let run = brief.ok("session.send", first);
+    brief.wait_run(run["run_id"].as_str().unwrap(), "completed");
+    let run = brief.ok("session.send", plan_send("cite it", true));
+    brief.wait_run(run["run_id"].as_str().unwrap(), "completed");
+    let set = descriptors(&brief).into_iter().find(|(_, _, d)| d["count"] == 1).expect("the citing reply's set").2;
+    assert_eq!(records(&brief, set["set_id"].as_str().unwrap())[0]["state"], "resolved");
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        match brief.call("session.output_refs", json!({"set_id": set["set_id"]})) {
+            Err((code, _)) if code == "expired" => break,
+            other => assert!(Instant::now() < until, "the retained session never expired: {other:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    while brief.wal_path().exists() {
+        assert!(Instant::now() < until, "the expired session's WAL was never deleted");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
     // The records are a function of the durable transcript: the same after a SIGKILL.
     let before = (descriptors(&s), records(&s, reply["set_id"].as_str().unwrap()));
