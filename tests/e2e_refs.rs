@@ -150,7 +150,8 @@ fn output_references_end_to_end() {
     // a `summarize` call names the output in its token slot.
     h.install(json!({"responses": [
         json!({"events": [{"text": format!("see $$tc({tag}), not $$tc(1) nor $$tc(77)")},
-                          {"tool_call": {"id": "c2", "name": "summarize", "arguments": {"data": format!("$$tc({tag})"), "note": format!("$$tc({tag})")}}},
+                          // The model reuses its first call's id: calls pair with results by position.
+                          {"tool_call": {"id": "c1", "name": "summarize", "arguments": {"data": format!("$$tc({tag})"), "note": format!("$$tc({tag})")}}},
                           {"finish": "tool_calls"}]}),
         text_step("summarized"),
     ]}));
@@ -158,6 +159,7 @@ fn output_references_end_to_end() {
     s.wait_run(second["run_id"].as_str().unwrap(), "completed");
     let last = String::from_utf8_lossy(&h.mock.requests("default").last().unwrap().body).to_string();
     assert!(last.contains("§6§ summary: quiet"), "numbers continue over the new messages: {last}");
+    assert!(last.contains(&format!("§{tag}§ LOGS-MARKER")), "the first call's result keeps its number: {last}");
 
     let sets = descriptors(&s);
     let with_refs: Vec<_> = sets.iter().filter(|(_, _, d)| d["count"].as_u64() > Some(0)).collect();
@@ -185,6 +187,7 @@ fn output_references_end_to_end() {
     let call_records = records(&s, call["set_id"].as_str().unwrap());
     assert_eq!(call_records.len(), 1, "only the declared slot is scanned: {call_records:?}");
     assert_eq!(call_records[0]["sha256"], resolved["sha256"]);
+    assert_ne!(call["call_key"], resolved["call_key"], "the containing call is not the referenced one");
 
     // Refusals, pinned: another session's ids are unknown, and reads stay within bounds.
     let size = output().len();

@@ -119,10 +119,11 @@ fn numbering_config(page: &read::TranscriptPage) -> Option<&crate::frozen::Froze
     }
 }
 
-/// Every call's key through the message at `ordinal`, by tool call id.
-pub(super) fn call_keys(reader: &Reader, through: u64) -> Result<HashMap<String, String>, Refusal> {
+/// Every call's key through the message at `ordinal`, by the asking message's ordinal and the
+/// call's id.
+fn call_keys(reader: &Reader, through: u64) -> Result<HashMap<(u64, String), String>, Refusal> {
     let facts = crate::lineage::calls::facts(reader, None, Some(through)).map_err(|e| e.refusal())?;
-    Ok(facts.into_iter().map(|f| (f.tool_call_id, f.call_key)).collect())
+    Ok(facts.into_iter().map(|f| ((f.ordinal, f.tool_call_id), f.call_key)).collect())
 }
 
 /// `unknown_ref` naming the member whose id is not this session's.

@@ -30,8 +30,9 @@ pub struct Inputs<'a> {
     pub salt: &'a SetSalt,
     /// The session's frozen tools (the plan items' opt-ins and reference slots).
     pub tools: &'a [ToolSpec],
-    /// Each call's key, by tool call id.
-    pub call_keys: &'a HashMap<String, String>,
+    /// Each call's key, by the ordinal of the message that asked for it and its tool call id
+    /// (a model may reuse an id in a later turn).
+    pub call_keys: &'a HashMap<(u64, String), String>,
 }
 
 /// The sets of the assistant message at `history[at]` (ordinal `ordinal`): its reply set, then
@@ -58,7 +59,7 @@ pub fn message_sets(history: &[Message], at: usize, ordinal: u64, inputs: &Input
         let id = SetId::call(inputs.salt, ordinal, index);
         let mut resolution = Resolution::new();
         resolution.call(input, &tool.reference_slots, true, &targets, &mut minter(&id));
-        let key = inputs.call_keys.get(tool_call_id).cloned();
+        let key = inputs.call_keys.get(&(ordinal, tool_call_id.clone())).cloned();
         sets.push((Some(index), set(id, &mid, key, resolution)));
     }
     sets
@@ -86,29 +87,25 @@ fn minter(set: &SetId) -> impl FnMut() -> String + '_ {
 /// their stored result (`first_ordinal` is `history[0]`'s ordinal, for part keys).
 fn targets(history: &[Message], first_ordinal: u64, inputs: &Inputs<'_>) -> BTreeMap<u64, Target> {
     let numbers = super::tags::numbers(history);
-    let mut results: HashMap<&str, (String, &serde_json::Value)> = HashMap::new();
-    for (i, m) in history.iter().enumerate() {
-        for (p, part) in m.content.iter().enumerate() {
-            if let Part::ToolResult { tool_call_id, output, .. } = part {
-                results.insert(tool_call_id, (part_key(first_ordinal + i as u64, p), output));
-            }
-        }
-    }
     let mut out = BTreeMap::new();
     for (i, (m, ns)) in history.iter().zip(&numbers).enumerate() {
+        let ordinal = first_ordinal + i as u64;
         for (p, (part, n)) in m.content.iter().zip(ns).enumerate() {
             let Some(n) = n else { continue };
             let target = match part {
-                Part::Text { text } => Target::text(part_key(first_ordinal + i as u64, p), text.clone().into_bytes()),
+                Part::Text { text } => Target::text(part_key(ordinal, p), text.clone().into_bytes()),
                 Part::ToolCall { tool_call_id, tool_name, .. } => {
-                    let Some((key, output)) = results.get(tool_call_id.as_str()) else { continue };
-                    let mut target = Target::text(key.clone(), tool_result_content(output).into_bytes());
-                    target.call_key = inputs.call_keys.get(tool_call_id).cloned();
+                    let Some((q, Part::ToolResult { output, .. })) = super::tags::result_of(history, i, tool_call_id)
+                    else {
+                        continue;
+                    };
+                    let mut target = Target::text(part_key(ordinal + 1, q), tool_result_content(output).into_bytes());
+                    // Every call broca dispatched has a key; the call's id stands in for one
+                    // that has none, so the target still reads as a tool output.
+                    let key = inputs.call_keys.get(&(ordinal, tool_call_id.clone())).cloned();
+                    target.call_key = Some(key.unwrap_or_else(|| tool_call_id.clone()));
                     target.tool = Some(tool_name.clone());
                     target.provider = inputs.tools.iter().find(|t| t.name == *tool_name).and_then(|t| t.module.clone());
-                    // A call without a recorded key (none in broca's WALs) still resolves as
-                    // a tool output: the target names the call by its result's part.
-                    target.call_key.get_or_insert_with(|| tool_call_id.clone());
                     target
                 }
                 _ => continue,
@@ -175,7 +172,8 @@ mod tests {
 
     fn sets_of(reply: Vec<Part>) -> Vec<(Option<usize>, Set)> {
         let salt = SetSalt::new("s", "i");
-        let keys = HashMap::from([("t1".to_owned(), "ck-1".to_owned()), ("t2".to_owned(), "ck-2".to_owned())]);
+        let keys =
+            HashMap::from([((1, "t1".to_owned()), "ck-1".to_owned()), ((3, "t2".to_owned()), "ck-2".to_owned())]);
         let tools = [tool("ls", true), tool("plain", false)];
         let inputs = Inputs { salt: &salt, tools: &tools, call_keys: &keys };
         message_sets(&history(reply), 3, 3, &inputs)
@@ -298,7 +296,7 @@ mod tests {
                 is_error: false,
             };
             let salt = SetSalt::new("s", "i");
-            let keys = HashMap::from([("t1".to_owned(), "ck-1".to_owned())]);
+            let keys = HashMap::from([((1, "t1".to_owned()), "ck-1".to_owned())]);
             let tools = [tool("ls", true)];
             let inputs = Inputs { salt: &salt, tools: &tools, call_keys: &keys };
             let sets = message_sets(&h, 3, 3, &inputs);

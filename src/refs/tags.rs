@@ -4,6 +4,9 @@
 //! position, counting from 1, among the numbered parts of the whole transcript (checkpoint 0).
 //! Numbered: the non-empty text parts of user and assistant messages, and each tool call whose
 //! result the transcript holds, at the call's position (the result's text carries the number).
+//! A batch's results are the tool message right after the assistant message that asked (broca
+//! writes them so), so a call is paired with its result by position, never by a tool call id
+//! alone, which a model may reuse across turns.
 //! Never numbered: reasoning, images, system text. A call without a result yet has no number,
 //! and nothing follows it that one could shift, so a number, once shown, never changes.
 //!
@@ -11,35 +14,26 @@
 //! reply's text is cleaned of tag notation (W4.6) when rendered back; what is stored keeps the
 //! model's bytes.
 
-use std::borrow::Cow;
-use std::collections::HashMap;
-
 use serde_json::json;
+use std::borrow::Cow;
 
 use crate::frozen::FrozenConfig;
 use crate::message::{Message, Part, Role};
 
 /// The part numbers of `history`: per message, per part, the number or `None`.
 pub fn numbers(history: &[Message]) -> Vec<Vec<Option<u64>>> {
-    let answered: std::collections::HashSet<&str> = history
-        .iter()
-        .flat_map(|m| &m.content)
-        .filter_map(|p| match p {
-            Part::ToolResult { tool_call_id, .. } => Some(tool_call_id.as_str()),
-            _ => None,
-        })
-        .collect();
     let mut next = 0u64;
     history
         .iter()
-        .map(|m| {
+        .enumerate()
+        .map(|(i, m)| {
             m.content
                 .iter()
                 .map(|p| {
                     let numbered = match (m.role, p) {
                         (Role::User | Role::Assistant, Part::Text { text }) => !text.is_empty(),
                         (Role::Assistant, Part::ToolCall { tool_call_id, .. }) => {
-                            answered.contains(tool_call_id.as_str())
+                            result_of(history, i, tool_call_id).is_some()
                         }
                         _ => false,
                     };
@@ -51,6 +45,17 @@ pub fn numbers(history: &[Message]) -> Vec<Vec<Option<u64>>> {
                 .collect()
         })
         .collect()
+}
+
+/// The result of the call `id` of the assistant message `history[at]`: its part index in the
+/// tool message right after, and the part.
+pub fn result_of<'a>(history: &'a [Message], at: usize, id: &str) -> Option<(usize, &'a Part)> {
+    let results = history.get(at + 1).filter(|m| m.role == Role::Tool)?;
+    results
+        .content
+        .iter()
+        .enumerate()
+        .find(|(_, p)| matches!(p, Part::ToolResult { tool_call_id, .. } if tool_call_id == id))
 }
 
 /// The transcript a request of `config` shows: `history` itself, or, for a session that
@@ -66,22 +71,23 @@ pub fn shown<'a>(config: &FrozenConfig, history: &'a [Message]) -> Cow<'a, [Mess
 /// cleaned of tag notation first.
 pub fn tagged(history: &[Message]) -> Vec<Message> {
     let numbers = numbers(history);
-    let mut by_call: HashMap<&str, u64> = HashMap::new();
-    for (m, ns) in history.iter().zip(&numbers) {
-        for (p, n) in m.content.iter().zip(ns) {
-            if let (Part::ToolCall { tool_call_id, .. }, Some(n)) = (p, n) {
-                by_call.insert(tool_call_id, *n);
-            }
-        }
-    }
     history
         .iter()
-        .zip(&numbers)
-        .map(|(m, ns)| {
+        .enumerate()
+        .map(|(i, m)| {
+            // A tool message's results take the numbers of the calls of the message before it.
+            let asked = i.checked_sub(1).filter(|_| m.role == Role::Tool).map(|a| (&history[a], &numbers[a]));
+            let call_number = |id: &str| {
+                let (asker, ns) = asked?;
+                asker.content.iter().zip(ns).find_map(|(p, n)| match p {
+                    Part::ToolCall { tool_call_id, .. } if tool_call_id == id => *n,
+                    _ => None,
+                })
+            };
             let content = m
                 .content
                 .iter()
-                .zip(ns)
+                .zip(&numbers[i])
                 .map(|(p, n)| match (p, n) {
                     (Part::Text { text }, Some(n)) => {
                         let text = match m.role {
@@ -90,16 +96,14 @@ pub fn tagged(history: &[Message]) -> Vec<Message> {
                         };
                         Part::Text { text: format!("{}{text}", prefix(*n)) }
                     }
-                    (Part::ToolResult { tool_call_id, output, is_error }, _) => {
-                        match by_call.get(tool_call_id.as_str()) {
-                            Some(n) => {
-                                let (text, is_error) = crate::provider::tool_output(output, *is_error);
-                                let output = json!({"kind": "text", "text": format!("{}{text}", prefix(*n))});
-                                Part::ToolResult { tool_call_id: tool_call_id.clone(), output, is_error }
-                            }
-                            None => p.clone(),
+                    (Part::ToolResult { tool_call_id, output, is_error }, _) => match call_number(tool_call_id) {
+                        Some(n) => {
+                            let (text, is_error) = crate::provider::tool_output(output, *is_error);
+                            let output = json!({"kind": "text", "text": format!("{}{text}", prefix(n))});
+                            Part::ToolResult { tool_call_id: tool_call_id.clone(), output, is_error }
                         }
-                    }
+                        None => p.clone(),
+                    },
                     _ => p.clone(),
                 })
                 .collect();
@@ -263,6 +267,22 @@ mod tests {
             }
         );
         assert_eq!(t[3], h[3], "an unanswered call and an empty text are shown as they are");
+    }
+
+    #[test]
+    fn a_reused_call_id_is_paired_by_position() {
+        let mut h = history();
+        h.push(Message { role: Role::Tool, content: vec![result("c", "C")], origin: None });
+        h.push(Message { role: Role::Assistant, content: vec![call("a")], origin: None });
+        assert_eq!(numbers(&h)[5], vec![None], "the second `a` has no result yet");
+        h.push(Message { role: Role::Tool, content: vec![result("a", "A2")], origin: None });
+        assert_eq!(numbers(&h)[5], vec![Some(6)]);
+        let t = tagged(&h);
+        let shown = |m: &Message| match &m.content[0] {
+            Part::ToolResult { output, .. } => output["text"].as_str().unwrap_or_default().to_owned(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!((shown(&t[2]), shown(&t[6])), ("§3§ A".to_owned(), "§6§ A2".to_owned()));
     }
 
     #[test]
