@@ -101,7 +101,10 @@ pub(super) fn descriptors(
     let call_keys = call_keys(reader, last)?;
     let inputs = Inputs { salt: &salt, tools: &config.tools, call_keys: &call_keys };
     for &ordinal in ordinals {
-        let sets = message_sets(&history[..=ordinal as usize], ordinal as usize, ordinal, &inputs);
+        // The transcript through `last` holds every ordinal asked about (durable only grows);
+        // an ordinal past it gets no descriptor rather than a panic.
+        let Some(through) = history.get(..=ordinal as usize) else { continue };
+        let sets = message_sets(through, ordinal as usize, ordinal, &inputs);
         let descriptors: Vec<_> = sets.into_iter().map(|(part, set)| (part, set.descriptor)).collect();
         if !descriptors.is_empty() {
             out.insert(ordinal, descriptors);

@@ -40,7 +40,7 @@ pub struct Inputs<'a> {
 /// has none.
 pub fn message_sets(history: &[Message], at: usize, ordinal: u64, inputs: &Inputs<'_>) -> Vec<(Option<usize>, Set)> {
     let Some(message) = history.get(at).filter(|m| m.role == Role::Assistant) else { return Vec::new() };
-    let targets = targets(&history[..at], ordinal - at as u64, inputs);
+    let targets = targets(&history[..at], ordinal.saturating_sub(at as u64), inputs);
     let mid = mid(ordinal);
     let reply_id = SetId::reply(inputs.salt, ordinal);
     let mut resolution = Resolution::new();
