@@ -4,6 +4,7 @@ pub mod actor;
 pub mod agent;
 pub mod bus;
 pub mod catalog;
+pub mod classify;
 pub mod clock;
 pub mod config;
 pub mod failpoint;
