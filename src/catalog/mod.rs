@@ -79,6 +79,55 @@ pub struct ModelRow {
     pub reasoning_wire_ids: Option<BTreeMap<String, String>>,
     /// `route.reasoning_default`: the backend id a Code Assist send without a variant uses.
     pub reasoning_default: Option<String>,
+    /// `rate.input` / `rate.output` per million tokens, when the row prices that direction
+    /// (`None`: unpriced or unknown, never zero).
+    pub rate_input: Option<Rate>,
+    pub rate_output: Option<Rate>,
+}
+
+/// A catalog rate per million tokens: `units × 10^-exponent` USD (`stated_zero` is `units: 0`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rate {
+    pub units: u64,
+    pub exponent: u32,
+}
+
+impl Rate {
+    /// The rate fact `value`, when it prices in USD (`priced`) or states zero.
+    fn from_fact(value: Option<&Value>) -> Option<Rate> {
+        let v = value?;
+        match v.get("state").and_then(Value::as_str)? {
+            "stated_zero" => Some(Rate { units: 0, exponent: 0 }),
+            "priced" if v.get("currency").and_then(Value::as_str) == Some("USD") => Some(Rate {
+                units: v.get("units").and_then(Value::as_u64)?,
+                exponent: u32::try_from(v.get("exponent").and_then(Value::as_u64)?).ok().filter(|e| *e <= 18)?,
+            }),
+            _ => None,
+        }
+    }
+
+    /// USD per million tokens as decimal text, exactly (`3000000000 × 10^-9` is `3`).
+    pub fn usd_text(self) -> String {
+        let digits = self.units.to_string();
+        let exponent = self.exponent as usize;
+        let (whole, fraction) = match digits.len() > exponent {
+            true => (digits[..digits.len() - exponent].to_owned(), digits[digits.len() - exponent..].to_owned()),
+            false => ("0".to_owned(), format!("{digits:0>exponent$}")),
+        };
+        let fraction = fraction.trim_end_matches('0');
+        match fraction.is_empty() {
+            true => whole,
+            false => format!("{whole}.{fraction}"),
+        }
+    }
+
+    /// Nanodollars per million tokens (the batch ceilings' unit), `None` past `u64`.
+    pub fn nanos_per_mtok(self) -> Option<u64> {
+        match self.exponent {
+            e if e <= 9 => self.units.checked_mul(10u64.pow(9 - e)),
+            e => Some(self.units.div_ceil(10u64.pow(e - 9))),
+        }
+    }
 }
 
 impl ModelRow {
@@ -108,6 +157,8 @@ impl ModelRow {
                 tiers.iter().filter_map(|(level, id)| id.as_str().map(|id| (level.clone(), id.to_owned()))).collect()
             }),
             reasoning_default: text("route.reasoning_default"),
+            rate_input: Rate::from_fact(facts.get("rate.input")),
+            rate_output: Rate::from_fact(facts.get("rate.output")),
         })
     }
 }
@@ -226,5 +277,30 @@ mod tests {
         std::fs::write(&path, text).unwrap();
         assert!(matches!(Catalog::load_lkg(&path), Err(CatalogError::Invalid { .. })));
         assert!(matches!(Catalog::load_lkg(&dir.path().join("none.json")), Err(CatalogError::Missing { .. })));
+    }
+}
+
+#[cfg(test)]
+mod rate_tests {
+    use super::Rate;
+    use serde_json::json;
+
+    #[test]
+    fn rates_read_as_exact_decimal_text_and_nanodollars() {
+        let priced =
+            |units, exponent| json!({"currency": "USD", "exponent": exponent, "state": "priced", "units": units});
+        let rate = |v: serde_json::Value| Rate::from_fact(Some(&v));
+        for (units, exponent, text, nanos) in [
+            (3_000_000_000u64, 9u32, "3", 3_000_000_000u64),
+            (150_000_000, 9, "0.15", 150_000_000),
+            (75, 0, "75", 75_000_000_000),
+            (5, 10, "0.0000000005", 1),
+        ] {
+            let r = rate(priced(units, exponent)).unwrap();
+            assert_eq!((r.usd_text().as_str(), r.nanos_per_mtok()), (text, Some(nanos)), "{units}e-{exponent}");
+        }
+        assert_eq!(rate(json!({"state": "stated_zero"})).map(Rate::usd_text).as_deref(), Some("0"));
+        assert_eq!(rate(json!({"state": "unpriced", "reason": "missing_rate"})), None);
+        assert_eq!(rate(json!({"currency": "EUR", "exponent": 9, "state": "priced", "units": 1})), None);
     }
 }
