@@ -210,8 +210,11 @@ fn serve(conn_file: &Path) -> ExitCode {
     } else {
         log::warn!("broca: no consumer connection: the catalog is not polled (serving the LKG only)");
     }
-    let server =
-        Server::new(ops, hub, outbound.clone(), stopped).with_consumer(consumer).with_catalog_health(catalog_health);
+    let classifier = open_classifier(&ops, consumer.as_ref());
+    let server = Server::new(ops, hub, outbound.clone(), stopped)
+        .with_consumer(consumer)
+        .with_catalog_health(catalog_health)
+        .with_classifier(classifier);
     // Binds are decided from the daemon's stamps; owner-only operations arrive with the driver
     // surface.
     let running = match conn.start(server, |bind: &BindRequest| broca::serve::authorize(bind)) {
@@ -296,6 +299,32 @@ fn consumer_connection(conn_file: &Path, module_id: &str) -> Option<Consumer> {
         Ok(c) => Some(c),
         Err(e) => {
             log::warn!("broca: no consumer connection: {e}");
+            None
+        }
+    }
+}
+
+/// The classifier role's service over `system-one.db` (spec §4b): its holds released, expired
+/// batches deleted and pending facts republished before any route is served. `None` (its calls
+/// refused, sessions unaffected) when the store cannot be opened.
+fn open_classifier(
+    ops: &Arc<broca::ops::Ops>,
+    consumer: Option<&broca::subc::consumer::Consumer>,
+) -> Option<Arc<broca::classify::Classifier>> {
+    let shared = ops.registry.shared();
+    let deps = broca::classify::service::Deps {
+        root: shared.root.path().to_path_buf(),
+        catalog: Arc::clone(&ops.admission.catalog),
+        bases: ops.admission.config.provider_base_urls.clone(),
+        vault: consumer
+            .map(|c| Arc::new(broca::vault::SubcVault::new(c.clone())) as Arc<dyn broca::vault::CredentialSource>),
+        facts: Arc::clone(&shared.store),
+        clock: Arc::clone(&shared.clock),
+    };
+    match broca::classify::Classifier::open(deps) {
+        Ok(classifier) => Some(Arc::new(classifier)),
+        Err(e) => {
+            log::error!("broca: the classifier role is unavailable: {e}");
             None
         }
     }

@@ -51,6 +51,9 @@ pub struct BrocaConfig {
     /// `auth_methods`: provider id → the auth method its routes use (`apikey`, `chatgpt`,
     /// `oauth`, `antigravity`); a provider not named uses its API key.
     pub auth_methods: BTreeMap<String, crate::frozen::AuthMethod>,
+    /// `providers.<id>.base_url`: a provider's base replaced (the classifier providers
+    /// `typesafe` and `cloudflare-workers-ai`, spec §4b), without a trailing `/`.
+    pub provider_base_urls: BTreeMap<String, String>,
 }
 
 /// `step_events`: the bus broca publishes its live step hints on (llm-runner §14.3).
@@ -79,6 +82,7 @@ impl Default for BrocaConfig {
             limits: Limits::default(),
             step_events: None,
             auth_methods: BTreeMap::new(),
+            provider_base_urls: BTreeMap::new(),
         }
     }
 }
@@ -158,6 +162,9 @@ impl BrocaConfig {
         if let Some(v) = top.get("auth_methods") {
             config.auth_methods = parse_auth_methods(v).map_err(|(m, r)| member_error(path, m, r))?;
         }
+        if let Some(v) = top.get("providers") {
+            config.provider_base_urls = parse_providers(v).map_err(|(m, r)| member_error(path, m, r))?;
+        }
         Ok(config)
     }
 
@@ -197,6 +204,32 @@ fn parse_auth_methods(v: &Value) -> Result<BTreeMap<String, crate::frozen::AuthM
             _ => Err((format!("auth_methods.{provider}"), "must be one of apikey, chatgpt, oauth, antigravity".into())),
         })
         .collect()
+}
+
+/// `providers`: provider id → `{base_url}`, an `http://` or `https://` URL (nothing else is
+/// read from a provider's section, and an unknown member is refused so a misspelt one cannot
+/// silently send item text to the real host).
+fn parse_providers(v: &Value) -> Result<BTreeMap<String, String>, MemberRefusal> {
+    let Value::Object(map) = v else {
+        return Err(("providers".into(), "must be an object of provider id -> {base_url}".into()));
+    };
+    let mut out = BTreeMap::new();
+    for (provider, section) in map {
+        let member = |m: &str| format!("providers.{provider}{m}");
+        let Value::Object(section) = section else {
+            return Err((member(""), "must be an object {base_url}".into()));
+        };
+        if let Some(k) = section.keys().find(|k| k.as_str() != "base_url") {
+            return Err((member(&format!(".{k}")), "unknown member (expected base_url)".into()));
+        }
+        let Some(url) = section.get("base_url") else { continue };
+        let url = url.as_str().filter(|u| u.starts_with("http://") || u.starts_with("https://"));
+        let Some(url) = url.filter(|u| u.len() <= 2048) else {
+            return Err((member(".base_url"), "must be an http:// or https:// URL".into()));
+        };
+        out.insert(provider.clone(), url.trim_end_matches('/').to_owned());
+    }
+    Ok(out)
 }
 
 /// A refused member: its dotted name and why.

@@ -19,6 +19,8 @@ use subc_protocol::{Flags, Principal};
 
 use crate::actor::Gauges;
 use crate::catalog::poller::CatalogHealth;
+use crate::classify::scope::{route_role, RouteRole, Stamp};
+use crate::classify::Classifier;
 use crate::fanout::{From, Hub, SinkError, StreamSink, Subscription};
 use crate::lineage::projection::Cursor;
 use crate::op::Op;
@@ -36,6 +38,8 @@ use crate::wire::{Refusal, RefusalCode};
 pub struct Metrics {
     ops: [AtomicU64; Op::ALL.len()],
     session_reads: AtomicU64,
+    /// `classify.run` calls (classifier routes; not a session op).
+    classify_runs: AtomicU64,
 }
 
 impl Metrics {
@@ -49,8 +53,9 @@ impl Metrics {
 
     /// Every served operation at zero or above, plus the named gauges.
     pub fn snapshot(&self, gauges: &Gauges, reverse_refused: u64) -> Value {
-        let management: BTreeMap<&str, u64> =
+        let mut management: BTreeMap<&str, u64> =
             Op::ALL.iter().map(|op| (op.name(), self.ops[op.index()].load(Ordering::Relaxed))).collect();
+        management.insert(cortexkit_role_classifier::ops::CLASSIFY_RUN, self.classify_runs.load(Ordering::Relaxed));
         let load = |g: &AtomicU64| g.load(Ordering::Relaxed);
         json!({
             "management_ops": management,
@@ -79,6 +84,12 @@ pub struct Server {
     consumer: Option<Consumer>,
     /// The catalog poller's health, reported as `metrics.catalog`.
     catalog_health: Arc<CatalogHealth>,
+    /// The classifier role (`None`: `system-one.db` could not be opened; its calls are refused).
+    classifier: Option<Arc<Classifier>>,
+    /// Bound classifier routes and their stamps (spec §4b: no session).
+    classifier_routes: HashMap<Route, Arc<Stamp>>,
+    /// Classifier calls, each on a task of its own, none holding an op worker.
+    classify_tasks: Arc<Pool>,
 }
 
 impl Server {
@@ -95,7 +106,16 @@ impl Server {
             stopped,
             consumer: None,
             catalog_health: Arc::default(),
+            classifier: None,
+            classifier_routes: HashMap::new(),
+            classify_tasks: Arc::new(Pool::new("broca-classify", crate::classify::service::CALLS_PER_PROCESS)),
         }
+    }
+
+    /// Serves the classifier role on routes that declare it.
+    pub fn with_classifier(mut self, classifier: Option<Arc<Classifier>>) -> Server {
+        self.classifier = classifier;
+        self
     }
 
     /// Reports the catalog poller's `health` (it stays "stopped" without one).
@@ -159,6 +179,112 @@ impl Server {
     }
 }
 
+/// A request on a classifier route: `{method, params}`, `params` kept as its text (the body
+/// identity and the forwarded `state` are the caller's bytes).
+#[derive(serde::Deserialize)]
+struct ClassifierEnvelope<'a> {
+    method: String,
+    #[serde(borrow, default)]
+    params: Option<&'a serde_json::value::RawValue>,
+}
+
+impl Server {
+    /// A classifier route's request (spec §4b): `role.describe` and `classify.run`, each on a
+    /// task of the classifier pool; every other method is `unknown_method`. The answer is the
+    /// reply's text inside `{"result": …}`, never re-encoded.
+    fn classifier_request(&mut self, route: Route, corr: u64, stamp: Arc<Stamp>, body: Vec<u8>) {
+        let refuse = move |out: &Outbound, refusal: &cortexkit_role_classifier::errors::Refusal| {
+            let detail = serde_json::to_value(&*refusal.detail).ok();
+            let mut error = subc_protocol::ErrorBody::new(refusal.code.clone(), refusal.message.clone());
+            error.detail = detail;
+            let _ = out.error(route, corr, &error);
+        };
+        let envelope = match serde_json::from_slice::<ClassifierEnvelope>(&body) {
+            Ok(e) => e,
+            Err(e) => {
+                let refusal =
+                    cortexkit_role_classifier::errors::Refusal::invalid_params("params", format!("not a request: {e}"));
+                return refuse(&self.outbound, &refusal);
+            }
+        };
+        let method = envelope.method.clone();
+        let params = envelope.params.map_or("{}", |p| p.get()).to_owned();
+        let classify = method == cortexkit_role_classifier::ops::CLASSIFY_RUN;
+        if method == Op::RoleDescribe.name() {
+            self.metrics.count(Some(Op::RoleDescribe));
+        } else if classify {
+            self.metrics.classify_runs.fetch_add(1, Ordering::Relaxed);
+        } else {
+            let message = format!("unknown method {method:?} on a classifier/v1 route");
+            let detail = Some(crate::detail!("method" => method, "class" => "permanent"));
+            return self.refuse(route, corr, &Refusal::new(RefusalCode::UnknownMethod, message, detail));
+        }
+        let Some(classifier) = self.classifier.clone() else {
+            let refusal =
+                crate::classify::scope::refusal("unavailable", "broca's classifier store could not be opened");
+            return refuse(&self.outbound, &refusal);
+        };
+        if classify && self.draining.load(Ordering::Acquire) {
+            let refusal = crate::classify::service::full("broca is draining; send the batch again shortly", 0);
+            return refuse(&self.outbound, &refusal);
+        }
+        let out = self.outbound.clone();
+        let catalog = Arc::clone(&self.ops.admission.catalog);
+        let job = move || {
+            let answer = if classify {
+                let answer = crate::classify::run::classify(&classifier, &stamp, &params);
+                let counter =
+                    if answer.is_ok() { &classifier.metrics.calls_answered } else { &classifier.metrics.calls_refused };
+                counter.fetch_add(1, Ordering::Relaxed);
+                answer
+            } else {
+                describe_classifier(&classifier, &catalog, &params)
+            };
+            match answer {
+                Ok(text) => {
+                    let _ = out.reply(route, corr, format!("{{\"result\":{text}}}").into_bytes());
+                }
+                Err(refusal) => refuse(&out, &refusal),
+            }
+        };
+        if let Err(e) = self.classify_tasks.run(job) {
+            let refusal = match e {
+                crate::pool::PoolError::Full { limit } => {
+                    crate::classify::service::full("every classifier task is busy", limit)
+                }
+                crate::pool::PoolError::Spawn(e) => {
+                    log::error!("cannot start a classifier task: {e}");
+                    crate::classify::service::full("a classifier task could not be started", 0)
+                }
+            };
+            refuse(&self.outbound, &refusal);
+        }
+    }
+}
+
+/// The classifier `role.describe` (`{}` params only), from the live catalog.
+fn describe_classifier(
+    classifier: &Classifier,
+    catalog: &crate::catalog::SharedCatalog,
+    params: &str,
+) -> Result<String, cortexkit_role_classifier::errors::Refusal> {
+    let empty = serde_json::from_str::<serde_json::Map<String, Value>>(params).is_ok_and(|m| m.is_empty());
+    if !empty {
+        return Err(cortexkit_role_classifier::errors::Refusal::invalid_params("params", "role.describe takes {}"));
+    }
+    let describe = match &*catalog.read() {
+        Ok(catalog) => crate::classify::models::describe(catalog, &classifier.bases),
+        Err(_) => cortexkit_role_classifier::describe::RoleDescribe::new(
+            cortexkit_role_classifier::describe::Limits::new(
+                crate::classify::models::MAX_ITEMS,
+                crate::classify::models::MAX_REQUEST_BYTES,
+            ),
+            Vec::new(),
+        ),
+    };
+    Ok(serde_json::to_string(&describe).expect("a describe encodes"))
+}
+
 /// A `session.subscribe` request: where it attaches, and the byte bounds its `tool_started`
 /// events cut arguments to (llm-runner/v1 `LiveSubscribeRequest`; absent: whole arguments).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -218,11 +344,16 @@ pub fn parse_from(params: &Value) -> Result<From, Refusal> {
 /// must carry the daemon's principal, and a session route must name a session. Who may *write*
 /// a session (owner rules) is decided per operation.
 pub fn authorize(bind: &BindRequest) -> Result<(), subc_protocol::ErrorBody> {
+    let role = route_role(bind.role_versions.as_ref())?;
     if bind.principal.is_none() {
         return Err(subc_protocol::ErrorBody::new(
             crate::wire::RefusalCode::NotAuthorized.as_str(),
             "the daemon stamped no principal on this bind",
         ));
+    }
+    if role == RouteRole::Classifier {
+        // A classifier route names no session (spec §4b).
+        return Ok(());
     }
     if bind.identity.session.trim().is_empty() || bind.identity.harness.trim().is_empty() {
         return Err(subc_protocol::ErrorBody::new(
@@ -259,12 +390,20 @@ fn session_of(bind: &BindRequest) -> SessionKey {
 
 impl Handler for Server {
     fn on_route_bound(&mut self, bind: BindRequest) {
+        if route_role(bind.role_versions.as_ref()) == Ok(RouteRole::Classifier) {
+            let stamp = Stamp { principal: bind.principal.clone(), scope: bind.scope.clone() };
+            self.classifier_routes.insert(bind.route, Arc::new(stamp));
+            return;
+        }
         let scoped = bind.scope.is_some();
         let caller = caller_of(&bind);
         self.routes.insert(bind.route, crate::ops::Route { key: session_of(&bind), scoped, caller });
     }
 
     fn on_request(&mut self, route: Route, corr: u64, flags: Flags, body: Vec<u8>) {
+        if let Some(stamp) = self.classifier_routes.get(&route).cloned() {
+            return self.classifier_request(route, corr, stamp, body);
+        }
         let Some(bound) = self.routes.get(&route).cloned() else {
             return self.refuse(
                 route,
@@ -342,6 +481,7 @@ impl Handler for Server {
 
     fn on_route_closed(&mut self, route: Route) {
         self.routes.remove(&route);
+        self.classifier_routes.remove(&route);
         let mut streams = self.streams.lock();
         let gone: Vec<(Route, u64)> = streams.keys().filter(|(r, _)| *r == route).copied().collect();
         for k in gone {
@@ -357,6 +497,13 @@ impl Handler for Server {
                 let refused = self.consumer.as_ref().map_or(0, |c| c.reverse_requests_refused());
                 let mut metrics = self.metrics.snapshot(self.ops.registry.gauges(), refused);
                 metrics["catalog"] = self.catalog_health.snapshot(&self.ops.admission.catalog);
+                // The busy gauge is always reported (0 without a classifier): a drain sums it.
+                metrics["system_one_batches_in_flight"] = json!(0);
+                if let Some(classifier) = &self.classifier {
+                    let system_one = classifier.metrics.snapshot();
+                    metrics["system_one_batches_in_flight"] = system_one["batches_in_flight"].clone();
+                    metrics["system_one"] = system_one;
+                }
                 let _ = self.outbound.health(corr, health_ok(metrics));
             }
             ControlRequest::Draining { .. } => {

@@ -8,6 +8,8 @@
 //! does not list is `model_unknown`; a decision row this build does not route, or one the
 //! catalog lists as retired, is `model_unavailable`.
 
+use std::collections::BTreeMap;
+
 use cortexkit_role_classifier::describe::{ImageSupport, Limits, ModelEntry, Price, RoleDescribe};
 use cortexkit_role_classifier::provider::{catalog_ids, clef_limits, hosts, models};
 
@@ -16,8 +18,10 @@ use crate::catalog::{Catalog, ModelRow, Rate};
 /// The most items one batch may carry: a batch answers within one call (RULES §11), and the
 /// model's concurrency cap bounds how fast its items go.
 pub const MAX_ITEMS: u64 = 1_000;
-/// The largest request body, the transport's own bound (spec §4).
-pub const MAX_REQUEST_BYTES: u64 = 4_194_304;
+/// The largest `classify.run` params: 64 KiB under the transport's 4 MiB frame (spec §4), so a
+/// request just over it still reaches broca and is refused by name (`invalid_params` naming
+/// `params`, RULES §8) instead of failing in the transport.
+pub const MAX_REQUEST_BYTES: u64 = 4_194_304 - 65_536;
 /// The most questions in one batch: clef's documented bound, which broca applies to Jev too
 /// (TypeSafe documents none; C-Q3.9).
 pub const MAX_QUESTIONS: u64 = clef_limits::MAX_QUESTIONS as u64;
@@ -51,6 +55,11 @@ impl Provider {
     /// The vault credential its calls read (spec §4b; nothing else, §1b).
     pub fn credential_id(self) -> String {
         format!("apikey:{}", self.id())
+    }
+
+    /// The base its calls go to: `providers.<id>.base_url` when `broca.jsonc` names one.
+    pub fn base(self, overrides: &BTreeMap<String, String>) -> &str {
+        overrides.get(self.id()).map_or(super::provider::default_base(self), String::as_str)
     }
 }
 
@@ -112,31 +121,33 @@ pub fn resolve<'c>(catalog: &'c Catalog, model: &str) -> Result<(&'c ModelRow, &
 
 /// The classifier `role.describe`: the module's limits and every routed model the catalog
 /// lists as a present decision row, with its context and prices as the catalog states them
-/// (absent, never zero, when it does not).
-pub fn describe(catalog: &Catalog) -> RoleDescribe {
+/// (absent, never zero, when it does not), and the host its item text goes to (the effective
+/// base's: `providers.<id>.base_url` moves it).
+pub fn describe(catalog: &Catalog, bases: &BTreeMap<String, String>) -> RoleDescribe {
     let entries = ROUTED.iter().filter_map(|routed| {
         let (row, _) = resolve(catalog, routed.catalog_id).ok()?;
-        let mut entry = ModelEntry::new(
-            routed.catalog_id,
-            MAX_QUESTIONS,
-            MAX_ITEMS,
-            row.limit_context.filter(|c| *c > 0),
-            routed.provider.egress_host(),
-        );
-        if let Some(max) = routed.images {
-            entry = entry.with_images(ImageSupport::new(max));
-        }
-        let number = |rate: Option<Rate>| rate.and_then(|r| r.usd_text().parse::<serde_json::Number>().ok());
-        let (input, output) = (number(row.rate_input), number(row.rate_output));
-        if input.is_some() || output.is_some() {
-            let mut price = Price::new();
-            price.input_per_mtok_usd = input;
-            price.output_per_mtok_usd = output;
-            entry = entry.with_price(price);
-        }
-        Some(entry)
+        Some(entry(row, routed, bases))
     });
     RoleDescribe::new(Limits::new(MAX_ITEMS, MAX_REQUEST_BYTES), entries.collect())
+}
+
+/// One model's `role.describe` entry: what its requests are checked against.
+pub fn entry(row: &ModelRow, routed: &Routed, bases: &BTreeMap<String, String>) -> ModelEntry {
+    let host = super::provider::host_of(routed.provider.base(bases));
+    let mut entry =
+        ModelEntry::new(routed.catalog_id, MAX_QUESTIONS, MAX_ITEMS, row.limit_context.filter(|c| *c > 0), host);
+    if let Some(max) = routed.images {
+        entry = entry.with_images(ImageSupport::new(max));
+    }
+    let number = |rate: Option<Rate>| rate.and_then(|r| r.usd_text().parse::<serde_json::Number>().ok());
+    let (input, output) = (number(row.rate_input), number(row.rate_output));
+    if input.is_some() || output.is_some() {
+        let mut price = Price::new();
+        price.input_per_mtok_usd = input;
+        price.output_per_mtok_usd = output;
+        entry = entry.with_price(price);
+    }
+    entry
 }
 
 #[cfg(test)]
@@ -183,7 +194,7 @@ mod tests {
 
     #[test]
     fn describe_lists_what_the_catalog_states_and_nothing_it_does_not() {
-        let describe = describe(&catalog());
+        let describe = describe(&catalog(), &BTreeMap::new());
         cortexkit_role_classifier::describe::check_describe(&describe).unwrap();
         let body = serde_json::to_value(&describe).unwrap();
         let models: Vec<&str> =
@@ -199,7 +210,7 @@ mod tests {
             (clef["images"]["max"].as_u64(), clef.get("price"), clef.get("context_tokens")),
             (Some(4), None, None)
         );
-        assert_eq!(body["limits"], json!({"max_items": 1000, "max_request_bytes": 4194304}));
+        assert_eq!(body["limits"], json!({"max_items": 1000, "max_request_bytes": 4128768}));
         assert_eq!(body["role"], "classifier/v1");
     }
 
@@ -208,6 +219,6 @@ mod tests {
         let lkg = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json");
         let catalog = Catalog::load_lkg(&lkg).unwrap();
         assert!(resolve(&catalog, catalog_ids::CLEF).is_ok());
-        assert_eq!(describe(&catalog).models.len(), 1);
+        assert_eq!(describe(&catalog, &BTreeMap::new()).models.len(), 1);
     }
 }

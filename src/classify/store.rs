@@ -48,6 +48,7 @@ CREATE TABLE IF NOT EXISTS items (
     input_tokens INTEGER,
     output_tokens INTEGER,
     cost_nanos INTEGER,
+    spend_nanos INTEGER,
     error_code TEXT,
     error_message TEXT,
     error_transient INTEGER,
@@ -84,8 +85,10 @@ pub struct ItemUsage {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
     /// The answers object's JSON text, provider numbers as sent (RULES §12), with the reported
-    /// usage and the batch-accounted cost (absent when unpriced).
-    Answered { answers: String, usage: ItemUsage, cost_nanos: Option<u64> },
+    /// usage, its cost from reported tokens (absent when unpriced or a priced count was not
+    /// reported, RULES §10), and the spend the batch ceiling counts (reported tokens, input
+    /// estimated when unreported; 0 when unpriced).
+    Answered { answers: String, usage: ItemUsage, cost_nanos: Option<u64>, spend_nanos: u64 },
     /// A stored item error; `transient` ones are retried on a re-send (RULES §4).
     Failed { code: String, message: String, transient: bool },
 }
@@ -274,18 +277,18 @@ impl SystemOne {
         if stored.as_ref().is_some_and(|o| !o.retried_on_resend()) {
             return Ok(false);
         }
-        let (answers, usage, cost, error) = match outcome {
-            Outcome::Answered { answers, usage, cost_nanos } => {
-                (Some(answers.as_str()), usage.clone(), *cost_nanos, None)
+        let (answers, usage, cost, spend, error) = match outcome {
+            Outcome::Answered { answers, usage, cost_nanos, spend_nanos } => {
+                (Some(answers.as_str()), usage.clone(), *cost_nanos, Some(*spend_nanos), None)
             }
             Outcome::Failed { code, message, transient } => {
-                (None, ItemUsage::default(), None, Some((code.as_str(), message.as_str(), *transient)))
+                (None, ItemUsage::default(), None, None, Some((code.as_str(), message.as_str(), *transient)))
             }
         };
         tx.execute(
-            "INSERT OR REPLACE INTO items (batch_id, item, answers, input_tokens, output_tokens, cost_nanos,
+            "INSERT OR REPLACE INTO items (batch_id, item, answers, input_tokens, output_tokens, cost_nanos, spend_nanos,
                                            error_code, error_message, error_transient, recorded_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?11, ?7, ?8, ?9, ?10)",
             params![
                 batch_id,
                 to_sql(item),
@@ -296,7 +299,8 @@ impl SystemOne {
                 error.map(|e| e.0),
                 error.map(|e| e.1),
                 error.map(|e| e.2),
-                to_sql(now_ms)
+                to_sql(now_ms),
+                spend.map(to_sql)
             ],
         )?;
         if let Some(fact) = intent {
@@ -313,11 +317,24 @@ impl SystemOne {
     pub fn spent_nanos(&self, batch_id: &str) -> Result<u64, StoreError> {
         let conn = self.conn.lock();
         let sum: Option<i64> = conn.query_row(
-            "SELECT SUM(cost_nanos) FROM items WHERE batch_id = ?1 AND answers IS NOT NULL",
+            "SELECT SUM(spend_nanos) FROM items WHERE batch_id = ?1 AND answers IS NOT NULL",
             params![batch_id],
             |r| r.get(0),
         )?;
         Ok(sum.map_or(0, from_sql))
+    }
+
+    /// Undoes a first admission whose call was refused at its first provider call (RULES §14:
+    /// the refusal records no batch): deletes the batch if `holder` holds it and it has no
+    /// outcome. Returns whether it was deleted.
+    pub fn forget(&self, batch_id: &str, holder: &str) -> Result<bool, StoreError> {
+        let conn = self.conn.lock();
+        let deleted = conn.execute(
+            "DELETE FROM batches WHERE batch_id = ?1 AND holder = ?2
+               AND NOT EXISTS (SELECT 1 FROM items WHERE items.batch_id = ?1)",
+            params![batch_id, holder],
+        )?;
+        Ok(deleted == 1)
     }
 
     /// Ends a call's hold on its batch (only the holder's own).
@@ -372,7 +389,7 @@ impl SystemOne {
 
 fn outcomes(conn: &Connection, batch_id: &str) -> Result<BTreeMap<u64, Outcome>, StoreError> {
     let mut stmt = conn.prepare(
-        "SELECT item, answers, input_tokens, output_tokens, cost_nanos, error_code, error_message, error_transient
+        "SELECT item, answers, input_tokens, output_tokens, cost_nanos, spend_nanos, error_code, error_message, error_transient
          FROM items WHERE batch_id = ?1",
     )?;
     let rows = stmt.query_map(params![batch_id], |r| Ok((from_sql(r.get(0)?), outcome_row(r, 1)?)))?;
@@ -382,7 +399,7 @@ fn outcomes(conn: &Connection, batch_id: &str) -> Result<BTreeMap<u64, Outcome>,
 fn item_outcome(conn: &Connection, batch_id: &str, item: u64) -> Result<Option<Outcome>, StoreError> {
     Ok(conn
         .query_row(
-            "SELECT answers, input_tokens, output_tokens, cost_nanos, error_code, error_message, error_transient
+            "SELECT answers, input_tokens, output_tokens, cost_nanos, spend_nanos, error_code, error_message, error_transient
              FROM items WHERE batch_id = ?1 AND item = ?2",
             params![batch_id, to_sql(item)],
             |r| outcome_row(r, 0),
@@ -390,7 +407,7 @@ fn item_outcome(conn: &Connection, batch_id: &str, item: u64) -> Result<Option<O
         .optional()?)
 }
 
-/// An outcome from the seven item columns starting at `at`.
+/// An outcome from the eight item columns starting at `at`.
 fn outcome_row(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Outcome> {
     let answers: Option<String> = r.get(at)?;
     Ok(match answers {
@@ -401,11 +418,12 @@ fn outcome_row(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Outcome> {
                 output_tokens: r.get::<_, Option<i64>>(at + 2)?.map(from_sql),
             },
             cost_nanos: r.get::<_, Option<i64>>(at + 3)?.map(from_sql),
+            spend_nanos: r.get::<_, Option<i64>>(at + 4)?.map_or(0, from_sql),
         },
         None => Outcome::Failed {
-            code: r.get::<_, Option<String>>(at + 4)?.unwrap_or_default(),
-            message: r.get::<_, Option<String>>(at + 5)?.unwrap_or_default(),
-            transient: r.get::<_, Option<bool>>(at + 6)?.unwrap_or(false),
+            code: r.get::<_, Option<String>>(at + 5)?.unwrap_or_default(),
+            message: r.get::<_, Option<String>>(at + 6)?.unwrap_or_default(),
+            transient: r.get::<_, Option<bool>>(at + 7)?.unwrap_or(false),
         },
     })
 }
@@ -441,6 +459,7 @@ mod tests {
             answers: text.into(),
             usage: ItemUsage { input_tokens: Some(7), output_tokens: None },
             cost_nanos: Some(cost),
+            spend_nanos: cost,
         }
     }
 

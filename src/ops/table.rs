@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use subc_protocol::manifest::{
     CapabilityDeclarations, Concurrency, IdentityScope, ManagementOperation, ManagementOperationKind, ModuleManifest,
-    OperationDelivery, ProviderRole,
+    OperationDelivery, ProviderRole, SelfSignalDeclaration, SelfSignalEffect, SelfSignalKind, SignalAnchor,
 };
 
 use crate::op::{Op, OpKind};
@@ -12,7 +12,7 @@ use crate::op::{Op, OpKind};
 /// The module manifest: a `management_surface` claiming `llm-runner/v1`; writes are `mutate`,
 /// streams are delivered as a watch.
 pub fn manifest(module_id: &str) -> ModuleManifest {
-    let operations = Op::ALL
+    let mut operations: Vec<ManagementOperation> = Op::ALL
         .iter()
         .map(|o| ManagementOperation {
             name: o.name().to_owned(),
@@ -23,6 +23,12 @@ pub fn manifest(module_id: &str) -> ModuleManifest {
             description: None,
         })
         .collect();
+    // Served on classifier routes only (spec §4b); it writes `system-one.db`.
+    operations.push(ManagementOperation {
+        name: cortexkit_role_classifier::ops::CLASSIFY_RUN.to_owned(),
+        kind: ManagementOperationKind::Mutate,
+        description: None,
+    });
     let delivery: BTreeMap<String, OperationDelivery> = Op::ALL
         .iter()
         .filter(|o| o.kind() == OpKind::Stream)
@@ -37,12 +43,36 @@ pub fn manifest(module_id: &str) -> ModuleManifest {
             concurrency: Concurrency::ModuleManaged,
         }])
         .capabilities(Some(CapabilityDeclarations {
-            provides: vec![cortexkit_role_llm_runner::PROVIDES.to_owned()],
+            provides: vec![
+                cortexkit_role_llm_runner::PROVIDES.to_owned(),
+                cortexkit_role_classifier::PROVIDES.to_owned(),
+                // Classifier calls are attributed to a stamped run or flow (spec §4b); a flow
+                // is never taken for its owner agent, a run never exercises its authority.
+                subc_protocol::scope::AGENT_RUN_SCOPES_CAPABILITY.to_owned(),
+                subc_protocol::scope::FLOW_SCOPES_CAPABILITY.to_owned(),
+            ],
             requires: Vec::new(),
             must_never_reach: Vec::new(),
         }))
         .operation_delivery(delivery)
+        .self_signals(Some(vec![busy_gauges()]))
         .build()
+}
+
+/// The work a drain waits for ("Graceful restart policy"): runs, actors opening or closing,
+/// classifier batches in flight. Paused actors are idle.
+pub const BUSY_GAUGES: [&str; 4] = ["runs_in_flight", "opening", "closing", "system_one_batches_in_flight"];
+
+fn busy_gauges() -> SelfSignalDeclaration {
+    SelfSignalDeclaration {
+        name: "in_flight_work".to_owned(),
+        kind: SelfSignalKind::Busy,
+        effect: SelfSignalEffect::Mutate,
+        anchored_to: SignalAnchor::HealthGauges { gauges: BUSY_GAUGES.iter().map(|g| (*g).to_owned()).collect() },
+        cadence: None,
+        domain: None,
+        note: None,
+    }
 }
 
 #[cfg(test)]

@@ -115,3 +115,80 @@ pub(super) fn insert_facts(
     }
     Ok(())
 }
+
+/// A `system_one` fact (spec §4b "Metering"): one answered classifier item, sessionless. Its
+/// text is the measurement intent `system-one.db` commits with the item's outcome; publishing
+/// inserts it once (`fact_id` is unique), so a republish at start adds nothing.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SystemOneFact {
+    /// `system_one:<item>:<batch_id>` (the batch id last: it may hold `:`).
+    pub fact_id: String,
+    pub batch_id: String,
+    pub item: u64,
+    pub provider: String,
+    pub model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flow_id: Option<String>,
+    /// Reported tokens only; absent is not zero.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_tokens: Option<u64>,
+    pub occurred_at_ms: u64,
+}
+
+impl SystemOneFact {
+    pub fn id_for(batch_id: &str, item: u64) -> String {
+        format!("system_one:{item}:{batch_id}")
+    }
+}
+
+/// Adds the columns sessionless facts carry to a table an older layout created (a read when
+/// they exist: opening writes nothing then).
+pub(super) fn add_system_one_columns(conn: &Connection) -> Result<(), StoreError> {
+    for (column, ty) in [("batch_id", "TEXT"), ("item_index", "INTEGER"), ("agent_id", "TEXT"), ("flow_id", "TEXT")] {
+        let has = conn.prepare("SELECT 1 FROM pragma_table_info('export_facts') WHERE name = ?1")?.exists([column])?;
+        if !has {
+            conn.execute_batch(&format!("ALTER TABLE export_facts ADD COLUMN {column} {ty}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Inserts `system_one` facts once each; returns how many were new.
+pub(super) fn insert_system_one_facts(
+    tx: &Connection,
+    facts: &[SystemOneFact],
+    recorded_at_ms: u64,
+) -> Result<usize, StoreError> {
+    let mut stmt = tx.prepare_cached(
+        "INSERT OR IGNORE INTO export_facts (fact_id, kind, lineage, session, harness, project_root, run_id, provider, model,
+            steps, unreported_steps, input_tokens, output_tokens, terminal_reason, occurred_at_ms, occurred_at_precision,
+            recorded_at_ms, batch_id, item_index, agent_id, flow_id)
+         VALUES (?1, 'system_one', '', '', '', '', ?2, ?3, ?4, 1, ?5, ?6, ?7, 'answered', ?8, 'terminal', ?9, ?10, ?11, ?12, ?13)",
+    )?;
+    let mut added = 0;
+    for f in facts {
+        let unreported = f.input_tokens.is_none() && f.output_tokens.is_none();
+        added += stmt.execute(params![
+            f.fact_id,
+            f.run_id.as_deref().unwrap_or(""),
+            f.provider,
+            f.model,
+            unreported as i64,
+            f.input_tokens.map(|v| v as i64),
+            f.output_tokens.map(|v| v as i64),
+            f.occurred_at_ms as i64,
+            recorded_at_ms as i64,
+            f.batch_id,
+            f.item as i64,
+            f.agent_id,
+            f.flow_id
+        ])?;
+    }
+    Ok(added)
+}

@@ -17,7 +17,7 @@
 //! so the watermark never claims messages the table lacks.
 
 mod error;
-mod export;
+pub mod export;
 #[cfg(debug_assertions)]
 mod faults;
 pub mod writer;
@@ -336,6 +336,7 @@ impl Store {
             tx.execute("INSERT OR IGNORE INTO export_meta (key, value) VALUES ('high_water', '0')", [])?;
             tx.commit()?;
         }
+        export::add_system_one_columns(&conn)?;
         let readers = (0..READ_CONNECTIONS).map(|_| Mutex::new(None)).collect();
         Ok(Store {
             path: path.to_path_buf(),
@@ -505,6 +506,20 @@ impl Store {
         self.faults.at_commit(&self.path)?;
         tx.commit()?;
         Ok(())
+    }
+
+    /// Publishes `system_one` facts (spec §4b "Metering"), insert-once, in one transaction with
+    /// the high-water mark; returns how many were new.
+    pub fn publish_system_one(&self, facts: &[export::SystemOneFact]) -> Result<usize, StoreError> {
+        let mut conn = self.conn.lock();
+        let tx = conn.transaction()?;
+        let added = export::insert_system_one_facts(&tx, facts, self.clock.now_ms())?;
+        tx.execute(
+            "UPDATE export_meta SET value = (SELECT COALESCE(MAX(export_seq), 0) FROM export_facts) WHERE key = 'high_water'",
+            [],
+        )?;
+        tx.commit()?;
+        Ok(added)
     }
 
     /// Fails the `nth` flush from now (1: the next) at its commit, as an I/O error there would:
