@@ -445,6 +445,19 @@ mod tests {
         BrocaConfig::parse(Path::new("/state/broca.jsonc"), text)
     }
 
+    #[test]
+    fn provider_bases_are_urls_and_nothing_else() {
+        let config = parse(r#"{"providers": {"typesafe": {"base_url": "http://127.0.0.1:9/"}, "x": {}}}"#).unwrap();
+        assert_eq!(config.provider_base_urls.get("typesafe").map(String::as_str), Some("http://127.0.0.1:9"));
+        assert!(!config.provider_base_urls.contains_key("x"));
+        assert_eq!(
+            refused_member(r#"{"providers": {"typesafe": {"base_url": "ftp://h"}}}"#),
+            "providers.typesafe.base_url"
+        );
+        assert_eq!(refused_member(r#"{"providers": {"typesafe": {"base": "http://h"}}}"#), "providers.typesafe.base");
+        assert_eq!(refused_member(r#"{"providers": []}"#), "providers");
+    }
+
     /// The refused member's name, and the message (which must name the file and the member).
     fn refused_member(text: &str) -> String {
         let err = parse(text).expect_err(text);

@@ -2,8 +2,8 @@
 //! (model-batch RULES §9, checklist C-27), and the classifier `role.describe` built from both
 //! (classifier CONTRACT §2).
 //!
-//! A catalog row is a classifier when its `model.kind` is `decision` (the spec's word; the role
-//! crate says "classifier": decision C-Q3.2). A row stating another kind, or none, is
+//! A catalog row is a classifier when its `model.kind` is `decision` (the spec's word) or
+//! `classifier` (the role crate's; decision C-Q3.2). A row stating another kind, or none, is
 //! `model_not_classifier` (its `detail.kind` only when the row states one); a model the catalog
 //! does not list is `model_unknown`; a decision row this build does not route, or one the
 //! catalog lists as retired, is `model_unavailable`.
@@ -25,6 +25,10 @@ pub const MAX_REQUEST_BYTES: u64 = 4_194_304 - 65_536;
 /// The most questions in one batch: clef's documented bound, which broca applies to Jev too
 /// (TypeSafe documents none; C-Q3.9).
 pub const MAX_QUESTIONS: u64 = clef_limits::MAX_QUESTIONS as u64;
+
+/// The catalog's kind for a decision model (spec §4b); the role crate's `classifier` is read
+/// the same way.
+pub const DECISION_KIND: &str = "decision";
 
 /// Who answers a routed model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,7 +113,7 @@ pub enum ModelRefusal {
 /// The catalog row and the routing of `model`.
 pub fn resolve<'c>(catalog: &'c Catalog, model: &str) -> Result<(&'c ModelRow, &'static Routed), ModelRefusal> {
     let row = catalog.row(model).ok_or(ModelRefusal::Unknown)?;
-    if row.kind.as_deref() != Some("decision") {
+    if !matches!(row.kind.as_deref(), Some(DECISION_KIND | cortexkit_role_classifier::request::CLASSIFIER_KIND)) {
         return Err(ModelRefusal::NotClassifier { kind: row.kind.clone() });
     }
     let routed = ROUTED.iter().find(|r| r.catalog_id == model).ok_or(ModelRefusal::Unavailable)?;

@@ -138,10 +138,13 @@ fn validate<'t>(c: &Classifier, text: &'t str) -> Result<Call<'t>, Refusal> {
     let (row, routed) = match models::resolve(catalog, &request.model) {
         Ok(found) => found,
         Err(ModelRefusal::Unknown) => return Err(Refusal::model_unknown(&request.model)),
-        Err(ModelRefusal::NotClassifier { kind }) => {
+        Err(ModelRefusal::NotClassifier { kind: Some(kind) }) => {
+            return Err(Refusal::model_not_classifier(&request.model, kind));
+        }
+        Err(ModelRefusal::NotClassifier { kind: None }) => {
             use cortexkit_model_batch::admission::CatalogRow;
-            let row = kind.as_deref().map_or(CatalogRow::Kindless, CatalogRow::Kind);
-            return Err(check_catalog_row(&request.model, row).expect_err("a non-decision row"));
+            let kindless = check_catalog_row(&request.model, CatalogRow::Kindless);
+            return Err(kindless.err().unwrap_or_else(|| Refusal::model_unknown(&request.model)));
         }
         Err(ModelRefusal::Unavailable) => return Err(Refusal::model_unavailable(&request.model)),
     };

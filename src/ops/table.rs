@@ -94,5 +94,22 @@ mod tests {
             assert_eq!(kind(query), Some(ManagementOperationKind::Query), "{query}");
         }
         assert_eq!(manifest.operation_delivery.get("session.subscribe"), Some(&OperationDelivery::Watch));
+        assert_eq!(kind("classify.run"), Some(ManagementOperationKind::Mutate), "it writes system-one.db");
+    }
+
+    /// Spec §4b: the manifest provides classifier/v1 (with the scope capabilities its calls'
+    /// attribution needs) and declares the busy gauges a drain waits for.
+    #[test]
+    fn the_classifier_role_and_the_busy_gauges_are_declared() {
+        let manifest = manifest("broca");
+        let provides = &manifest.capabilities.as_ref().unwrap().provides;
+        for cap in ["llm-runner/v1", "classifier/v1", "agent-run-scopes/v1", "flow-scopes/v1"] {
+            assert!(provides.iter().any(|p| p == cap), "{cap} in {provides:?}");
+        }
+        let signals = manifest.self_signals.as_ref().unwrap();
+        let busy: Vec<&SelfSignalDeclaration> = signals.iter().filter(|s| s.kind == SelfSignalKind::Busy).collect();
+        assert_eq!(busy.len(), 1);
+        let SignalAnchor::HealthGauges { gauges } = &busy[0].anchored_to else { panic!("{busy:?}") };
+        assert_eq!(gauges, &BUSY_GAUGES.map(String::from).to_vec());
     }
 }
