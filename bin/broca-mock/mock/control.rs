@@ -45,6 +45,7 @@ pub(crate) fn handle(shared: &Shared, request: &Request) -> Reply {
             shared.lanes.reset(lane);
             Reply::empty(204)
         }
+        (_, ["classify", rest @ ..]) => super::classify::control(&shared.classify, request, rest),
         (_, ["health"] | ["connections"] | ["lanes", _, "script" | "requests"] | ["lanes", _]) => {
             Reply::refusal(405, "method not allowed on this control route")
         }

@@ -194,6 +194,7 @@ pub(crate) fn reason(status: u16) -> &'static str {
         502 => "Bad Gateway",
         503 => "Service Unavailable",
         504 => "Gateway Timeout",
+        507 => "Insufficient Storage",
         529 => "Overloaded",
         _ => "Status",
     }

@@ -22,6 +22,7 @@
 //! | `POST /v1/v1internal:streamGenerateContent?alt=sse` | `default` | Google Code Assist |
 //! | `POST /v1/model/<percent-encoded id>/converse-stream` | `default` | Bedrock Converse (an AWS event stream) |
 //! | `POST /lane/<name>/v1/<same>` | `<name>` | by the rest of the path |
+//! | `POST /v1/systemone`, `POST /client/v4/accounts/<id>/ai/run/@cf/cloudflare/<model>` | none | the classifier providers TypeSafe and Workers AI: answers scripted per `state`, counted, held; control under `/_mock/classify/` ([`classify`]) |
 //!
 //! Every request under a lane prefix is recorded ([`RecordedRequest`]: method, target, headers,
 //! body bytes and their SHA-256, family) *before* it is answered. Each model request then pops
@@ -126,6 +127,7 @@
 //! | `GET /_mock/lanes/<lane>/requests` | 200, JSON array of `{method, path, headers: [[name, value]...], body (UTF-8, lossy), body_sha256, family}`; header `X-Mock-Dropped-Requests` |
 //! | `GET /_mock/lanes/<lane>` | 200 `{"pending", "recorded", "dropped"}` |
 //! | `DELETE /_mock/lanes/<lane>` | 204; FIFO and records cleared |
+//! | `/_mock/classify/…` | the classifier stand-in's scripts, counts, log, holds and delay ([`classify`]) |
 //!
 //! # Bounds
 //!
@@ -133,6 +135,7 @@
 //! bodies 411. Each lane keeps the last [`MAX_RECORDED_PER_LANE`] requests and counts the
 //! dropped ones. At most [`MAX_CONNECTIONS`] connections are served at once (503 beyond).
 
+pub mod classify;
 mod control;
 mod http;
 mod lanes;
@@ -184,6 +187,9 @@ pub struct MockOptions {
     /// Close a kept-alive connection after this much idleness instead of [`KEEP_ALIVE_IDLE`]
     /// (a provider whose idle timeout a client may outlive).
     pub idle_close: Option<Duration>,
+    /// Append every classifier provider call, once answered, to this file as a JSON line
+    /// ([`classify`]; created if absent).
+    pub classify_log: Option<std::path::PathBuf>,
 }
 
 /// Connections and TLS handshakes counted at the server, outside any client.
@@ -198,6 +204,8 @@ pub struct Connections {
 #[derive(Default)]
 pub(crate) struct Shared {
     pub(crate) lanes: Lanes,
+    /// The classifier providers' stand-in.
+    pub(crate) classify: classify::Stand,
     next_id: AtomicU64,
     stopping: http::Stopping,
     connections: AtomicUsize,
@@ -244,7 +252,8 @@ impl MockServer {
             Some(id) => (Some(id.config), Some(id.ca_pem)),
             None => (None, None),
         };
-        let shared = Arc::new(Shared { options, tls, ..Shared::default() });
+        let classify = classify::Stand::new(options.classify_log.as_deref())?;
+        let shared = Arc::new(Shared { options, tls, classify, ..Shared::default() });
         let accept_shared = Arc::clone(&shared);
         let handle = thread::Builder::new()
             .name("broca-mock-listen".into())
@@ -319,6 +328,11 @@ impl MockServer {
     /// Clears the lane's FIFO and records.
     pub fn reset(&self, lane: &str) {
         self.shared.lanes.reset(lane);
+    }
+
+    /// The classifier providers' stand-in: scripts, counts, holds and the call log.
+    pub fn classify(&self) -> &classify::Stand {
+        &self.shared.classify
     }
 
     /// Stops accepting and joins the listener thread; streams in flight end at their next
@@ -449,6 +463,13 @@ fn serve_request(shared: &Shared, conn: &mut Conn, request: Request, keep: bool)
     log::debug!("broca-mock {} {} ({} body bytes)", request.method, request.target, request.body.len());
     if request.path().starts_with("/_mock/") {
         http::write_reply(conn, &control::handle(shared, &request), keep)?;
+        return Ok(keep);
+    }
+    if let Some(route) = classify::route(request.path()) {
+        let Some(reply) = classify::answer(&shared.classify, &shared.stopping, &request, route) else {
+            return Ok(false);
+        };
+        http::write_reply(conn, &reply, keep)?;
         return Ok(keep);
     }
     let Some((lane, rest)) = route(request.path()) else {
