@@ -13,7 +13,7 @@ use mock::{MockServer, Script};
 use tools::script::{ScopeClass, ToolScript};
 
 const USAGE: &str = "\
-usage: broca-mock [--bind ADDR] [--script FILE] [--tls-ca FILE] [--until-stdin-eof]
+usage: broca-mock [--bind ADDR] [--script FILE] [--tls-ca FILE] [--classify-log PATH] [--until-stdin-eof]
        broca-mock [--tools FILE] [--call-log PATH] [--call-log-fsync] [--keepalive-ms N]
                   --subc CONNECTION_FILE
        broca-mock --fusiform-script FILE [--request-log PATH] --subc CONNECTION_FILE
@@ -31,10 +31,14 @@ Point a route's base URL at <url>/v1 (lane \"default\") or <url>/lane/<name>/v1.
   --tls-ca FILE        serve HTTPS (BROCA_MOCK_URL=https://...) with a certificate generated at
                        start, and write the root that signed it to FILE (PEM) for the client
                        to trust explicitly (debug broca builds: BROCA_TEST_PROVIDER_CA=FILE)
+  --classify-log PATH  append every classifier provider call (POST /v1/systemone, Workers AI's
+                       /client/v4/accounts/<id>/ai/run/@cf/cloudflare/<model>) as a JSON line
+                       {n, provider, key, status, at_ms}
   --until-stdin-eof    exit when stdin reaches end of file
 
 Control endpoint: POST /_mock/lanes/<lane>/script, GET /_mock/lanes/<lane>/requests,
-DELETE /_mock/lanes/<lane>, GET /_mock/health.
+DELETE /_mock/lanes/<lane>, GET /_mock/health; the classifier stand-in under /_mock/classify/
+(bin/broca-mock/mock/classify.rs).
 
 Vault mode: `broca-mock claustrum --vault FILE [--vault-log PATH] --subc FILE` serves a scripted
 claustrum vault (credential.get_scoped, credential.get, credential.report_auth_failure) as the
@@ -90,6 +94,7 @@ struct HttpArgs {
     script: Option<String>,
     until_stdin_eof: bool,
     tls_ca: Option<PathBuf>,
+    classify_log: Option<PathBuf>,
 }
 
 #[derive(Debug)]
@@ -111,7 +116,8 @@ fn parse_args(args: &[String]) -> Result<Command, String> {
         Some("catalog") => return parse_catalog(&args[1..]),
         _ => {}
     }
-    let mut http = HttpArgs { bind: "127.0.0.1:0".into(), script: None, until_stdin_eof: false, tls_ca: None };
+    let mut http =
+        HttpArgs { bind: "127.0.0.1:0".into(), script: None, until_stdin_eof: false, tls_ca: None, classify_log: None };
     let mut http_flag = None;
     let (mut subc, mut tools, mut call_log, mut fsync, mut keepalive_ms) = (None, None, None, false, None);
     let mut tool_flag = None;
@@ -130,6 +136,10 @@ fn parse_args(args: &[String]) -> Result<Command, String> {
             }
             "--script" => {
                 http.script = Some(value(&mut it, arg, "a file")?);
+                http_flag = Some(arg);
+            }
+            "--classify-log" => {
+                http.classify_log = Some(PathBuf::from(value(&mut it, arg, "a path")?));
                 http_flag = Some(arg);
             }
             "--until-stdin-eof" => {
@@ -302,7 +312,8 @@ fn run(args: &HttpArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
         None => None,
     };
-    let options = mock::MockOptions { tls: args.tls_ca.is_some(), ..Default::default() };
+    let options =
+        mock::MockOptions { tls: args.tls_ca.is_some(), classify_log: args.classify_log.clone(), ..Default::default() };
     let mut server =
         MockServer::start_with(&args.bind, options).map_err(|e| format!("cannot listen on {}: {e}", args.bind))?;
     if let (Some(path), Some(pem)) = (&args.tls_ca, server.ca_pem()) {
@@ -348,6 +359,11 @@ mod tests {
         };
         assert_eq!((t.conn_file, t.tools, t.call_log), ("f".into(), Some("t.jsonc".into()), Some("c".into())));
         assert!(parse_args(&args(&["--bind", "x", "--subc", "f"])).unwrap_err().contains("--bind"));
+        assert!(matches!(
+            parse_args(&args(&["--classify-log", "c.jsonl"])),
+            Ok(Command::Http(h)) if h.classify_log == Some("c.jsonl".into())
+        ));
+        assert!(parse_args(&args(&["--classify-log", "c", "--subc", "f"])).unwrap_err().contains("--classify-log"));
         assert!(parse_args(&args(&["--tools", "t"])).unwrap_err().contains("needs --subc"));
         assert!(parse_args(&args(&["--subc"])).is_err());
         assert!(matches!(
