@@ -105,6 +105,7 @@ bench:
 	$(CARGO) run --release --locked --example send-bench
 	$(CARGO) run --release --locked --example tool-bench
 	$(CARGO) run --release --locked --example refs-bench
+	$(CARGO) run --release --locked --example classify-bench
 
 # A thousand sessions with runs active at once (one observer each) and a boot over ten thousand
 # sessions, through the real daemon (about two minutes; not part of `make bench`).

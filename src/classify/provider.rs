@@ -197,7 +197,7 @@ pub fn status_error(provider: Provider, status: u16, body: &str) -> ItemError {
             let first = errors.iter().find_map(|e| e.code.map(|c| (c, e.message.as_deref().unwrap_or(""))));
             let code = workers_ai_item_code(status, first.map(|(c, _)| c)).unwrap_or(fallback);
             let message = match first {
-                Some((c, m)) if m.is_empty() => format!("Workers AI answered HTTP {status}, code {c}"),
+                Some((c, "")) => format!("Workers AI answered HTTP {status}, code {c}"),
                 Some((c, m)) => format!("Workers AI answered HTTP {status}, code {c}: {}", clip(m)),
                 None => format!("Workers AI answered HTTP {status}"),
             };

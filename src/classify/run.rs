@@ -168,10 +168,7 @@ fn validate<'t>(c: &Classifier, text: &'t str) -> Result<Call<'t>, Refusal> {
             estimate_item(&input, rate).map_or(u64::MAX, |e| e.cost_nanos)
         })
         .collect();
-    let ceiling_nanos = match &request.max_cost_usd {
-        Some(usd) => Some(usd_to_nanos(usd, Rounding::Down).unwrap_or(u64::MAX)),
-        None => None,
-    };
+    let ceiling_nanos = request.max_cost_usd.as_ref().map(|usd| usd_to_nanos(usd, Rounding::Down).unwrap_or(u64::MAX));
     if let (Some(ceiling), Some(usd)) = (ceiling_nanos, &request.max_cost_usd) {
         let total = estimates.iter().fold(0u64, |a, e| a.saturating_add(*e));
         if total > ceiling {

@@ -110,6 +110,8 @@ pub struct Options {
     pub seed_lkg: bool,
     /// broca's `broca.jsonc` (written into the state root before broca starts), if any.
     pub broca_jsonc: Option<Value>,
+    /// More top-level members of the daemon's `subc.jsonc` (e.g. `scope_authority_owners`).
+    pub daemon: Vec<(String, Value)>,
 }
 
 impl Default for Options {
@@ -126,6 +128,7 @@ impl Default for Options {
             launcher: None,
             seed_lkg: true,
             broca_jsonc: None,
+            daemon: Vec::new(),
         }
     }
 }
@@ -206,7 +209,8 @@ impl Harness {
                 .unwrap();
         }
         if let Some(config) = &opts.broca_jsonc {
-            fs::write(root.join("state/broca.jsonc"), config.to_string()).unwrap();
+            // `{mock}` stands for the mock provider's root URL (known only now).
+            fs::write(root.join("state/broca.jsonc"), config.to_string().replace("{mock}", &mock.url())).unwrap();
         }
         let mut env = json!({
             "CK_LOG": opts.ck_log,
@@ -225,7 +229,10 @@ impl Harness {
         for (id, extra) in &opts.modules {
             modules[id] = extra.clone();
         }
-        let config = json!({"version": 1, "modules": modules});
+        let mut config = json!({"version": 1, "modules": modules});
+        for (key, value) in &opts.daemon {
+            config[key] = value.clone();
+        }
         fs::write(root.join("config/cortexkit/subc.jsonc"), config.to_string()).unwrap();
         let conn_file = root.join("runtime/subc-connection.json");
         let daemon_config = BootstrapConfig::new(conn_file.clone(), 0)

@@ -1,0 +1,194 @@
+//! The classifier/v1 role end to end (spec §4b): the real subc daemon supervises broca,
+//! `broca-mock claustrum` (the vault, holding the Workers AI token and account id) and
+//! `broca-mock --tools` as the scope authority that syncs a run scope and a flow scope; the
+//! harness's MockServer plays Workers AI (`/client/v4/accounts/{id}/ai/run/@cf/cloudflare/clef`)
+//! and counts every provider call per item outside broca.
+//!
+//! Checked: classifier routes and their refusals (pinned bytes), attribution by stamped scope,
+//! the vault's credential and account at the provider, replay without a provider call,
+//! `system_one` facts in `run-index.db` once per answered item, and a SIGKILL campaign: broca
+//! killed at random moments and at its `classify.` fail points while batches run; afterwards
+//! no item whose answer was recorded was asked again, no fact was published twice, and every
+//! batch was released at restart (its re-send is admitted, never `batch_in_progress`).
+
+use broca_mock::mock;
+mod classify_rig;
+mod pin;
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use classify_rig::*;
+use serde_json::{json, Value};
+
+#[test]
+fn classifier_routes_end_to_end() {
+    let base = tempfile::Builder::new().prefix("bce").tempdir_in("/tmp").unwrap();
+    let h = start(base.path(), false);
+    let stand = Stand(&h);
+    stand.post("auth", json!({"workers_ai": format!("Bearer {CF_SECRET}"), "account_id": ACCOUNT}));
+    let run = ready(&h);
+
+    // role.describe: the catalog's clef row, its egress host the effective base's.
+    pin::assert_golden("classify.describe.json", &run.ok("role.describe", "{}"), None);
+
+    // Answers with the provider's number text, the vault's token and account at the provider.
+    let states: Vec<String> = (0..3).map(|i| h.unique(&format!("item-{i}"))).collect();
+    for (i, s) in states.iter().enumerate() {
+        stand.answer(s, &noul(["0.70", "3e-1", "1"][i]));
+    }
+    let body = batch("b-one", &states);
+    let first = run.ok("classify.run", &body);
+    assert!(first.contains(r#""noul":0.70"#) && first.contains(r#""noul":3e-1"#), "{first}");
+    assert_eq!(run.ok("classify.run", &body), first, "a replay answers the same bytes");
+    for s in &states {
+        assert_eq!(stand.calls(s), 1, "asked once, replay served from system-one.db");
+    }
+    let log = stand.log();
+    assert!(
+        log.iter().all(|c| c["authorization"] == format!("Bearer {CF_SECRET}") && c["account_id"] == ACCOUNT),
+        "{log:?}"
+    );
+    let published = facts(&h, "b-one");
+    assert_eq!(published.len(), 3, "one fact per answered item: {published:?}");
+    assert!(published.iter().all(|(_, run_id, flow)| run_id.as_deref() == Some("run-7") && flow.is_none()));
+
+    // Refusals, each writing nothing and calling no provider.
+    let unscoped = open(&h, None, &[("classifier", "v1")]).expect("an unscoped classifier route opens");
+    pin::assert_golden("classify.scope_required.json", &unscoped.refused("classify.run", &body).to_string(), None);
+    assert!(unscoped.request("role.describe", "{}").is_ok(), "describe needs no work scope");
+    let flow = open(&h, Some("flow-scope"), &[("classifier", "v1")]).unwrap();
+    pin::assert_golden("classify.batch_scope_mismatch.json", &flow.refused("classify.run", &body).to_string(), None);
+    pin::assert_golden("classify.unknown_method.json", &run.refused("session.read", "{}").to_string(), None);
+    let reuse = batch("b-one", &states[..2]);
+    pin::assert_golden("classify.batch_id_reuse.json", &run.refused("classify.run", &reuse).to_string(), None);
+    let chat = body.replace(CLEF, "anthropic/claude-sonnet-4-5");
+    pin::assert_golden("classify.model_not_classifier.json", &run.refused("classify.run", &chat).to_string(), None);
+    let both = open(&h, Some("run-scope"), &[("classifier", "v1"), ("llm-runner", "v1")]);
+    let refused = match &both {
+        Err(e) => e.route_open_refusal().cloned().unwrap_or_else(|| panic!("not a bind refusal: {e}")),
+        Ok(_) => panic!("a bind declaring two roles opened"),
+    };
+    pin::assert_golden("classify.role_versions_unsupported.json", &serde_json::to_string(&refused).unwrap(), None);
+    let runner = h.session("classify-e2e", "runner", None);
+    let (code, _) = runner.refused("classify.run", serde_json::from_str(&body).unwrap());
+    assert_eq!(code, "unknown_method", "an llm-runner route refuses classify.run");
+
+    // A flow batch is attributed to the flow, never to an agent.
+    let flow_state = h.unique("flow-item");
+    stand.answer(&flow_state, &noul("0.5"));
+    flow.ok("classify.run", &batch("b-flow", std::slice::from_ref(&flow_state)));
+    let flow_facts = facts(&h, "b-flow");
+    assert_eq!(flow_facts.len(), 1);
+    assert_eq!((flow_facts[0].1.as_deref(), flow_facts[0].2.as_deref()), (Some(""), Some("flow-3")));
+
+    // Workers AI's daily allocation on the first call refuses the call and records nothing.
+    let walled = h.unique("walled");
+    stand.status(&walled, 429, Some(3036));
+    let body = batch("b-walled", std::slice::from_ref(&walled));
+    pin::assert_golden("classify.account_limit_exhausted.json", &run.refused("classify.run", &body).to_string(), None);
+    stand.answer(&walled, &noul("0.25"));
+    run.ok("classify.run", &body);
+
+    h.stop();
+}
+
+#[test]
+fn no_recorded_item_is_asked_twice_across_sigkills() {
+    let rounds = std::env::var("BROCA_CLASSIFY_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_KILLS);
+    let base = tempfile::Builder::new().prefix("bck").tempdir_in("/tmp").unwrap();
+    let h = start(base.path(), true);
+    let stand = Stand(&h);
+    stand.post("delay", json!({"delay_ms": 15}));
+    let state_root: PathBuf = h.state_root();
+    let mut rng = (std::process::id() as u64) | 1;
+    let mut kills = 0;
+    let mut batches = Vec::new();
+    for round in 0..rounds {
+        let batch_id = format!("kill-{round}");
+        let states: Vec<String> = (0..12).map(|i| h.unique(&format!("k{round}-{i}"))).collect();
+        for s in &states {
+            stand.answer(s, &noul("0.42"));
+        }
+        let body = batch(&batch_id, &states);
+        // A random kill while the first call runs (and the fail points' own kills).
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let before = h.broca_pid();
+        let killer = {
+            let after = Duration::from_millis(20 + rng % 150);
+            std::thread::spawn(move || {
+                std::thread::sleep(after);
+                if let Some(pid) = before {
+                    // SAFETY: kill(2) on the broca process this test's daemon spawned.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+            })
+        };
+        let until = Instant::now() + Duration::from_secs(120);
+        let reply = loop {
+            assert!(Instant::now() < until, "batch {batch_id} never completed:\n{}", h.broca_log_tail(40));
+            let route = ready(&h);
+            match route.try_request("classify.run", &body) {
+                Ok(text) => break text,
+                Err(Failed::Route(_)) => std::thread::sleep(Duration::from_millis(50)),
+                Err(Failed::Refused(refusal)) => {
+                    assert_ne!(refusal["code"], "batch_in_progress", "a dead process's hold was not released");
+                    // The call's route died with broca, or its reply with the process.
+                    assert!(refusal["detail"]["class"] == "transient", "{batch_id}: refused {refusal}");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        };
+        let _ = killer.join();
+        if h.broca_pid() != before {
+            kills += 1;
+        }
+        let reply: Value = serde_json::from_str(&reply).unwrap();
+        assert!(reply["items"].as_array().unwrap().iter().all(|i| i.get("answers").is_some()), "{reply}");
+        batches.push((batch_id, states));
+    }
+    // Outside broca: every item asked at most twice (once more only if it was in flight at a
+    // kill), and exactly once when no kill came between its answer and its record.
+    let log = stand.log();
+    let mut per_key: BTreeMap<String, u64> = BTreeMap::new();
+    for call in &log {
+        *per_key.entry(call["key"].as_str().unwrap().to_owned()).or_default() += 1;
+    }
+    let mut first_call_at: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for call in &log {
+        first_call_at
+            .entry(call["key"].as_str().unwrap().to_owned())
+            .or_default()
+            .push(call["at_ms"].as_u64().unwrap());
+    }
+    let mut repeats = 0;
+    for (batch_id, states) in &batches {
+        let answered = recorded_answers(&state_root, batch_id);
+        assert_eq!(answered.len(), states.len(), "{batch_id}: every item answered");
+        for (i, s) in states.iter().enumerate() {
+            let n = per_key.get(&key(s)).copied().unwrap_or(0);
+            assert!((1..=2).contains(&n), "{batch_id}: {s} asked {n} times");
+            if n == 2 {
+                // Asked again only if the first answer was never recorded: the recorded answer
+                // is the second call's.
+                let second = first_call_at[&key(s)][1];
+                let recorded = answered_at(&state_root, batch_id, i as u64);
+                assert!(recorded >= second, "{batch_id}: item {i} re-asked after its answer was recorded");
+                repeats += 1;
+            }
+        }
+        let published = facts(&h, batch_id);
+        let ids: BTreeSet<&String> = published.iter().map(|f| &f.0).collect();
+        assert_eq!((published.len(), ids.len()), (states.len(), states.len()), "{batch_id}: one fact per item");
+    }
+    let failpoints = h.broca_log().matches("broca: failpoint classify.").count();
+    println!(
+        "CLASSIFY-KILLS rounds={rounds} restarted_rounds={kills} failpoint_kills={failpoints} calls={} repeats={repeats} violations=0",
+        log.len()
+    );
+    h.stop();
+}
