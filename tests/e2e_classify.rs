@@ -84,11 +84,50 @@ fn classifier_routes_end_to_end() {
     assert_eq!(flow_facts.len(), 1);
     assert_eq!((flow_facts[0].1.as_deref(), flow_facts[0].2.as_deref()), (Some(""), Some("flow-3")));
 
+    // A call in flight: the busy gauge holds a drain open; a second call for its batch is
+    // refused at once, and the provider was asked once.
+    let probe = || {
+        let health = h.block_on(h.client().consumer().supervisor_health_probe(support::MODULE_ID)).unwrap();
+        health.metrics.expect("health metrics")
+    };
+    let held = h.unique("held");
+    stand.answer(&held, &noul("0.9"));
+    stand.post("hold", json!({"key": key(&held)}));
+    let body = batch("b-held", std::slice::from_ref(&held));
+    std::thread::scope(|scope| {
+        let first = scope.spawn(|| run.ok("classify.run", &body));
+        let until = Instant::now() + support::STEP;
+        while !stand.held(&held) {
+            assert!(Instant::now() < until, "the call never reached the provider");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(probe()["system_one_batches_in_flight"], 1);
+        let second = run.refused("classify.run", &body);
+        assert_eq!(second["detail"]["retry_after_ms"], 250, "the pin normalizes *_ms: {second}");
+        pin::assert_golden("classify.batch_in_progress.json", &second.to_string(), None);
+        stand.post("release", json!({"key": key(&held)}));
+        first.join().unwrap();
+    });
+    assert_eq!(stand.calls(&held), 1);
+    let metrics = probe();
+    assert_eq!(metrics["system_one_batches_in_flight"], 0);
+    let system_one = &metrics["system_one"];
+    assert_eq!(system_one["items"]["answered"], 5, "three, the flow's and the held one; replays add nothing: {system_one}");
+    assert!(system_one["calls"]["refused"].as_u64().unwrap() >= 5, "{system_one}");
+    assert_eq!(metrics["management_ops"]["classify.run"], system_one["calls"]["answered"].as_u64().unwrap()
+        + system_one["calls"]["refused"].as_u64().unwrap(), "{metrics}");
+
     // Workers AI's daily allocation on the first call refuses the call and records nothing.
     let walled = h.unique("walled");
+    let errors_before = probe()["system_one"]["last_provider_error"].clone();
+    assert_eq!(errors_before, json!({}), "no provider error yet");
     stand.status(&walled, 429, Some(3036));
     let body = batch("b-walled", std::slice::from_ref(&walled));
     pin::assert_golden("classify.account_limit_exhausted.json", &run.refused("classify.run", &body).to_string(), None);
+    assert_eq!(
+        probe()["system_one"]["last_provider_error"]["cloudflare-workers-ai"],
+        json!({"code": "account_limit_exhausted", "status": 429})
+    );
     stand.answer(&walled, &noul("0.25"));
     run.ok("classify.run", &body);
 

@@ -80,6 +80,12 @@ impl Stand<'_> {
         reply["calls"].as_u64().unwrap()
     }
 
+    pub fn held(&self, state: &str) -> bool {
+        let url = format!("{}?key={}", self.url("held"), pct(&key(state)));
+        let reply: Value = serde_json::from_str(&ureq::get(&url).call().unwrap().into_string().unwrap()).unwrap();
+        reply["held"] == true
+    }
+
     pub fn log(&self) -> Vec<Value> {
         serde_json::from_str(&ureq::get(&self.url("log")).call().unwrap().into_string().unwrap()).unwrap()
     }
