@@ -8,6 +8,8 @@
 //!
 //! - `classify.bare_provider_us`: one item's provider request sent straight to the mock from this
 //!   process (keep-alive, the same body broca sends): what an item costs without broca.
+//! - `classify.raw_fsync_us`: one 128-byte append and `fdatasync` in the bench's directory: each
+//!   recorded item costs one synced SQLite commit, so this is the floor under the overhead.
 //! - `classify.bare_request_us`: one classifier `role.describe` round trip through the daemon.
 //! - `classify.item_overhead_us`: broca's own wall time per item in a [`ITEMS`]-item batch:
 //!   the batch's time divided by its items, less the bare provider request (median of
@@ -116,6 +118,8 @@ fn main() -> ExitCode {
     });
     let at_cap = t.elapsed();
 
+    let raw_fsync = raw_fsync(base.path());
+    println!("BENCH classify.raw_fsync_us {:.1} us", raw_fsync.as_secs_f64() * 1e6);
     println!("BENCH classify.bare_provider_us {:.1} us", bare_provider.as_secs_f64() * 1e6);
     println!("BENCH classify.bare_request_us {:.1} us", bare_request.as_secs_f64() * 1e6);
     println!("BENCH classify.item_overhead_us {overhead:.1} us");
@@ -133,6 +137,17 @@ fn scripted(stand: &Stand<'_>, h: &support::Harness, label: &str, n: usize) -> V
         stand.answer(s, &noul("0.25"));
     }
     states
+}
+
+/// The median of 100 appends of 128 bytes, each followed by `fdatasync`.
+fn raw_fsync(dir: &std::path::Path) -> Duration {
+    use std::io::Write;
+    let Ok(mut file) = std::fs::File::create(dir.join("fsync-probe")) else { return Duration::ZERO };
+    median((0..100).map(|_| {
+        let t = Instant::now();
+        let _ = file.write_all(&[b'x'; 128]).and_then(|()| file.sync_data());
+        t.elapsed()
+    }))
 }
 
 fn median(samples: impl Iterator<Item = Duration>) -> Duration {
