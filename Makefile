@@ -1,7 +1,7 @@
 # broca: the two commands a newcomer runs are `make demo` (once it exists) and `make test`.
 CARGO ?= cargo
 
-.PHONY: build demo test soak fuzz bench bench-capacity e2e mcp-check live conformance fmt lint check mock-bin
+.PHONY: build demo test soak fuzz bench bench-capacity e2e mcp-check live conformance conformance-classifier fmt lint check mock-bin
 
 build:
 	$(CARGO) build --release --locked
@@ -85,6 +85,21 @@ conformance: mock-bin
 	@out=$$(mktemp); status=0; \
 	BROCA_CONFORMANCE=1 RUST_LOG=$${RUST_LOG:-error} $(CARGO) test --locked --test conformance >"$$out" || status=$$?; \
 	grep -v '^CONFORMANCE ' "$$out"; grep '^CONFORMANCE ' "$$out" | tail -n 1; rm -f "$$out"; exit $$status
+
+# The published classifier/v1 conformance suite (cortexkit-role-classifier-conformance) against
+# the real broca binary under the real subc daemon, with broca-mock as the vault and the scope
+# authority and its classifier stand-in (in the test process) as both providers, which checks
+# the vault's credentials on every call (tests/conformance_classifier.rs). Two passes: a
+# catalog with Workers AI's clef alone, then with TypeSafe's Jev too. Failed and not-applicable
+# checks with their reasons go to stderr; the whole report to
+# target/tmp/conformance-classifier-report.txt. The last line is the suite's own count for the
+# full catalog, `CONFORMANCE-CLASSIFIER passed=<n> failed=<n> not_applicable=<n> verdict=<v>`,
+# after the clef-only pass's `CONFORMANCE-CLASSIFIER-WORKERS-AI ...`. Non-zero exit on any failure.
+conformance-classifier: mock-bin
+	@out=$$(mktemp); status=0; \
+	BROCA_CONFORMANCE_CLASSIFIER=1 RUST_LOG=$${RUST_LOG:-error} $(CARGO) test --locked --test conformance_classifier >"$$out" || status=$$?; \
+	grep -v '^CONFORMANCE-CLASSIFIER' "$$out"; grep '^CONFORMANCE-CLASSIFIER-' "$$out"; \
+	grep '^CONFORMANCE-CLASSIFIER ' "$$out" | tail -n 1; rm -f "$$out"; exit $$status
 
 # broca-mcp through the official MCP Python SDK's stdio client (installed into a venv under the
 # target directory on first use) against a rig like `e2e`'s. On success the last line is
