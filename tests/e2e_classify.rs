@@ -112,10 +112,16 @@ fn classifier_routes_end_to_end() {
     let metrics = probe();
     assert_eq!(metrics["system_one_batches_in_flight"], 0);
     let system_one = &metrics["system_one"];
-    assert_eq!(system_one["items"]["answered"], 5, "three, the flow's and the held one; replays add nothing: {system_one}");
+    assert_eq!(
+        system_one["items"]["answered"], 5,
+        "three, the flow's and the held one; replays add nothing: {system_one}"
+    );
     assert!(system_one["calls"]["refused"].as_u64().unwrap() >= 5, "{system_one}");
-    assert_eq!(metrics["management_ops"]["classify.run"], system_one["calls"]["answered"].as_u64().unwrap()
-        + system_one["calls"]["refused"].as_u64().unwrap(), "{metrics}");
+    assert_eq!(
+        metrics["management_ops"]["classify.run"],
+        system_one["calls"]["answered"].as_u64().unwrap() + system_one["calls"]["refused"].as_u64().unwrap(),
+        "{metrics}"
+    );
 
     // Workers AI's daily allocation on the first call refuses the call and records nothing.
     let walled = h.unique("walled");
