@@ -42,7 +42,7 @@
 //! | `held.after_record` | `agent::turn` `record_held` | a call's `tool_call_provider_held` durable, the run not yet paused |
 //! | `held.before_deliver` | `actor::late` `deliver` | a late result taken from the provider, nothing of it written |
 //! | `held.after_deliver` | `actor::late` `deliver` | the late result durable as the call's result, the entry not acked |
-//! | `classify.after_record` | `classify::run` `record` | a classifier item's outcome (and its fact intent) durable in `system-one.db`, the next item not sent (killed in `tests/e2e_classify.rs`) |
+//! | `classify.after_record` | `classify::run` `record` | a classifier item's outcome (and its fact intent) durable in `system-one.db`, the next item not sent (killed in `tests/crash_classify.rs`) |
 //! | `classify.before_publish` | `classify::run` `classify` | every outcome of the call durable, its facts not yet in `run-index.db`, no reply |
 //! | `retention.after_tombstone` | `retention` `Expiry::settle` | an expired session's tombstone durable, its store rows and WAL not yet deleted (killed by the conformance suite's `crash_at_RetentionTombstoned`) |
 

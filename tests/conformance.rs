@@ -33,6 +33,8 @@ mod decode;
 mod kill;
 #[path = "conformance/model.rs"]
 mod model;
+#[path = "conformance/process.rs"]
+mod process;
 #[path = "conformance/report.rs"]
 mod report;
 #[path = "conformance/retention.rs"]

@@ -26,6 +26,8 @@
 
 #[path = "conformance_classifier/catalog.rs"]
 mod catalog;
+#[path = "conformance/process.rs"]
+mod process;
 #[path = "conformance_classifier/rig.rs"]
 mod rig;
 #[path = "conformance_classifier/route.rs"]

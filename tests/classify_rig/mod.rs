@@ -20,8 +20,6 @@ pub const SCOPES: &str = "mock-tools";
 pub const CLEF: &str = "cloudflare-workers-ai/@cf/cloudflare/clef";
 pub const CF_SECRET: &str = "cf-token-e2e-41c7";
 pub const ACCOUNT: &str = "acct-e2e-9";
-/// Kill rounds in `make test`; `BROCA_CLASSIFY_KILLS` runs more.
-pub const DEFAULT_KILLS: usize = 12;
 
 pub fn scopes_script() -> Value {
     let carriers = json!([{"principal": {"kind": "direct"}}]);
