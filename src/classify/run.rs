@@ -79,6 +79,7 @@ impl Call<'_> {
 /// Serves one call; the reply's JSON text (the `result` of the response) or the refusal.
 pub fn classify(c: &Classifier, stamp: &Stamp, text: &str) -> Result<String, Refusal> {
     let attribution = stamp.attribution()?;
+    c.sweep_if_due();
     let call = validate(c, text)?;
     let _slot = c.model_slot(call.routed.catalog_id)?;
     let now_ms = c.clock.now_ms();

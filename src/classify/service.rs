@@ -29,6 +29,8 @@ pub const CALLS_PER_PROCESS: usize = 32;
 pub const CALLS_PER_MODEL: usize = 8;
 /// How long a caller refused for a full cap is told to wait.
 pub const FULL_RETRY_AFTER_MS: u64 = 250;
+/// How often a running process deletes batches past retention (also done at every start).
+pub const SWEEP_EVERY_MS: u64 = 60 * 60 * 1000;
 /// Intents published per `run-index.db` transaction.
 const PUBLISH_CHUNK: usize = 256;
 
@@ -44,6 +46,8 @@ pub struct Classifier {
     pub(super) holder: String,
     pub(super) clock: SharedClock,
     per_model: Mutex<HashMap<&'static str, usize>>,
+    /// When batches past retention were last deleted (Unix ms).
+    swept_ms: AtomicU64,
     pub metrics: Metrics,
 }
 
@@ -89,6 +93,7 @@ impl Classifier {
         if released + deleted > 0 {
             log::info!(target: "broca.classify", "system-one.db: {released} held batches released, {deleted} expired batches deleted");
         }
+        let started_ms = deps.clock.now_ms();
         let agent = ureq::AgentBuilder::new()
             .timeout_connect(std::time::Duration::from_secs(10))
             .max_idle_connections_per_host(CALLS_PER_MODEL)
@@ -103,6 +108,7 @@ impl Classifier {
             holder: format!("{}-{}", std::process::id(), uuid::Uuid::new_v4()),
             clock: deps.clock,
             per_model: Mutex::new(HashMap::new()),
+            swept_ms: AtomicU64::new(started_ms),
             metrics: Metrics::default(),
         };
         let republished = classifier.publish_pending()?;
@@ -137,6 +143,23 @@ impl Classifier {
             if pending.len() < PUBLISH_CHUNK {
                 return Ok(added);
             }
+        }
+    }
+
+    /// Deletes batches past retention when [`SWEEP_EVERY_MS`] passed since the last time (a
+    /// process runs for months; seven days count from first admission, spec §4b).
+    pub fn sweep_if_due(&self) {
+        let now = self.clock.now_ms();
+        let last = self.swept_ms.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < SWEEP_EVERY_MS
+            || self.swept_ms.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_err()
+        {
+            return;
+        }
+        match self.store.delete_expired(now) {
+            Ok(0) => {}
+            Ok(n) => log::info!(target: "broca.classify", "system-one.db: {n} expired batches deleted"),
+            Err(e) => log::error!(target: "broca.classify", "deleting expired batches: {e}"),
         }
     }
 
@@ -215,5 +238,73 @@ impl Metrics {
             "spend_nanos": *self.spend_nanos.lock(),
             "last_provider_error": last,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::classify::store::{Arrival, Attribution, ItemUsage, Outcome};
+    use crate::clock::ManualClock;
+    use cortexkit_role_classifier::identity::BatchIdentity;
+
+    fn classifier(dir: &std::path::Path, clock: Arc<ManualClock>) -> Classifier {
+        let missing = crate::catalog::CatalogError::Missing { path: dir.join("lkg.json") };
+        Classifier::open(Deps {
+            root: dir.to_path_buf(),
+            catalog: Arc::new(parking_lot::RwLock::new(Err(missing))),
+            bases: BTreeMap::new(),
+            vault: None,
+            facts: Arc::new(Store::open(&dir.join("run-index.db")).unwrap()),
+            clock,
+        })
+        .unwrap()
+    }
+
+    /// A start releases a dead process's hold and publishes its pending intents once; a long-lived
+    /// process deletes batches past retention without a restart.
+    #[test]
+    fn a_start_releases_and_republishes_and_a_running_process_sweeps() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(ManualClock::at(1_000));
+        let c = classifier(dir.path(), Arc::clone(&clock));
+        let identity: BatchIdentity =
+            serde_json::from_value(json!({"model": "m", "questions": "q", "items": ["i0"]})).unwrap();
+        let who = Attribution { flow_id: Some("f".into()), ..Attribution::default() };
+        let arrival = Arrival {
+            batch_id: "b",
+            identity: &identity,
+            attribution: &who,
+            ceiling_nanos: None,
+            holder: "dead",
+            now_ms: 1_000,
+        };
+        c.store.admit(&arrival).unwrap().unwrap();
+        let fact = SystemOneFact {
+            fact_id: SystemOneFact::id_for("b", 0),
+            batch_id: "b".into(),
+            item: 0,
+            provider: "p".into(),
+            model: "m".into(),
+            agent_id: None,
+            run_id: None,
+            flow_id: Some("f".into()),
+            input_tokens: Some(3),
+            output_tokens: None,
+            occurred_at_ms: 1_000,
+        };
+        let answered =
+            Outcome::Answered { answers: "{}".into(), usage: ItemUsage::default(), cost_nanos: None, spend_nanos: 0 };
+        c.store.record("b", 0, &answered, Some(&serde_json::to_string(&fact).unwrap()), 1_000).unwrap();
+        drop(c);
+        let c = classifier(dir.path(), Arc::clone(&clock));
+        assert!(c.store.pending_intents(10).unwrap().is_empty(), "published at start");
+        assert_eq!(c.publish_pending().unwrap(), 0);
+        let arrival = Arrival { holder: "live", ..arrival };
+        assert!(c.store.admit(&arrival).unwrap().is_ok(), "the dead holder's hold was released");
+        c.store.release("b", "live").unwrap();
+        clock.advance(std::time::Duration::from_millis(super::super::store::RETENTION_MS + SWEEP_EVERY_MS));
+        c.sweep_if_due();
+        assert!(c.store.admit(&arrival).unwrap().unwrap().first, "swept: the batch id is new again");
     }
 }
