@@ -220,8 +220,10 @@ impl Server {
             return self.refuse(route, corr, &Refusal::new(RefusalCode::UnknownMethod, message, detail));
         }
         let Some(classifier) = self.classifier.clone() else {
-            let refusal =
-                crate::classify::scope::refusal("unavailable", "broca's classifier store could not be opened");
+            let refusal = crate::classify::scope::refusal(
+                RefusalCode::Unavailable,
+                "broca's classifier store could not be opened",
+            );
             return refuse(&self.outbound, &refusal);
         };
         if classify && self.draining.load(Ordering::Acquire) {

@@ -97,7 +97,7 @@ pub fn classify(c: &Classifier, stamp: &Stamp, text: &str) -> Result<String, Ref
         Err(Refused::InProgress { .. }) => return Err(Refusal::batch_in_progress(super::service::FULL_RETRY_AFTER_MS)),
         Err(Refused::ScopeMismatch) => {
             return Err(super::scope::refusal(
-                "batch_scope_mismatch",
+                crate::wire::RefusalCode::BatchScopeMismatch,
                 "this batch was first admitted under another work scope; its attribution is frozen",
             ))
         }
@@ -205,24 +205,20 @@ fn run_items(
     admitted: Admitted,
 ) -> Result<Vec<Shown>, Stop> {
     let Admitted { first, ceiling_nanos, mut outcomes } = admitted;
-    let needs_call = |i: u64, outcomes: &std::collections::BTreeMap<u64, Outcome>| {
-        outcomes.get(&i).is_none_or(Outcome::retried_on_resend)
-    };
-    let count = call.raw.items.len() as u64;
-    let credential = if (0..count).any(|i| needs_call(i, &outcomes)) {
-        Some(read_credential(c, call.routed).map_err(|refusal| Stop::Refused { refusal, first })?)
-    } else {
-        None
-    };
+    // Read from the vault before the call's first provider call, never for a pure replay.
+    let mut credential: Option<(String, String)> = None;
     let mut spent = c.store.spent_nanos(&call.batch_id).map_err(Stop::Internal)?;
     let mut stopped: Option<(u64, ItemError)> = None;
     let mut calls_made = 0u64;
     let mut shown = Vec::with_capacity(call.raw.items.len());
     for (i, item) in call.raw.items.iter().enumerate() {
         let i = i as u64;
-        if !needs_call(i, &outcomes) {
-            shown.push(stored(outcomes.remove(&i).expect("checked above")));
-            continue;
+        match outcomes.remove(&i) {
+            Some(outcome) if !outcome.retried_on_resend() => {
+                shown.push(stored(outcome));
+                continue;
+            }
+            _ => {}
         }
         if let Some((at, stop)) = &stopped {
             let message = format!("not sent: item {at} met {} in this call", stop.code);
@@ -244,9 +240,13 @@ fn run_items(
             shown.push(Shown::Failed(error));
             continue;
         }
-        let (bearer, url) = credential.as_ref().expect("read when an item needs a call");
+        let read = match credential.take() {
+            Some(read) => read,
+            None => read_credential(c, call.routed).map_err(|refusal| Stop::Refused { refusal, first })?,
+        };
+        let (bearer, url) = credential.insert(read);
         let body = provider_body(call, item);
-        let called = provider::call(&c.agent, url, call.routed, bearer, body.as_bytes());
+        let called = provider::call(&c.agent, url.as_str(), call.routed, bearer.as_str(), body.as_bytes());
         calls_made += 1;
         match called {
             Called::Answered(answered) => {
@@ -512,7 +512,7 @@ impl Drop for Held<'_> {
 fn transient(_c: &Classifier, message: &str) -> Refusal {
     let mut detail = RefusalDetail::new(ErrorClass::Transient);
     detail.retry_after_ms = Some(1_000);
-    Refusal::new("unavailable", message).with_detail(detail)
+    Refusal::new(crate::wire::RefusalCode::Unavailable.as_str(), message).with_detail(detail)
 }
 
 fn internal(c: &Classifier, e: &dyn std::fmt::Display) -> Refusal {

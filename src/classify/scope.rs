@@ -16,6 +16,7 @@ use subc_protocol::scope::ScopeStamp;
 use subc_protocol::Principal;
 
 use super::store::Attribution;
+use crate::wire::RefusalCode;
 
 /// The module whose calls must carry a flow (spec §4b).
 pub const FLOW_ONLY_MODULE: &str = "basal";
@@ -34,7 +35,7 @@ pub fn route_role(role_versions: Option<&BTreeMap<String, String>>) -> Result<Ro
     let classifier = versions.get(cortexkit_role_classifier::ROLE);
     let runner = versions.get("llm-runner");
     let refuse = |message: String| {
-        let mut body = subc_protocol::ErrorBody::new("role_versions_unsupported", message);
+        let mut body = subc_protocol::ErrorBody::new(RefusalCode::RoleVersionsUnsupported.as_str(), message);
         body.detail = Some(serde_json::json!({"class": "permanent", "field": "role_versions"}));
         Err(body)
     };
@@ -67,7 +68,7 @@ impl Stamp {
         }
         if basal {
             return Err(refusal(
-                "flow_scope_required",
+                RefusalCode::FlowScopeRequired,
                 "reserved:basal classifies only under a flow scope (flow_id); a run stamp is not enough",
             ));
         }
@@ -76,7 +77,7 @@ impl Stamp {
                 Ok(Attribution { agent_id: Some(agent_id), run_id: Some(run_id), flow_id: None })
             }
             _ => Err(refusal(
-                "scope_required",
+                RefusalCode::ScopeRequired,
                 "classify.run needs a daemon-stamped run scope (agent_id and run_id) or flow scope (flow_id)",
             )),
         }
@@ -84,8 +85,8 @@ impl Stamp {
 }
 
 /// A permanent refusal of broca's own (not in the role's vocabulary, so its class is stated).
-pub fn refusal(code: &str, message: &str) -> Refusal {
-    Refusal::new(code, message).with_detail(RefusalDetail::new(ErrorClass::Permanent))
+pub fn refusal(code: RefusalCode, message: &str) -> Refusal {
+    Refusal::new(code.as_str(), message).with_detail(RefusalDetail::new(ErrorClass::Permanent))
 }
 
 #[cfg(test)]

@@ -194,7 +194,7 @@ pub fn full(message: &str, limit: usize) -> Refusal {
     let mut detail = RefusalDetail::new(ErrorClass::Transient);
     detail.limit = Some(limit as u64);
     detail.retry_after_ms = Some(FULL_RETRY_AFTER_MS);
-    Refusal::new("too_many_requests", message).with_detail(detail)
+    Refusal::new(crate::wire::RefusalCode::TooManyRequests.as_str(), message).with_detail(detail)
 }
 
 /// The `system_one` health metrics (spec §4b "Health"): no item content.

@@ -118,6 +118,16 @@ pub enum RefusalCode {
     InvalidError,
     /// A peer's hello frame does not decode (subc layer).
     InvalidHello,
+    /// A bind declares two roles, or a role version broca does not serve (spec §4b).
+    RoleVersionsUnsupported,
+    /// `classify.run` without a stamped run or flow scope (spec §4b).
+    ScopeRequired,
+    /// `reserved:basal` classifying without a flow scope (spec §4b).
+    FlowScopeRequired,
+    /// A batch re-sent under another work scope than its first (spec §4b).
+    BatchScopeMismatch,
+    /// The classifier's own store failed or could not be opened (transient).
+    Unavailable,
     /// A later send names a plan other than the session's frozen one (`detail {frozen?, sent}`).
     PlanDrift,
     /// A required plan provider could not be fetched (`detail {provider, class}`).
@@ -205,6 +215,11 @@ impl RefusalCode {
             RefusalCode::RouteRejected => "route_rejected",
             RefusalCode::InvalidError => "invalid_error",
             RefusalCode::InvalidHello => "invalid_hello",
+            RefusalCode::RoleVersionsUnsupported => "role_versions_unsupported",
+            RefusalCode::ScopeRequired => "scope_required",
+            RefusalCode::FlowScopeRequired => "flow_scope_required",
+            RefusalCode::BatchScopeMismatch => "batch_scope_mismatch",
+            RefusalCode::Unavailable => "unavailable",
             RefusalCode::PlanDrift => "plan_drift",
             RefusalCode::FetchUnavailable => "fetch_unavailable",
             RefusalCode::ToolNameCollision => "tool_name_collision",
