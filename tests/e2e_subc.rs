@@ -32,7 +32,12 @@ fn exercise(h: &Harness) {
     assert!(entry.nonce_verified, "the launch nonce was read and sent: {entry:?}");
     assert!(entry.control_ops.iter().any(|op| op == "health.check"), "{:?}", entry.control_ops);
     let provides = entry.capabilities.as_ref().map(|c| c.provides.clone()).unwrap_or_default();
-    assert_eq!(provides, vec!["llm-runner/v1".to_owned()]);
+    assert_eq!(
+        provides,
+        ["llm-runner/v1", "classifier/v1", "agent-run-scopes/v1", "flow-scopes/v1"]
+            .map(str::to_owned)
+            .to_vec()
+    );
 
     let session = h.session("test-harness", "session-1", None);
     let describe = br#"{"method":"role.describe","params":{}}"#.to_vec();

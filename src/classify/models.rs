@@ -63,7 +63,26 @@ impl Provider {
 
     /// The base its calls go to: `providers.<id>.base_url` when `broca.jsonc` names one.
     pub fn base(self, overrides: &BTreeMap<String, String>) -> &str {
-        overrides.get(self.id()).map_or(super::provider::default_base(self), String::as_str)
+        overrides.get(self.id()).map_or(default_base(self), String::as_str)
+    }
+}
+
+/// The default bases, replaced by `providers.<id>.base_url` (spec §4b).
+pub fn default_base(provider: Provider) -> &'static str {
+    match provider {
+        Provider::TypeSafe => "https://api.typesafe.ai",
+        Provider::WorkersAi => "https://api.cloudflare.com",
+    }
+}
+
+/// The host of `base` (`egress_host` in `role.describe`: where item text goes).
+pub fn host_of(base: &str) -> &str {
+    let rest = base.split_once("://").map_or(base, |(_, rest)| rest);
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let host = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
+    match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(v6),
+        None => host.split(':').next().unwrap_or(host),
     }
 }
 
@@ -137,7 +156,7 @@ pub fn describe(catalog: &Catalog, bases: &BTreeMap<String, String>) -> RoleDesc
 
 /// One model's `role.describe` entry: what its requests are checked against.
 pub fn entry(row: &ModelRow, routed: &Routed, bases: &BTreeMap<String, String>) -> ModelEntry {
-    let host = super::provider::host_of(routed.provider.base(bases));
+    let host = host_of(routed.provider.base(bases));
     let mut entry =
         ModelEntry::new(routed.catalog_id, MAX_QUESTIONS, MAX_ITEMS, row.limit_context.filter(|c| *c > 0), host);
     if let Some(max) = routed.images {

@@ -25,14 +25,6 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// The largest provider answer read; a larger one is a `provider_error`.
 pub const MAX_ANSWER_BYTES: u64 = 1 << 20;
 
-/// The default bases, replaced by `providers.<id>.base_url` (spec §4b).
-pub fn default_base(provider: Provider) -> &'static str {
-    match provider {
-        Provider::TypeSafe => "https://api.typesafe.ai",
-        Provider::WorkersAi => "https://api.cloudflare.com",
-    }
-}
-
 /// The URL one item is posted to.
 pub fn endpoint(base: &str, routed: &Routed, account_id: Option<&str>) -> String {
     match routed.provider {
@@ -42,17 +34,6 @@ pub fn endpoint(base: &str, routed: &Routed, account_id: Option<&str>) -> String
             account_id.unwrap_or_default(),
             routed.wire_model
         ),
-    }
-}
-
-/// The host of `base` (`egress_host` in `role.describe`: where item text goes).
-pub fn host_of(base: &str) -> &str {
-    let rest = base.split_once("://").map_or(base, |(_, rest)| rest);
-    let authority = rest.split('/').next().unwrap_or(rest);
-    let host = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
-    match host.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or(v6),
-        None => host.split(':').next().unwrap_or(host),
     }
 }
 
@@ -218,7 +199,7 @@ fn clip(message: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::classify::models::ROUTED;
+    use crate::classify::models::{host_of, ROUTED};
 
     const JEV: &Routed = &ROUTED[0];
     const CLEF: &Routed = &ROUTED[1];
