@@ -34,9 +34,7 @@ fn exercise(h: &Harness) {
     let provides = entry.capabilities.as_ref().map(|c| c.provides.clone()).unwrap_or_default();
     assert_eq!(
         provides,
-        ["llm-runner/v1", "classifier/v1", "agent-run-scopes/v1", "flow-scopes/v1"]
-            .map(str::to_owned)
-            .to_vec()
+        ["llm-runner/v1", "classifier/v1", "agent-run-scopes/v1", "flow-scopes/v1"].map(str::to_owned).to_vec()
     );
 
     let session = h.session("test-harness", "session-1", None);
