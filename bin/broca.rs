@@ -15,6 +15,7 @@ use broca::agent::LoopOptions;
 use broca::catalog::poller::{CatalogHealth, Poller, POLL_INTERVAL};
 use broca::catalog::Catalog;
 use broca::config::BrocaConfig;
+use broca::federation::Federation;
 use broca::lineage::read;
 use broca::lineage::{LineageError, Shared};
 use broca::module::{Module, ModuleBuilder, IDLE_TTL};
@@ -211,13 +212,16 @@ fn serve(conn_file: &Path) -> ExitCode {
         log::warn!("broca: no consumer connection: the catalog is not polled (serving the LKG only)");
     }
     let classifier = open_classifier(&ops, consumer.as_ref());
+    let federation =
+        Federation::new(conn.hello_ack().machine_id.clone(), ops.admission.config.federation_carriers.clone());
     let server = Server::new(ops, hub, outbound.clone(), stopped)
+        .with_federation(federation.clone())
         .with_consumer(consumer)
         .with_catalog_health(catalog_health)
         .with_classifier(classifier);
     // Binds are decided from the daemon's stamps; owner-only operations arrive with the driver
     // surface.
-    let running = match conn.start(server, |bind: &BindRequest| broca::serve::authorize(bind)) {
+    let running = match conn.start(server, move |bind: &BindRequest| broca::serve::authorize(bind, &federation)) {
         Ok(running) => running,
         Err(e) => {
             eprintln!("broca: cannot start the subc io thread: {e}");

@@ -54,6 +54,9 @@ pub struct BrocaConfig {
     /// `providers.<id>.base_url`: a provider's base replaced (the classifier providers
     /// `typesafe` and `cloudflare-workers-ai`, spec §4b), without a trailing `/`.
     pub provider_base_urls: BTreeMap<String, String>,
+    /// `federation.carriers`: the module ids whose routes are relayed from other machines
+    /// (`crate::federation`); default `["callosum"]`.
+    pub federation_carriers: Vec<String>,
 }
 
 /// `step_events`: the bus broca publishes its live step hints on (llm-runner §14.3).
@@ -83,6 +86,7 @@ impl Default for BrocaConfig {
             step_events: None,
             auth_methods: BTreeMap::new(),
             provider_base_urls: BTreeMap::new(),
+            federation_carriers: vec![crate::federation::DEFAULT_CARRIER.to_owned()],
         }
     }
 }
@@ -165,6 +169,9 @@ impl BrocaConfig {
         if let Some(v) = top.get("providers") {
             config.provider_base_urls = parse_providers(v).map_err(|(m, r)| member_error(path, m, r))?;
         }
+        if let Some(v) = top.get("federation") {
+            config.federation_carriers = parse_federation(v).map_err(|(m, r)| member_error(path, m, r))?;
+        }
         Ok(config)
     }
 
@@ -230,6 +237,28 @@ fn parse_providers(v: &Value) -> Result<BTreeMap<String, String>, MemberRefusal>
         out.insert(provider.clone(), url.trim_end_matches('/').to_owned());
     }
     Ok(out)
+}
+
+/// `federation`: `{carriers: [module id, ...]}` (an empty list: no route is relayed).
+fn parse_federation(v: &Value) -> Result<Vec<String>, MemberRefusal> {
+    let Value::Object(section) = v else {
+        return Err(("federation".into(), "must be an object {carriers}".into()));
+    };
+    if let Some(k) = section.keys().find(|k| k.as_str() != "carriers") {
+        return Err((format!("federation.{k}"), "unknown member (expected carriers)".into()));
+    }
+    let Some(carriers) = section.get("carriers") else { return Ok(Vec::new()) };
+    let Value::Array(items) = carriers else {
+        return Err(("federation.carriers".into(), "must be an array of module ids".into()));
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| match item.as_str() {
+            Some(id) if !id.is_empty() && id.len() <= 128 && !id.contains(char::is_whitespace) => Ok(id.to_owned()),
+            _ => Err((format!("federation.carriers[{i}]"), "must be a module id".into())),
+        })
+        .collect()
 }
 
 /// A refused member: its dotted name and why.
@@ -456,6 +485,10 @@ mod tests {
         );
         assert_eq!(refused_member(r#"{"providers": {"typesafe": {"base": "http://h"}}}"#), "providers.typesafe.base");
         assert_eq!(refused_member(r#"{"providers": []}"#), "providers");
+        assert_eq!(parse(r#"{}"#).unwrap().federation_carriers, ["callosum"]);
+        assert_eq!(parse(r#"{"federation": {"carriers": ["a", "b"]}}"#).unwrap().federation_carriers, ["a", "b"]);
+        assert_eq!(refused_member(r#"{"federation": {"carrier": []}}"#), "federation.carrier");
+        assert_eq!(refused_member(r#"{"federation": {"carriers": [""]}}"#), "federation.carriers[0]");
     }
 
     /// The refused member's name, and the message (which must name the file and the member).

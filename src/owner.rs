@@ -12,6 +12,12 @@
 //! - a session with no recorded owner (written before owners were stamped, or first sent by an
 //!   unattested caller) keeps its unrestricted admission: every caller is admitted as its owner.
 //!
+//! - an owner is qualified by the machine that attested it (the daemon's `HelloAck.machine_id`,
+//!   or for a route a federation carrier relayed, the origin peer it reported; DESIGN §8): the
+//!   same module id on another machine is another principal. An owner recorded without a
+//!   machine (the daemon named none, or it was recorded before machines were stamped) admits
+//!   local callers only, never one relayed from another machine.
+//!
 //! The owner-only operations are `session.send`, `session.retract`, `run.cancel` and
 //! `session.baseline` ([`crate::op::Op::owner_only`]); another caller is refused `scope_owner_mismatch`
 //! before its parameters are read.
@@ -29,12 +35,29 @@ pub struct Caller {
     pub principal: String,
     /// The stamped work scope's owner, in the same spelling; `None` on an unscoped route.
     pub scope_owner: Option<String>,
+    /// The machine whose daemon attested `principal`: this host's daemon for a local route
+    /// (`None` when it names no machine id), the origin peer for a relayed one.
+    pub machine: Option<String>,
+    /// The federation carrier that relayed the route (`reserved:<carrier>` on the bind), when
+    /// it came from another machine: `principal` is then the origin's, as the carrier reported
+    /// it (`crate::federation`).
+    pub via: Option<String>,
 }
 
 impl Caller {
     /// A caller with no consumer identity: in-process callers (tests, `broca-run`).
     pub fn direct() -> Caller {
-        Caller { principal: "direct".into(), scope_owner: None }
+        Caller::local("direct", None, None)
+    }
+
+    /// A caller on a route of this host's daemon.
+    pub fn local(principal: &str, scope_owner: Option<&str>, machine: Option<&str>) -> Caller {
+        Caller {
+            principal: principal.into(),
+            scope_owner: scope_owner.map(String::from),
+            machine: machine.map(String::from),
+            via: None,
+        }
     }
 
     /// The route principal when the daemon attested it.
@@ -47,7 +70,8 @@ impl Caller {
     pub fn as_owner(&self) -> Option<Owner> {
         let principal = self.attested().map(String::from);
         let scope_owner = self.scope_owner.as_deref().and_then(attested).map(String::from);
-        (principal.is_some() || scope_owner.is_some()).then_some(Owner { principal, scope_owner })
+        let machine = self.machine.clone();
+        (principal.is_some() || scope_owner.is_some()).then_some(Owner { principal, scope_owner, machine })
     }
 }
 
@@ -69,15 +93,24 @@ pub struct Owner {
     pub principal: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope_owner: Option<String>,
+    /// The machine that attested them (`owner-machine/v1`); absent: this host's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<String>,
 }
 
 impl Owner {
-    /// Whether `caller` is one of the owner principals. Principals are compared, not routes:
-    /// an owner is admitted on any route, scoped or not, at any scope epoch.
+    /// Whether `caller` is one of the owner principals, attested on the owner's machine.
+    /// Principals are compared, not routes: an owner is admitted on any route, scoped or not,
+    /// at any scope epoch, local or relayed, as long as the same machine attested it.
     pub fn admits(&self, caller: &Caller) -> bool {
-        caller
-            .attested()
-            .is_some_and(|p| self.principal.as_deref() == Some(p) || self.scope_owner.as_deref() == Some(p))
+        let same_machine = match &self.machine {
+            Some(machine) => caller.machine.as_deref() == Some(machine.as_str()),
+            None => caller.via.is_none(),
+        };
+        same_machine
+            && caller
+                .attested()
+                .is_some_and(|p| self.principal.as_deref() == Some(p) || self.scope_owner.as_deref() == Some(p))
     }
 }
 
@@ -91,7 +124,27 @@ mod tests {
     use super::*;
 
     fn caller(principal: &str, scope_owner: Option<&str>) -> Caller {
-        Caller { principal: principal.into(), scope_owner: scope_owner.map(String::from) }
+        Caller::local(principal, scope_owner, None)
+    }
+
+    fn relayed(principal: &str, peer: &str) -> Caller {
+        Caller { machine: Some(peer.into()), via: Some("reserved:callosum".into()), ..caller(principal, None) }
+    }
+
+    #[test]
+    fn an_owner_is_the_principal_on_the_machine_that_attested_it() {
+        let here = Caller::local("reserved:a", None, Some("m1")).as_owner().unwrap();
+        assert_eq!(here.machine.as_deref(), Some("m1"));
+        assert!(here.admits(&Caller::local("reserved:a", None, Some("m1"))));
+        assert!(here.admits(&relayed("reserved:a", "m1")), "the same principal, relayed from its machine");
+        assert!(!here.admits(&relayed("reserved:a", "m2")), "the same module id on another machine");
+        assert!(!here.admits(&relayed("reserved:b", "m1")), "a stranger behind the same link");
+        let far = relayed("reserved:a", "m2").as_owner().unwrap();
+        assert!(far.admits(&Caller::local("reserved:a", None, Some("m2"))), "after a move to its machine");
+        assert!(!far.admits(&Caller::local("reserved:a", None, Some("m1"))));
+        let unqualified = caller("reserved:a", None).as_owner().unwrap();
+        assert!(unqualified.admits(&caller("reserved:a", None)));
+        assert!(!unqualified.admits(&relayed("reserved:a", "m1")), "an unqualified owner is local only");
     }
 
     #[test]
@@ -100,9 +153,9 @@ mod tests {
         assert_eq!(caller("unverified", None).as_owner(), None);
         assert_eq!(caller("reserved:", None).as_owner(), None, "an empty module id attests nothing");
         let a = caller("reserved:a", None).as_owner().unwrap();
-        assert_eq!(a, Owner { principal: Some("reserved:a".into()), scope_owner: None });
+        assert_eq!(a, Owner { principal: Some("reserved:a".into()), scope_owner: None, machine: None });
         let scoped = caller("direct", Some("reserved:lead")).as_owner().unwrap();
-        assert_eq!(scoped, Owner { principal: None, scope_owner: Some("reserved:lead".into()) });
+        assert_eq!(scoped, Owner { principal: None, scope_owner: Some("reserved:lead".into()), machine: None });
     }
 
     #[test]

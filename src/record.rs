@@ -15,9 +15,11 @@ use crate::message::{Message, RunUsage, StepUsage};
 
 mod facts;
 mod held;
+mod moved;
 mod warm;
 pub use facts::{AccountDecision, AttemptTelemetry, AuthSelection, BudgetDetail, EventTypeCount};
 pub use held::{ToolCallProviderHeld, FEATURE_PROVIDER_HELD};
+pub use moved::MovedOut;
 pub use warm::CacheWarmed;
 
 /// The feature a `RunCancelRequested` frame requires.
@@ -38,8 +40,14 @@ pub const FEATURE_FETCH_PLAN: &str = "fetch-plan/v1";
 /// the session's requests without the part numbers its model was shown (llm-runner §9.13).
 pub const FEATURE_OUTPUT_REFS: &str = "output-refs/v1";
 
+/// The feature a `RunStarted` whose owner names its machine requires (DESIGN §8).
+pub const FEATURE_OWNER_MACHINE: &str = "owner-machine/v1";
+/// The feature a `MovedOut` tombstone requires (a session exported to another host).
+pub const FEATURE_SESSION_MOVE: &str = "session-move/v1";
 /// Every must-understand feature this build reads.
 pub const KNOWN_FEATURES: &[&str] = &[
+    FEATURE_OWNER_MACHINE,
+    FEATURE_SESSION_MOVE,
     FEATURE_RUN_CANCEL_AT,
     FEATURE_SESSION_CLASS,
     FEATURE_INPUT_TOKEN_CAP,
@@ -538,6 +546,8 @@ pub enum Record {
     CacheWarmed(Box<CacheWarmed>),
     /// A provider held a call: its result arrives later, as a late result (spec §19).
     ToolCallProviderHeld(Box<ToolCallProviderHeld>),
+    /// The session was exported to another host: this copy is read-only from here on.
+    MovedOut(Box<MovedOut>),
     /// A record type this build does not know (and whose frame required no feature).
     #[serde(skip)]
     Unknown(String),
@@ -554,7 +564,14 @@ impl Record {
             Record::RunCancelRequested { .. } => vec![FEATURE_RUN_CANCEL_AT],
             Record::RunPaused { reason: PauseReason::Restart, .. } => vec![FEATURE_RESTART_PAUSE],
             Record::ToolCallProviderHeld(_) => vec![FEATURE_PROVIDER_HELD],
-            Record::RunStarted(r) => r.config.features(),
+            Record::RunStarted(r) => {
+                let mut features = r.config.features();
+                if r.owner.as_ref().is_some_and(|o| o.machine.is_some()) {
+                    features.push(FEATURE_OWNER_MACHINE);
+                }
+                features
+            }
+            Record::MovedOut(_) => vec![FEATURE_SESSION_MOVE],
             Record::Queued { request, .. } => request.config.as_ref().map_or_else(Vec::new, Frozen::features),
             _ => Vec::new(),
         }
@@ -580,6 +597,7 @@ impl Record {
             | Record::Retracted { .. }
             | Record::Steered { .. }
             | Record::CacheWarmed(_)
+            | Record::MovedOut(_)
             | Record::ToolCallProviderHeld(_)
             | Record::Unknown(_) => None,
         }
@@ -632,7 +650,11 @@ impl Record {
             | Record::RunResumed { run_id }
             | Record::RunFinished { run_id, .. }
             | Record::Steered { run_id, .. } => Some(run_id),
-            Record::Queued { .. } | Record::Retracted { .. } | Record::CacheWarmed(_) | Record::Unknown(_) => None,
+            Record::Queued { .. }
+            | Record::Retracted { .. }
+            | Record::CacheWarmed(_)
+            | Record::MovedOut(_)
+            | Record::Unknown(_) => None,
         }
     }
 }
@@ -725,8 +747,8 @@ mod tests {
     #[test]
     fn the_known_kinds_are_the_record_enum_s_variants() {
         let known = kinds::known();
-        assert_eq!(known.len(), 15, "{known:?}");
-        for kind in ["run_started", "tool_result", "steered", "cache_warmed"] {
+        assert_eq!(known.len(), 16, "{known:?}");
+        for kind in ["run_started", "tool_result", "steered", "cache_warmed", "moved_out"] {
             assert!(Record::is_known_type(kind), "{kind}");
         }
         assert!(!Record::is_known_type("unknown") && !Record::is_known_type("future_thing"));

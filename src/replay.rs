@@ -256,6 +256,9 @@ pub struct Replay {
     /// The session's newest model attempt (`session.warm` re-sends its request).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_attempt: Option<LastAttempt>,
+    /// The session was exported to another host (`moved_out`): this copy is read-only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_out: Option<crate::record::MovedOut>,
 }
 
 /// A model attempt as `session.warm` needs it: whose request it sent, the digest of those
@@ -346,6 +349,9 @@ impl Replay {
 
     /// Whether `record` may follow the current state.
     pub fn check(&self, record: &Record) -> Result<(), String> {
+        if self.moved_out.is_some() && !matches!(record, Record::Unknown(_)) {
+            return Err("the session moved to another host: its copy here takes no more records".into());
+        }
         match record {
             Record::RunStarted(r) => {
                 if let Some(id) = &r.submission_id {
@@ -427,6 +433,13 @@ impl Replay {
                 Self::batch_resolved(self.episode_for(run_id, false)?)
             }
             Record::Retracted { .. } | Record::CacheWarmed(_) | Record::Unknown(_) => Ok(()),
+            Record::MovedOut(_) => match &self.last {
+                Some(e) if !matches!(e.status, EpisodeStatus::Finished { .. }) => {
+                    Err(format!("moved out while run {} is not finished", e.run_id))
+                }
+                _ if !self.queue.is_empty() => Err("moved out with sends queued".into()),
+                _ => Ok(()),
+            },
         }
     }
 
@@ -504,6 +517,7 @@ impl Replay {
             }
             // A warm changes no state; billing reads it.
             Record::CacheWarmed(w) => sink(Effect::Warm { seq, warm: w.clone() }),
+            Record::MovedOut(m) => self.moved_out = Some((**m).clone()),
             Record::Unknown(_) => {}
         }
         Ok(())

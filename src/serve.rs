@@ -15,17 +15,17 @@ use std::sync::Arc;
 use cortexkit_role_llm_runner::display::Limits;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
-use subc_protocol::{Flags, Principal};
+use subc_protocol::Flags;
 
 use crate::actor::Gauges;
 use crate::catalog::poller::CatalogHealth;
 use crate::classify::scope::{route_role, RouteRole, Stamp};
 use crate::classify::Classifier;
 use crate::fanout::{From, Hub, SinkError, StreamSink, Subscription};
+use crate::federation::Federation;
 use crate::lineage::projection::Cursor;
 use crate::op::Op;
 use crate::ops::{invalid_params, Ops};
-use crate::owner::Caller;
 use crate::pool::Pool;
 use crate::session_key::SessionKey;
 use crate::subc::consumer::Consumer;
@@ -90,6 +90,8 @@ pub struct Server {
     classifier_routes: HashMap<Route, Arc<Stamp>>,
     /// Classifier calls, each on a task of its own, none holding an op worker.
     classify_tasks: Arc<Pool>,
+    /// This host's machine and the carriers that relay routes from others (DESIGN §8).
+    federation: Federation,
 }
 
 impl Server {
@@ -109,7 +111,14 @@ impl Server {
             classifier: None,
             classifier_routes: HashMap::new(),
             classify_tasks: Arc::new(Pool::new("broca-classify", crate::classify::service::CALLS_PER_PROCESS)),
+            federation: Federation::default(),
         }
+    }
+
+    /// Reads relayed routes' callers by `federation` (without it, no module is a carrier).
+    pub fn with_federation(mut self, federation: Federation) -> Server {
+        self.federation = federation;
+        self
     }
 
     /// Serves the classifier role on routes that declare it.
@@ -345,8 +354,9 @@ pub fn parse_from(params: &Value) -> Result<From, Refusal> {
 /// Decides a `route.bind` from what the daemon stamped, never from the opener's claims: a bind
 /// must carry the daemon's principal, and a session route must name a session. Who may *write*
 /// a session (owner rules) is decided per operation.
-pub fn authorize(bind: &BindRequest) -> Result<(), subc_protocol::ErrorBody> {
+pub fn authorize(bind: &BindRequest, federation: &Federation) -> Result<(), subc_protocol::ErrorBody> {
     let role = route_role(bind.role_versions.as_ref())?;
+    federation.caller_of(bind)?;
     if bind.principal.is_none() {
         return Err(subc_protocol::ErrorBody::new(
             crate::wire::RefusalCode::NotAuthorized.as_str(),
@@ -366,20 +376,6 @@ pub fn authorize(bind: &BindRequest) -> Result<(), subc_protocol::ErrorBody> {
     Ok(())
 }
 
-/// The caller a bind stamps: its principal and its work scope's owner, spelled as the role
-/// contract spells a `RouteStamp` principal (`reserved:<module>`, `direct`, `unverified`).
-fn caller_of(bind: &BindRequest) -> Caller {
-    let spell = |p: &Principal| match p {
-        Principal::Reserved { module_id } => format!("{}{module_id}", crate::owner::RESERVED_PREFIX),
-        Principal::Direct => "direct".to_owned(),
-        Principal::Unverified => "unverified".to_owned(),
-    };
-    Caller {
-        principal: bind.principal.as_ref().map_or_else(|| "unverified".to_owned(), spell),
-        scope_owner: bind.scope.as_ref().map(|s| spell(&s.owner)),
-    }
-}
-
 /// The session a bind addresses.
 fn session_of(bind: &BindRequest) -> SessionKey {
     let root = bind
@@ -390,6 +386,22 @@ fn session_of(bind: &BindRequest) -> SessionKey {
     SessionKey::new(&root, &bind.identity.harness, &bind.identity.session)
 }
 
+impl Server {
+    /// A move op (`crate::moves`): on an op worker, like every session op.
+    fn move_op(&mut self, route: Route, corr: u64, bound: crate::ops::Route, method: String, params: Value) {
+        let (ops, out) = (Arc::clone(&self.ops), self.outbound.clone());
+        let job = move || {
+            let _ = match crate::moves::serve(&ops, &bound, &method, &params) {
+                Ok(answer) => out.reply(route, corr, json!({"result": answer}).to_string().into_bytes()),
+                Err(refusal) => out.refuse(route, corr, &refusal),
+            };
+        };
+        if let Err(e) = self.workers.run(job) {
+            self.refuse_unstarted(route, corr, &e);
+        }
+    }
+}
+
 impl Handler for Server {
     fn on_route_bound(&mut self, bind: BindRequest) {
         if route_role(bind.role_versions.as_ref()) == Ok(RouteRole::Classifier) {
@@ -398,7 +410,8 @@ impl Handler for Server {
             return;
         }
         let scoped = bind.scope.is_some();
-        let caller = caller_of(&bind);
+        // Authorized binds only reach here, so a relayed one has a readable origin.
+        let Ok(caller) = self.federation.caller_of(&bind) else { return };
         self.routes.insert(bind.route, crate::ops::Route { key: session_of(&bind), scoped, caller });
     }
 
@@ -422,6 +435,9 @@ impl Handler for Server {
             return self.refuse(route, corr, &invalid_params("method", "required"));
         };
         let params = envelope.get("params").cloned().unwrap_or(Value::Null);
+        if crate::moves::OPS.contains(&method.as_str()) {
+            return self.move_op(route, corr, bound, method, params);
+        }
         let op = Op::parse(&method);
         if op == Some(Op::SessionSubscribe) {
             self.metrics.count(op);

@@ -727,7 +727,7 @@ fn a_scope_owner_owns_the_session_its_scope_froze_and_a_caller_under_the_scope_d
     let rig = rig(Duration::from_secs(5));
     rig.script(json!({"responses": [reply_script("scoped", 0)]}));
     let route = |principal: &str, scope_owner: Option<&str>| Route {
-        caller: Caller { principal: principal.into(), scope_owner: scope_owner.map(String::from) },
+        caller: Caller::local(principal, scope_owner, None),
         ..Route::direct(key())
     };
     let call = |route: &Route, method: &str, params: serde_json::Value| {

@@ -36,6 +36,10 @@ pub enum SessionCommand {
     WarmDone(Box<super::warm::WarmDone>),
     /// A held call's late result, from its provider's puller (spec §19).
     LateResult { call_key: String, outcome: crate::held::LateOutcome, answer: Answer<crate::held::LateAck> },
+    /// `session.export`'s tombstone (`crate::moves`), written only between runs.
+    Export { answer: Answer<crate::record::MovedOut> },
+    /// Close the actor now if nothing is running or queued (an adopt needs the lease).
+    Close,
     /// Cancel whatever run is going (no answer; nothing when none is).
     CancelRunning(CancelAt),
     /// Shutdown: stop now and seal the running run `interrupted`.
@@ -52,6 +56,8 @@ impl std::fmt::Debug for SessionCommand {
             SessionCommand::Retract { request, .. } => write!(f, "Retract({})", request.submission_id),
             SessionCommand::Cancel { request, .. } => write!(f, "Cancel({}, {:?})", request.run_id, request.at),
             SessionCommand::Warm { .. } => write!(f, "Warm"),
+            SessionCommand::Export { .. } => write!(f, "Export"),
+            SessionCommand::Close => write!(f, "Close"),
             SessionCommand::WarmDone(done) => write!(f, "{done:?}"),
             SessionCommand::LateResult { call_key, .. } => write!(f, "LateResult({call_key})"),
             SessionCommand::CancelRunning(at) => write!(f, "CancelRunning({at:?})"),
@@ -96,7 +102,9 @@ pub(super) fn handle(ctx: &Ctx<'_>, lineage: &mut Lineage, cmd: SessionCommand) 
             Handled { units, signal: None }
         }
         SessionCommand::Warm { caller, answer } => {
-            match decide::owner_admits(lineage, Op::SessionWarm, &caller) {
+            let moved =
+                lineage.state().moved_out.as_ref().map(|m| crate::moves::session_moved(lineage.addr(), m.epoch));
+            match decide::owner_admits(lineage, Op::SessionWarm, &caller).and_then(|()| moved.map_or(Ok(()), Err)) {
                 Ok(()) => super::warm::start(ctx.warm, lineage, answer),
                 Err(refusal) => answer.send(Err(refusal)),
             }
@@ -118,6 +126,12 @@ pub(super) fn handle(ctx: &Ctx<'_>, lineage: &mut Lineage, cmd: SessionCommand) 
                 }
             }
         }
+        SessionCommand::Export { answer } => {
+            answer.send(crate::moves::tombstone(lineage));
+            Handled::default()
+        }
+        // The actor's loop closes on it; a run in progress ignores it.
+        SessionCommand::Close => Handled::default(),
         SessionCommand::CancelRunning(at) => Handled { units: Vec::new(), signal: Some(RunCommand::Cancel(at)) },
         SessionCommand::Seal => Handled { units: Vec::new(), signal: Some(RunCommand::Seal) },
         SessionCommand::SealAtBoundary => Handled { units: Vec::new(), signal: Some(RunCommand::SealAtBoundary) },

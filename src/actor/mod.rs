@@ -319,6 +319,17 @@ impl Registry {
         self.sealing.load(Ordering::Acquire)
     }
 
+    /// Asks the session's actor, if one is open, to close once nothing runs or waits (an
+    /// adopt needs the lease); waits briefly for it to go. Never opens one.
+    pub fn close_idle(&self, key: &SessionKey) {
+        let Some(slot) = self.existing_slot(key) else { return };
+        let sent = slot.lock().as_ref().is_some_and(|actor| actor.tx.try_send(SessionCommand::Close).is_ok());
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while sent && slot.lock().is_some() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
     /// Whether the session has an open actor.
     pub fn is_open(&self, key: &SessionKey) -> bool {
         self.existing_slot(key).is_some_and(|slot| slot.lock().is_some())
@@ -410,8 +421,14 @@ impl Registry {
         if !sealed.is_empty() {
             publish(Output::Control(sealed));
         }
+        // A `Close` asked for: honoured once nothing runs or waits (`crate::moves` adopt).
+        let mut close_asked = false;
         loop {
             while let Ok(cmd) = rx.try_recv() {
+                if matches!(cmd, SessionCommand::Close) {
+                    close_asked = true;
+                    continue;
+                }
                 if matches!(cmd, SessionCommand::Send { .. }) && expired(&lineage) {
                     // The send starts a fresh record: this actor closes, and the next open
                     // deletes the expired one first (`crate::retention`).
@@ -439,6 +456,19 @@ impl Registry {
                     return;
                 }
             }
+            if std::mem::take(&mut close_asked) {
+                let mut guard = slot.lock();
+                if rx.is_empty() && lineage.state().queue.is_empty() && !running(&lineage) {
+                    self.gauges.closing.fetch_add(1, Ordering::Relaxed);
+                    *guard = None;
+                    drop(publish);
+                    drop(lineage);
+                    self.gauges.closing.fetch_sub(1, Ordering::Relaxed);
+                    drop(guard);
+                    self.prune(&key, slot);
+                    return;
+                }
+            }
             // A retained session closes at its expiry, observed or not: its lease is then free
             // for the retention sweep to delete it within `delete_within_ms`.
             let expiry = crate::retention::expiry_of(lineage.state());
@@ -450,6 +480,7 @@ impl Registry {
             };
             let wait = clock.recheck().map_or(wait, |tick| wait.min(tick));
             match rx.recv_timeout(wait) {
+                Ok(SessionCommand::Close) => close_asked = true,
                 Ok(cmd) => {
                     if matches!(cmd, SessionCommand::Send { .. }) && expired(&lineage) {
                         drop(publish);
@@ -620,4 +651,9 @@ impl Registry {
 /// Whether the session's record is past its retention now (`crate::retention::expiry_of`).
 fn expired(lineage: &Lineage) -> bool {
     crate::retention::expiry_of(lineage.state()).is_some_and(|at| lineage.now_ms() >= at)
+}
+
+/// Whether the session's last run has not finished (running or paused).
+fn running(lineage: &Lineage) -> bool {
+    lineage.state().last.as_ref().is_some_and(|e| !matches!(e.status, crate::replay::EpisodeStatus::Finished { .. }))
 }

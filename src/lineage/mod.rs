@@ -208,6 +208,8 @@ pub struct Lineage {
     /// Where this writer publishes its fsynced end for readers (declared before the lease, so
     /// it is withdrawn before another writer can take the session).
     end: WriterEnd,
+    /// New sends are refused busy until then (`fence_sends_until`).
+    sends_fenced_until_ms: u64,
     _lease: Lease,
 }
 
@@ -288,6 +290,7 @@ impl Lineage {
             ends: Arc::clone(&shared.ends),
             clock: Arc::clone(&shared.clock),
             end,
+            sends_fenced_until_ms: 0,
             _lease: lease,
         };
         lineage.seal_orphan(failure.as_deref())?;
@@ -534,6 +537,22 @@ impl Lineage {
 
     pub fn state(&self) -> &Replay {
         &self.replay
+    }
+
+    /// The WAL's fsynced end (its length as readers may see it).
+    pub fn durable_end(&self) -> u64 {
+        self.wal.synced_end()
+    }
+
+    /// Keeps new sends out until `until_ms` (a move waiting for the session to drain,
+    /// `crate::moves`). In memory only: a restart forgets it, as it forgets the waiting export.
+    pub fn fence_sends_until(&mut self, until_ms: u64) {
+        self.sends_fenced_until_ms = until_ms;
+    }
+
+    /// How long new sends are still kept out (0: not fenced).
+    pub fn sends_fenced_for_ms(&self) -> u64 {
+        self.sends_fenced_until_ms.saturating_sub(self.clock.now_ms())
     }
 
     pub fn open_report(&self) -> &OpenReport {

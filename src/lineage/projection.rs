@@ -134,7 +134,7 @@ pub fn unit_count(record: &Record, tool_message: bool) -> usize {
         Record::RunFinished { error, .. } => {
             1 + usize::from(error.as_ref().is_some_and(|e| e.provider_code.as_deref() == Some(ORPHAN_PROVIDER_CODE)))
         }
-        Record::CacheWarmed(_) | Record::Unknown(_) => 0,
+        Record::CacheWarmed(_) | Record::MovedOut(_) | Record::Unknown(_) => 0,
         Record::ToolCallProviderHeld(_)
         | Record::StepStarted { .. }
         | Record::ModelAttemptFinished(_)
@@ -253,7 +253,7 @@ fn record_units(record: &Record, context: &Context) -> Vec<(Unit, Option<LiveEve
             context.message,
         )
         .to_vec(),
-        Record::CacheWarmed(_) | Record::Unknown(_) => Vec::new(),
+        Record::CacheWarmed(_) | Record::MovedOut(_) | Record::Unknown(_) => Vec::new(),
     }
 }
 

@@ -18,6 +18,7 @@ mod refs;
 mod send;
 mod status;
 pub mod table;
+pub(crate) use owners::first_run_started;
 mod warm;
 
 use std::sync::Arc;

@@ -28,7 +28,7 @@ pub(super) fn authorize(ops: &Ops, route: &Route, op: Option<Op>) -> Result<(), 
 
 /// The session's first durable `RunStarted`, reading only as far as it (it is the first or
 /// second record of a WAL, so this reads a few kilobytes).
-pub(super) fn first_run_started(reader: &Reader) -> Result<Option<Box<RunStarted>>, LineageError> {
+pub(crate) fn first_run_started(reader: &Reader) -> Result<Option<Box<RunStarted>>, LineageError> {
     struct First(Option<Box<RunStarted>>);
     impl Sink for First {
         fn record(&mut self, _seq: u64, record: &Record) -> bool {

@@ -29,6 +29,16 @@ pub fn manifest(module_id: &str) -> ModuleManifest {
         kind: ManagementOperationKind::Mutate,
         description: None,
     });
+    // Moving sessions between hosts (DESIGN §8): broca's own, outside the role's op list.
+    operations.extend(crate::moves::OPS.iter().map(|name| ManagementOperation {
+        name: (*name).to_owned(),
+        kind: if *name == crate::moves::LOCATE {
+            ManagementOperationKind::Query
+        } else {
+            ManagementOperationKind::Mutate
+        },
+        description: None,
+    }));
     let delivery: BTreeMap<String, OperationDelivery> = Op::ALL
         .iter()
         .filter(|o| o.kind() == OpKind::Stream)

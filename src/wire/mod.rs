@@ -181,6 +181,15 @@ pub enum RefusalCode {
     WarmPrefixUnavailable,
     /// `session.warm`: the warm was sent and the provider refused it (its error in `detail`).
     WarmFailed,
+    /// The session was exported to another host (`crate::moves`): this copy takes no sends
+    /// (`detail {class: "permanent", session_ref, epoch}`).
+    SessionMoved,
+    /// A move op names a session this host holds no record of (`detail {session_ref}`).
+    SessionNotFound,
+    /// `session.adopt`: this host holds a copy the archive does not continue.
+    SessionExists,
+    /// `session.adopt`: the archive does not check out (`detail {field, reason}`).
+    ArchiveInvalid,
 }
 
 impl RefusalCode {
@@ -245,6 +254,10 @@ impl RefusalCode {
             RefusalCode::CacheExpired => "cache_expired",
             RefusalCode::WarmPrefixUnavailable => "warm_prefix_unavailable",
             RefusalCode::WarmFailed => "warm_failed",
+            RefusalCode::SessionMoved => "session_moved",
+            RefusalCode::SessionNotFound => "session_not_found",
+            RefusalCode::SessionExists => "session_exists",
+            RefusalCode::ArchiveInvalid => "archive_invalid",
         }
     }
 }

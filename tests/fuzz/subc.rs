@@ -421,7 +421,8 @@ fn fuzz_subc_io_thread() {
         let conn =
             broca::subc::ModuleConn::registered(module_side, Decoder::new(), ack.clone(), "0.39.3".into()).unwrap();
         let out = conn.outbound();
-        let authorizer = |bind: &broca::subc::BindRequest| broca::serve::authorize(bind);
+        let authorizer =
+            |bind: &broca::subc::BindRequest| broca::serve::authorize(bind, &broca::federation::Federation::default());
         let running = conn.start(Answering { out }, authorizer).unwrap();
         let (stream, serving) = daemon_stream(g);
         // A damaged stream may leave the module waiting for the rest of a frame: wait less.

@@ -1,0 +1,125 @@
+//! Moving a session between hosts (DESIGN §8): `session.export` on the host that owns it,
+//! `session.adopt` on the host that takes it, `session.locate` to ask a host where a session
+//! stands. The CLI is `broca session export|import|locate`.
+//!
+//! A move has three states and every crash leaves exactly one of them:
+//!
+//! 1. **owned by the source**: its live WAL takes sends;
+//! 2. **in transit**: the source's WAL ends in a durable `moved_out` tombstone (reads still
+//!    served, every send refused `session_moved`); the archive (the WAL before the tombstone)
+//!    is on disk, or is written again by repeating the export, which answers from the
+//!    tombstone without writing anything else;
+//! 3. **owned by the target**: the adopted WAL is renamed into place; its lease epoch starts
+//!    above the archive's, so no frame it writes can be mistaken for the source's.
+//!
+//! The source writes the tombstone only when the session is idle (no run, nothing queued);
+//! an export that finds it busy fences new sends for [`MOVE_FENCE_MS`] so it drains, and is
+//! refused `session_busy` (transient): the CLI asks again. The adopter refuses an archive when
+//! it already holds a live copy that differs, or a tombstone newer than the archive
+//! (`session_exists`), so a stale or replayed archive never forks a session; adopting the same
+//! archive twice answers as the first time.
+
+mod adopt;
+pub mod archive;
+mod export;
+
+pub use adopt::adopt;
+pub use export::{export, tombstone};
+
+use serde_json::Value;
+
+use crate::ops::{strict, Ops, Route};
+use crate::owner::{self, Caller};
+use crate::state_root::Placement;
+use crate::wire::{invalid_params, Refusal, RefusalCode};
+
+/// How long an export that found the session busy keeps new sends out, so the run in flight
+/// can finish and the next export finds the session idle.
+pub const MOVE_FENCE_MS: u64 = 10_000;
+/// How long a move op waits for the session's actor.
+pub const MOVE_WAIT_MS: u64 = 30_000;
+
+/// The management ops this module serves (broca extensions outside the llm-runner role).
+pub const EXPORT: &str = "session.export";
+pub const ADOPT: &str = "session.adopt";
+pub const LOCATE: &str = "session.locate";
+pub const OPS: [&str; 3] = [EXPORT, ADOPT, LOCATE];
+
+/// Serves one of [`OPS`] (blocking: call it from a worker).
+pub fn serve(ops: &Ops, route: &Route, method: &str, params: &Value) -> Result<Value, Refusal> {
+    match method {
+        EXPORT => {
+            strict(params, &["to"])?;
+            export(ops, route, &path_param(params, "to")?)
+        }
+        ADOPT => {
+            strict(params, &["from"])?;
+            adopt(ops, route, &path_param(params, "from")?)
+        }
+        _ => {
+            strict(params, &[])?;
+            locate(ops, route)
+        }
+    }
+}
+
+/// `session.locate`: whether this host holds the session live, holds its tombstone (moved
+/// out, with the epoch the move left at), or holds nothing of it. A read: any caller.
+fn locate(ops: &Ops, route: &Route) -> Result<Value, Refusal> {
+    let shared = ops.registry.shared();
+    let key = &route.key;
+    let Some(reader) = crate::lineage::reader::Reader::open(shared, key) else {
+        return Ok(serde_json::json!({"state": "absent", "session_ref": key.addr()}));
+    };
+    let moved = export::moved_out_of(&reader).map_err(|e| e.refusal())?;
+    let tree = shared.root.placement_of(key).map(Placement::dir_name);
+    Ok(match moved {
+        Some(t) => serde_json::json!({"state": "moved", "session_ref": key.addr(), "epoch": t.epoch, "tree": tree}),
+        None => serde_json::json!({"state": "live", "session_ref": key.addr(), "tree": tree}),
+    })
+}
+
+/// A move is an operator's act on its own host: refused to a caller relayed from another
+/// machine, admitted to the host's key-holder (`direct`) and to the session's owner.
+fn authorize(caller: &Caller, owner: Option<&owner::Owner>, method: &str) -> Result<(), Refusal> {
+    if caller.via.is_none() && (caller.principal == "direct" || owner.is_some_and(|o| o.admits(caller))) {
+        return Ok(());
+    }
+    let message = format!(
+        "{method} is an operator's act on this host: only its key-holder or the session's owner may call it; this route's caller is {}",
+        caller.principal
+    );
+    Err(Refusal::new(RefusalCode::NotAuthorized, message, Some(crate::detail!("principal" => caller.principal))))
+}
+
+/// An absolute path member.
+fn path_param(params: &Value, field: &str) -> Result<std::path::PathBuf, Refusal> {
+    let path = params.get(field).and_then(Value::as_str).ok_or_else(|| invalid_params(field, "required, a path"))?;
+    if !path.starts_with('/') || path.len() > 4096 || path.contains('\0') {
+        return Err(invalid_params(field, "must be an absolute path"));
+    }
+    Ok(std::path::PathBuf::from(path))
+}
+
+/// `session_moved`: this host's copy was exported (never names a path or the target).
+pub fn session_moved(addr: &str, epoch: u64) -> Refusal {
+    Refusal::new(
+        RefusalCode::SessionMoved,
+        "the session was moved to another host; send it there",
+        Some(crate::detail!("class" => "permanent", "session_ref" => addr, "epoch" => epoch)),
+    )
+}
+
+/// `session_busy` while a move waits for the session to drain.
+pub fn moving(retry_after_ms: u64) -> Refusal {
+    Refusal::new(
+        RefusalCode::SessionBusy,
+        "the session is being moved: it takes no new sends until it has drained",
+        Some(crate::detail!("class" => "transient", "retry_after_ms" => retry_after_ms)),
+    )
+}
+
+/// The tree name an archive records for a placement, and back.
+fn tree_of(name: &str) -> Option<Placement> {
+    [Placement::Standard, Placement::Durable, Placement::Ephemeral].into_iter().find(|p| p.dir_name() == name)
+}
