@@ -29,6 +29,9 @@ use broca::subc::{self, BindRequest};
 use broca::tools::ToolPlane;
 use broca::wal::{self, ScannedFrame};
 
+#[path = "broca/session_cli.rs"]
+mod session_cli;
+
 const USAGE: &str = "\
 broca: durable agentic LLM loops (a CortexKit subc module)
 
@@ -38,6 +41,8 @@ usage:
   broca units WAL                print the durable control units of a WAL, one per line
   broca session PROJECT_ROOT HARNESS SESSION
                                  print the session's address and WAL path under the state root
+  broca session export|import|locate ...
+                                 move a session between hosts (`broca session --help`)
   broca --help | --version
 
 The state root is BROCA_STATE_ROOT, else $XDG_DATA_HOME/cortexkit/broca, else
@@ -60,6 +65,13 @@ fn main() -> ExitCode {
         }
         ["inspect", path] => inspect(&PathBuf::from(path)),
         ["units", path] => units(&PathBuf::from(path)),
+        ["session", "--help"] => {
+            println!("{}", session_cli::USAGE);
+            return ExitCode::SUCCESS;
+        }
+        ["session", verb, rest @ ..] if ["export", "import", "locate"].contains(verb) => {
+            return session_cli::main(&words[1..]);
+        }
         ["session", root, harness, session] => locate(&SessionKey::new(root, harness, session)),
         ["--subc", path] => return serve(Path::new(path)),
         ["--subc"] => {

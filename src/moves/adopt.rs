@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 
 use super::archive::{self, Header};
 use super::export::moved_out_of;
-use super::{authorize, moving, tree_of, MOVE_FENCE_MS};
+use super::{authorize, not_idle, tree_of, MOVE_FENCE_MS};
 use crate::lineage::reader::Reader;
 use crate::lineage::LineageError;
 use crate::ops::{Ops, Route};
@@ -50,7 +50,7 @@ pub fn adopt(ops: &Ops, route: &Route, from: &std::path::Path) -> Result<Value, 
     let mut lease = Lease::acquire_waiting_for_own(&lease_path, std::time::Duration::from_millis(LEASE_WAIT_MS))
         .map_err(|e| match e {
             LeaseError::Io { .. } => LineageError::from(e).refusal(),
-            _ => moving(MOVE_FENCE_MS),
+            _ => not_idle(MOVE_FENCE_MS),
         })?;
     let dir = shared.root.wal_path_placed(key, placement).parent().map(std::path::Path::to_path_buf);
     let existing = shared.record_path(key);

@@ -84,7 +84,9 @@ impl std::fmt::Display for ArchiveError {
             ArchiveError::Unreadable(e) => write!(f, "the archive cannot be read: {e}"),
             ArchiveError::TooLarge { limit } => write!(f, "the archive is larger than {limit} bytes"),
             ArchiveError::Malformed(what) => write!(f, "the archive is malformed: {what}"),
-            ArchiveError::DigestMismatch(what) => write!(f, "the archive's {what} digest does not match"),
+            ArchiveError::DigestMismatch(what) => {
+                write!(f, "the archive does not check out: {what} digest does not match")
+            }
         }
     }
 }
@@ -140,7 +142,7 @@ pub fn decode(bytes: &[u8]) -> Result<(Header, Vec<u8>), ArchiveError> {
         .and_then(|t| t.strip_suffix(b"\n"))
         .ok_or(ArchiveError::Malformed("no sha256 trailer"))?;
     if digest != sha256_hex(body).as_bytes() {
-        return Err(ArchiveError::DigestMismatch("archive"));
+        return Err(ArchiveError::DigestMismatch("its"));
     }
     let rest = body
         .strip_prefix(MAGIC.as_bytes())
@@ -157,7 +159,7 @@ pub fn decode(bytes: &[u8]) -> Result<(Header, Vec<u8>), ArchiveError> {
         return Err(ArchiveError::Malformed("wal length"));
     }
     if sha256_hex(wal) != header.wal_sha256 {
-        return Err(ArchiveError::DigestMismatch("wal"));
+        return Err(ArchiveError::DigestMismatch("the WAL's"));
     }
     if header.key().addr() != header.addr {
         return Err(ArchiveError::Malformed("the address is not the triple's"));

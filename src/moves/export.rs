@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::archive::{self, Header};
-use super::{authorize, moving, MOVE_FENCE_MS, MOVE_WAIT_MS};
+use super::{authorize, not_idle, MOVE_FENCE_MS, MOVE_WAIT_MS};
 use crate::actor::{Answer, SessionCommand};
 use crate::lineage::reader::{Reader, Sink, Start};
 use crate::lineage::{Lineage, LineageError};
@@ -28,7 +28,7 @@ pub fn tombstone(lineage: &mut Lineage) -> Result<MovedOut, Refusal> {
     if running || !state.queue.is_empty() {
         let now = lineage.now_ms();
         lineage.fence_sends_until(now + MOVE_FENCE_MS);
-        return Err(moving(MOVE_FENCE_MS));
+        return Err(not_idle(MOVE_FENCE_MS));
     }
     let wal_bytes = lineage.durable_end();
     let wal = read_prefix(lineage.wal_path(), wal_bytes).map_err(|e| open_failed(&e))?;
@@ -59,7 +59,7 @@ pub fn export(ops: &Ops, route: &Route, to: &std::path::Path) -> Result<Value, R
         answer.send(Err(e.refusal()));
     }
     drop(answer);
-    let tombstone = rx.recv_timeout(Duration::from_millis(MOVE_WAIT_MS)).map_err(|_| moving(MOVE_FENCE_MS))??;
+    let tombstone = rx.recv_timeout(Duration::from_millis(MOVE_WAIT_MS)).map_err(|_| not_idle(MOVE_FENCE_MS))??;
     crate::failpoint!("move.export.after_tombstone");
     let path = shared.root.wal_path(key);
     let wal = read_prefix(&path, tombstone.wal_bytes).map_err(|e| open_failed(&e))?;

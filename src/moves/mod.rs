@@ -110,11 +110,23 @@ pub fn session_moved(addr: &str, epoch: u64) -> Refusal {
     )
 }
 
-/// `session_busy` while a move waits for the session to drain.
+/// `session_busy` to a send while a move waits for the session to drain.
 pub fn moving(retry_after_ms: u64) -> Refusal {
+    busy("the session is being moved: it takes no new sends until it has drained", retry_after_ms)
+}
+
+/// `session_busy` to an export (or adopt) that found the session running, queued or open.
+pub fn not_idle(retry_after_ms: u64) -> Refusal {
+    busy(
+        "the session has a run in progress or sends queued: new sends are held off while it drains; ask again",
+        retry_after_ms,
+    )
+}
+
+fn busy(message: &str, retry_after_ms: u64) -> Refusal {
     Refusal::new(
         RefusalCode::SessionBusy,
-        "the session is being moved: it takes no new sends until it has drained",
+        message,
         Some(crate::detail!("class" => "transient", "retry_after_ms" => retry_after_ms)),
     )
 }
