@@ -10,7 +10,10 @@
 //! - a session is `{project_root, harness, session}`: the route's bind identity plus the
 //!   legacy `identity.project_root` the daemon canonicalizes (`subc-wire.md` §12.1);
 //! - at most [`MAX_ROUTES`] session routes are kept; past that the least recently used one is
-//!   closed. A route that proves dead is forgotten and the next call opens a fresh one.
+//!   closed. A route that proves dead is forgotten and the next call opens a fresh one;
+//! - with several hosts, a session is served by the host `broca::placement` places it on (the
+//!   hosts' own answers decide; remembered for at most [`MAX_PLACED`] sessions). A send a host
+//!   refuses `session_moved` (nothing was written) is placed again and sent once more.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -27,6 +30,8 @@ pub const MODULE_ID: &str = "broca";
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Session routes kept open at once.
 pub const MAX_ROUTES: usize = 64;
+/// Sessions whose host is remembered; past it the memory is cleared and hosts asked again.
+pub const MAX_PLACED: usize = 4096;
 
 /// One session, as broca keys it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -77,16 +82,75 @@ pub struct Broca {
     conn_file: Option<PathBuf>,
     consumer: Mutex<Option<Consumer>>,
     routes: Mutex<Routes>,
+    /// The module ids of the broca hosts (one: no placement is asked).
+    hosts: Vec<String>,
+    /// Where each session was placed.
+    placed: Mutex<HashMap<SessionRef, String>>,
 }
 
-fn target() -> RouteTarget {
-    RouteTarget::ManagementSurface { module_id: MODULE_ID.into() }
+fn target(module_id: &str) -> RouteTarget {
+    RouteTarget::ManagementSurface { module_id: module_id.into() }
 }
 
 impl Broca {
     /// Connects nothing yet.
     pub fn new(conn_file: Option<PathBuf>) -> Broca {
-        Broca { conn_file, consumer: Mutex::new(None), routes: Mutex::new(Routes { open: HashMap::new(), clock: 0 }) }
+        Broca {
+            conn_file,
+            consumer: Mutex::new(None),
+            routes: Mutex::new(Routes { open: HashMap::new(), clock: 0 }),
+            hosts: vec![MODULE_ID.to_owned()],
+            placed: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Places sessions on `hosts` (module ids on this daemon).
+    pub fn on_hosts(mut self, hosts: Vec<String>) -> Broca {
+        if !hosts.is_empty() {
+            self.hosts = hosts;
+        }
+        self
+    }
+
+    /// The host serving `key`: the only one, the remembered one, or the one placement finds.
+    fn host(&self, c: &Consumer, key: &SessionRef) -> Result<String, Failure> {
+        if let [only] = self.hosts.as_slice() {
+            return Ok(only.clone());
+        }
+        if let Some(host) = self.placed.lock().get(key) {
+            return Ok(host.clone());
+        }
+        let addr = broca::session_key::SessionKey::new(&key.project_root, &key.harness, &key.session).addr();
+        let placed = broca::placement::place(&addr, &self.hosts, |host| self.locate(c, key, host))
+            .map_err(|e| Failure::Refused(ErrorBody::new(e.code(), e.to_string())))?;
+        let mut memory = self.placed.lock();
+        if memory.len() >= MAX_PLACED {
+            memory.clear();
+        }
+        memory.insert(key.clone(), placed.host().to_owned());
+        Ok(placed.host().to_owned())
+    }
+
+    /// `session.locate` on `host`, on a route of its own.
+    fn locate(&self, c: &Consumer, key: &SessionRef, host: &str) -> Result<broca::placement::Held, String> {
+        let route = self.open_on(c, key, host).map_err(|f| match f {
+            Failure::Refused(body) => format!("{}: {}", body.code, body.message),
+            Failure::Transport { message, .. } => message,
+        })?;
+        let body = json!({"method": broca::moves::LOCATE, "params": {}}).to_string();
+        let answered = c.call(route, body.as_bytes(), CALL_TIMEOUT);
+        c.close_route(route);
+        let answer = decode(&answered.map_err(|e| e.to_string())?).map_err(|_| "a malformed answer".to_owned())?;
+        broca::placement::Held::from_answer(&answer).ok_or_else(|| format!("an unreadable answer: {answer}"))
+    }
+
+    /// Forgets where `key` was placed (a host said it moved away) and its route.
+    fn replace(&self, c: &Consumer, key: &SessionRef) {
+        self.placed.lock().remove(key);
+        let route = self.routes.lock().open.remove(key).map(|(r, _)| r);
+        if let Some(route) = route {
+            c.close_route(route);
+        }
     }
 
     /// The consumer connection, dialed on first use. A failed first dial is tried again by the
@@ -109,8 +173,13 @@ impl Broca {
     }
 
     fn open(&self, c: &Consumer, key: &SessionRef) -> Result<ClientRoute, Failure> {
+        let host = self.host(c, key)?;
+        self.open_on(c, key, &host)
+    }
+
+    fn open_on(&self, c: &Consumer, key: &SessionRef, host: &str) -> Result<ClientRoute, Failure> {
         let identity = BindIdentity::new(key.harness.clone(), key.session.clone());
-        c.open_route_rooted(&target(), &identity, Some(&key.project_root), CALL_TIMEOUT).map_err(|e| match e {
+        c.open_route_rooted(&target(host), &identity, Some(&key.project_root), CALL_TIMEOUT).map_err(|e| match e {
             CallError::RouteOpen(body) => Failure::Refused(body),
             other => Failure::transport(&other, Sent::No),
         })
@@ -190,6 +259,11 @@ impl Broca {
             };
             return match call.wait(CALL_TIMEOUT) {
                 Ok(bytes) => decode(&bytes),
+                // Refused before anything was written: the session lives on another host now.
+                Err(CallError::Module(body)) if body.code == "session_moved" && again && self.hosts.len() > 1 => {
+                    self.replace(&c, key);
+                    continue;
+                }
                 Err(CallError::Module(body)) => Err(Failure::Refused(body)),
                 // The daemon proved the module never received it (a stale route): a new route.
                 Err(CallError::NotDelivered(body)) => {

@@ -46,7 +46,7 @@ const HELP: &str = "\
 broca-mcp: an MCP server (stdio transport) for broca's durable agent sessions.
 
 USAGE:
-    broca-mcp [--subc FILE] [--harness NAME]
+    broca-mcp [--subc FILE] [--harness NAME] [--hosts ID,ID,...]
 
 OPTIONS:
     --subc FILE       the subc daemon's connection file (default: $SUBC_CONNECTION_FILE). It is
@@ -54,6 +54,11 @@ OPTIONS:
     --harness NAME    the harness sessions are bound under (default: broca-mcp). A session is
                       {project_root, harness, session}: the same names under another harness are
                       other sessions.
+    --hosts IDS       the broca hosts sessions are placed on, as module ids on this daemon
+                      (default: $BROCA_HOSTS, else broca): `broca` here, `fed:<machine>:broca` a
+                      peer's through federation. A session goes to the host that holds it
+                      (each host is asked), a new one to the host broca's placement rule ranks
+                      first (README, Beyond one host).
     -h, --help        this text
 
 Tools: broca_send, broca_wait (streams the run's text as notifications/progress when the call
@@ -67,11 +72,13 @@ Logs go to stderr, filtered by CK_LOG (default: warn).
 struct Config {
     conn_file: Option<PathBuf>,
     harness: String,
+    hosts: Vec<String>,
 }
 
 fn parse_args() -> Result<Option<Config>, String> {
     let mut conn_file = None;
     let mut harness = DEFAULT_HARNESS.to_string();
+    let mut hosts = std::env::var("BROCA_HOSTS").ok().filter(|v| !v.is_empty());
     let mut args = std::env::args_os().skip(1);
     while let Some(arg) = args.next() {
         match arg.to_str() {
@@ -81,12 +88,20 @@ fn parse_args() -> Result<Option<Config>, String> {
                 let name = args.next().and_then(|a| a.into_string().ok()).filter(|h| !h.trim().is_empty());
                 harness = name.ok_or("--harness needs a non-empty name")?;
             }
+            Some("--hosts") => hosts = Some(args.next().and_then(|a| a.into_string().ok()).ok_or("--hosts needs ids")?),
             _ => return Err(format!("unknown argument {arg:?} (see --help)")),
         }
     }
     let conn_file =
         conn_file.or_else(|| std::env::var_os("SUBC_CONNECTION_FILE").filter(|v| !v.is_empty()).map(PathBuf::from));
-    Ok(Some(Config { conn_file, harness }))
+    let hosts: Vec<String> = match hosts {
+        Some(list) => list.split(',').map(str::trim).filter(|h| !h.is_empty()).map(str::to_owned).collect(),
+        None => vec![broca::MODULE_ID.to_owned()],
+    };
+    if hosts.is_empty() {
+        return Err("--hosts names no host".into());
+    }
+    Ok(Some(Config { conn_file, harness, hosts }))
 }
 
 /// The version to answer `initialize` with: the client's when spoken here, else the newest.
@@ -256,7 +271,7 @@ fn main() -> ExitCode {
     }
     let server = Server {
         out: Out::new(Box::new(io::stdout())),
-        broca: Arc::new(broca::Broca::new(config.conn_file)),
+        broca: Arc::new(broca::Broca::new(config.conn_file).on_hosts(config.hosts)),
         harness: config.harness,
         default_root,
         in_flight: Arc::new(Mutex::new(HashMap::new())),
