@@ -1,7 +1,9 @@
 //! broca-mock as a library: the scripted model-provider server ([`mock`]) the tests and
 //! benches run in-process, and the subc modules the binary serves (tool providers, the vault,
-//! the fusiform catalog, a relay). The binary (`main.rs`) is their command line.
+//! the fusiform catalog, a relay, a federation stand-in). The binary (`main.rs`) is their
+//! command line.
 
+pub mod fed;
 pub mod fusiform;
 pub mod mock;
 pub mod relay;

@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use broca_mock::{fusiform, mock, relay, tools, vault};
+use broca_mock::{fed, fusiform, mock, relay, tools, vault};
 use mock::{MockServer, Script};
 use tools::script::{ScopeClass, ToolScript};
 
@@ -48,6 +48,11 @@ Relay mode: `broca-mock relay [--target MODULE] --subc FILE` relays every sessio
 sent to MODULE's management surface (default broca) under its own attested principal
 (reserved:<its module id>), so a test can call broca as two distinct owners; see
 bin/broca-mock/relay.rs.
+
+Federation mode: `broca-mock fed --subc FILE (--listen PORT_FILE --export MODULE... [--expose-root
+PREFIX]... | --peer PORT_FILE) [--log JSONL]` stands in for the federation module (callosum): the
+--listen side exports its daemon's modules over a TCP link, the --peer side re-exports them on its
+own daemon as fed:<peer machine id>:<module>; see bin/broca-mock/fed/mod.rs.
 
 Tool-provider mode (--subc, as the subc daemon starts modules): registers with the daemon named
 by the connection file as SUBC_MODULE_ID (default broca-mock-tools) and serves tool-provider/v1:
@@ -252,6 +257,9 @@ fn main() -> ExitCode {
     }
     if args.first().is_some_and(|a| a == "relay") {
         return relay::main(&args[1..]);
+    }
+    if args.first().is_some_and(|a| a == "fed") {
+        return fed::main(&args[1..]);
     }
     let command = match parse_args(&args) {
         Ok(c) => c,

@@ -132,6 +132,12 @@ impl Outbound {
         self.terminal(route, corr, FrameType::Error, data_flags(), body)
     }
 
+    /// Refuses a request with an Error frame whose body is an already encoded `ErrorBody`, sent
+    /// byte for byte (a relay passing another module's refusal on; terminal).
+    pub fn error_encoded(&self, route: Route, corr: u64, body: Vec<u8>) -> Result<(), SendError> {
+        self.terminal(route, corr, FrameType::Error, data_flags(), body)
+    }
+
     /// Refuses a request with one of broca's refusals (detail members keep their order).
     pub fn refuse(&self, route: Route, corr: u64, refusal: &Refusal) -> Result<(), SendError> {
         self.terminal(route, corr, FrameType::Error, data_flags(), refusal.to_json().into_bytes())

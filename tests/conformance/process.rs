@@ -1,6 +1,6 @@
-//! Process plumbing both conformance rigs share (`tests/conformance.rs`,
-//! `tests/conformance_classifier.rs`): the daemon a rig re-executes its test binary as, and the
-//! `/proc` reads its teardown needs.
+//! Process plumbing the rigs that run daemons as processes share (`tests/conformance.rs`,
+//! `tests/conformance_classifier.rs`, `tests/federation.rs`): the daemon a rig re-executes its
+//! test binary as, and the `/proc` reads its teardown needs.
 #![allow(dead_code)]
 
 use std::fs;
@@ -33,7 +33,10 @@ pub fn now_ms() -> u64 {
 }
 
 /// `--daemon RIG_DIR`: the real subc daemon for one rig, until SIGTERM (`name` prefixes its
-/// errors).
+/// errors). When the rig wrote a machine id to `RIG_DIR/data/machine-id` (one line, 32 hex
+/// digits), the daemon serves it and its modules' HELLO_ACK names it; without one it serves none
+/// (a rig whose instances share a broca state root across rig directories must not get a new
+/// machine under every instance).
 pub fn daemon_main(rig: &Path, name: &str) -> std::process::ExitCode {
     // A daemon never outlives the suite that started it (a killed or timed-out run leaves no
     // broca behind): SIGTERM runs its shutdown sequence when the parent goes.
@@ -54,7 +57,15 @@ pub fn daemon_main(rig: &Path, name: &str) -> std::process::ExitCode {
         .with_daemon_config_path(&table)
     {
         Ok(c) => {
-            c.with_capture_logs_dir(rig.join("run/logs")).with_terminal_journal_path(rig.join("run/terminals.jsonl"))
+            let c = c
+                .with_capture_logs_dir(rig.join("run/logs"))
+                .with_terminal_journal_path(rig.join("run/terminals.jsonl"));
+            let machine_id = rig.join("data/machine-id");
+            if machine_id.is_file() {
+                c.with_machine_id_path(machine_id)
+            } else {
+                c
+            }
         }
         Err(e) => {
             eprintln!("{name}: cannot load {}: {e}", table.display());
