@@ -7,7 +7,6 @@
 mod inproc;
 use broca_mock::mock;
 mod pin;
-mod skip;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -55,6 +55,8 @@ pub struct FedOptions {
     pub relays: Vec<String>,
     /// B's `--expose-root` prefixes; `None`: the rig's directory (every [`FedRig::project_dir`]).
     pub expose_roots: Option<Vec<PathBuf>>,
+    /// More environment for both brocas (`BROCA_FAILPOINTS` for a kill campaign, say).
+    pub broca_env: Vec<(String, String)>,
 }
 
 /// One daemon process and what it supervises.
@@ -120,7 +122,7 @@ impl FedRig {
             "version": 1,
             "admission_facts_carrier_module_id": CALLOSUM,
             "admission_facts_targets": [BROCA],
-            "modules": {BROCA: broca_module(&broca, &root.join("B"), &model_url, &restart), CALLOSUM: callosum_b},
+            "modules": {BROCA: broca_module(&broca, &root.join("B"), &model_url, &restart, &options.broca_env), CALLOSUM: callosum_b},
         });
         let b = Daemon::start("B", root.join("B"), b_id, b_table, &broca, &mock_bin);
         let fed_broca = format!("fed:{}:{BROCA}", b.machine_id);
@@ -131,7 +133,7 @@ impl FedRig {
             "restart": restart,
         });
         let mut a_modules =
-            json!({BROCA: broca_module(&broca, &root.join("A"), &model_url, &restart), CALLOSUM: callosum_a});
+            json!({BROCA: broca_module(&broca, &root.join("A"), &model_url, &restart, &options.broca_env), CALLOSUM: callosum_a});
         for relay in &options.relays {
             a_modules[relay] = json!({"program": mock_bin, "args": ["relay", "--target", fed_broca],
                                       "env": {"CK_LOG": "warn"}, "enabled": true, "reserved": true});
@@ -210,7 +212,7 @@ impl FedRig {
     }
 }
 
-fn broca_module(broca: &Path, dir: &Path, model_url: &str, restart: &Value) -> Value {
+fn broca_module(broca: &Path, dir: &Path, model_url: &str, restart: &Value, extra: &[(String, String)]) -> Value {
     let state = dir.join("broca");
     mkdirs(&state.join("catalog"));
     // Written "now", so broca's catalog poller finds it fresh and polls no fusiform.
@@ -218,10 +220,14 @@ fn broca_module(broca: &Path, dir: &Path, model_url: &str, restart: &Value) -> V
     let mut seeded: Value = serde_json::from_slice(&fs::read(lkg).expect("the catalog LKG")).expect("LKG JSON");
     seeded["written_at_ms"] = json!(now_ms());
     fs::write(state.join("catalog/fusiform-lkg.json"), seeded.to_string()).expect("seeding the catalog");
-    json!({
+    let mut module = json!({
         "program": broca, "args": [], "enabled": true, "reserved": true, "restart": restart,
         "env": {"CK_LOG": "info", "BROCA_STATE_ROOT": state, "BROCA_PROVIDER_BASE_URL": model_url},
-    })
+    });
+    for (k, v) in extra {
+        module["env"][k] = json!(v);
+    }
+    module
 }
 
 impl Daemon {
