@@ -121,6 +121,8 @@ bench:
 	$(CARGO) run --release --locked --example tool-bench
 	$(CARGO) run --release --locked --example refs-bench
 	$(CARGO) run --release --locked --example classify-bench
+	$(CARGO) build --release --locked -p broca-mock --bin broca-mock
+	$(CARGO) run --release --locked --example fed-bench
 
 # A thousand sessions with runs active at once (one observer each) and a boot over ten thousand
 # sessions, through the real daemon (about two minutes; not part of `make bench`).

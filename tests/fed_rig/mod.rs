@@ -57,6 +57,8 @@ pub struct FedOptions {
     pub expose_roots: Option<Vec<PathBuf>>,
     /// More environment for both brocas (`BROCA_FAILPOINTS` for a kill campaign, say).
     pub broca_env: Vec<(String, String)>,
+    /// The broca binary (default: the one cargo built for the test).
+    pub broca: Option<PathBuf>,
 }
 
 /// One daemon process and what it supervises.
@@ -100,7 +102,13 @@ impl FedRig {
     pub fn start(options: FedOptions) -> FedRig {
         let tmp = tempfile::Builder::new().prefix("bfed").tempdir_in("/tmp").expect("a temporary directory");
         let root = fs::canonicalize(tmp.path()).expect("the rig directory");
-        let broca = fs::canonicalize(env!("CARGO_BIN_EXE_broca")).expect("the broca binary");
+        // A test names the binary cargo built for it; a bench finds it beside itself.
+        let broca = options
+            .broca
+            .clone()
+            .or_else(|| option_env!("CARGO_BIN_EXE_broca").map(PathBuf::from))
+            .unwrap_or_else(|| broca_mock::exe().with_file_name("broca"));
+        let broca = fs::canonicalize(&broca).unwrap_or_else(|e| panic!("the broca binary {}: {e}", broca.display()));
         let mock_bin = broca_mock::exe();
         let mock = MockServer::start("127.0.0.1:0").expect("the mock provider starts");
         mkdirs(&root.join("projects"));

@@ -214,7 +214,11 @@ fn load(
         n += 1;
         let outcome = match call(&on_a, route, "session.send", send_params(&prompt)) {
             Ok(_) => Sent::Accepted,
-            Err(e) if e.get("code").is_some() => Sent::Refused(e["code"].as_str().unwrap_or_default().to_owned()),
+            // The stand-in's own codes say the route went away with the send in flight: its
+            // outcome is unknown (it may have run), as after any lost connection.
+            Err(e) if e["code"].as_str().is_some_and(|c| !c.starts_with("fed_")) => {
+                Sent::Refused(e["code"].as_str().unwrap_or_default().to_owned())
+            }
             Err(_) => Sent::Unknown,
         };
         on_a.close_route(route);
