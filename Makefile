@@ -39,13 +39,20 @@ mock-bin:
 # its line is `HELD-KILLS rounds=<n> ... violations=<n>`.
 BROCA_SOAK_KILLS ?= 1000
 BROCA_HELD_KILLS ?= 200
+# Then the federation move campaign at BROCA_FED_MOVES rounds (`make test` runs 8): sessions moved
+# between two daemons under load with SIGKILLs at every export/import step; its line is
+# `FED-MOVES rounds=<n> ... violations=<n>`.
+BROCA_FED_MOVES ?= 60
 soak: mock-bin
 	@out=$$(mktemp); status=0; \
 	BROCA_SOAK_KILLS=$(BROCA_SOAK_KILLS) RUST_LOG=$${RUST_LOG:-error} $(CARGO) test --locked --test crash_tools \
 		-- --nocapture --test-threads=1 tool_calls_are_at_most_once_under_real_kills >"$$out" 2>&1 || status=$$?; \
 	BROCA_HELD_KILLS=$(BROCA_HELD_KILLS) RUST_LOG=$${RUST_LOG:-error} $(CARGO) test --locked --test e2e_held \
 		-- --nocapture >>"$$out" 2>&1 || status=$$?; \
-	grep -v '^SOAK \|^HELD-KILLS ' "$$out"; grep '^HELD-KILLS ' "$$out" | tail -n 1; \
+	BROCA_FED_MOVES=$(BROCA_FED_MOVES) $(CARGO) test --locked --test federation -- moves_under_load \
+		>>"$$out" 2>&1 || status=$$?; \
+	grep -v '^SOAK \|^HELD-KILLS \|^FED-MOVES ' "$$out"; grep '^HELD-KILLS ' "$$out" | tail -n 1; \
+	grep '^FED-MOVES ' "$$out" | tail -n 1; \
 	grep '^SOAK ' "$$out" | tail -n 1; rm -f "$$out"; exit $$status
 
 # The structure-aware fuzz targets (tests/fuzz/: frame decoder, connection file, handshake, WAL

@@ -28,8 +28,14 @@ type Test = (&'static str, fn());
 
 const TESTS: &[Test] = &[
     ("a_client_on_a_reaches_broca_on_b", a_client_on_a_reaches_broca_on_b),
-    ("an_owner_on_a_drives_a_session_on_b_and_a_stranger_cannot", an_owner_on_a_drives_a_session_on_b_and_a_stranger_cannot),
-    ("broca_on_b_killed_mid_run_resumes_and_a_resubscriber_on_a_misses_nothing", broca_on_b_killed_mid_run_resumes_and_a_resubscriber_on_a_misses_nothing),
+    (
+        "an_owner_on_a_drives_a_session_on_b_and_a_stranger_cannot",
+        an_owner_on_a_drives_a_session_on_b_and_a_stranger_cannot,
+    ),
+    (
+        "broca_on_b_killed_mid_run_resumes_and_a_resubscriber_on_a_misses_nothing",
+        broca_on_b_killed_mid_run_resumes_and_a_resubscriber_on_a_misses_nothing,
+    ),
     ("a_dead_stand_in_fails_calls_in_bounded_time", a_dead_stand_in_fails_calls_in_bounded_time),
     ("a_session_moves_between_hosts_through_the_cli", a_session_moves_between_hosts_through_the_cli),
     ("moves_under_load_with_kills_keep_one_writer", moves_under_load_with_kills_keep_one_writer),
@@ -262,7 +268,8 @@ fn an_owner_on_a_drives_a_session_on_b_and_a_stranger_cannot() {
     let on_a = rig.a.consumer();
     let owner = open(&on_a, &module("relay-1"), &key);
     let stranger = open(&on_a, &module("relay-2"), &key);
-    let sent = call(&on_a, owner, "session.send", send_params("first")).unwrap_or_else(|e| panic!("{e}{}", rig.tails()));
+    let sent =
+        call(&on_a, owner, "session.send", send_params("first")).unwrap_or_else(|e| panic!("{e}{}", rig.tails()));
     let run1 = sent["run_id"].as_str().unwrap().to_owned();
     wait_run(&on_a, owner, &run1, "completed");
 
@@ -327,7 +334,10 @@ fn broca_on_b_killed_mid_run_resumes_and_a_resubscriber_on_a_misses_nothing() {
     let last = units.last().map(|(c, _)| json!({"wal_seq": c.0, "sub_index": c.1})).unwrap_or(json!("start"));
     let mut again = subscribe(&on_a, &rig, &key, last);
     let route = open(&on_a, &rig.fed_target(), &key);
-    let run2 = queued["run_id"].as_str().map(str::to_owned).unwrap_or_else(|| format!("run-{}", queued["submission_id"].as_str().unwrap()));
+    let run2 = queued["run_id"]
+        .as_str()
+        .map(str::to_owned)
+        .unwrap_or_else(|| format!("run-{}", queued["submission_id"].as_str().unwrap()));
     let done = wait_run(&on_a, route, &run2, "completed");
     let sealed = wait_run(&on_a, route, first["run_id"].as_str().unwrap(), "terminal");
     assert_eq!(sealed["state"], "interrupted", "{sealed}");
@@ -389,7 +399,11 @@ fn follow(
                 }
                 let c = &event["cursor"];
                 let cursor = (c["wal_seq"].as_u64().unwrap_or(0), c["sub_index"].as_u64().unwrap_or(0));
-                assert!(units.last().is_none_or(|(last, _)| *last < cursor), "cursor {cursor:?} after {:?}", units.last().map(|u| u.0));
+                assert!(
+                    units.last().is_none_or(|(last, _)| *last < cursor),
+                    "cursor {cursor:?} after {:?}",
+                    units.last().map(|u| u.0)
+                );
                 units.push((cursor, event["unit"].clone()));
                 if stop(&event["unit"]) {
                     return None;
@@ -425,9 +439,9 @@ fn a_dead_stand_in_fails_calls_in_bounded_time() {
             let identity = BindIdentity::new(key.harness.clone(), key.session.clone());
             let t = Instant::now();
             let opened = on_a.open_route_rooted(&rig.fed_target(), &identity, Some(&key.project_root), CALL);
-            let answered = opened.map_err(|e| e.to_string()).and_then(|r| {
-                call(&on_a, r, "role.describe", json!({})).map_err(|e| e.to_string())
-            });
+            let answered = opened
+                .map_err(|e| e.to_string())
+                .and_then(|r| call(&on_a, r, "role.describe", json!({})).map_err(|e| e.to_string()));
             assert!(t.elapsed() < CALL + Duration::from_secs(1), "a call through A hung for {:?}", t.elapsed());
             if answered.is_ok() {
                 break;
@@ -447,7 +461,8 @@ fn a_session_moves_between_hosts_through_the_cli() {
     let key = SessionKey::new(root.to_str().unwrap(), "fed-cli", "s1");
     let on_a = rig.a.consumer();
     let via_fed = open(&on_a, &rig.fed_target(), &key);
-    let run = call(&on_a, via_fed, "session.send", send_params("before")).unwrap()["run_id"].as_str().unwrap().to_owned();
+    let run =
+        call(&on_a, via_fed, "session.send", send_params("before")).unwrap()["run_id"].as_str().unwrap().to_owned();
     wait_run(&on_a, via_fed, &run, "completed");
     let reads = |c: &Consumer, r: ClientRoute| {
         ["session.read", "session.history"].map(|m| call(c, r, m, json!({})).unwrap().to_string())
@@ -505,7 +520,12 @@ pub fn cli_result(conn: &Path, args: &[&str]) -> Result<Value, String> {
         .map_err(|e| format!("broca session cannot run: {e}"))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
-        return Err(format!("broca session {}: {}: {}", args[0], out.status, String::from_utf8_lossy(&out.stderr).trim()));
+        return Err(format!(
+            "broca session {}: {}: {}",
+            args[0],
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
     }
     serde_json::from_str(stdout.trim()).map_err(|e| format!("{e}: {stdout}"))
 }

@@ -456,19 +456,6 @@ impl Registry {
                     return;
                 }
             }
-            if std::mem::take(&mut close_asked) {
-                let mut guard = slot.lock();
-                if rx.is_empty() && lineage.state().queue.is_empty() && !running(&lineage) {
-                    self.gauges.closing.fetch_add(1, Ordering::Relaxed);
-                    *guard = None;
-                    drop(publish);
-                    drop(lineage);
-                    self.gauges.closing.fetch_sub(1, Ordering::Relaxed);
-                    drop(guard);
-                    self.prune(&key, slot);
-                    return;
-                }
-            }
             // A retained session closes at its expiry, observed or not: its lease is then free
             // for the retention sweep to delete it within `delete_within_ms`.
             let expiry = crate::retention::expiry_of(lineage.state());
@@ -479,6 +466,8 @@ impl Registry {
                 None => self.deps.idle_ttl,
             };
             let wait = clock.recheck().map_or(wait, |tick| wait.min(tick));
+            // A close asked for is decided at once, below.
+            let wait = if close_asked { Duration::ZERO } else { wait };
             match rx.recv_timeout(wait) {
                 Ok(SessionCommand::Close) => close_asked = true,
                 Ok(cmd) => {
@@ -489,9 +478,10 @@ impl Registry {
                     self.handle(&mut lineage, cmd, &mut publish);
                 }
                 Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {
+                    let asked = std::mem::take(&mut close_asked) && !running(&lineage);
                     let mut guard = slot.lock();
                     let quiet = rx.is_empty() && lineage.state().queue.is_empty();
-                    if quiet && (expired(&lineage) || !(self.deps.observed)(&key)) {
+                    if quiet && (asked || expired(&lineage) || !(self.deps.observed)(&key)) {
                         self.gauges.closing.fetch_add(1, Ordering::Relaxed);
                         *guard = None;
                         drop(publish);

@@ -140,8 +140,7 @@ impl FedRig {
             "env": {"CK_LOG": "info"}, "enabled": true, "reserved": true, "reserved_prefixes": ["fed:"],
             "restart": restart,
         });
-        let mut a_modules =
-            json!({BROCA: broca_module(&broca, &root.join("A"), &model_url, &restart, &options.broca_env), CALLOSUM: callosum_a});
+        let mut a_modules = json!({BROCA: broca_module(&broca, &root.join("A"), &model_url, &restart, &options.broca_env), CALLOSUM: callosum_a});
         for relay in &options.relays {
             a_modules[relay] = json!({"program": mock_bin, "args": ["relay", "--target", fed_broca],
                                       "env": {"CK_LOG": "warn"}, "enabled": true, "reserved": true});

@@ -58,7 +58,9 @@ pub fn run() {
     let rig = Arc::new(FedRig::start(options));
     let hosts = Arc::new(Hosts { ids: ["broca".to_owned(), rig.fed_broca()] });
     let keys: Vec<SessionKey> = (0..SESSIONS)
-        .map(|i| SessionKey::new(rig.project_dir(&format!("move-{i}")).to_str().unwrap(), "fed-moves", &format!("s{i}")))
+        .map(|i| {
+            SessionKey::new(rig.project_dir(&format!("move-{i}")).to_str().unwrap(), "fed-moves", &format!("s{i}"))
+        })
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
     let paused: Arc<Vec<AtomicBool>> = Arc::new((0..SESSIONS).map(|_| AtomicBool::new(false)).collect());
@@ -68,8 +70,14 @@ pub fn run() {
 
     let loaders: Vec<_> = (0..SESSIONS)
         .map(|i| {
-            let (rig, hosts, key, stop, paused, log) =
-                (Arc::clone(&rig), Arc::clone(&hosts), keys[i].clone(), Arc::clone(&stop), Arc::clone(&paused), Arc::clone(&log));
+            let (rig, hosts, key, stop, paused, log) = (
+                Arc::clone(&rig),
+                Arc::clone(&hosts),
+                keys[i].clone(),
+                Arc::clone(&stop),
+                Arc::clone(&paused),
+                Arc::clone(&log),
+            );
             std::thread::spawn(move || load(&rig, &hosts, &key, i, &stop, &paused[i], &log))
         })
         .collect();
@@ -123,14 +131,21 @@ pub fn run() {
         });
         let read_to = reads_on(to, key);
         if read_to != read_from {
-            violations.push(format!("round {round}: {} reads differ after the move:\n{read_from:?}\n{read_to:?}", key.session));
+            violations.push(format!(
+                "round {round}: {} reads differ after the move:\n{read_from:?}\n{read_to:?}",
+                key.session
+            ));
         }
         match place(&on_a, &hosts, key) {
             Ok(Placed::Owner(h)) if h == hosts.ids[usize::from(owner == "broca")] => {}
             other => violations.push(format!("round {round}: {} after the move: {other:?}", key.session)),
         }
         paused[i].store(false, Ordering::SeqCst);
-        eprintln!("moves: round {round}: {} {owner} -> the other host ({} kills so far)", key.session, kills.load(Ordering::Relaxed));
+        eprintln!(
+            "moves: round {round}: {} {owner} -> the other host ({} kills so far)",
+            key.session,
+            kills.load(Ordering::Relaxed)
+        );
     }
     stop.store(true, Ordering::SeqCst);
     for l in loaders {
@@ -247,7 +262,8 @@ fn wait_settled(c: &Consumer, route: broca::subc::consumer::ClientRoute) -> Vec<
     loop {
         let head = call(c, route, "session.head", json!({}));
         let ended = head.as_ref().is_ok_and(|h| {
-            ["completed", "cancelled", "interrupted", "failed"].contains(&h["last_run_state"]["state"].as_str().unwrap_or(""))
+            ["completed", "cancelled", "interrupted", "failed"]
+                .contains(&h["last_run_state"]["state"].as_str().unwrap_or(""))
         });
         let cursor = head.as_ref().map(|h| h["head"].clone()).unwrap_or(Value::Null);
         if ended && cursor == last_head {

@@ -2,11 +2,14 @@
 //! test rig, `tests/fed_rig`), the release broca on both, `broca-mock fed` between them, one
 //! in-process model mock. Prints `BENCH <name> <value> <unit>`; nothing is asserted.
 //!
+//! - `fed.raw_fsync_us`: a 128-byte append and `fdatasync` in the rig's directory (the floor of
+//!   every durable step, for reading the rest on a noisy machine).
 //! - `fed.bare_request_us` / `fed.request_us`: median `session.head` round trip from a client on
 //!   A to A's own broca, and to B's through `fed:<B>:broca` (the baseline and the relayed one).
 //! - `fed.step_us.local` / `fed.step_us.fed`: median time of a one-step turn as its consumer on
 //!   A sees it, `session.send` to the `run_finished` unit on its subscription, on A's own broca
-//!   and on B's through the re-export; `fed.step_overhead_us` is their difference.
+//!   and on B's through the re-export (taken alternately); `fed.step_overhead_us` is their
+//!   difference: two relayed hops (the send's answer and the unit) and the link's queueing.
 //! - `fed.fanout_delta_p50_us` / `fed.fanout_delta_p99_us`: one session on B followed by two
 //!   subscribers, one on B and one on A through the re-export; for every control unit, its
 //!   arrival through the re-export less its arrival on B.
@@ -29,7 +32,7 @@ use serde_json::{json, Value};
 use subc_protocol::{BindIdentity, RouteTarget};
 
 const REQUESTS: usize = 300;
-const STEPS: usize = 30;
+const STEPS: usize = 100;
 const FANOUT_TURNS: usize = 40;
 
 fn main() -> ExitCode {
@@ -58,11 +61,11 @@ fn main() -> ExitCode {
     let fed_route = open(&on_a, &rig.fed_target(), &remote);
     let bare = median_us((0..REQUESTS).map(|_| timed(|| call(&on_a, a_route, "session.head"))));
     let relayed = median_us((0..REQUESTS).map(|_| timed(|| call(&on_a, fed_route, "session.head"))));
+    bench("fed.raw_fsync_us", raw_fsync(rig.root()), "us");
     bench("fed.bare_request_us", bare, "us");
     bench("fed.request_us", relayed, "us");
 
-    let step_local = step_median(&on_a, &FedRig::broca_target(), &local);
-    let step_fed = step_median(&on_a, &rig.fed_target(), &remote);
+    let [step_local, step_fed] = step_medians(&on_a, [(&FedRig::broca_target(), &local), (&rig.fed_target(), &remote)]);
     bench("fed.step_us.local", step_local, "us");
     bench("fed.step_us.fed", step_fed, "us");
     bench("fed.step_overhead_us", step_fed - step_local, "us");
@@ -72,6 +75,17 @@ fn main() -> ExitCode {
     bench("fed.fanout_delta_p50_us", p50, "us");
     bench("fed.fanout_delta_p99_us", p99, "us");
     ExitCode::SUCCESS
+}
+
+/// The median 128-byte append + `fdatasync` in the rig's directory (the disk's floor).
+fn raw_fsync(dir: &Path) -> f64 {
+    use std::io::Write;
+    let mut file = std::fs::File::create(dir.join("fsync.probe")).expect("a probe file");
+    median_us((0..200).map(|_| {
+        timed(|| {
+            let _ = file.write_all(&[b'x'; 128]).and_then(|()| file.sync_data());
+        })
+    }))
 }
 
 fn bench(name: &str, value: f64, unit: &str) {
@@ -120,7 +134,10 @@ fn next_unit(stream: &mut StreamCall) -> ((u64, u64), Value) {
                 let event: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
                 if event["kind"] == "control" {
                     let c = &event["cursor"];
-                    return ((c["wal_seq"].as_u64().unwrap_or(0), c["sub_index"].as_u64().unwrap_or(0)), event["unit"].clone());
+                    return (
+                        (c["wal_seq"].as_u64().unwrap_or(0), c["sub_index"].as_u64().unwrap_or(0)),
+                        event["unit"].clone(),
+                    );
                 }
             }
             other => panic!("the stream ended or went quiet: {other:?}"),
@@ -128,19 +145,20 @@ fn next_unit(stream: &mut StreamCall) -> ((u64, u64), Value) {
     }
 }
 
-/// Median of [`STEPS`] one-step turns: `session.send` until the subscriber sees `run_finished`.
-fn step_median(c: &Consumer, target: &RouteTarget, key: &SessionKey) -> f64 {
-    let route = open(c, target, key);
-    let mut stream = subscribe(c, target, key);
-    let samples: Vec<Duration> = (0..STEPS)
-        .map(|i| {
-            let t = Instant::now();
-            send(c, route, &format!("step {i}"));
-            while next_unit(&mut stream).1["type"] != "run_finished" {}
-            t.elapsed()
-        })
-        .collect();
-    median_us(samples.into_iter())
+/// Medians of [`STEPS`] one-step turns on each of two sessions, taken alternately so both see
+/// the same machine: `session.send` until the subscriber sees `run_finished`.
+fn step_medians(c: &Consumer, sides: [(&RouteTarget, &SessionKey); 2]) -> [f64; 2] {
+    let mut routes = sides.map(|(target, key)| (open(c, target, key), subscribe(c, target, key)));
+    let mut samples: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
+    for i in 0..STEPS * 2 {
+        let side = i % 2;
+        let (route, stream) = &mut routes[side];
+        let t = Instant::now();
+        send(c, *route, &format!("step {i}"));
+        while next_unit(stream).1["type"] != "run_finished" {}
+        samples[side].push(t.elapsed());
+    }
+    samples.map(|s| median_us(s.into_iter()))
 }
 
 /// Arrival-time deltas (through the re-export less on B) of every control unit of
@@ -177,7 +195,9 @@ fn fanout(rig: &FedRig, root: &str) -> (f64, f64, usize) {
     let arrivals = arrivals.lock().unwrap();
     let mut deltas: Vec<f64> = arrivals[0]
         .iter()
-        .filter_map(|(cursor, at)| arrivals[1].get(cursor).map(|fed| fed.saturating_duration_since(*at).as_secs_f64() * 1e6))
+        .filter_map(|(cursor, at)| {
+            arrivals[1].get(cursor).map(|fed| fed.saturating_duration_since(*at).as_secs_f64() * 1e6)
+        })
         .collect();
     deltas.sort_by(f64::total_cmp);
     let pick = |q: f64| deltas[((deltas.len() - 1) as f64 * q).round() as usize];
