@@ -14,7 +14,6 @@
 //! The last line is `FED-MOVES rounds=… kills=… sends=… accepted=… violations=…`.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

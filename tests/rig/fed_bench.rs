@@ -31,6 +31,9 @@ use fed_rig::{FedOptions, FedRig, CALL};
 use serde_json::{json, Value};
 use subc_protocol::{BindIdentity, RouteTarget};
 
+/// When each subscriber (0: on B, 1: through A) received each control unit, by cursor.
+type Arrivals = Arc<Mutex<[BTreeMap<(u64, u64), Instant>; 2]>>;
+
 const REQUESTS: usize = 300;
 const STEPS: usize = 100;
 const FANOUT_TURNS: usize = 40;
@@ -167,8 +170,8 @@ fn fanout(rig: &FedRig, root: &str) -> (f64, f64, usize) {
     let key = SessionKey::new(root, "fed-bench", "fanout");
     let on_b = rig.b.consumer();
     let on_a = rig.a.consumer();
-    let arrivals: Arc<Mutex<[BTreeMap<(u64, u64), Instant>; 2]>> = Arc::default();
-    let follow = |mut stream: StreamCall, side: usize, arrivals: Arc<Mutex<[BTreeMap<(u64, u64), Instant>; 2]>>| {
+    let arrivals: Arrivals = Arc::default();
+    let follow = |mut stream: StreamCall, side: usize, arrivals: Arrivals| {
         std::thread::spawn(move || {
             let mut finished = 0;
             while finished < FANOUT_TURNS {
