@@ -37,6 +37,9 @@ const DEFAULT_BACKUP_CLASSES: &[&str] = &["head"];
 /// The only context-management mode servable as a default.
 const SERVABLE_DEFAULT: &str = "none";
 
+/// The federation module's id in CortexKit: the default `federation.carriers`.
+pub const DEFAULT_FEDERATION_CARRIER: &str = "callosum";
+
 /// The configuration broca boots with.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BrocaConfig {
@@ -86,7 +89,7 @@ impl Default for BrocaConfig {
             step_events: None,
             auth_methods: BTreeMap::new(),
             provider_base_urls: BTreeMap::new(),
-            federation_carriers: vec![crate::federation::DEFAULT_CARRIER.to_owned()],
+            federation_carriers: vec![DEFAULT_FEDERATION_CARRIER.to_owned()],
         }
     }
 }

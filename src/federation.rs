@@ -26,7 +26,7 @@ use crate::subc::BindRequest;
 use crate::wire::RefusalCode;
 
 /// The federation module's id in CortexKit.
-pub const DEFAULT_CARRIER: &str = "callosum";
+pub use crate::config::DEFAULT_FEDERATION_CARRIER as DEFAULT_CARRIER;
 /// The admission-facts member a carrier reports the origin in.
 pub const FACTS_MEMBER: &str = "federation";
 /// The longest machine id accepted (the daemon's are 32 hex digits).

@@ -79,6 +79,13 @@ ops! {
     SessionOutputRefRead = "session.output_ref_read", Query, Any;
 }
 
+/// broca's own management ops, outside the role's op list (`crate::moves`, DESIGN §8): moving a
+/// session between hosts. The manifest declares them; `role.describe` does not list them.
+pub const SESSION_EXPORT: &str = "session.export";
+pub const SESSION_ADOPT: &str = "session.adopt";
+pub const SESSION_LOCATE: &str = "session.locate";
+pub const MOVE_OPS: [&str; 3] = [SESSION_EXPORT, SESSION_ADOPT, SESSION_LOCATE];
+
 impl Op {
     /// The op whose method name is `method`.
     pub fn parse(method: &str) -> Option<Op> {

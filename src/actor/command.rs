@@ -103,7 +103,7 @@ pub(super) fn handle(ctx: &Ctx<'_>, lineage: &mut Lineage, cmd: SessionCommand) 
         }
         SessionCommand::Warm { caller, answer } => {
             let moved =
-                lineage.state().moved_out.as_ref().map(|m| crate::moves::session_moved(lineage.addr(), m.epoch));
+                lineage.state().moved_out.as_ref().map(|m| super::moving::session_moved(lineage.addr(), m.epoch));
             match decide::owner_admits(lineage, Op::SessionWarm, &caller).and_then(|()| moved.map_or(Ok(()), Err)) {
                 Ok(()) => super::warm::start(ctx.warm, lineage, answer),
                 Err(refusal) => answer.send(Err(refusal)),
@@ -127,7 +127,7 @@ pub(super) fn handle(ctx: &Ctx<'_>, lineage: &mut Lineage, cmd: SessionCommand) 
             }
         }
         SessionCommand::Export { answer } => {
-            answer.send(crate::moves::tombstone(lineage));
+            answer.send(super::moving::tombstone(lineage));
             Handled::default()
         }
         // The actor's loop closes on it; a run in progress ignores it.

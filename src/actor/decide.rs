@@ -60,11 +60,11 @@ pub fn send(
         }
     }
     if let Some(moved) = &lineage.state().moved_out {
-        return Err(crate::moves::session_moved(lineage.addr(), moved.epoch));
+        return Err(super::moving::session_moved(lineage.addr(), moved.epoch));
     }
     let fenced = lineage.sends_fenced_for_ms();
     if fenced > 0 {
-        return Err(crate::moves::moving(fenced));
+        return Err(super::moving::moving(fenced));
     }
     if send.model.is_none() && send.delivery == Delivery::Queue {
         return Err(inherit_refused());

@@ -25,6 +25,7 @@ mod answer;
 pub mod command;
 pub mod decide;
 mod late;
+pub mod moving;
 pub mod policy;
 pub mod warm;
 

@@ -18,9 +18,8 @@ use std::io::Write;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
-use crate::session_key::{hex, SessionKey};
+use crate::session_key::SessionKey;
 
 pub const MAGIC: &str = "broca-session-archive/v1";
 /// The largest archive read (`move.archive_max_bytes`): past it the archive is refused.
@@ -91,9 +90,7 @@ impl std::fmt::Display for ArchiveError {
     }
 }
 
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
-}
+pub use crate::actor::moving::sha256_hex;
 
 /// The archive's bytes.
 pub fn encode(header: &Header, wal: &[u8]) -> Vec<u8> {

@@ -1,42 +1,20 @@
 //! `session.export {to}`: tombstone the session on this host (its actor, between runs), then
 //! write the archive of everything before the tombstone to `to`.
 
-use std::io::Read;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use super::archive::{self, Header};
-use super::{authorize, not_idle, MOVE_FENCE_MS, MOVE_WAIT_MS};
+use super::{authorize, MOVE_WAIT_MS};
+use crate::actor::moving::{not_idle, open_failed, read_prefix, MOVE_FENCE_MS};
 use crate::actor::{Answer, SessionCommand};
 use crate::lineage::reader::{Reader, Sink, Start};
-use crate::lineage::{Lineage, LineageError};
+use crate::lineage::LineageError;
 use crate::ops::{Ops, Route};
-use crate::record::{MovedOut, Record};
-use crate::replay::EpisodeStatus;
+use crate::record::MovedOut;
 use crate::state_root::Placement;
 use crate::wire::{Refusal, RefusalCode};
-
-/// The actor's half: the session's tombstone, written now if the session is idle (or the one
-/// an earlier export wrote). A busy session is fenced for [`MOVE_FENCE_MS`] and refused.
-pub fn tombstone(lineage: &mut Lineage) -> Result<MovedOut, Refusal> {
-    let state = lineage.state();
-    if let Some(done) = &state.moved_out {
-        return Ok(done.clone());
-    }
-    let running = state.last.as_ref().is_some_and(|e| !matches!(e.status, EpisodeStatus::Finished { .. }));
-    if running || !state.queue.is_empty() {
-        let now = lineage.now_ms();
-        lineage.fence_sends_until(now + MOVE_FENCE_MS);
-        return Err(not_idle(MOVE_FENCE_MS));
-    }
-    let wal_bytes = lineage.durable_end();
-    let wal = read_prefix(lineage.wal_path(), wal_bytes).map_err(|e| open_failed(&e))?;
-    let tombstone =
-        MovedOut { epoch: state.last_epoch, wal_bytes, wal_sha256: archive::sha256_hex(&wal), at_ms: lineage.now_ms() };
-    lineage.append_commit(&Record::MovedOut(Box::new(tombstone.clone()))).map_err(|e| e.refusal())?;
-    Ok(tombstone)
-}
 
 /// The op: checks the caller, has the actor tombstone the session, writes the archive.
 pub fn export(ops: &Ops, route: &Route, to: &std::path::Path) -> Result<Value, Refusal> {
@@ -106,24 +84,6 @@ pub(super) fn moved_out_of(reader: &Reader) -> Result<Option<MovedOut>, LineageE
     struct Nothing;
     impl Sink for Nothing {}
     Ok(reader.scan(Start::Checkpoint { before: None }, &mut Nothing)?.replay.moved_out)
-}
-
-/// The first `len` bytes of the file at `path`.
-fn read_prefix(path: &std::path::Path, len: u64) -> std::io::Result<Vec<u8>> {
-    let mut out = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
-    std::fs::File::open(path)?.take(len).read_to_end(&mut out)?;
-    if out.len() as u64 != len {
-        return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the WAL is shorter than its durable end"));
-    }
-    Ok(out)
-}
-
-fn open_failed(e: &std::io::Error) -> Refusal {
-    Refusal::new(
-        RefusalCode::OpenFailed,
-        format!("cannot read the session's WAL: {e}"),
-        Some(crate::detail!("class" => "transient")),
-    )
 }
 
 pub(super) fn not_found(addr: &str) -> Refusal {

@@ -23,8 +23,9 @@ mod adopt;
 pub mod archive;
 mod export;
 
+pub use crate::actor::moving::{moving, not_idle, session_moved, tombstone, MOVE_FENCE_MS};
 pub use adopt::adopt;
-pub use export::{export, tombstone};
+pub use export::export;
 
 use serde_json::Value;
 
@@ -33,17 +34,11 @@ use crate::owner::{self, Caller};
 use crate::state_root::Placement;
 use crate::wire::{invalid_params, Refusal, RefusalCode};
 
-/// How long an export that found the session busy keeps new sends out, so the run in flight
-/// can finish and the next export finds the session idle.
-pub const MOVE_FENCE_MS: u64 = 10_000;
 /// How long a move op waits for the session's actor.
 pub const MOVE_WAIT_MS: u64 = 30_000;
 
 /// The management ops this module serves (broca extensions outside the llm-runner role).
-pub const EXPORT: &str = "session.export";
-pub const ADOPT: &str = "session.adopt";
-pub const LOCATE: &str = "session.locate";
-pub const OPS: [&str; 3] = [EXPORT, ADOPT, LOCATE];
+pub use crate::op::{MOVE_OPS as OPS, SESSION_ADOPT as ADOPT, SESSION_EXPORT as EXPORT, SESSION_LOCATE as LOCATE};
 
 /// Serves one of [`OPS`] (blocking: call it from a worker).
 pub fn serve(ops: &Ops, route: &Route, method: &str, params: &Value) -> Result<Value, Refusal> {
@@ -99,36 +94,6 @@ fn path_param(params: &Value, field: &str) -> Result<std::path::PathBuf, Refusal
         return Err(invalid_params(field, "must be an absolute path"));
     }
     Ok(std::path::PathBuf::from(path))
-}
-
-/// `session_moved`: this host's copy was exported (never names a path or the target).
-pub fn session_moved(addr: &str, epoch: u64) -> Refusal {
-    Refusal::new(
-        RefusalCode::SessionMoved,
-        "the session was moved to another host; send it there",
-        Some(crate::detail!("class" => "permanent", "session_ref" => addr, "epoch" => epoch)),
-    )
-}
-
-/// `session_busy` to a send while a move waits for the session to drain.
-pub fn moving(retry_after_ms: u64) -> Refusal {
-    busy("the session is being moved: it takes no new sends until it has drained", retry_after_ms)
-}
-
-/// `session_busy` to an export (or adopt) that found the session running, queued or open.
-pub fn not_idle(retry_after_ms: u64) -> Refusal {
-    busy(
-        "the session has a run in progress or sends queued: new sends are held off while it drains; ask again",
-        retry_after_ms,
-    )
-}
-
-fn busy(message: &str, retry_after_ms: u64) -> Refusal {
-    Refusal::new(
-        RefusalCode::SessionBusy,
-        message,
-        Some(crate::detail!("class" => "transient", "retry_after_ms" => retry_after_ms)),
-    )
 }
 
 /// The tree name an archive records for a placement, and back.

@@ -30,9 +30,9 @@ pub fn manifest(module_id: &str) -> ModuleManifest {
         description: None,
     });
     // Moving sessions between hosts (DESIGN §8): broca's own, outside the role's op list.
-    operations.extend(crate::moves::OPS.iter().map(|name| ManagementOperation {
+    operations.extend(crate::op::MOVE_OPS.iter().map(|name| ManagementOperation {
         name: (*name).to_owned(),
-        kind: if *name == crate::moves::LOCATE {
+        kind: if *name == crate::op::SESSION_LOCATE {
             ManagementOperationKind::Query
         } else {
             ManagementOperationKind::Mutate
