@@ -21,6 +21,8 @@ use fed_rig::{FedOptions, FedRig, CALL};
 use serde_json::{json, Value};
 use subc_protocol::{BindIdentity, RouteTarget};
 
+#[path = "mcp_client/mod.rs"]
+mod mcp_client;
 #[path = "fed_rig/moves_campaign.rs"]
 mod moves_campaign;
 
@@ -39,6 +41,7 @@ const TESTS: &[Test] = &[
     ("a_dead_stand_in_fails_calls_in_bounded_time", a_dead_stand_in_fails_calls_in_bounded_time),
     ("a_session_moves_between_hosts_through_the_cli", a_session_moves_between_hosts_through_the_cli),
     ("moves_under_load_with_kills_keep_one_writer", moves_under_load_with_kills_keep_one_writer),
+    ("broca_mcp_places_sessions_across_hosts", broca_mcp_places_sessions_across_hosts),
 ];
 
 fn main() -> ExitCode {
@@ -532,4 +535,56 @@ pub fn cli_result(conn: &Path, args: &[&str]) -> Result<Value, String> {
 
 fn moves_under_load_with_kills_keep_one_writer() {
     moves_campaign::run();
+}
+
+/// `broca-mcp --hosts broca,fed:<B>:broca` on A: each new session lands on the host the
+/// placement rule ranks first (its WAL there and only there); a session moved away is found
+/// again on the host it moved to (the old host's `session_moved` re-places the send).
+fn broca_mcp_places_sessions_across_hosts() {
+    let rig = FedRig::start(FedOptions::default());
+    let project = rig.project_dir("mcp");
+    let root = project.to_str().unwrap().to_owned();
+    let hosts = vec!["broca".to_owned(), rig.fed_broca()];
+    let conn = rig.a.conn_file();
+    let mut m = mcp_client::Mcp::start(
+        &["--subc", conn.to_str().unwrap(), "--harness", "fed-mcp", "--hosts", &hosts.join(",")],
+        &project,
+    );
+    m.initialize("2025-11-25");
+    m.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let state_root = |host: &str| if host == "broca" { rig.a.state_root() } else { rig.b_state_root() };
+    let mut on_b = None;
+    for i in 0..6u64 {
+        let session = format!("s{i}");
+        let key = SessionKey::new(&root, "fed-mcp", &session);
+        let answer = m.tool(
+            10 + i,
+            "broca_send",
+            json!({"session": session, "prompt": format!("hello {i}"), "model": "mock/echo-chat"}),
+        );
+        assert_eq!(answer["result"]["isError"], false, "{answer}");
+        let ruled = broca::placement::rank(&key.addr(), &hosts)[0].to_owned();
+        let other = hosts.iter().find(|h| **h != ruled).unwrap();
+        assert!(wal_of(&state_root(&ruled), &key).exists(), "{session} is not on {ruled}");
+        assert!(!wal_of(&state_root(other), &key).exists(), "{session} is also on {other}");
+        if ruled != "broca" {
+            on_b.get_or_insert(key);
+        }
+    }
+    let key = on_b.expect("one of six sessions ranked B first (1 in 64 it would not)");
+    let on_a = rig.a.consumer();
+    let archive = rig.root().join("mcp.archive");
+    cli(&rig.b.conn_file(), &["export"], &key, &["--to", archive.to_str().unwrap()]);
+    cli_plain(&rig.a.conn_file(), &["import", "--from", archive.to_str().unwrap(), "--json"]);
+    let again = m.tool(
+        30,
+        "broca_send",
+        json!({"session": key.session, "prompt": "after the move", "model": "mock/echo-chat"}),
+    );
+    assert_eq!(again["result"]["isError"], false, "the send after the move: {again}");
+    let local = open(&on_a, &FedRig::broca_target(), &key);
+    let run = again["result"]["structuredContent"]["run_id"].as_str().expect("a run id").to_owned();
+    wait_run(&on_a, local, &run, "completed");
+    eprintln!("federation: broca-mcp placed 6 sessions by the rule and followed {} from B to A", key.session);
+    m.finish();
 }
