@@ -193,3 +193,25 @@ fn move_ops_refuse_strangers_bad_archives_and_unknown_sessions_writing_nothing()
     // The archive's owner, on its own machine, may adopt it.
     move_op(&b.ops, owner, moves::ADOPT, json!({"from": to})).unwrap();
 }
+
+/// Spec §15: a session whose run index proves history that no WAL holds (here the WAL was
+/// removed behind broca's back) refuses reads `history_unreachable` instead of answering an
+/// empty page, and names no path; the `view: "model"` reads stay refused as the contract says.
+#[test]
+fn history_no_wal_covers_is_unreachable_not_empty() {
+    let rig = inproc::rig(Duration::from_millis(100));
+    rig.script(json!({"responses": [reply_script("one", 0)]}));
+    finished_run(&rig, &rig.ops, "first");
+    let model_view = call(&rig.ops, "session.read", json!({"view": "model"})).unwrap_err();
+    pin::assert_golden("session_read.view_model.json", &model_view.to_json(), None);
+    let model_history = call(&rig.ops, "session.history", json!({"view": "model"})).unwrap_err();
+    pin::assert_golden("session_history.view_model.json", &model_history.to_json(), None);
+    rig.wait_closed(&key());
+    rig.ops.registry.shared().settle();
+    std::fs::remove_file(rig.ops.registry.shared().root.wal_path(&key())).unwrap();
+    let read = call(&rig.ops, "session.read", json!({})).unwrap_err();
+    pin::assert_golden("session_read.history_unreachable.json", &read.to_json(), None);
+    assert!(!read.to_json().contains(&rig.dir.path().to_string_lossy().into_owned()), "no path");
+    let history = call(&rig.ops, "session.history", json!({})).unwrap_err();
+    assert_eq!(history.to_json(), read.to_json());
+}

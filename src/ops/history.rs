@@ -59,6 +59,7 @@ pub(super) fn session_history(
 ) -> Result<Value, Refusal> {
     let lineage_id = key.addr();
     let Some(reader) = Reader::open(ops.registry.shared(), key) else {
+        super::read::history_reachable(ops, key)?;
         if request.named != Named::Newest {
             return Err(missing(&request, 1));
         }

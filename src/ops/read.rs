@@ -44,10 +44,26 @@ pub(super) fn role_name(role: Role) -> &'static str {
     }
 }
 
+/// Refuses `history_unreachable` when the run index proves the session has history (its
+/// checkpoint row) and no WAL here holds it (spec §15): an empty page would deny that history.
+pub(super) fn history_reachable(ops: &Ops, key: &SessionKey) -> Result<(), Refusal> {
+    let addr = key.addr();
+    match ops.registry.shared().store.checkpoint(&addr) {
+        Ok(Some(_)) => Err(Refusal::new(
+            RefusalCode::HistoryUnreachable,
+            "the run index records history for this session that no WAL on this host holds",
+            Some(crate::detail!("class" => "permanent", "session_ref" => addr)),
+        )),
+        // An unreadable index proves nothing: the read answers what the WALs hold.
+        Ok(None) | Err(_) => Ok(()),
+    }
+}
+
 /// `version` is the session's history version (`super::expiry::record_version`).
 pub(super) fn session_read(ops: &Ops, key: &SessionKey, request: ReadRequest, version: u64) -> Result<Value, Refusal> {
     let lineage_id = key.addr();
     let Some(reader) = Reader::open(ops.registry.shared(), key) else {
+        history_reachable(ops, key)?;
         if let ReadCursor::After(o) = request.cursor {
             return Err(unknown_mid(&format!("m{o}")));
         }

@@ -190,6 +190,9 @@ pub enum RefusalCode {
     SessionExists,
     /// `session.adopt`: the archive does not check out (`detail {field, reason}`).
     ArchiveInvalid,
+    /// The run index proves the session has history no WAL here covers (spec §15; `detail
+    /// {class: "permanent", session_ref}`, never a path).
+    HistoryUnreachable,
 }
 
 impl RefusalCode {
@@ -258,6 +261,7 @@ impl RefusalCode {
             RefusalCode::SessionNotFound => "session_not_found",
             RefusalCode::SessionExists => "session_exists",
             RefusalCode::ArchiveInvalid => "archive_invalid",
+            RefusalCode::HistoryUnreachable => "history_unreachable",
         }
     }
 }
