@@ -40,7 +40,8 @@ usage:
   broca inspect WAL              print a WAL's header and records, one JSON object per line
   broca units WAL                print the durable control units of a WAL, one per line
   broca session PROJECT_ROOT HARNESS SESSION
-                                 print the session's address and WAL path under the state root
+                                 print the session's address, WAL path and where it lives here
+                                 (state live, moved or absent; its tree; a move's epoch)
   broca session export|import|locate ...
                                  move a session between hosts (`broca session --help`)
   broca --help | --version
@@ -123,7 +124,12 @@ fn units(path: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
 fn locate(key: &SessionKey) -> Result<(), Box<dyn std::error::Error>> {
     let shared = Shared::open(StateRoot::resolve(&RootEnv::from_process(None))?)?;
     let path = shared.wal_path(key);
-    println!("{}", serde_json::json!({"addr": key.addr(), "wal": path, "exists": path.exists()}));
+    // Where it lives here: a live tree, a tombstone left by a move, or nothing.
+    let held = broca::moves::where_is(&shared, key).map_err(|r| r.message)?;
+    println!(
+        "{}",
+        serde_json::json!({"addr": key.addr(), "wal": path, "exists": path.exists(), "state": held["state"], "tree": held["tree"], "epoch": held["epoch"]})
+    );
     Ok(())
 }
 

@@ -490,6 +490,16 @@ fn a_session_moves_between_hosts_through_the_cli() {
     let run = call(&on_a, local, "session.send", send_params("after")).unwrap()["run_id"].as_str().unwrap().to_owned();
     wait_run(&on_a, local, &run, "completed");
     assert!(!wal_of(&rig.a.state_root(), &key).with_extension("wal.adopting").exists());
+    // `broca session ROOT HARNESS SESSION` on each host's state root says where it lives.
+    for (state_root, want) in [(rig.b_state_root(), "moved"), (rig.a.state_root(), "live")] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_broca"))
+            .args(["session", &key.project_root, &key.harness, &key.session])
+            .env("BROCA_STATE_ROOT", &state_root)
+            .output()
+            .expect("broca session runs");
+        let said: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+        assert_eq!((said["state"].as_str(), said["tree"].as_str()), (Some(want), Some("wal")), "{said}");
+    }
 }
 
 /// `broca session <verb> --subc FILE --project-root … --json`, its JSON answer.

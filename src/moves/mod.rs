@@ -61,8 +61,12 @@ pub fn serve(ops: &Ops, route: &Route, method: &str, params: &Value) -> Result<V
 /// `session.locate`: whether this host holds the session live, holds its tombstone (moved
 /// out, with the epoch the move left at), or holds nothing of it. A read: any caller.
 fn locate(ops: &Ops, route: &Route) -> Result<Value, Refusal> {
-    let shared = ops.registry.shared();
-    let key = &route.key;
+    where_is(ops.registry.shared(), &route.key)
+}
+
+/// Where this host holds the session: `{state: "live" | "moved" | "absent", session_ref,
+/// tree?, epoch?}` (`session.locate`, and `broca session ROOT HARNESS SESSION`).
+pub fn where_is(shared: &crate::lineage::Shared, key: &crate::session_key::SessionKey) -> Result<Value, Refusal> {
     let Some(reader) = crate::lineage::reader::Reader::open(shared, key) else {
         return Ok(serde_json::json!({"state": "absent", "session_ref": key.addr()}));
     };
