@@ -44,6 +44,10 @@ usage:
                                  (state live, moved or absent; its tree; a move's epoch)
   broca session export|import|locate ...
                                  move a session between hosts (`broca session --help`)
+  broca fold [--older-than SECS]  fold closed WALs untouched for SECS (default 0) into the
+                                 archive trees now, as the module's sweep does (spec §20)
+  broca unfold PROJECT_ROOT HARNESS SESSION
+                                 unfold a folded session back into its live tree
   broca --help | --version
 
 The state root is BROCA_STATE_ROOT, else $XDG_DATA_HOME/cortexkit/broca, else
@@ -74,6 +78,15 @@ fn main() -> ExitCode {
             return session_cli::main(&words[1..]);
         }
         ["session", root, harness, session] => locate(&SessionKey::new(root, harness, session)),
+        ["fold"] => fold(0),
+        ["fold", "--older-than", secs] => match secs.parse::<u64>() {
+            Ok(secs) => fold(secs),
+            Err(_) => {
+                eprintln!("broca fold: --older-than takes whole seconds");
+                return ExitCode::from(2);
+            }
+        },
+        ["unfold", root, harness, session] => unfold(&SessionKey::new(root, harness, session)),
         ["--subc", path] => return serve(Path::new(path)),
         ["--subc"] => {
             eprintln!("broca: --subc needs the path of the daemon's connection file");
@@ -130,6 +143,51 @@ fn locate(key: &SessionKey) -> Result<(), Box<dyn std::error::Error>> {
         "{}",
         serde_json::json!({"addr": key.addr(), "wal": path, "exists": path.exists(), "state": held["state"], "tree": held["tree"], "epoch": held["epoch"]})
     );
+    Ok(())
+}
+
+/// `broca fold`: one sweep over the state root, now (sessions a running module holds open are
+/// skipped by their leases). One JSON line: what was sealed, skipped and failed.
+fn fold(older_than_secs: u64) -> Result<(), Box<dyn std::error::Error>> {
+    use broca::lineage::fold::{self, FoldPolicy, Folded};
+    let shared = Shared::open(StateRoot::resolve(&RootEnv::from_process(None))?)?;
+    let tidied = fold::tidy(&shared);
+    let policy = FoldPolicy {
+        after_idle_ms: older_than_secs.saturating_mul(1000),
+        max_per_pass: usize::MAX,
+        ..FoldPolicy::default()
+    };
+    let (mut sealed, mut wal_bytes, mut container_bytes, mut errors) = (0u64, 0u64, 0u64, 0u64);
+    let mut skipped: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+    for result in fold::sweep(&shared, &policy) {
+        match result {
+            Ok(Folded::Sealed { wal_bytes: w, container_bytes: c }) => {
+                sealed += 1;
+                wal_bytes += w;
+                container_bytes += c;
+            }
+            Ok(Folded::Skipped(why)) => *skipped.entry(why).or_default() += 1,
+            Err(e) => {
+                errors += 1;
+                eprintln!("broca fold: {e}");
+            }
+        }
+    }
+    println!(
+        "{}",
+        serde_json::json!({"sealed": sealed, "wal_bytes": wal_bytes, "container_bytes": container_bytes, "skipped": skipped, "errors": errors, "tidied": tidied})
+    );
+    if errors > 0 {
+        return Err(format!("{errors} fold(s) failed").into());
+    }
+    Ok(())
+}
+
+/// `broca unfold`: the session back into its live tree (what any read of it does).
+fn unfold(key: &SessionKey) -> Result<(), Box<dyn std::error::Error>> {
+    let shared = Shared::open(StateRoot::resolve(&RootEnv::from_process(None))?)?;
+    let live = broca::lineage::fold::unfold(&shared, &key.addr(), false)?;
+    println!("{}", serde_json::json!({"addr": key.addr(), "unfolded": live.is_some(), "wal": live}));
     Ok(())
 }
 
@@ -230,6 +288,7 @@ fn serve(conn_file: &Path) -> ExitCode {
         log::warn!("broca: no consumer connection: the catalog is not polled (serving the LKG only)");
     }
     let classifier = open_classifier(&ops, consumer.as_ref());
+    let fold_policy = ops.admission.config.fold.clone();
     let federation =
         Federation::new(conn.hello_ack().machine_id.clone(), ops.admission.config.federation_carriers.clone());
     let server = Server::new(ops, hub, outbound.clone(), stopped)
@@ -251,6 +310,11 @@ fn serve(conn_file: &Path) -> ExitCode {
     // finishes on the first pass.
     if let Err(e) = registry.start_retention_sweep() {
         eprintln!("broca: cannot start the retention sweep: {e}");
+        return ExitCode::from(1);
+    }
+    // Cold WALs fold into the archive trees; what a cut fold left is tidied first.
+    if let Err(e) = registry.start_fold_sweep(fold_policy) {
+        eprintln!("broca: cannot start the fold sweep: {e}");
         return ExitCode::from(1);
     }
     // Boot recovery off the startup path: queued sends drain, orphans are sealed.

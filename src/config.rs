@@ -60,6 +60,8 @@ pub struct BrocaConfig {
     /// `federation.carriers`: the module ids whose routes are relayed from other machines
     /// (`crate::federation`); default `["callosum"]`.
     pub federation_carriers: Vec<String>,
+    /// `fold`: when cold WALs are folded into the archive trees (`lineage::fold`).
+    pub fold: crate::lineage::fold::FoldPolicy,
 }
 
 /// `step_events`: the bus broca publishes its live step hints on (llm-runner §14.3).
@@ -90,6 +92,7 @@ impl Default for BrocaConfig {
             auth_methods: BTreeMap::new(),
             provider_base_urls: BTreeMap::new(),
             federation_carriers: vec![DEFAULT_FEDERATION_CARRIER.to_owned()],
+            fold: crate::lineage::fold::FoldPolicy::default(),
         }
     }
 }
@@ -172,6 +175,9 @@ impl BrocaConfig {
         if let Some(v) = top.get("providers") {
             config.provider_base_urls = parse_providers(v).map_err(|(m, r)| member_error(path, m, r))?;
         }
+        if let Some(v) = top.get("fold") {
+            config.fold = parse_fold(v).map_err(|(m, r)| member_error(path, m, r))?;
+        }
         if let Some(v) = top.get("federation") {
             config.federation_carriers = parse_federation(v).map_err(|(m, r)| member_error(path, m, r))?;
         }
@@ -240,6 +246,32 @@ fn parse_providers(v: &Value) -> Result<BTreeMap<String, String>, MemberRefusal>
         out.insert(provider.clone(), url.trim_end_matches('/').to_owned());
     }
     Ok(out)
+}
+
+/// `fold`: `{after_idle_secs?, min_bytes?, max_per_pass?, sweep_secs?}`, each a positive
+/// integer (`min_bytes` may be 0); an unknown member is refused.
+fn parse_fold(v: &Value) -> Result<crate::lineage::fold::FoldPolicy, MemberRefusal> {
+    let Value::Object(section) = v else {
+        return Err(("fold".into(), "must be an object".into()));
+    };
+    let mut policy = crate::lineage::fold::FoldPolicy::default();
+    for (k, value) in section {
+        let n = value.as_u64().ok_or_else(|| (format!("fold.{k}"), "must be a non-negative integer".to_owned()))?;
+        let positive = || if n == 0 { Err((format!("fold.{k}"), "must be at least 1".to_owned())) } else { Ok(n) };
+        match k.as_str() {
+            "after_idle_secs" => policy.after_idle_ms = positive()?.saturating_mul(1000),
+            "min_bytes" => policy.min_bytes = n,
+            "max_per_pass" => policy.max_per_pass = usize::try_from(positive()?).unwrap_or(usize::MAX),
+            "sweep_secs" => policy.sweep_every_ms = positive()?.saturating_mul(1000),
+            _ => {
+                return Err((
+                    format!("fold.{k}"),
+                    "unknown member (after_idle_secs, min_bytes, max_per_pass, sweep_secs)".into(),
+                ))
+            }
+        }
+    }
+    Ok(policy)
 }
 
 /// `federation`: `{carriers: [module id, ...]}` (an empty list: no route is relayed).
@@ -489,6 +521,10 @@ mod tests {
         assert_eq!(refused_member(r#"{"providers": {"typesafe": {"base": "http://h"}}}"#), "providers.typesafe.base");
         assert_eq!(refused_member(r#"{"providers": []}"#), "providers");
         assert_eq!(parse(r#"{}"#).unwrap().federation_carriers, ["callosum"]);
+        let fold = parse(r#"{"fold": {"after_idle_secs": 60, "min_bytes": 0}}"#).unwrap().fold;
+        assert_eq!((fold.after_idle_ms, fold.min_bytes, fold.max_per_pass), (60_000, 0, 256));
+        assert_eq!(refused_member(r#"{"fold": {"after_idle_secs": 0}}"#), "fold.after_idle_secs");
+        assert_eq!(refused_member(r#"{"fold": {"after": 1}}"#), "fold.after");
         assert_eq!(parse(r#"{"federation": {"carriers": ["a", "b"]}}"#).unwrap().federation_carriers, ["a", "b"]);
         assert_eq!(refused_member(r#"{"federation": {"carrier": []}}"#), "federation.carrier");
         assert_eq!(refused_member(r#"{"federation": {"carriers": [""]}}"#), "federation.carriers[0]");

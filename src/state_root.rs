@@ -107,7 +107,8 @@ pub struct StateRoot {
 /// The operator's configuration file inside the state root (`broca.jsonc`).
 pub const CONFIG_FILE_NAME: &str = "broca.jsonc";
 
-const SUBDIRS: &[&str] = &["wal", "wal-durable", "wal-ephemeral", "wal-archive", "leases", "catalog"];
+const SUBDIRS: &[&str] =
+    &["wal", "wal-durable", "wal-ephemeral", "wal-archive", "wal-archive-durable", "leases", "catalog"];
 
 fn holds_data(dir: &Path) -> bool {
     dir.join("run-index.db").exists() || dir.join("wal").is_dir()

@@ -315,6 +315,31 @@ impl Registry {
         Ok(())
     }
 
+    /// Folds cold WALs in the background (`lineage::fold`): first what cut folds left is
+    /// tidied, then a sweep every `policy.sweep_every_ms`.
+    pub fn start_fold_sweep(self: &Arc<Self>, policy: crate::lineage::fold::FoldPolicy) -> std::io::Result<()> {
+        let tidied = crate::lineage::fold::tidy(&self.shared);
+        if tidied > 0 {
+            log::info!("fold: removed {tidied} file(s) a cut fold or unfold left");
+        }
+        let registry = Arc::downgrade(self);
+        let every = Duration::from_millis(policy.sweep_every_ms.max(1000));
+        std::thread::Builder::new().name("broca-fold".into()).spawn(move || loop {
+            std::thread::sleep(every);
+            let Some(registry) = registry.upgrade() else { return };
+            let results = crate::lineage::fold::sweep(&registry.shared, &policy);
+            let sealed =
+                results.iter().filter(|r| matches!(r, Ok(crate::lineage::fold::Folded::Sealed { .. }))).count();
+            for e in results.iter().filter_map(|r| r.as_ref().err()) {
+                log::warn!("{e}");
+            }
+            if sealed > 0 {
+                log::info!("fold: sealed {sealed} cold session(s)");
+            }
+        })?;
+        Ok(())
+    }
+
     /// Whether shutdown has begun (no new turn may start).
     pub fn is_sealing(&self) -> bool {
         self.sealing.load(Ordering::Acquire)

@@ -9,6 +9,7 @@
 
 pub mod calls;
 pub mod ends;
+pub mod fold;
 mod held;
 pub mod ledger;
 pub mod projection;
@@ -243,7 +244,15 @@ impl Lineage {
         let truncate_to = opening.failed_end;
         // Kept in the slot until this open succeeds (a failed open must not forget it).
         let failure = opening.failure.clone();
-        let path = root.wal_path(key);
+        let mut path = root.wal_path(key);
+        if !path.exists() {
+            // A folded session reopens in the tree it was folded from (its class is kept).
+            if let Some(live) =
+                fold::unfold(shared, &key.addr(), true).map_err(|e| LineageError::Refused(e.to_string()))?
+            {
+                path = live;
+            }
+        }
         let (mut wal, mut replay, head, batch, report) = if path.exists() {
             Self::open_existing(shared, key, &path, lease.epoch(), truncate_to)?
         } else {
@@ -812,8 +821,16 @@ impl Shared {
     }
 
     /// The session's WAL if it [has a record](Shared::has_record).
+    /// A folded session is unfolded here, the first time anything needs it (`fold`).
     pub fn record_path(&self, key: &SessionKey) -> Option<PathBuf> {
-        let path = self.wal_path(key);
+        let mut path = self.wal_path(key);
+        if !path.exists() {
+            match fold::unfold(self, &key.addr(), false) {
+                Ok(Some(live)) => path = live,
+                Ok(None) => {}
+                Err(e) => log::error!("session {}: cannot unfold its archived WAL: {e}", key.addr()),
+            }
+        }
         (path.exists() && !wal::is_unfinished(self.storage.as_ref(), &path)).then_some(path)
     }
 }

@@ -64,9 +64,16 @@ fn locate(ops: &Ops, route: &Route) -> Result<Value, Refusal> {
     where_is(ops.registry.shared(), &route.key)
 }
 
-/// Where this host holds the session: `{state: "live" | "moved" | "absent", session_ref,
+/// Where this host holds the session: `{state: "live" | "folded" | "moved" | "absent", session_ref,
 /// tree?, epoch?}` (`session.locate`, and `broca session ROOT HARNESS SESSION`).
 pub fn where_is(shared: &crate::lineage::Shared, key: &crate::session_key::SessionKey) -> Result<Value, Refusal> {
+    if !shared.root.wal_path(key).exists() {
+        // Folded: say so without unfolding it (a read would).
+        if let Some((path, _)) = crate::lineage::fold::container_of(shared, &key.addr()) {
+            let tree = path.parent().and_then(|d| d.file_name()).map(|d| d.to_string_lossy().into_owned());
+            return Ok(serde_json::json!({"state": "folded", "session_ref": key.addr(), "tree": tree}));
+        }
+    }
     let Some(reader) = crate::lineage::reader::Reader::open(shared, key) else {
         return Ok(serde_json::json!({"state": "absent", "session_ref": key.addr()}));
     };

@@ -18,6 +18,7 @@
 //!   (so a refused first send leaves nothing behind); until then `end == synced_end` is the
 //!   header's length and no reader can find the session.
 
+pub mod container;
 mod floor;
 pub mod frame;
 mod lease;

@@ -1,0 +1,257 @@
+//! Archive folding (`broca::lineage::fold`, spec §20): cold, closed WALs sealed into the archive
+//! trees by their class, served afterwards exactly as before (the first need unfolds them), a
+//! send reopening one in its own tree; what is never folded; and a SIGKILL campaign at every
+//! fold and unfold step (`broca fold` / `broca unfold` killed at their fail points) after which
+//! every session reads as before, exactly one copy of each is authoritative and, once the next
+//! start has tidied, no stray file is left.
+
+mod inproc;
+use broca_mock::mock;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use broca::clock::ManualClock;
+use broca::lineage::fold::{self, FoldPolicy, Folded};
+use broca::ops::Ops;
+use broca::session_key::SessionKey;
+use broca::wire::Refusal;
+use inproc::{reply_script, Rig};
+use serde_json::{json, Value};
+
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+fn call(ops: &Arc<Ops>, key: &SessionKey, method: &str, params: Value) -> Result<Value, Refusal> {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    ops.handle(key, method, params, Box::new(move |r| tx.send(r).unwrap()));
+    rx.recv_timeout(Duration::from_secs(10)).expect("an answer")
+}
+
+fn key(name: &str) -> SessionKey {
+    SessionKey::new("/tmp", "fold-test", name)
+}
+
+fn send(prompt: &str, class: Option<&str>) -> Value {
+    let mut v = json!({"prompt": prompt, "model": {"provider": "mock", "model": "echo-chat"}, "send_id": prompt});
+    if let Some(c) = class {
+        v["session_class"] = json!(c);
+    }
+    v
+}
+
+/// A finished one-turn session, its actor closed.
+fn finished(rig: &Rig, key: &SessionKey, prompt: &str, class: Option<&str>) -> String {
+    let sent = call(&rig.ops, key, "session.send", send(prompt, class)).unwrap();
+    let run = sent["run_id"].as_str().unwrap().to_owned();
+    inproc::wait_until("the run completes", || {
+        call(&rig.ops, key, "run.status", json!({"run_id": run})).is_ok_and(|s| s["state"] == "completed")
+    });
+    rig.wait_closed(key);
+    run
+}
+
+/// Everything a reader sees of the session, as served bytes (less `session.head.cache`: the
+/// prompt cache's clock is the process's memory, spec §4a, and a restart forgets it).
+fn reads(ops: &Arc<Ops>, key: &SessionKey, run: &str) -> Vec<String> {
+    [
+        ("session.read", json!({})),
+        ("session.history", json!({})),
+        ("session.head", json!({})),
+        ("run.status", json!({"run_id": run})),
+    ]
+    .into_iter()
+    .map(|(m, p)| {
+        let mut answer = call(ops, key, m, p);
+        if let Ok(Value::Object(head)) = &mut answer {
+            head.remove("cache");
+        }
+        answer.map(|v| v.to_string()).unwrap_or_else(|r| r.to_json())
+    })
+    .collect()
+}
+
+fn files_of(root: &Path, addr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for dir in ["wal", "wal-durable", "wal-ephemeral", "wal-archive", "wal-archive-durable"] {
+        for entry in std::fs::read_dir(root.join(dir)).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(addr) {
+                out.push(format!("{dir}/{name}"));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn clocked() -> (Rig, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::now());
+    (inproc::clocked_rig(Duration::from_millis(100), clock.clone()), clock)
+}
+
+#[test]
+fn cold_sessions_fold_by_class_and_read_exactly_as_before() {
+    let (rig, clock) = clocked();
+    rig.script(json!({"responses": [reply_script("one", 0), reply_script("two", 0), reply_script("three", 0), reply_script("four", 0)]}));
+    let shared = Arc::clone(rig.ops.registry.shared());
+    let root = shared.root.path().to_path_buf();
+    let (plain, durable, retained) = (key("plain"), key("durable"), key("retained"));
+    let run_plain = finished(&rig, &plain, "plain", None);
+    let run_durable = finished(&rig, &durable, "durable", Some("head"));
+    let retained_send =
+        json!({"prompt": "kept", "model": {"provider": "mock", "model": "echo-chat"}, "retention": 20 * 24 * 3600});
+    let run_retained =
+        call(&rig.ops, &retained, "session.send", retained_send).unwrap()["run_id"].as_str().unwrap().to_owned();
+    inproc::wait_until("the retained run completes", || {
+        call(&rig.ops, &retained, "run.status", json!({"run_id": run_retained}))
+            .is_ok_and(|s| s["state"] == "completed")
+    });
+    rig.wait_closed(&retained);
+    let before = [reads(&rig.ops, &plain, &run_plain), reads(&rig.ops, &durable, &run_durable)];
+    let plain_wal = std::fs::read(root.join("wal").join(format!("{}.wal", plain.addr()))).unwrap();
+    rig.wait_closed(&plain);
+    rig.wait_closed(&durable);
+
+    // Not cold yet: nothing folds.
+    let policy = FoldPolicy::default();
+    assert!(fold::sweep(&shared, &policy).iter().all(|r| matches!(r, Ok(Folded::Skipped(_)))));
+    clock.advance(8 * DAY);
+    let sealed: Vec<_> = fold::sweep(&shared, &policy).into_iter().filter_map(Result::ok).collect();
+    assert_eq!(sealed.iter().filter(|f| matches!(f, Folded::Sealed { .. })).count(), 2, "{sealed:?}");
+    assert_eq!(files_of(&root, &plain.addr()), [format!("wal-archive/{}.fold", plain.addr())]);
+    assert_eq!(files_of(&root, &durable.addr()), [format!("wal-archive-durable/{}.fold", durable.addr())]);
+    assert_eq!(
+        files_of(&root, &retained.addr()),
+        [format!("wal-ephemeral/{}.wal", retained.addr())],
+        "ephemeral stays live"
+    );
+    let where_plain = broca::moves::where_is(&shared, &plain).unwrap();
+    assert_eq!((where_plain["state"].as_str(), where_plain["tree"].as_str()), (Some("folded"), Some("wal-archive")));
+    if let Some(Folded::Sealed { wal_bytes, container_bytes }) = sealed.first() {
+        assert!(container_bytes < wal_bytes, "{container_bytes} < {wal_bytes}");
+    }
+
+    // Reads unfold it: byte-identical answers, the WAL back with its bytes and its time.
+    assert_eq!([reads(&rig.ops, &plain, &run_plain), reads(&rig.ops, &durable, &run_durable)], before);
+    assert_eq!(std::fs::read(root.join("wal").join(format!("{}.wal", plain.addr()))).unwrap(), plain_wal);
+    assert_eq!(files_of(&root, &durable.addr()), [format!("wal-durable/{}.wal", durable.addr())]);
+
+    // Folded again, a send reopens it in its own tree and continues its lineage.
+    rig.wait_closed(&durable);
+    clock.advance(8 * DAY);
+    fold::sweep(&shared, &policy);
+    assert_eq!(files_of(&root, &durable.addr()), [format!("wal-archive-durable/{}.fold", durable.addr())]);
+    finished(&rig, &durable, "durable again", None);
+    assert_eq!(files_of(&root, &durable.addr()), [format!("wal-durable/{}.wal", durable.addr())]);
+    let page = call(&rig.ops, &durable, "session.read", json!({})).unwrap();
+    assert_eq!(page["messages"].as_array().unwrap().len(), 4, "both turns: {page}");
+}
+
+#[test]
+fn busy_open_and_held_sessions_stay_live_and_tidy_keeps_one_copy() {
+    let (rig, clock) = clocked();
+    rig.script(json!({"responses": [reply_script("one", 0), reply_script("slow", 3000)]}));
+    let shared = Arc::clone(rig.ops.registry.shared());
+    let root = shared.root.path().to_path_buf();
+    let (idle, busy) = (key("idle"), key("busy"));
+    finished(&rig, &idle, "idle", None);
+    call(&rig.ops, &busy, "session.send", send("busy", None)).unwrap();
+    clock.advance(8 * DAY);
+    let results = fold::sweep(&shared, &FoldPolicy::default());
+    assert!(results.iter().any(|r| matches!(r, Ok(Folded::Skipped("open")))), "{results:?}");
+    assert_eq!(files_of(&root, &busy.addr()), [format!("wal/{}.wal", busy.addr())]);
+    // A container beside a live WAL (a fold cut after its rename) and temp files are tidied;
+    // the live WAL stays the authority.
+    assert_eq!(files_of(&root, &idle.addr()), [format!("wal-archive/{}.fold", idle.addr())]);
+    let container = root.join("wal-archive").join(format!("{}.fold", idle.addr()));
+    let copy = std::fs::read(&container).unwrap();
+    fold::unfold(&shared, &idle.addr(), false).unwrap();
+    std::fs::write(&container, &copy).unwrap();
+    std::fs::write(root.join("wal-archive").join(format!("{}.fold.partial", idle.addr())), b"x").unwrap();
+    std::fs::write(root.join("wal").join(format!("{}.wal.unfolding", idle.addr())), b"x").unwrap();
+    assert_eq!(fold::tidy(&shared), 3);
+    assert_eq!(files_of(&root, &idle.addr()), [format!("wal/{}.wal", idle.addr())]);
+}
+
+#[test]
+fn no_wal_and_no_container_is_history_unreachable() {
+    let (rig, clock) = clocked();
+    rig.script(json!({"responses": [reply_script("one", 0)]}));
+    let shared = Arc::clone(rig.ops.registry.shared());
+    let k = key("lost");
+    finished(&rig, &k, "lost", None);
+    clock.advance(8 * DAY);
+    fold::sweep(&shared, &FoldPolicy::default());
+    shared.settle();
+    let (container, _) = fold::container_of(&shared, &k.addr()).expect("folded");
+    std::fs::remove_file(container).unwrap();
+    assert_eq!(call(&rig.ops, &k, "session.read", json!({})).unwrap_err().code, "history_unreachable");
+}
+
+/// The crash campaign: for each fold point and each unfold point, sessions are written, a
+/// `broca fold` (or `broca unfold`) process is SIGKILLed at that point, and then, after the
+/// start's tidy, every session reads exactly as before and has exactly one copy.
+#[test]
+fn a_fold_killed_at_every_step_loses_nothing_and_leaves_one_copy() {
+    let points = ["fold.after_write", "fold.after_rename", "fold.after_remove", "fold.unfold_after_rename"];
+    let rounds: usize = std::env::var("BROCA_FOLD_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(2);
+    let mut kills = 0;
+    for round in 0..rounds {
+        for point in points {
+            let rig = inproc::rig(Duration::from_millis(100));
+            rig.script(json!({"responses": (0..3).map(|i| reply_script(&format!("r{i}"), 0)).collect::<Vec<_>>()}));
+            let keys: Vec<SessionKey> = (0..3).map(|i| key(&format!("{point}-{round}-{i}"))).collect();
+            let runs: Vec<String> = keys.iter().map(|k| finished(&rig, k, &k.session, None)).collect();
+            let before: Vec<Vec<String>> = keys.iter().zip(&runs).map(|(k, r)| reads(&rig.ops, k, r)).collect();
+            rig.ops.registry.shared().settle();
+            let root = rig.dir.path().to_path_buf();
+            let unfolding = point.starts_with("fold.unfold");
+            if unfolding {
+                assert!(broca_cli(&root, &["fold"], None).success());
+            }
+            // The `@N`th hit: a kill in the middle of the pass, not only at its first session.
+            let at = format!("{point}@{}", 1 + round % keys.len());
+            let status = if unfolding {
+                broca_cli(
+                    &root,
+                    &["unfold", &keys[round % 3].project_root, &keys[round % 3].harness, &keys[round % 3].session],
+                    Some(&format!("{point}@1")),
+                )
+            } else {
+                broca_cli(&root, &["fold"], Some(&at))
+            };
+            assert!(!status.success(), "{point}: the process was not killed: {status}");
+            kills += 1;
+            // The next start: a fresh core over the same root tidies, then reads.
+            let Rig { dir: _dir, mock: _mock, ops } = rig;
+            drop(ops);
+            let fresh = inproc::ops_over(&root, "http://127.0.0.1:9".into(), Duration::from_millis(100));
+            fold::tidy(fresh.registry.shared());
+            for k in &keys {
+                let files = files_of(&root, &k.addr());
+                assert_eq!(files.len(), 1, "{point}: one copy of {}: {files:?}", k.session);
+            }
+            for ((k, r), want) in keys.iter().zip(&runs).zip(&before) {
+                assert_eq!(&reads(&fresh, k, r), want, "{point}: {} reads differ", k.session);
+                let files = files_of(&root, &k.addr());
+                assert_eq!(files, [format!("wal/{}.wal", k.addr())], "{point}: after the read");
+            }
+        }
+    }
+    println!("FOLD-KILLS rounds={rounds} kills={kills} violations=0");
+}
+
+/// `broca ARGS` on the state root `root`, with `BROCA_FAILPOINTS` when given.
+fn broca_cli(root: &Path, args: &[&str], failpoints: Option<&str>) -> std::process::ExitStatus {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_broca"));
+    cmd.args(args)
+        .env("BROCA_STATE_ROOT", root)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    match failpoints {
+        Some(f) => cmd.env("BROCA_FAILPOINTS", f),
+        None => cmd.env_remove("BROCA_FAILPOINTS"),
+    };
+    cmd.status().expect("broca runs")
+}
