@@ -130,6 +130,7 @@ bench:
 	$(CARGO) run --release --locked --example classify-bench
 	$(CARGO) build --release --locked -p broca-mock --bin broca-mock
 	$(CARGO) run --release --locked --example fed-bench
+	$(CARGO) run --release --locked --example archive-bench
 
 # A thousand sessions with runs active at once (one observer each) and a boot over ten thousand
 # sessions, through the real daemon (about two minutes; not part of `make bench`).

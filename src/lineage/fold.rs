@@ -217,19 +217,22 @@ pub fn tidy(shared: &Shared) -> usize {
     let mut removed = 0;
     let mut stale: Vec<(String, PathBuf)> = Vec::new();
     for (tree, dir) in FOLDED {
-        for entry in fs::read_dir(shared.root.path().join(dir)).into_iter().flatten().flatten() {
-            let path = entry.path();
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let addr = name.split('.').next().unwrap_or_default().to_owned();
-            let live = shared.root.path().join(tree.dir_name()).join(format!("{addr}.wal"));
-            if name.ends_with(".partial") || (name.ends_with(container::SUFFIX) && live.exists()) {
-                stale.push((addr, path));
-            }
-        }
+        // One listing of each tree (a boot over many folded sessions stats nothing per session).
+        let mut live = std::collections::HashSet::new();
         for entry in fs::read_dir(shared.root.path().join(tree.dir_name())).into_iter().flatten().flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
+            let addr = name.split('.').next().unwrap_or_default().to_owned();
             if name.ends_with(".wal.unfolding") {
-                stale.push((name.split('.').next().unwrap_or_default().to_owned(), entry.path()));
+                stale.push((addr, entry.path()));
+            } else if name.ends_with(".wal") {
+                live.insert(addr);
+            }
+        }
+        for entry in fs::read_dir(shared.root.path().join(dir)).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let addr = name.split('.').next().unwrap_or_default().to_owned();
+            if name.ends_with(".partial") || (name.ends_with(container::SUFFIX) && live.contains(&addr)) {
+                stale.push((addr, entry.path()));
             }
         }
     }

@@ -53,6 +53,9 @@ pub fn adopt(ops: &Ops, route: &Route, from: &std::path::Path) -> Result<Value, 
             _ => not_idle(MOVE_FENCE_MS),
         })?;
     let dir = shared.root.wal_path_placed(key, placement).parent().map(std::path::Path::to_path_buf);
+    // A folded copy here is compared like a live one: unfolded first, under this lease.
+    crate::lineage::fold::unfold(shared, &key.addr(), true)
+        .map_err(|e| io_refusal("unfold this host's copy", &std::io::Error::other(e.to_string())))?;
     let existing = shared.record_path(key);
     let target = existing.clone().unwrap_or_else(|| shared.root.wal_path_placed(key, placement));
     let staged = target.with_extension("wal.adopting");
