@@ -43,7 +43,7 @@ fn text(seed: &mut u64, words: usize) -> String {
         *seed ^= *seed >> 7;
         *seed ^= *seed << 17;
         out.push_str(WORDS[(*seed % WORDS.len() as u64) as usize]);
-        out.push(if *seed % 11 == 0 { '.' } else { ' ' });
+        out.push(if seed.is_multiple_of(11) { '.' } else { ' ' });
     }
     out
 }
