@@ -64,6 +64,9 @@ pub const RETENTION_SWEEP_MS: u64 = 250;
 /// sweep deleting the record, or a closing session writing its last rows) before it answers
 /// `session_busy`. Another process's lease is refused at once.
 pub const OWN_LEASE_WAIT_MS: u64 = 500;
+/// How long a read of a folded session waits for a fold or unfold of it (in this process or
+/// another) to let go of its lease before it answers from what it finds.
+pub const FOLD_WAIT_MS: u64 = 2_000;
 
 /// The largest `session.read` page a request may ask for (a larger `limit` is clamped).
 pub const READ_MAX_LIMIT: u64 = 1000;

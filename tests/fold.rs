@@ -213,11 +213,8 @@ fn a_fold_killed_at_every_step_loses_nothing_and_leaves_one_copy() {
             // The `@N`th hit: a kill in the middle of the pass, not only at its first session.
             let at = format!("{point}@{}", 1 + round % keys.len());
             let status = if unfolding {
-                broca_cli(
-                    &root,
-                    &["unfold", &keys[round % 3].project_root, &keys[round % 3].harness, &keys[round % 3].session],
-                    Some(&format!("{point}@1")),
-                )
+                let k = &keys[round % 3];
+                broca_cli(&root, &["unfold", &k.project_root, &k.harness, &k.session], Some(&format!("{point}@1")))
             } else {
                 broca_cli(&root, &["fold"], Some(&at))
             };

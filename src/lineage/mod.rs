@@ -825,10 +825,24 @@ impl Shared {
     pub fn record_path(&self, key: &SessionKey) -> Option<PathBuf> {
         let mut path = self.wal_path(key);
         if !path.exists() {
-            match fold::unfold(self, &key.addr(), false) {
-                Ok(Some(live)) => path = live,
-                Ok(None) => {}
-                Err(e) => log::error!("session {}: cannot unfold its archived WAL: {e}", key.addr()),
+            // A fold or unfold in progress holds the lease for milliseconds: wait it out (a
+            // session folded by another process is not absent).
+            let deadline = std::time::Instant::now() + std::time::Duration::from_millis(crate::limits::FOLD_WAIT_MS);
+            loop {
+                match fold::unfold(self, &key.addr(), false) {
+                    Ok(Some(live)) => path = live,
+                    Ok(None) => {}
+                    Err(fold::FoldError::Lineage(LineageError::Lease(_))) if std::time::Instant::now() < deadline => {
+                        std::thread::sleep(std::time::Duration::from_millis(2));
+                        continue;
+                    }
+                    Err(e) => log::error!("session {}: cannot unfold its archived WAL: {e}", key.addr()),
+                }
+                break;
+            }
+            if !path.exists() {
+                // Unfolded, or folded and back, meanwhile: look once more.
+                path = self.wal_path(key);
             }
         }
         (path.exists() && !wal::is_unfinished(self.storage.as_ref(), &path)).then_some(path)
