@@ -252,3 +252,35 @@ fn broca_cli(root: &Path, args: &[&str], failpoints: Option<&str>) -> std::proce
     };
     cmd.status().expect("broca runs")
 }
+
+/// Reads racing the module's own sweep (the same process) and a `broca fold` process: every
+/// answer is the one before the fold, or a transient refusal that is right when asked again.
+#[test]
+fn reads_racing_folds_answer_as_before() {
+    let (rig, clock) = clocked();
+    rig.script(json!({"responses": (0..4).map(|i| reply_script(&format!("r{i}"), 0)).collect::<Vec<_>>()}));
+    let shared = Arc::clone(rig.ops.registry.shared());
+    let keys: Vec<SessionKey> = (0..4).map(|i| key(&format!("race-{i}"))).collect();
+    let runs: Vec<String> = keys.iter().map(|k| finished(&rig, k, &k.session, None)).collect();
+    let before: Vec<Vec<String>> = keys.iter().zip(&runs).map(|(k, r)| reads(&rig.ops, k, r)).collect();
+    shared.settle();
+    let mut wrong = Vec::new();
+    for round in 0..30 {
+        clock.advance(8 * DAY);
+        let folder = {
+            let shared = Arc::clone(&shared);
+            std::thread::spawn(move || fold::sweep(&shared, &FoldPolicy::default()))
+        };
+        for ((k, r), want) in keys.iter().zip(&runs).zip(&before) {
+            let got = (0..3).map(|_| reads(&rig.ops, k, r)).find(|g| !g.iter().any(|a| a.contains("\"transient\"")));
+            if got.as_ref() != Some(want) {
+                wrong.push(format!("round {round} {}: {got:?}", k.session));
+            }
+        }
+        folder.join().unwrap();
+        for k in &keys {
+            rig.wait_closed(k);
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}

@@ -96,6 +96,12 @@ pub fn container_of(shared: &Shared, addr: &str) -> Option<(PathBuf, Placement)>
     })
 }
 
+/// The folded WAL's modification time, from its container's header (checked, not inflated).
+pub fn folded_mtime_ms(shared: &Shared, addr: &str) -> Option<u64> {
+    let (path, _) = container_of(shared, addr)?;
+    container::header(&fs::read(path).ok()?).ok().map(|h| h.wal_mtime_ms)
+}
+
 /// Folds the WAL of `addr` in `tree` if it is cold at `now_ms` and foldable.
 pub fn fold_one(
     shared: &Shared,

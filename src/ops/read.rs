@@ -274,12 +274,19 @@ pub(super) fn session_head(ops: &Ops, route: &super::Route, version: u64) -> Res
     // A retained session's activity is what its expiry counts from (llm-runner §9.1): its
     // recorded send, step and terminal times, never a maintenance write.
     let retained = last.and_then(|e| e.config.config()).is_some_and(|c| c.policy.retention.is_some());
-    let mtime = || {
+    // The WAL's write time; a WAL folded since this read began keeps it in its container.
+    let wal_mtime = || {
         std::fs::metadata(reader.path())
             .and_then(|m| m.modified())
             .ok()
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map(|d| d.as_millis() as u64)
+    };
+    // (And one unfolded again since: the WAL once more.)
+    let mtime = || {
+        wal_mtime()
+            .or_else(|| crate::lineage::fold::folded_mtime_ms(ops.registry.shared(), &key.addr()))
+            .or_else(wal_mtime)
     };
     let updated_at = if retained { page.state.last_activity_ms } else { mtime() };
     let model = last.and_then(|e| e.config.config()).map(|c| HeadModel {
