@@ -37,6 +37,25 @@ const DEFAULT_BACKUP_CLASSES: &[&str] = &["head"];
 /// The only context-management mode servable as a default.
 const SERVABLE_DEFAULT: &str = "none";
 
+/// The fold policy (`broca.jsonc` `fold`, `lineage::fold`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FoldPolicy {
+    /// A WAL untouched this long is cold (`after_idle_secs`, default seven days).
+    pub after_idle_ms: u64,
+    /// Smaller WALs stay live (`min_bytes`, default 0).
+    pub min_bytes: u64,
+    /// At most this many folds per sweep (`max_per_pass`, default 256).
+    pub max_per_pass: usize,
+    /// How often the sweep looks (`sweep_secs`, default 600).
+    pub sweep_every_ms: u64,
+}
+
+impl Default for FoldPolicy {
+    fn default() -> FoldPolicy {
+        FoldPolicy { after_idle_ms: 7 * 24 * 3600 * 1000, min_bytes: 0, max_per_pass: 256, sweep_every_ms: 600_000 }
+    }
+}
+
 /// The federation module's id in CortexKit: the default `federation.carriers`.
 pub const DEFAULT_FEDERATION_CARRIER: &str = "callosum";
 
@@ -61,7 +80,7 @@ pub struct BrocaConfig {
     /// (`crate::federation`); default `["callosum"]`.
     pub federation_carriers: Vec<String>,
     /// `fold`: when cold WALs are folded into the archive trees (`lineage::fold`).
-    pub fold: crate::lineage::fold::FoldPolicy,
+    pub fold: FoldPolicy,
 }
 
 /// `step_events`: the bus broca publishes its live step hints on (llm-runner §14.3).
@@ -92,7 +111,7 @@ impl Default for BrocaConfig {
             auth_methods: BTreeMap::new(),
             provider_base_urls: BTreeMap::new(),
             federation_carriers: vec![DEFAULT_FEDERATION_CARRIER.to_owned()],
-            fold: crate::lineage::fold::FoldPolicy::default(),
+            fold: FoldPolicy::default(),
         }
     }
 }
@@ -250,11 +269,11 @@ fn parse_providers(v: &Value) -> Result<BTreeMap<String, String>, MemberRefusal>
 
 /// `fold`: `{after_idle_secs?, min_bytes?, max_per_pass?, sweep_secs?}`, each a positive
 /// integer (`min_bytes` may be 0); an unknown member is refused.
-fn parse_fold(v: &Value) -> Result<crate::lineage::fold::FoldPolicy, MemberRefusal> {
+fn parse_fold(v: &Value) -> Result<FoldPolicy, MemberRefusal> {
     let Value::Object(section) = v else {
         return Err(("fold".into(), "must be an object".into()));
     };
-    let mut policy = crate::lineage::fold::FoldPolicy::default();
+    let mut policy = FoldPolicy::default();
     for (k, value) in section {
         let n = value.as_u64().ok_or_else(|| (format!("fold.{k}"), "must be a non-negative integer".to_owned()))?;
         let positive = || if n == 0 { Err((format!("fold.{k}"), "must be at least 1".to_owned())) } else { Ok(n) };

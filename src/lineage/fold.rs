@@ -25,24 +25,7 @@ use crate::state_root::Placement;
 use crate::wal::container::{self, Header};
 use crate::wal::{self, Lease, LeaseError, ScannedFrame};
 
-/// The fold policy (`broca.jsonc` `fold`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FoldPolicy {
-    /// A WAL untouched this long is cold (`after_idle_secs`, default seven days).
-    pub after_idle_ms: u64,
-    /// Smaller WALs stay live (`min_bytes`, default 0).
-    pub min_bytes: u64,
-    /// At most this many folds per sweep (`max_per_pass`, default 256).
-    pub max_per_pass: usize,
-    /// How often the sweep looks (`sweep_secs`, default 600).
-    pub sweep_every_ms: u64,
-}
-
-impl Default for FoldPolicy {
-    fn default() -> FoldPolicy {
-        FoldPolicy { after_idle_ms: 7 * 24 * 3600 * 1000, min_bytes: 0, max_per_pass: 256, sweep_every_ms: 600_000 }
-    }
-}
+pub use crate::config::FoldPolicy;
 
 /// The live trees a fold reads and the archive tree each folds into.
 pub const FOLDED: [(Placement, &str); 2] =
