@@ -746,3 +746,32 @@ fn a_scope_owner_owns_the_session_its_scope_froze_and_a_caller_under_the_scope_d
     assert_eq!((refused.code.as_str(), refused.detail.is_some()), ("scope_owner_mismatch", true), "{refused:?}");
     assert!(call(&sibling, "session.head", json!({})).unwrap().get("sender").is_none(), "no grant for the sibling");
 }
+
+/// llm-runner §9.3.2 on a runner that does not declare the `service_tier` group: an explicit
+/// `standard` is served (the turn runs as without it), `fast`, `ultrafast` and unknown levels
+/// are refused by name before any model call, writing nothing; so is `tool_providers` (spec
+/// §4 gives it no meaning: tools from other modules are a plan's `tool_items`).
+#[test]
+fn service_tier_standard_runs_and_other_levels_are_refused_by_name() {
+    let rig = rig(Duration::from_secs(5));
+    rig.mock.install("default", Script::from_json(&json!({"responses": [reply_script("ok", 0)]}).to_string()).unwrap());
+    let before = rig.footprint(&key());
+    let mut fast = send("fast one");
+    fast["service_tier"] = json!("fast");
+    let refused = rig.call("session.send", fast).unwrap_err();
+    pin::assert_golden("session_send.service_tier_unsupported.json", &refused.to_json(), None);
+    let mut odd = send("odd one");
+    odd["service_tier"] = json!("priority");
+    let unknown = rig.call("session.send", odd).unwrap_err();
+    pin::assert_golden("session_send.service_tier_unknown.json", &unknown.to_json(), None);
+    let mut providers = send("providers");
+    providers["tool_providers"] = json!([{"module": "aft"}]);
+    let named = rig.call("session.send", providers).unwrap_err();
+    pin::assert_golden("session_send.tool_providers.json", &named.to_json(), None);
+    assert_eq!(rig.footprint(&key()).diff(&before), None, "refused sends wrote nothing");
+    assert!(rig.mock.requests("default").is_empty(), "no model call");
+    let mut standard = send("standard one");
+    standard["service_tier"] = json!("standard");
+    let sent = rig.call("session.send", standard).unwrap();
+    rig.wait_state(sent["run_id"].as_str().unwrap(), "completed");
+}

@@ -35,6 +35,7 @@ const READ: &[&str] = &[
     "tools",
     "plan",
     "route_decision_id",
+    "service_tier",
 ];
 
 /// Members that ask for a capability group of llm-runner/v1 this build does not declare, with
@@ -169,10 +170,28 @@ fn closed(v: &Value, field: &str, known: &[&str]) -> Result<(), Refusal> {
 }
 
 /// Top-level members of a send this build does not read (each is warned about once per key).
-/// `tool_providers` is one of them until tools from other modules give it a meaning; it is
-/// still part of a send's identity.
 fn unread(obj: &serde_json::Map<String, Value>) -> impl Iterator<Item = &String> {
     obj.keys().filter(|k| !READ.contains(&k.as_str()))
+}
+
+/// `service_tier` (llm-runner §9.3.2), read raw before anything else: broca does not declare
+/// the `service_tier` group, so it runs every turn at `standard`. An explicit `standard` is
+/// served (it changes nothing); `fast`, `ultrafast` and any unknown level are refused
+/// `invalid_params {field: "service_tier", reason: "unsupported_tier"}` before any model call,
+/// never silently downgraded. (Every run is standard, so a steer naming `standard` always
+/// matches its run's fixed tier: `run_tier_fixed` cannot arise.)
+fn service_tier(value: Option<&Value>) -> Result<(), Refusal> {
+    use cortexkit_role_llm_runner::service_tier::{check_send, parse_request};
+    let refuse = |problem: cortexkit_role_llm_runner::service_tier::TierProblem, what: String| {
+        let detail = crate::detail!("field" => "service_tier", "reason" => problem.reason());
+        Refusal::new(super::RefusalCode::InvalidParams, format!("invalid params: service_tier: {what}"), Some(detail))
+    };
+    let requested =
+        parse_request(value).map_err(|p| refuse(p, "not a service level (standard, fast, ultrafast)".into()))?;
+    let Some(level) = requested else { return Ok(()) };
+    check_send(Some(level), None, "", None)
+        .map(drop)
+        .map_err(|p| refuse(p, format!("{} is not served: broca runs every turn at standard", level.as_str())))
 }
 
 pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
@@ -180,6 +199,15 @@ pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
     if let Some((member, group)) = UNDECLARED.iter().find(|(member, _)| obj.contains_key(*member)) {
         let why = format!("{member} is not served by this build (llm-runner/v1 group {group:?} is not declared)");
         return Err(invalid_params(member, &why));
+    }
+    service_tier(obj.get("service_tier"))?;
+    if obj.contains_key("tool_providers") {
+        // Spec §4 names the member and gives it no meaning; tools from other modules are a
+        // plan's `tool_items`. Refused by name rather than silently dropped.
+        return Err(invalid_params(
+            "tool_providers",
+            "not served: name tool providers as the plan's tool_items (plan.tool_items[].provider)",
+        ));
     }
     for k in unread(obj) {
         note_unread(k, &key.harness);
@@ -499,12 +527,17 @@ mod tests {
         r.detail.as_ref().and_then(|d| d.get("field")).and_then(Value::as_str).unwrap().to_string()
     }
 
-    /// `tool_providers` was on the read list, so it was neither used nor warned about.
+    /// An unknown member is tolerated (warned about); `tool_providers`, named by the spec with
+    /// no meaning, is refused by name rather than dropped, and so is a non-standard tier.
     #[test]
-    fn unread_members_include_tool_providers() {
-        let params = json!({"prompt": "hi", "model": {}, "tool_providers": [], "frobnicate": 1});
+    fn unknown_members_are_warned_and_tool_providers_is_refused() {
+        let params = json!({"prompt": "hi", "model": {}, "frobnicate": 1});
         let unread: Vec<&String> = unread(params.as_object().unwrap()).collect();
-        assert_eq!(unread, ["tool_providers", "frobnicate"]);
+        assert_eq!(unread, ["frobnicate"]);
+        assert_eq!(refused(json!({"prompt": "hi", "tool_providers": []})), "tool_providers");
+        assert_eq!(refused(json!({"prompt": "hi", "service_tier": "fast"})), "service_tier");
+        assert_eq!(refused(json!({"prompt": "hi", "service_tier": 1})), "service_tier");
+        assert!(parse(&json!({"prompt": "hi", "service_tier": "standard"}), &key()).is_ok());
     }
 
     #[test]
