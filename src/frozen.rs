@@ -180,6 +180,34 @@ pub struct FrozenConfig {
     /// The session's fetch plan as its first episode fetched it (its tools are in `tools`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<PlanManifest>,
+    /// `session.send.tool_choice`, rendered per family (`tool-choice/v1`); absent: the
+    /// provider's default (auto).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoice>,
+}
+
+/// Whether and which tool the model must call (spec §4 runner parameter `tool_choice`):
+/// `"auto"`, `"none"`, `"required"` (some tool), or `{"tool": name}` (that one).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ToolChoice {
+    Mode(ToolChoiceMode),
+    Named { tool: String },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolChoiceMode {
+    Auto,
+    None,
+    Required,
+}
+
+impl ToolChoice {
+    /// Whether it makes the model call a tool.
+    pub fn forces(&self) -> bool {
+        !matches!(self, ToolChoice::Mode(ToolChoiceMode::Auto | ToolChoiceMode::None))
+    }
 }
 
 impl FrozenConfig {

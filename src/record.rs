@@ -42,12 +42,15 @@ pub const FEATURE_OUTPUT_REFS: &str = "output-refs/v1";
 
 /// The feature a `RunStarted` whose owner names its machine requires (DESIGN §8).
 pub const FEATURE_OWNER_MACHINE: &str = "owner-machine/v1";
+/// The feature a `RunStarted` whose config carries a `tool_choice` requires.
+pub const FEATURE_TOOL_CHOICE: &str = "tool-choice/v1";
 /// The feature a `MovedOut` tombstone requires (a session exported to another host).
 pub const FEATURE_SESSION_MOVE: &str = "session-move/v1";
 /// Every must-understand feature this build reads.
 pub const KNOWN_FEATURES: &[&str] = &[
     FEATURE_OWNER_MACHINE,
     FEATURE_SESSION_MOVE,
+    FEATURE_TOOL_CHOICE,
     FEATURE_RUN_CANCEL_AT,
     FEATURE_SESSION_CLASS,
     FEATURE_INPUT_TOKEN_CAP,
@@ -262,13 +265,14 @@ impl Frozen {
     /// The must-understand features a record carrying this config requires: derived from the
     /// typed members (a config kept as written is read by its keys).
     pub fn features(&self) -> Vec<&'static str> {
-        let (class, cap, reply, plan, refs) = match self {
+        let (class, cap, reply, plan, refs, choice) = match self {
             Frozen::Config(c) => (
                 c.policy.session_class.is_some(),
                 c.policy.max_input_tokens.is_some(),
                 c.tools.iter().any(|t| t.reply.is_some()),
                 c.plan.is_some() || c.tools.iter().any(|t| t.module.is_some()),
                 c.renders_part_numbers(),
+                c.tool_choice.is_some(),
             ),
             Frozen::Unreadable(v) => {
                 let has = |k: &str| v.get(k).is_some_and(|v| !v.is_null());
@@ -281,6 +285,7 @@ impl Frozen {
                     any_tool("reply"),
                     has("plan") || any_tool("module"),
                     refs,
+                    has("tool_choice"),
                 )
             }
         };
@@ -290,6 +295,7 @@ impl Frozen {
             (reply, FEATURE_TOOL_REPLY),
             (plan, FEATURE_FETCH_PLAN),
             (refs, FEATURE_OUTPUT_REFS),
+            (choice, FEATURE_TOOL_CHOICE),
         ]
         .into_iter()
         .filter_map(|(on, f)| on.then_some(f))

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use broca::catalog::Catalog;
 use inproc::{key, reply_script, rig, send};
 use mock::Script;
-use serde_json::json;
+use serde_json::{json, Value};
 
 #[test]
 fn an_idle_send_runs_and_a_busy_send_queues_then_drains_in_order() {
@@ -774,4 +774,37 @@ fn service_tier_standard_runs_and_other_levels_are_refused_by_name() {
     standard["service_tier"] = json!("standard");
     let sent = rig.call("session.send", standard).unwrap();
     rig.wait_state(sent["run_id"].as_str().unwrap(), "completed");
+}
+
+/// Spec §4 `tool_choice`: read and checked (a malformed one is refused by name, writing
+/// nothing), frozen on the run, rendered on the model request (`mock/echo-chat` is an OpenAI
+/// Chat route), and taken from the frozen config by an interrupt that omits it (spec §4
+/// line 152).
+#[test]
+fn tool_choice_is_frozen_rendered_and_inherited() {
+    let rig = rig(Duration::from_secs(5));
+    let script = json!({"responses": [reply_script("first", 0), reply_script("second", 0)]});
+    rig.mock.install("default", Script::from_json(&script.to_string()).unwrap());
+    let before = rig.footprint(&key());
+    let mut bad = send("bad");
+    bad["tool_choice"] = json!({"tool": ""});
+    let refused = rig.call("session.send", bad).unwrap_err();
+    pin::assert_golden("session_send.tool_choice_invalid.json", &refused.to_json(), None);
+    assert_eq!(rig.footprint(&key()).diff(&before), None);
+    let tools = json!([{"name": "read", "description": "Read a file.", "input_schema": {"type": "object"}}]);
+    let mut first = send("first");
+    first["tools"] = tools.clone();
+    first["tool_choice"] = json!({"tool": "read"});
+    let run1 = rig.call("session.send", first).unwrap()["run_id"].as_str().unwrap().to_owned();
+    rig.wait_state(&run1, "completed");
+    // An interrupt omitting model, tools and tool_choice takes them all from the frozen config.
+    let interrupt = json!({"prompt": "second", "delivery": "interrupt", "send_id": "second"});
+    let second = rig.call("session.send", interrupt).unwrap()["run_id"].as_str().unwrap().to_owned();
+    rig.wait_state(&second, "completed");
+    let bodies: Vec<Value> =
+        rig.mock.requests("default").iter().map(|r| serde_json::from_slice(&r.body).unwrap()).collect();
+    assert_eq!(bodies.len(), 2, "{bodies:?}");
+    for body in &bodies {
+        assert_eq!(body["tool_choice"], json!({"type": "function", "function": {"name": "read"}}), "{body}");
+    }
 }

@@ -144,8 +144,20 @@ impl Admission {
             tools: send.tools.clone().or_else(|| inherited.map(|c| c.tools.clone())).unwrap_or_default(),
         };
         let catalog = self.catalog.read();
-        let config =
+        let mut config =
             route::resolve(catalog.as_ref(), self.lkg.clone(), &request, &self.overrides).map_err(|e| e.refusal())?;
+        // Spec §4 line 152: a send omitting `tool_choice` takes the session's frozen one.
+        config.tool_choice = send.tool_choice.clone().or_else(|| inherited.and_then(|c| c.tool_choice.clone()));
+        if config.family == crate::frozen::Family::AwsBedrockConverse
+            && config.tool_choice == Some(crate::frozen::ToolChoice::Mode(crate::frozen::ToolChoiceMode::None))
+        {
+            let message = format!(
+                "invalid params: tool_choice: \"none\" cannot be honoured on {}/{} (Bedrock Converse has no such choice)",
+                config.provider, config.model
+            );
+            let detail = crate::detail!("field" => "tool_choice", "reason" => "unsupported_by_route");
+            return Err(Refusal::new(crate::wire::RefusalCode::InvalidParams, message, Some(detail)));
+        }
         if let Some(what) = send.cache.as_ref().and_then(|c| crate::provider::cache::unsupported(&config, c)) {
             let e = AdmissionError::RouteUnsupported { model: format!("{}/{}", config.provider, config.model), what };
             return Err(e.refusal());

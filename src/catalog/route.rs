@@ -312,6 +312,7 @@ fn config_of(
         auth,
         policy: Default::default(),
         plan: None,
+        tool_choice: None,
     }
 }
 

@@ -16,6 +16,7 @@
 //! Signatures are only replayed to the provider that minted them (see
 //! [`replays_reasoning`](super::common::replays_reasoning)).
 
+use crate::frozen::{ToolChoice, ToolChoiceMode};
 use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
@@ -47,6 +48,14 @@ pub fn body(config: &RenderConfig, transcript: &[Message]) -> Value {
     }
     if !config.tools.is_empty() {
         body["tools"] = config.tools.iter().map(tool).collect();
+        if let Some(choice) = &config.tool_choice {
+            body["tool_choice"] = match choice {
+                ToolChoice::Mode(ToolChoiceMode::Auto) => json!({"type": "auto"}),
+                ToolChoice::Mode(ToolChoiceMode::None) => json!({"type": "none"}),
+                ToolChoice::Mode(ToolChoiceMode::Required) => json!({"type": "any"}),
+                ToolChoice::Named { tool } => json!({"type": "tool", "name": tool}),
+            };
+        }
     }
     body
 }

@@ -42,6 +42,7 @@
 //! `content_filtered` → content_filter; `malformed_model_output`, `malformed_tool_use` → error;
 //! anything else → other (the role's own table, llm-runner §6.6).
 
+use crate::frozen::{ToolChoice, ToolChoiceMode};
 use std::collections::HashMap;
 
 use serde_json::{json, Value};
@@ -90,6 +91,16 @@ pub fn body(config: &RenderConfig, transcript: &[Message]) -> Value {
     }
     if !config.tools.is_empty() {
         body["toolConfig"] = json!({"tools": config.tools.iter().map(tool).collect::<Vec<_>>()});
+        // Converse has no "none" (admission refuses it on this family by name).
+        let choice = match &config.tool_choice {
+            Some(ToolChoice::Mode(ToolChoiceMode::Auto)) => Some(json!({"auto": {}})),
+            Some(ToolChoice::Mode(ToolChoiceMode::Required)) => Some(json!({"any": {}})),
+            Some(ToolChoice::Named { tool }) => Some(json!({"tool": {"name": tool}})),
+            Some(ToolChoice::Mode(ToolChoiceMode::None)) | None => None,
+        };
+        if let Some(choice) = choice {
+            body["toolConfig"]["toolChoice"] = choice;
+        }
     }
     if let Some(cap) = config.max_output_tokens {
         body["inferenceConfig"] = json!({"maxTokens": cap});

@@ -39,6 +39,7 @@
 //! `MALFORMED_FUNCTION_CALL` and the other malformed-output reasons → error, anything else →
 //! other.
 
+use crate::frozen::{ToolChoice, ToolChoiceMode};
 use std::collections::HashMap;
 
 use serde_json::{json, Value};
@@ -71,6 +72,14 @@ pub fn body(config: &RenderConfig, transcript: &[Message]) -> Value {
     }
     if !config.tools.is_empty() {
         body["tools"] = json!([{"functionDeclarations": config.tools.iter().map(tool).collect::<Vec<_>>()}]);
+        if let Some(choice) = &config.tool_choice {
+            body["toolConfig"] = json!({"functionCallingConfig": match choice {
+                ToolChoice::Mode(ToolChoiceMode::Auto) => json!({"mode": "AUTO"}),
+                ToolChoice::Mode(ToolChoiceMode::None) => json!({"mode": "NONE"}),
+                ToolChoice::Mode(ToolChoiceMode::Required) => json!({"mode": "ANY"}),
+                ToolChoice::Named { tool } => json!({"mode": "ANY", "allowedFunctionNames": [tool]}),
+            }});
+        }
     }
     if let Some(cap) = config.max_output_tokens {
         body["generationConfig"] = json!({"maxOutputTokens": cap});

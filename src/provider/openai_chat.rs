@@ -18,6 +18,7 @@
 //! `azure`), where `max_tokens` is deprecated and refused by reasoning models, and `max_tokens`
 //! for every other provider, since it is the field all compatible servers understand.
 
+use crate::frozen::ToolChoice;
 use serde_json::{json, Value};
 
 use super::chat_chunk::{self, CallView, ChoiceView, ChunkView};
@@ -64,6 +65,12 @@ pub(crate) fn body_around(config: &RenderConfig, transcript_messages: Vec<Value>
     });
     if !config.tools.is_empty() {
         body["tools"] = config.tools.iter().map(tool).collect();
+        if let Some(choice) = &config.tool_choice {
+            body["tool_choice"] = match choice {
+                ToolChoice::Mode(mode) => json!(mode),
+                ToolChoice::Named { tool } => json!({"type": "function", "function": {"name": tool}}),
+            };
+        }
     }
     if let Some(cap) = config.max_output_tokens {
         body[max_tokens_field(config)] = json!(cap);

@@ -20,6 +20,7 @@
 //! Tools are sent with `strict: false`: the API otherwise holds schemas to its strict subset
 //! (every property required, `additionalProperties: false`), which arbitrary tool schemas break.
 
+use crate::frozen::ToolChoice;
 use serde_json::{json, Value};
 
 use super::common::{
@@ -48,6 +49,12 @@ pub fn body(config: &RenderConfig, transcript: &[Message]) -> Value {
     }
     if !config.tools.is_empty() {
         body["tools"] = config.tools.iter().map(tool).collect();
+        if let Some(choice) = &config.tool_choice {
+            body["tool_choice"] = match choice {
+                ToolChoice::Mode(mode) => json!(mode),
+                ToolChoice::Named { tool } => json!({"type": "function", "name": tool}),
+            };
+        }
     }
     body
 }

@@ -10,6 +10,7 @@
 //! (plus a final newline). `BROCA_BLESS=1` rewrites all goldens instead of comparing.
 
 use crate::frozen::{CachePolicy, CacheRole, CacheTtl};
+use crate::frozen::{ToolChoice, ToolChoiceMode};
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
@@ -288,6 +289,7 @@ fn config(family: Family, provider: &str, wire_model: &str) -> RenderConfig {
         auth: AuthSource::None,
         policy: Default::default(),
         plan: None,
+        tool_choice: None,
     }
 }
 
@@ -453,6 +455,22 @@ fn request_cases() -> Vec<(String, RenderConfig, Vec<Message>)> {
             cached.policy.cache = Some(*policy);
             cached.policy.conversation_key = Some("project-42/session-7".into());
             cases.push((name(case), cached, multi_step_transcript()));
+        }
+        // `tool_choice` as each family spells it (Bedrock Converse has no "none": admission
+        // refuses it there by name, so no golden).
+        let choices = [
+            ("tool_choice.required", ToolChoice::Mode(ToolChoiceMode::Required)),
+            ("tool_choice.named", ToolChoice::Named { tool: "read_file".into() }),
+            ("tool_choice.none", ToolChoice::Mode(ToolChoiceMode::None)),
+        ];
+        for (case, choice) in choices {
+            if family == Family::AwsBedrockConverse && choice == ToolChoice::Mode(ToolChoiceMode::None) {
+                continue;
+            }
+            let mut chosen = config(family, provider, model);
+            chosen.tools = vec![stat_tool(), read_tool()];
+            chosen.tool_choice = Some(choice);
+            cases.push((name(case), chosen, plain.clone()));
         }
         if family == Family::OpenaiChat {
             // A compatible server caches on its own: nothing is rendered for it.

@@ -36,6 +36,7 @@ const READ: &[&str] = &[
     "plan",
     "route_decision_id",
     "service_tier",
+    "tool_choice",
 ];
 
 /// Members that ask for a capability group of llm-runner/v1 this build does not declare, with
@@ -68,6 +69,7 @@ const IDENTITY: &[&str] = &[
     "seed_from",
     "tools",
     "tool_providers",
+    "tool_choice",
     "plan",
 ];
 
@@ -107,6 +109,8 @@ pub struct SendParams {
     pub plan: Option<super::plan::Plan>,
     /// The caller's routing decision, fixed per run (llm-runner §9.3.3).
     pub route_decision_id: Option<String>,
+    /// `tool_choice`; `None` when omitted (a steer or interrupt inherits the frozen one).
+    pub tool_choice: Option<crate::frozen::ToolChoice>,
     /// Why the send's `tools` list is malformed, refused once the session is known.
     pub tools_fault: Option<Refusal>,
     /// Field → SHA-256 of its canonical JSON, for keyed re-sends.
@@ -317,6 +321,7 @@ pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
         }
         Some(_) => return Err(invalid_params("route_decision_id", "a string of 1-256 bytes is required")),
     };
+    let tool_choice = tool_choice(obj.get("tool_choice"))?;
     let identity = identity(obj, delivery);
     Ok(SendParams {
         prompt,
@@ -337,9 +342,33 @@ pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
         tools,
         plan,
         route_decision_id,
+        tool_choice,
         tools_fault,
         identity,
     })
+}
+
+/// `tool_choice`: `"auto"`, `"none"`, `"required"` or `{"tool": name}` (a tool name of 1-128
+/// characters); absent or null: inherit on a steer, the provider's default otherwise.
+fn tool_choice(value: Option<&Value>) -> Result<Option<crate::frozen::ToolChoice>, Refusal> {
+    use crate::frozen::{ToolChoice, ToolChoiceMode};
+    let why = "\"auto\", \"none\", \"required\" or {\"tool\": name}";
+    Ok(Some(match value {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => ToolChoice::Mode(ToolChoiceMode::Auto),
+            "none" => ToolChoice::Mode(ToolChoiceMode::None),
+            "required" => ToolChoice::Mode(ToolChoiceMode::Required),
+            _ => return Err(invalid_params("tool_choice", why)),
+        },
+        Some(Value::Object(map)) => match (map.len(), map.get("tool").and_then(Value::as_str)) {
+            (1, Some(name)) if !name.is_empty() && name.chars().count() <= 128 => {
+                ToolChoice::Named { tool: name.to_owned() }
+            }
+            _ => return Err(invalid_params("tool_choice", why)),
+        },
+        Some(_) => return Err(invalid_params("tool_choice", why)),
+    }))
 }
 
 fn model(m: &Value, harness: &str) -> Result<ModelChoice, Refusal> {
