@@ -391,6 +391,14 @@ pub struct RunPolicy {
     /// The caller's routing decision the run was admitted under (fixed per run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route_decision_id: Option<String>,
+    /// `session.send.work_class`: an open classification of the work (attribution on step
+    /// hints; never rendered to a provider).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work_class: Option<String>,
+    /// `session.send.context_limit`: the context-token limit the caller set for the run (at most
+    /// the model's `limit.context`; reported on step hints; no family has a request field for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_limit: Option<u64>,
 }
 
 impl FrozenConfig {

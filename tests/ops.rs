@@ -776,10 +776,11 @@ fn service_tier_standard_runs_and_other_levels_are_refused_by_name() {
     rig.wait_state(sent["run_id"].as_str().unwrap(), "completed");
 }
 
-/// Spec §4 `tool_choice`: read and checked (a malformed one is refused by name, writing
-/// nothing), frozen on the run, rendered on the model request (`mock/echo-chat` is an OpenAI
-/// Chat route), and taken from the frozen config by an interrupt that omits it (spec §4
-/// line 152).
+/// Spec §4 `tool_choice`, `work_class` and `context_limit`: read and checked (malformed ones,
+/// and a limit above the model's context, refused by name, writing nothing), frozen on the run,
+/// `tool_choice` rendered on the model request (`mock/echo-chat` is an OpenAI Chat route) and
+/// the other two never, all taken from the frozen config by an interrupt that omits them (spec
+/// §4 line 152).
 #[test]
 fn tool_choice_is_frozen_rendered_and_inherited() {
     let rig = rig(Duration::from_secs(5));
@@ -791,10 +792,23 @@ fn tool_choice_is_frozen_rendered_and_inherited() {
     let refused = rig.call("session.send", bad).unwrap_err();
     pin::assert_golden("session_send.tool_choice_invalid.json", &refused.to_json(), None);
     assert_eq!(rig.footprint(&key()).diff(&before), None);
+    let mut too_big = send("too big");
+    too_big["context_limit"] = json!(40_000);
+    let above = rig.call("session.send", too_big).unwrap_err();
+    pin::assert_golden("session_send.context_limit_above_model.json", &above.to_json(), None);
+    let mut odd_class = send("odd class");
+    odd_class["work_class"] = json!("Has Spaces");
+    assert_eq!(
+        rig.call("session.send", odd_class).unwrap_err().to_json(),
+        r#"{"code":"invalid_params","message":"invalid params: work_class: 1-64 characters of [a-z0-9_.:-] (a classification, never content)","detail":{"field":"work_class"}}"#
+    );
+    assert_eq!(rig.footprint(&key()).diff(&before), None);
     let tools = json!([{"name": "read", "description": "Read a file.", "input_schema": {"type": "object"}}]);
     let mut first = send("first");
     first["tools"] = tools.clone();
     first["tool_choice"] = json!({"tool": "read"});
+    first["work_class"] = json!("batch.nightly");
+    first["context_limit"] = json!(16_000);
     let run1 = rig.call("session.send", first).unwrap()["run_id"].as_str().unwrap().to_owned();
     rig.wait_state(&run1, "completed");
     // An interrupt omitting model, tools and tool_choice takes them all from the frozen config.
@@ -806,5 +820,23 @@ fn tool_choice_is_frozen_rendered_and_inherited() {
     assert_eq!(bodies.len(), 2, "{bodies:?}");
     for body in &bodies {
         assert_eq!(body["tool_choice"], json!({"type": "function", "function": {"name": "read"}}), "{body}");
+        assert!(body.get("work_class").is_none() && body.get("context_limit").is_none(), "never rendered: {body}");
+    }
+    // Both runs froze work_class and context_limit (the interrupt inherited them).
+    let frozen: Vec<Value> = rig
+        .records()
+        .into_iter()
+        .filter_map(|r| match r {
+            broca::record::Record::RunStarted(s) => Some(serde_json::to_value(&s.config).unwrap()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(frozen.len(), 2);
+    for config in &frozen {
+        assert_eq!(
+            (&config["work_class"], &config["context_limit"]),
+            (&json!("batch.nightly"), &json!(16_000)),
+            "{config}"
+        );
     }
 }

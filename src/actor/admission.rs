@@ -146,6 +146,17 @@ impl Admission {
         let catalog = self.catalog.read();
         let mut config =
             route::resolve(catalog.as_ref(), self.lkg.clone(), &request, &self.overrides).map_err(|e| e.refusal())?;
+        if let Some(limit) = send.context_limit {
+            let row = catalog.as_ref().ok().and_then(|c| c.row(&format!("{}/{}", config.provider, config.model)));
+            if let Some(model_limit) = row.and_then(|r| r.limit_context).filter(|l| *l > 0 && limit > *l) {
+                let message = format!(
+                    "invalid params: context_limit: {limit} is above {}/{}'s context of {model_limit} tokens",
+                    config.provider, config.model
+                );
+                let detail = crate::detail!("field" => "context_limit", "max" => model_limit);
+                return Err(Refusal::new(RefusalCode::InvalidParams, message, Some(detail)));
+            }
+        }
         // Spec §4 line 152: a send omitting `tool_choice` takes the session's frozen one.
         config.tool_choice = send.tool_choice.clone().or_else(|| inherited.and_then(|c| c.tool_choice.clone()));
         if config.family == crate::frozen::Family::AwsBedrockConverse

@@ -70,6 +70,9 @@ pub fn session_policy(
         conversation_key_source: Some(source.into()),
         retention,
         route_decision_id: send.route_decision_id.clone(),
+        // Spec §4 line 152: a steer or interrupt takes what it omits from the frozen config.
+        work_class: send.work_class.clone().or(if inherits { prior.work_class } else { None }),
+        context_limit: send.context_limit.or(if inherits { prior.context_limit } else { None }),
     })
 }
 

@@ -29,6 +29,9 @@ pub(super) struct AttemptFacts<'a> {
     pub request_body_bytes: usize,
     /// The answered attempt's usage and finish reason.
     pub answer: Option<(&'a StepUsage, &'a str)>,
+    /// The run's frozen `work_class` and `context_limit` (spec §4 runner parameters).
+    pub work_class: Option<&'a str>,
+    pub context_limit: Option<u64>,
 }
 
 /// Hints waiting for their barrier.
@@ -70,6 +73,12 @@ impl PendingHints {
         )
         .with_attempt_id(facts.attempt_id)
         .with_request_body_bytes(facts.request_body_bytes as u64);
+        if let Some(class) = facts.work_class {
+            hint = hint.with_work_class(class);
+        }
+        if let Some(limit) = facts.context_limit {
+            hint = hint.with_context_limit(limit);
+        }
         if let Some((usage, finish)) = facts.answer {
             hint.input_tokens = usage.input_tokens;
             hint.cached_input_tokens = usage.cached_input_tokens;

@@ -37,6 +37,8 @@ const READ: &[&str] = &[
     "route_decision_id",
     "service_tier",
     "tool_choice",
+    "work_class",
+    "context_limit",
 ];
 
 /// Members that ask for a capability group of llm-runner/v1 this build does not declare, with
@@ -70,6 +72,8 @@ const IDENTITY: &[&str] = &[
     "tools",
     "tool_providers",
     "tool_choice",
+    "work_class",
+    "context_limit",
     "plan",
 ];
 
@@ -111,6 +115,9 @@ pub struct SendParams {
     pub route_decision_id: Option<String>,
     /// `tool_choice`; `None` when omitted (a steer or interrupt inherits the frozen one).
     pub tool_choice: Option<crate::frozen::ToolChoice>,
+    /// `work_class` and `context_limit`, inherited the same way.
+    pub work_class: Option<String>,
+    pub context_limit: Option<u64>,
     /// Why the send's `tools` list is malformed, refused once the session is known.
     pub tools_fault: Option<Refusal>,
     /// Field → SHA-256 of its canonical JSON, for keyed re-sends.
@@ -322,6 +329,22 @@ pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
         Some(_) => return Err(invalid_params("route_decision_id", "a string of 1-256 bytes is required")),
     };
     let tool_choice = tool_choice(obj.get("tool_choice"))?;
+    let work_class = match obj.get("work_class") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(c))
+            if (1..=64).contains(&c.len())
+                && c.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_-.:".contains(&b)) =>
+        {
+            Some(c.clone())
+        }
+        Some(_) => {
+            return Err(invalid_params(
+                "work_class",
+                "1-64 characters of [a-z0-9_.:-] (a classification, never content)",
+            ))
+        }
+    };
+    let context_limit = positive(params, "/context_limit", "context_limit")?;
     let identity = identity(obj, delivery);
     Ok(SendParams {
         prompt,
@@ -343,6 +366,8 @@ pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
         plan,
         route_decision_id,
         tool_choice,
+        work_class,
+        context_limit,
         tools_fault,
         identity,
     })

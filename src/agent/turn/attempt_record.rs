@@ -39,6 +39,8 @@ impl<C> Driver<'_, C> {
             finished_at_ms: self.lineage.now_ms(),
             request_body_bytes: body_bytes,
             answer,
+            work_class: self.config.policy.work_class.as_deref(),
+            context_limit: self.config.policy.context_limit,
         };
         self.hints.hold(self.opts.step_hints.as_ref(), self.lineage, seq, &facts);
         Ok(())
