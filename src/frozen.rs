@@ -184,6 +184,10 @@ pub struct FrozenConfig {
     /// provider's default (auto).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<ToolChoice>,
+    /// The run's fixed service level (llm-runner §9.3.2), rendered per family
+    /// (`provider::tier`, `service-tier/v1`); absent: standard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_tier: Option<cortexkit_role_llm_runner::service_tier::ServiceTier>,
 }
 
 /// Whether and which tool the model must call (spec §4 runner parameter `tool_choice`):

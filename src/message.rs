@@ -4,6 +4,7 @@
 //! `origin`; a tool-role message holds one `tool_result` part per call of a batch, in planned
 //! order.
 
+use cortexkit_role_llm_runner::service_tier::RunServiceTierUsage;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -159,6 +160,12 @@ pub struct RunUsage {
     pub totals: StepUsage,
     #[serde(default)]
     pub by_model: Vec<ModelUsage>,
+    /// The run's non-standard service level and the level its provider stated, when every
+    /// step that stated one agreed (llm-runner §9.3.2); derived from the steps by `record_tier`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_tier_applied: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_tier_served: Option<String>,
 }
 
 impl RunUsage {
@@ -187,6 +194,26 @@ impl RunUsage {
         entry.unreported_steps += unreported;
         entry.totals.add(usage);
     }
+
+    /// Adds one step's service levels (its record's `service_tier_applied` and
+    /// `service_tier_served`) to `tiers`, the crate's constant-size accumulator the caller keeps
+    /// durable beside these totals (a disagreement between steps is never forgotten), and
+    /// takes the run's two members from it. A step whose applied level differs from the run's
+    /// earlier steps (no writer produces one) leaves both unchanged.
+    pub fn record_tier(&mut self, tiers: &mut RunServiceTierUsage, applied: Option<&str>, served: Option<&str>) {
+        use cortexkit_role_llm_runner::service_tier::{ServiceTier, ServiceTierUsage};
+        let level = applied.map_or(Some(ServiceTier::Standard), ServiceTier::parse);
+        let Some(level) = level else { return };
+        let mut step = ServiceTierUsage::new(level);
+        if let Some(served) = served {
+            step = step.with_served(served);
+        }
+        if tiers.record_step(&step).is_ok() {
+            let usage = tiers.usage();
+            self.service_tier_applied = usage.service_tier_applied;
+            self.service_tier_served = usage.service_tier_served;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -213,5 +240,28 @@ mod tests {
         assert_eq!(run.by_model[0].steps + run.by_model[1].steps, run.steps);
         let json = serde_json::to_string(&run).unwrap();
         assert!(json.starts_with(r#"{"steps":3,"unreported_steps":1,"input_tokens":0,"output_tokens":7"#), "{json}");
+    }
+
+    #[test]
+    fn tiers_report_applied_and_only_an_agreed_served_level() {
+        let mut run = RunUsage::default();
+        run.record_tier(&mut RunServiceTierUsage::new(), None, Some("standard"));
+        assert_eq!((run.service_tier_applied.as_deref(), run.service_tier_served.as_deref()), (None, Some("standard")));
+        let mut fast = RunUsage::default();
+        let mut tiers = RunServiceTierUsage::new();
+        fast.record_tier(&mut tiers, Some("fast"), None);
+        assert_eq!((fast.service_tier_applied.as_deref(), fast.service_tier_served.as_deref()), (Some("fast"), None));
+        fast.record_tier(&mut tiers, Some("fast"), Some("fast"));
+        fast.record_tier(&mut tiers, Some("fast"), None);
+        assert_eq!(fast.service_tier_served.as_deref(), Some("fast"), "a missing report does not vote");
+        fast.record_tier(&mut tiers, Some("fast"), Some("standard"));
+        // The accumulator survives a checkpoint (it is durable state, not a wire member).
+        let mut tiers: RunServiceTierUsage = serde_json::from_value(serde_json::to_value(&tiers).unwrap()).unwrap();
+        fast.record_tier(&mut tiers, Some("fast"), Some("fast"));
+        assert_eq!(fast.service_tier_served, None, "a disagreement is never forgotten");
+        assert_eq!(fast.service_tier_applied.as_deref(), Some("fast"));
+        let json = serde_json::to_value(&fast).unwrap();
+        assert_eq!(json["service_tier_applied"], "fast");
+        assert!(json.get("service_tier_served").is_none());
     }
 }

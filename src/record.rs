@@ -44,6 +44,9 @@ pub const FEATURE_OUTPUT_REFS: &str = "output-refs/v1";
 pub const FEATURE_OWNER_MACHINE: &str = "owner-machine/v1";
 /// The feature a `RunStarted` whose config carries a `tool_choice` requires.
 pub const FEATURE_TOOL_CHOICE: &str = "tool-choice/v1";
+/// The feature a `RunStarted` whose config fixes a non-standard service level requires: a
+/// reader that ignored it would resume the run at standard, a silent downgrade.
+pub const FEATURE_SERVICE_TIER: &str = "service-tier/v1";
 /// The feature a `MovedOut` tombstone requires (a session exported to another host).
 pub const FEATURE_SESSION_MOVE: &str = "session-move/v1";
 /// Every must-understand feature this build reads.
@@ -51,6 +54,7 @@ pub const KNOWN_FEATURES: &[&str] = &[
     FEATURE_OWNER_MACHINE,
     FEATURE_SESSION_MOVE,
     FEATURE_TOOL_CHOICE,
+    FEATURE_SERVICE_TIER,
     FEATURE_RUN_CANCEL_AT,
     FEATURE_SESSION_CLASS,
     FEATURE_INPUT_TOKEN_CAP,
@@ -265,7 +269,7 @@ impl Frozen {
     /// The must-understand features a record carrying this config requires: derived from the
     /// typed members (a config kept as written is read by its keys).
     pub fn features(&self) -> Vec<&'static str> {
-        let (class, cap, reply, plan, refs, choice) = match self {
+        let (class, cap, reply, plan, refs, choice, tier) = match self {
             Frozen::Config(c) => (
                 c.policy.session_class.is_some(),
                 c.policy.max_input_tokens.is_some(),
@@ -273,6 +277,7 @@ impl Frozen {
                 c.plan.is_some() || c.tools.iter().any(|t| t.module.is_some()),
                 c.renders_part_numbers(),
                 c.tool_choice.is_some(),
+                c.service_tier.is_some(),
             ),
             Frozen::Unreadable(v) => {
                 let has = |k: &str| v.get(k).is_some_and(|v| !v.is_null());
@@ -286,6 +291,7 @@ impl Frozen {
                     has("plan") || any_tool("module"),
                     refs,
                     has("tool_choice"),
+                    has("service_tier"),
                 )
             }
         };
@@ -296,6 +302,7 @@ impl Frozen {
             (plan, FEATURE_FETCH_PLAN),
             (refs, FEATURE_OUTPUT_REFS),
             (choice, FEATURE_TOOL_CHOICE),
+            (tier, FEATURE_SERVICE_TIER),
         ]
         .into_iter()
         .filter_map(|(on, f)| on.then_some(f))
@@ -460,6 +467,13 @@ pub enum Record {
         /// assistant message's `written_at`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         at_ms: Option<u64>,
+        /// The non-standard service level put on this step's request (llm-runner §9.3.2).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        service_tier_applied: Option<String>,
+        /// The level the provider stated it served, on a wire that reports it; never a copy of
+        /// the applied level.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        service_tier_served: Option<String>,
     },
     ToolDispatchIntent {
         run_id: String,

@@ -20,6 +20,8 @@ use std::collections::VecDeque;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use cortexkit_role_llm_runner::service_tier::RunServiceTierUsage;
+
 use crate::message::{Message, Part, Role, RunUsage};
 use crate::record::{
     CancelAt, Delivery, FinishReason, Frozen, PauseReason, ProviderError, Record, RequestIdentity, RunStarted,
@@ -101,6 +103,9 @@ pub struct Episode {
     /// A step was started and its `ModelStepFinished` is not recorded yet.
     pub step_open: bool,
     pub usage: RunUsage,
+    /// The accumulator behind `usage`'s service levels, kept with it in the checkpoint.
+    #[serde(default)]
+    pub tiers: RunServiceTierUsage,
     pub retries_used: u64,
     pub final_step_finish_reason: Option<String>,
     pub batch: Vec<BatchCall>,
@@ -242,6 +247,11 @@ pub struct Replay {
     /// A completed step reported no input usage: spend is unknown from then on (fail closed).
     #[serde(default)]
     pub input_unreported: bool,
+    /// A lower bound, in tokens, of the session's next model request: the last completed
+    /// step's consumed input plus its visible output (reasoning left out: a family may drop it
+    /// from later requests). `None` when that step did not report both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_tokens: Option<u64>,
     /// Session spend (llm-runner §4.3 `session_usage`): every completed step of every run,
     /// folded incrementally as records apply, so the checkpoint carries it with its watermark.
     #[serde(default)]
@@ -469,15 +479,30 @@ impl Replay {
                     provider_code: a.error.as_ref().and_then(|e| e.provider_code.clone()),
                 });
             }
-            Record::ModelStepFinished { finish_reason, usage, message, provider, model, variant, at_ms, .. } => {
+            Record::ModelStepFinished {
+                finish_reason,
+                usage,
+                message,
+                provider,
+                model,
+                variant,
+                at_ms,
+                service_tier_applied,
+                service_tier_served,
+                ..
+            } => {
                 let ordinal = self.prompt_len;
                 let e = self.episode_mut();
                 e.step_open = false;
                 e.final_step_finish_reason = Some(finish_reason.clone());
                 e.usage.add_step(provider, model, variant.as_deref(), usage);
+                e.usage.record_tier(&mut e.tiers, service_tier_applied.as_deref(), service_tier_served.as_deref());
                 e.last_assistant = Some(ordinal);
                 self.session_usage.add_step(provider, model, variant.as_deref(), usage);
                 self.spend_input(usage);
+                self.context_tokens = usage.consumed_input().zip(usage.output_tokens).map(|(input, output)| {
+                    input.saturating_add(output.saturating_sub(usage.reasoning_tokens.unwrap_or(0)))
+                });
                 self.push_message(seq, message.clone(), *at_ms, sink);
             }
             Record::ToolDispatchIntent { tool_call_id, tool_name, module_id, call_key, .. } => {
@@ -542,6 +567,7 @@ impl Replay {
             step: 0,
             step_open: false,
             usage: RunUsage::default(),
+            tiers: RunServiceTierUsage::new(),
             retries_used: 0,
             final_step_finish_reason: None,
             batch: Vec::new(),

@@ -43,6 +43,8 @@ pub fn model_step(run_id: &str, step: u64, text: &str, calls: &[(&str, &str)]) -
         model: "mock-model".into(),
         variant: None,
         at_ms: None,
+        service_tier_applied: None,
+        service_tier_served: None,
     }
 }
 

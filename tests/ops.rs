@@ -747,18 +747,22 @@ fn a_scope_owner_owns_the_session_its_scope_froze_and_a_caller_under_the_scope_d
     assert!(call(&sibling, "session.head", json!({})).unwrap().get("sender").is_none(), "no grant for the sibling");
 }
 
-/// llm-runner §9.3.2 on a runner that does not declare the `service_tier` group: an explicit
-/// `standard` is served (the turn runs as without it), `fast`, `ultrafast` and unknown levels
-/// are refused by name before any model call, writing nothing; so is `tool_providers` (spec
-/// §4 gives it no meaning: tools from other modules are a plan's `tool_items`).
+/// llm-runner §9.3.2 (`service_tier` group): `mock/echo-chat` is an OpenAI Chat route, which
+/// declares `fast` (rendered `service_tier: "priority"`) with the served level reported. A
+/// level the route does not declare (`ultrafast`) and an unknown one are refused by name before
+/// any model call, writing nothing; so is `tool_providers` (spec §4 gives it no meaning: tools
+/// from other modules are a plan's `tool_items`). A fast run reports the level it applied and
+/// the one the provider stated; an interrupt omitting the level inherits it, one naming
+/// `standard` does not.
 #[test]
-fn service_tier_standard_runs_and_other_levels_are_refused_by_name() {
+fn service_tier_is_applied_reported_inherited_and_refused_by_name() {
     let rig = rig(Duration::from_secs(5));
-    rig.mock.install("default", Script::from_json(&json!({"responses": [reply_script("ok", 0)]}).to_string()).unwrap());
+    let script = json!({"responses": [reply_script("fast", 0), reply_script("inherited", 0), reply_script("std", 0)]});
+    rig.mock.install("default", Script::from_json(&script.to_string()).unwrap());
     let before = rig.footprint(&key());
-    let mut fast = send("fast one");
-    fast["service_tier"] = json!("fast");
-    let refused = rig.call("session.send", fast).unwrap_err();
+    let mut ultra = send("ultra one");
+    ultra["service_tier"] = json!("ultrafast");
+    let refused = rig.call("session.send", ultra).unwrap_err();
     pin::assert_golden("session_send.service_tier_unsupported.json", &refused.to_json(), None);
     let mut odd = send("odd one");
     odd["service_tier"] = json!("priority");
@@ -770,10 +774,42 @@ fn service_tier_standard_runs_and_other_levels_are_refused_by_name() {
     pin::assert_golden("session_send.tool_providers.json", &named.to_json(), None);
     assert_eq!(rig.footprint(&key()).diff(&before), None, "refused sends wrote nothing");
     assert!(rig.mock.requests("default").is_empty(), "no model call");
-    let mut standard = send("standard one");
-    standard["service_tier"] = json!("standard");
-    let sent = rig.call("session.send", standard).unwrap();
-    rig.wait_state(sent["run_id"].as_str().unwrap(), "completed");
+    let usage = |run_id: &str| rig.call("run.result", json!({"run_id": run_id})).unwrap()["usage"].clone();
+    let mut fast = send("fast one");
+    fast["service_tier"] = json!("fast");
+    let run1 = rig.call("session.send", fast).unwrap()["run_id"].as_str().unwrap().to_owned();
+    rig.wait_state(&run1, "completed");
+    let u1 = usage(&run1);
+    assert_eq!((&u1["service_tier_applied"], &u1["service_tier_served"]), (&json!("fast"), &json!("fast")), "{u1}");
+    let interrupt = json!({"prompt": "inherited", "delivery": "interrupt", "send_id": "inherited"});
+    let run2 = rig.call("session.send", interrupt).unwrap()["run_id"].as_str().unwrap().to_owned();
+    rig.wait_state(&run2, "completed");
+    assert_eq!(usage(&run2)["service_tier_applied"], "fast");
+    let standard = json!({"prompt": "std", "delivery": "interrupt", "send_id": "std", "service_tier": "standard"});
+    let run3 = rig.call("session.send", standard).unwrap()["run_id"].as_str().unwrap().to_owned();
+    rig.wait_state(&run3, "completed");
+    let u3 = usage(&run3);
+    assert!(u3.get("service_tier_applied").is_none() && u3.get("service_tier_served").is_none(), "{u3}");
+    let tiers: Vec<Value> = rig
+        .mock
+        .requests("default")
+        .iter()
+        .map(|r| serde_json::from_slice::<Value>(&r.body).unwrap()["service_tier"].clone())
+        .collect();
+    assert_eq!(tiers, [json!("priority"), json!("priority"), Value::Null]);
+    // A fast run's config needs a reader that knows the level (must-understand).
+    let features: Vec<Vec<String>> = rig
+        .records()
+        .into_iter()
+        .filter_map(|r| match r {
+            broca::record::Record::RunStarted(s) => Some(s.config.features().iter().map(|f| f.to_string()).collect()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        features.iter().map(|f| f.contains(&"service-tier/v1".to_owned())).collect::<Vec<_>>(),
+        [true, true, false]
+    );
 }
 
 /// Spec §4 `tool_choice`, `work_class` and `context_limit`: read and checked (malformed ones,
@@ -839,4 +875,36 @@ fn tool_choice_is_frozen_rendered_and_inherited() {
             "{config}"
         );
     }
+}
+
+/// Spec §4 `context_limit` enforced: once the session's next request is known to need at least
+/// the run's limit (the last step's reported input and visible output), the run ends before
+/// sending it, class `context_overflow`, code `context_limit_reached`, with nothing sent. A
+/// later send naming a larger limit (at most the model's window) runs.
+#[test]
+fn context_limit_ends_a_run_before_a_request_over_it() {
+    let rig = rig(Duration::from_secs(5));
+    let big = |text: &str| json!({"events": [{"text": text}, {"usage": {"input": 15_000, "output": 1_500}}, {"finish": "stop"}]});
+    rig.script(json!({"responses": [big("first"), big("third")]}));
+    let mut first = send("first");
+    first["context_limit"] = json!(16_000);
+    let run1 = rig.call("session.send", first).unwrap()["run_id"].as_str().unwrap().to_owned();
+    rig.wait_state(&run1, "completed");
+    // The interrupt inherits the limit; 15,000 + 1,500 tokens are already over it.
+    let interrupt = json!({"prompt": "second", "delivery": "interrupt", "send_id": "second"});
+    let run2 = rig.call("session.send", interrupt).unwrap()["run_id"].as_str().unwrap().to_owned();
+    rig.wait_state(&run2, "error");
+    let status = rig.call("run.status", json!({"run_id": run2})).unwrap();
+    let error = &status["error"];
+    assert_eq!(
+        (&error["class"], &error["provider_code"]),
+        (&json!("context_overflow"), &json!("context_limit_reached")),
+        "{status}"
+    );
+    assert_eq!(rig.mock.requests("default").len(), 1, "nothing was sent for the second run");
+    let mut third = json!({"prompt": "third", "delivery": "interrupt", "send_id": "third"});
+    third["context_limit"] = json!(32_000);
+    let run3 = rig.call("session.send", third).unwrap()["run_id"].as_str().unwrap().to_owned();
+    rig.wait_state(&run3, "completed");
+    assert_eq!(rig.mock.requests("default").len(), 2);
 }

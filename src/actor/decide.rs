@@ -95,6 +95,7 @@ pub fn send(
             ));
         }
     }
+    let running = matches!(state.resolution(), Resolution::Resume { .. } | Resolution::Paused { .. });
     let plan = plan_for(&send, state.last.is_some(), frozen.as_ref(), checked.fetched)?;
     if let Some(fault) = &send.tools_fault {
         return Err(fault.clone());
@@ -104,6 +105,7 @@ pub fn send(
         None => admission.resolve(&send, frozen.as_ref())?,
     };
     config.policy = session_policy(&admission.config, lineage, &send, frozen.as_ref())?;
+    config.service_tier = super::tier::run_tier(&send, running, frozen.as_ref(), config.family)?;
     if let Some((manifest, tools)) = plan {
         // The plan's system text comes first, then the send's own system prompt.
         if let Some(text) = &manifest.system_text {

@@ -27,6 +27,7 @@ pub mod decide;
 mod late;
 pub mod moving;
 pub mod policy;
+mod tier;
 pub mod warm;
 
 use crate::agent::{self, LoopOptions, Mailbox, Output, ToolDispatcher};

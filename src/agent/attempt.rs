@@ -23,6 +23,8 @@ pub(super) struct Assembler {
     text_break: bool,
     calls: Vec<PendingCall>,
     pub usage: StepUsage,
+    /// The service level the provider stated it served (its last statement).
+    pub served_tier: Option<String>,
     pub finish: Option<(String, String)>,
     /// Real content arrived (a retry would now duplicate what the user saw).
     pub delivered: bool,
@@ -75,6 +77,7 @@ impl Assembler {
                 merge(&mut self.usage.output_tokens, usage.output_tokens);
                 merge(&mut self.usage.reasoning_tokens, usage.reasoning_tokens);
             }
+            StreamEvent::ServedTier { tier } => self.served_tier = Some(tier),
             StreamEvent::Finish { reason, raw } => self.finish = Some((reason, raw)),
             // Errors end the attempt; the caller handles them before they reach here.
             StreamEvent::Error { .. } => {}

@@ -49,7 +49,7 @@ pub struct TurnOutcome {
 
 /// How one step's model call ended.
 enum StepEnd {
-    Answered { message: Message, finish: (String, String), usage: StepUsage },
+    Answered { message: Message, finish: (String, String), usage: StepUsage, served_tier: Option<String> },
     Paused(ProviderError),
     Ended(FinishReason, Option<ProviderError>),
 }
@@ -344,6 +344,9 @@ impl<C> Driver<'_, C> {
                 if let Some(detail) = self.cap_reached() {
                     return self.finish_budget(detail);
                 }
+                if let Some(error) = self.context_limit_reached() {
+                    return self.finish(FinishReason::Error, Some(error));
+                }
                 // The previous batch's results share this barrier: durable before the model
                 // sees them, and the step is announced before it streams.
                 self.lineage.append(&Record::StepStarted {
@@ -358,7 +361,7 @@ impl<C> Driver<'_, C> {
             match self.model_step(step)? {
                 StepEnd::Paused(error) => return self.pause(PauseReason::AuthRequired, Some(error)),
                 StepEnd::Ended(reason, error) => return self.finish(reason, error),
-                StepEnd::Answered { message, finish, usage } => {
+                StepEnd::Answered { message, finish, usage, served_tier } => {
                     let calls = tool_calls(&message);
                     self.lineage.append(&Record::ModelStepFinished {
                         run_id: self.run_id.clone(),
@@ -370,6 +373,12 @@ impl<C> Driver<'_, C> {
                         model: self.config.model.clone(),
                         variant: self.config.variant.clone(),
                         at_ms: Some(self.lineage.now_ms()),
+                        service_tier_applied: self
+                            .config
+                            .service_tier
+                            .filter(|t| !t.is_standard())
+                            .map(|t| t.as_str().into()),
+                        service_tier_served: served_tier,
                     })?;
                     self.history.push(message);
                     if let Some(detail) = self.cap_reached() {
@@ -379,6 +388,12 @@ impl<C> Driver<'_, C> {
                             self.refuse_batch(step, calls, HardStop::BudgetExhausted)?;
                         }
                         return self.finish_budget(detail);
+                    }
+                    if let Some(error) = self.context_limit_reached().filter(|_| !calls.is_empty()) {
+                        // The next request could not be sent: the calls whose results it would
+                        // carry are sealed never-executed, like a cut-off step's.
+                        self.refuse_batch(step, calls, HardStop::ContextLimit)?;
+                        return self.finish(FinishReason::Error, Some(error));
                     }
                     if !calls.is_empty() && self.config.max_steps.is_some_and(|max| step >= max) {
                         // The limit cut the run off: the calls that would lead to another step
@@ -445,7 +460,8 @@ impl<C> Driver<'_, C> {
                     let answer = Some((&usage, finish.0.as_str()));
                     self.record_attempt((step, attempt, body.len()), "ok", None, &telemetry, answer)?;
                     let origin = json!({"provider_module_id": self.config.provider, "model_id": self.config.model});
-                    return Ok(StepEnd::Answered { message: asm.into_message(origin), finish, usage });
+                    let served_tier = asm.served_tier.clone();
+                    return Ok(StepEnd::Answered { message: asm.into_message(origin), finish, usage, served_tier });
                 }
                 AttemptEnd::Cancelled(t) => {
                     ("cancelled", Some(StepEnd::Ended(FinishReason::Cancelled, None)), None, t, None)

@@ -313,6 +313,7 @@ fn config_of(
         policy: Default::default(),
         plan: None,
         tool_choice: None,
+        service_tier: None,
     }
 }
 

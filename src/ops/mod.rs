@@ -192,6 +192,7 @@ pub const GROUPS: &[&str] = {
         cap::HEAD_SENDER,
         cap::RETENTION,
         cap::OUTPUT_REFS,
+        cap::SERVICE_TIER,
         "fetch-plan-optional-tools/v1",
     ]
 };
@@ -212,7 +213,8 @@ pub fn describe(config: &crate::config::BrocaConfig) -> Value {
     .with_run_cancel(vec!["now".into(), "step_boundary".into()])
     .with_session_capabilities_from(cortexkit_role_llm_runner::capabilities::source::ADMISSION)
     .with_max_bytes(read::MAX_BYTES, read::MAX_BYTES)
-    .with_retention(crate::limits::RETENTION_MAX_SECONDS, crate::limits::RETENTION_DELETE_WITHIN_MS);
+    .with_retention(crate::limits::RETENTION_MAX_SECONDS, crate::limits::RETENTION_DELETE_WITHIN_MS)
+    .with_service_tiers(crate::provider::tier::declared());
     let describe = match &config.step_events {
         Some(_) => {
             let mut groups = describe.capabilities.clone();

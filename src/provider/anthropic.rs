@@ -57,6 +57,7 @@ pub fn body(config: &RenderConfig, transcript: &[Message]) -> Value {
             };
         }
     }
+    super::tier::render_anthropic(config.service_tier, &mut body);
     body
 }
 

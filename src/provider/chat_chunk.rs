@@ -29,6 +29,8 @@ pub struct ChunkView<'a> {
     pub has_choices: bool,
     /// The first choice whose `index` is 0 (or absent).
     pub choice: Option<ChoiceView<'a>>,
+    /// `service_tier`: the level the provider says served the request.
+    pub service_tier: Option<Cow<'a, str>>,
 }
 
 #[derive(Debug, Default, PartialEq)]
@@ -75,7 +77,7 @@ pub fn fast(data: &str) -> Option<ChunkView<'_>> {
             finish_reason: c.finish_reason,
         }
     });
-    Some(ChunkView { object: chunk.object, has_choices, choice })
+    Some(ChunkView { object: chunk.object, has_choices, choice, service_tier: chunk.service_tier })
 }
 
 /// Any chunk, read through its JSON tree.
@@ -103,7 +105,12 @@ pub fn from_value(data: &Value) -> ChunkView<'_> {
             finish_reason: str_at(c, &["finish_reason"]).map(Cow::Borrowed),
         }
     });
-    ChunkView { object: str_at(data, &["object"]).map(Cow::Borrowed), has_choices: choices.is_some(), choice }
+    ChunkView {
+        object: str_at(data, &["object"]).map(Cow::Borrowed),
+        has_choices: choices.is_some(),
+        choice,
+        service_tier: str_at(data, &["service_tier"]).map(Cow::Borrowed),
+    }
 }
 
 /// A `T` read from a JSON object only (a derived struct alone also accepts an array).
@@ -135,6 +142,8 @@ struct Chunk<'a> {
     usage: Option<IgnoredAny>,
     #[serde(default)]
     error: Option<IgnoredAny>,
+    #[serde(borrow, default)]
+    service_tier: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]

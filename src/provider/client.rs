@@ -326,6 +326,10 @@ fn request(
     for (name, value) in family.headers() {
         req = req.set(name, value);
     }
+    if config.family == crate::frozen::Family::AnthropicMessages && config.service_tier.is_some() {
+        let (name, value) = super::tier::ANTHROPIC_FAST_BETA;
+        req = req.set(name, value);
+    }
     if let (AuthSource::Bearer | AuthSource::Vault { .. }, Some(token)) = (&config.auth, bearer) {
         let (name, value) = family.auth_header(token);
         req = req.set(name, &value);

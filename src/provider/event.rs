@@ -30,6 +30,10 @@ pub enum StreamEvent {
     /// Usage so far, normalized (fresh input excludes cache reads/writes; reasoning is inside
     /// output). A later `Usage` replaces earlier values field by field where it reports them.
     Usage { usage: StepUsage },
+    /// The service level the provider states served the request, as an abstract level
+    /// (`standard`, `fast`, `ultrafast`) or its own unmapped value (only families whose wire
+    /// reports it, `provider::tier`). A later statement replaces an earlier one.
+    ServedTier { tier: String },
     /// The provider's finish reason: `raw` as sent, `reason` normalized to
     /// `stop | length | tool_calls | content_filter | refusal | other`.
     Finish { reason: String, raw: String },

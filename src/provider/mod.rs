@@ -23,6 +23,7 @@ pub mod render_cache;
 pub mod scripted;
 pub mod sse;
 pub mod telemetry;
+pub mod tier;
 pub mod warm;
 pub mod wire;
 

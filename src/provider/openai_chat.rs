@@ -75,6 +75,7 @@ pub(crate) fn body_around(config: &RenderConfig, transcript_messages: Vec<Value>
     if let Some(cap) = config.max_output_tokens {
         body[max_tokens_field(config)] = json!(cap);
     }
+    super::tier::render_openai(config.service_tier, &mut body);
     body
 }
 
@@ -188,11 +189,13 @@ pub struct ChatDecoder {
     /// Whether chunks of the common shape are read without a JSON tree ([`chat_chunk::fast`]);
     /// off only to compare the two readings.
     fast: bool,
+    /// The last `service_tier` a chunk stated (each chunk repeats it; it is reported once).
+    served: Option<String>,
 }
 
 impl Default for ChatDecoder {
     fn default() -> ChatDecoder {
-        ChatDecoder { calls: Vec::new(), refused: false, finished: false, fast: true }
+        ChatDecoder { calls: Vec::new(), refused: false, finished: false, fast: true, served: None }
     }
 }
 
@@ -252,6 +255,10 @@ impl ChatDecoder {
     /// A chunk's choice: its events, and the event's class (`unknown` when it had neither
     /// choices nor usage).
     fn chunk(&mut self, view: &ChunkView<'_>, usage: bool, out: &mut Vec<StreamEvent>) -> EventClass {
+        if let Some(tier) = view.service_tier.as_deref().filter(|t| self.served.as_deref() != Some(*t)) {
+            self.served = Some(tier.to_owned());
+            out.push(StreamEvent::ServedTier { tier: super::tier::openai_served(tier) });
+        }
         let content = match &view.choice {
             Some(choice) => self.choice(choice, out),
             None => false,

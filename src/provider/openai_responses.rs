@@ -56,6 +56,7 @@ pub fn body(config: &RenderConfig, transcript: &[Message]) -> Value {
             };
         }
     }
+    super::tier::render_openai(config.service_tier, &mut body);
     body
 }
 
@@ -294,6 +295,9 @@ impl ResponsesDecoder {
     /// A terminal `response.*` event: usage, then the finish reason or the failure.
     fn terminal(&mut self, kind: &str, data: &Value, out: &mut Vec<StreamEvent>) {
         let response = data.get("response").unwrap_or(&Value::Null);
+        if let Some(tier) = str_at(response, &["service_tier"]) {
+            out.push(StreamEvent::ServedTier { tier: super::tier::openai_served(tier) });
+        }
         if let Some(u) = response.get("usage").filter(|u| u.is_object()).map(usage).filter(|u| !u.is_unreported()) {
             out.push(StreamEvent::Usage { usage: u });
         }

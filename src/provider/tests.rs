@@ -290,6 +290,7 @@ fn config(family: Family, provider: &str, wire_model: &str) -> RenderConfig {
         policy: Default::default(),
         plan: None,
         tool_choice: None,
+        service_tier: None,
     }
 }
 
@@ -471,6 +472,12 @@ fn request_cases() -> Vec<(String, RenderConfig, Vec<Message>)> {
             chosen.tools = vec![stat_tool(), read_tool()];
             chosen.tool_choice = Some(choice);
             cases.push((name(case), chosen, plain.clone()));
+        }
+        // A fast run as each family that declares the level spells it (`provider::tier`).
+        if crate::provider::tier::declared().contains_key(crate::provider::tier::wire_api(family)) {
+            let mut fast = config(family, provider, model);
+            fast.service_tier = Some(cortexkit_role_llm_runner::service_tier::ServiceTier::Fast);
+            cases.push((name("service_tier.fast"), fast, plain.clone()));
         }
         if family == Family::OpenaiChat {
             // A compatible server caches on its own: nothing is rendered for it.

@@ -74,10 +74,12 @@ const IDENTITY: &[&str] = &[
     "tool_choice",
     "work_class",
     "context_limit",
+    "service_tier",
     "plan",
 ];
 
 pub use crate::record::Delivery;
+use cortexkit_role_llm_runner::service_tier::ServiceTier;
 
 /// The model a send names.
 #[derive(Clone, Debug, PartialEq)]
@@ -118,6 +120,8 @@ pub struct SendParams {
     /// `work_class` and `context_limit`, inherited the same way.
     pub work_class: Option<String>,
     pub context_limit: Option<u64>,
+    /// `service_tier` as sent, an explicit `standard` kept (it cannot inherit another level).
+    pub service_tier: Option<ServiceTier>,
     /// Why the send's `tools` list is malformed, refused once the session is known.
     pub tools_fault: Option<Refusal>,
     /// Field → SHA-256 of its canonical JSON, for keyed re-sends.
@@ -185,24 +189,16 @@ fn unread(obj: &serde_json::Map<String, Value>) -> impl Iterator<Item = &String>
     obj.keys().filter(|k| !READ.contains(&k.as_str()))
 }
 
-/// `service_tier` (llm-runner §9.3.2), read raw before anything else: broca does not declare
-/// the `service_tier` group, so it runs every turn at `standard`. An explicit `standard` is
-/// served (it changes nothing); `fast`, `ultrafast` and any unknown level are refused
-/// `invalid_params {field: "service_tier", reason: "unsupported_tier"}` before any model call,
-/// never silently downgraded. (Every run is standard, so a steer naming `standard` always
-/// matches its run's fixed tier: `run_tier_fixed` cannot arise.)
-fn service_tier(value: Option<&Value>) -> Result<(), Refusal> {
-    use cortexkit_role_llm_runner::service_tier::{check_send, parse_request};
-    let refuse = |problem: cortexkit_role_llm_runner::service_tier::TierProblem, what: String| {
+/// `service_tier` (llm-runner §9.3.2), read raw before anything else so an unknown level is
+/// refused by name: `invalid_params {field: "service_tier", reason: "unsupported_tier"}`. Whether
+/// the session's route can apply the level, and whether a running run fixes another one, is
+/// decided on the session's actor (`actor::tier`), where the route and the run are known.
+fn service_tier(value: Option<&Value>) -> Result<Option<ServiceTier>, Refusal> {
+    cortexkit_role_llm_runner::service_tier::parse_request(value).map_err(|problem| {
         let detail = crate::detail!("field" => "service_tier", "reason" => problem.reason());
-        Refusal::new(super::RefusalCode::InvalidParams, format!("invalid params: service_tier: {what}"), Some(detail))
-    };
-    let requested =
-        parse_request(value).map_err(|p| refuse(p, "not a service level (standard, fast, ultrafast)".into()))?;
-    let Some(level) = requested else { return Ok(()) };
-    check_send(Some(level), None, "", None)
-        .map(drop)
-        .map_err(|p| refuse(p, format!("{} is not served: broca runs every turn at standard", level.as_str())))
+        let message = "invalid params: service_tier: not a service level (standard, fast, ultrafast)";
+        Refusal::new(super::RefusalCode::InvalidParams, message, Some(detail))
+    })
 }
 
 pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
@@ -211,7 +207,7 @@ pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
         let why = format!("{member} is not served by this build (llm-runner/v1 group {group:?} is not declared)");
         return Err(invalid_params(member, &why));
     }
-    service_tier(obj.get("service_tier"))?;
+    let service_tier = service_tier(obj.get("service_tier"))?;
     if obj.contains_key("tool_providers") {
         // Spec §4 names the member and gives it no meaning; tools from other modules are a
         // plan's `tool_items`. Refused by name rather than silently dropped.
@@ -368,6 +364,7 @@ pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
         tool_choice,
         work_class,
         context_limit,
+        service_tier,
         tools_fault,
         identity,
     })
@@ -589,8 +586,12 @@ mod tests {
         let unread: Vec<&String> = unread(params.as_object().unwrap()).collect();
         assert_eq!(unread, ["frobnicate"]);
         assert_eq!(refused(json!({"prompt": "hi", "tool_providers": []})), "tool_providers");
-        assert_eq!(refused(json!({"prompt": "hi", "service_tier": "fast"})), "service_tier");
+        assert_eq!(refused(json!({"prompt": "hi", "service_tier": "future-tier"})), "service_tier");
         assert_eq!(refused(json!({"prompt": "hi", "service_tier": 1})), "service_tier");
+        assert_eq!(
+            parse(&json!({"prompt": "hi", "service_tier": "fast"}), &key()).unwrap().service_tier,
+            Some(ServiceTier::Fast)
+        );
         assert!(parse(&json!({"prompt": "hi", "service_tier": "standard"}), &key()).is_ok());
     }
 

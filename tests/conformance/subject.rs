@@ -248,6 +248,14 @@ impl LlmRunnerSubject for Subject {
         crate::decode::oversized(message, tool_call_id)
     }
 
+    /// The tier cases run on broca-mock's Anthropic Messages row: broca declares `fast` there
+    /// with the served level `unknown` (it renders `speed: "fast"` and reads no statement back),
+    /// and not `ultrafast`; the scripted stream states no tier. The held step is the front's.
+    async fn configure_service_tier(&self, session: &str, _case: &str) -> Result<bool, HarnessError> {
+        self.block_sessions.lock().unwrap_or_else(|e| e.into_inner()).insert(session.to_owned());
+        Ok(true)
+    }
+
     async fn model_invocations(&self, session: &str) -> Result<usize, HarnessError> {
         Ok(self.model.invocations(session))
     }

@@ -518,7 +518,14 @@ fn serve_request(shared: &Shared, conn: &mut Conn, request: Request, keep: bool)
         ScriptedResponse::Http(script::HttpReply { status: 401, body: None, headers: Default::default(), delay_ms: 0 })
     };
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed).to_string();
-    answer(shared, conn, family, model, id, response, keep)
+    // OpenAI states the level it served; asked for one, it says that one ("priority").
+    let served_tier = match family {
+        Family::OpenaiChat | Family::OpenaiResponses => {
+            parsed.as_ref().and_then(|b| b.get("service_tier")).and_then(|t| t.as_str()).map(str::to_owned)
+        }
+        _ => None,
+    };
+    answer(shared, conn, family, (model, served_tier), id, response, keep)
 }
 
 /// The member the ChatGPT backend refuses with HTTP 400 in `body`, if any: the output cap and
@@ -564,7 +571,7 @@ fn answer(
     shared: &Shared,
     conn: &mut Conn,
     family: Family,
-    model: String,
+    (model, served_tier): (String, Option<String>),
     id: String,
     response: ScriptedResponse,
     keep: bool,
@@ -597,7 +604,7 @@ fn answer(
             }
             let keep = keep && http::framing_free(reply.headers.keys());
             let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-            let ctx = RenderCtx { model, id, created };
+            let ctx = RenderCtx { model, id, created, served_tier };
             let pieces = render::render(family, &reply.events, &ctx);
             let stamp = reply.uses_now_token();
             if family == Family::AwsBedrockConverse {

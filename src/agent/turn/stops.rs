@@ -10,7 +10,11 @@ use crate::record::BudgetDetail;
 pub(super) enum HardStop {
     BudgetExhausted,
     MaxSteps,
+    ContextLimit,
 }
+
+/// The provider code of a run ended by its own `context_limit` before a request was sent.
+pub const CONTEXT_LIMIT_REACHED: &str = "context_limit_reached";
 
 impl<C> Driver<'_, C> {
     /// The session's input-token cap is reached (or its spend became unknown): the detail
@@ -26,6 +30,23 @@ impl<C> Driver<'_, C> {
             return None;
         };
         Some(BudgetDetail { limit, spent: state.input_spent, cause: cause.into() })
+    }
+
+    /// The run's `context_limit` (spec §4) is reached: the session's next request is known to
+    /// need at least that many tokens (the last step's consumed input and visible output, as
+    /// its provider reported them). The run ends with the class a provider gives a prompt over
+    /// its window, `context_overflow`, and nothing is sent. Unknown usage never stops a run.
+    pub(super) fn context_limit_reached(&self) -> Option<ProviderError> {
+        let limit = self.config.policy.context_limit?;
+        let needed = self.lineage.state().context_tokens?;
+        (needed >= limit).then(|| ProviderError {
+            class: ErrorClass::ContextOverflow,
+            provider_code: Some(CONTEXT_LIMIT_REACHED.into()),
+            message: format!(
+                "the session's next request needs at least {needed} tokens and the run's context_limit is {limit}; nothing was sent"
+            ),
+            http_status: None,
+        })
     }
 
     pub(super) fn finish_budget(&mut self, detail: BudgetDetail) -> Result<TurnOutcome, LineageError> {
@@ -47,6 +68,9 @@ impl<C> Driver<'_, C> {
             }
             HardStop::MaxSteps => {
                 json!({"kind": "error", "reason": "not_executed", "nothing_sent": true, "message": "not executed: the run reached its max_steps"})
+            }
+            HardStop::ContextLimit => {
+                json!({"kind": "error", "reason": "not_executed", "nothing_sent": true, "message": "not executed: the run reached its context_limit"})
             }
         };
         let parts = self.append_not_executed(step, batch, &output)?;

@@ -33,6 +33,9 @@ impl<'a> Chat<'a> {
             "system_fingerprint": "fp_mock",
             "choices": choices,
         });
+        if let Some(tier) = &self.ctx.served_tier {
+            chunk["service_tier"] = json!(tier);
+        }
         if self.usage.is_some() {
             chunk["usage"] = Value::Null;
         }

@@ -45,6 +45,8 @@ pub struct RenderCtx {
     pub id: String,
     /// Unix seconds for `created` / `created_at`.
     pub created: u64,
+    /// The `service_tier` an OpenAI stream states (the one its request asked for), if any.
+    pub served_tier: Option<String>,
 }
 
 /// What each family renders: content steps and the terminal. Timing, comments, unknown events

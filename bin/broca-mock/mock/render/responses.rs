@@ -51,7 +51,7 @@ impl<'a> Responses<'a> {
     }
 
     fn response(&self, status: &str) -> Value {
-        json!({
+        let mut response = json!({
             "id": format!("resp_mock{}", self.ctx.id),
             "object": "response",
             "created_at": self.ctx.created,
@@ -63,7 +63,11 @@ impl<'a> Responses<'a> {
             "output": self.output,
             "previous_response_id": null,
             "usage": null,
-        })
+        });
+        if let Some(tier) = &self.ctx.served_tier {
+            response["service_tier"] = json!(tier);
+        }
+        response
     }
 
     fn usage_json(&self) -> Value {

@@ -13,7 +13,7 @@ const ALL: [Family; 4] =
     [Family::AnthropicMessages, Family::OpenaiChat, Family::OpenaiResponses, Family::GoogleGenerateContent];
 
 fn ctx() -> RenderCtx {
-    RenderCtx { model: "mock-model".into(), id: "7".into(), created: 1_767_225_600 }
+    RenderCtx { model: "mock-model".into(), id: "7".into(), created: 1_767_225_600, served_tier: None }
 }
 
 fn frame(family: Family, bytes: &[u8]) -> (Vec<SseEvent>, u64) {
