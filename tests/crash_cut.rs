@@ -155,6 +155,8 @@ fn model_step(run_id: &str, step: u64, calls: &[String]) -> Record {
         model: "m1".into(),
         variant: None,
         at_ms: None,
+        service_tier_applied: None,
+        service_tier_served: None,
     }
 }
 

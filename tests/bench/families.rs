@@ -41,7 +41,7 @@ fn decode_mb_per_s(family: Family) -> f64 {
     let mut steps: Vec<Step> = (0..2000).map(|i| Step::Text(format!("word {i} of a long answer, "))).collect();
     steps.push(Step::ToolCall(ToolCall::new("call-1", "read", r#"{"path":"src/main.rs","limit":200}"#, 8)));
     steps.push(Step::Finish("tool_calls".into()));
-    let ctx = RenderCtx { model: "bench".into(), id: "1".into(), created: 0 };
+    let ctx = RenderCtx { model: "bench".into(), id: "1".into(), created: 0, served_tier: None };
     let wire = bytes(&render(family, &steps, &ctx));
     let rounds = 20;
     let start = Instant::now();
