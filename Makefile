@@ -43,6 +43,10 @@ BROCA_HELD_KILLS ?= 200
 # between two daemons under load with SIGKILLs at every export/import step; its line is
 # `FED-MOVES rounds=<n> ... violations=<n>`.
 BROCA_FED_MOVES ?= 60
+# Then the fold crash campaign at BROCA_FOLD_KILLS rounds (`make test` runs 2): a `broca fold`
+# or `broca unfold` SIGKILLed at each of its four fail points while sessions are read and sent
+# to; its line is `FOLD-KILLS rounds=<n> kills=<n> sends=<n> violations=0`.
+BROCA_FOLD_KILLS ?= 25
 soak: mock-bin
 	@out=$$(mktemp); status=0; \
 	BROCA_SOAK_KILLS=$(BROCA_SOAK_KILLS) RUST_LOG=$${RUST_LOG:-error} $(CARGO) test --locked --test crash_tools \
@@ -51,8 +55,10 @@ soak: mock-bin
 		-- --nocapture >>"$$out" 2>&1 || status=$$?; \
 	BROCA_FED_MOVES=$(BROCA_FED_MOVES) $(CARGO) test --locked --test federation -- moves_under_load \
 		>>"$$out" 2>&1 || status=$$?; \
-	grep -v '^SOAK \|^HELD-KILLS \|^FED-MOVES ' "$$out"; grep '^HELD-KILLS ' "$$out" | tail -n 1; \
-	grep '^FED-MOVES ' "$$out" | tail -n 1; \
+	BROCA_FOLD_KILLS=$(BROCA_FOLD_KILLS) $(CARGO) test --locked --test fold -- --nocapture a_fold_killed \
+		>>"$$out" 2>&1 || status=$$?; \
+	grep -v '^SOAK \|^HELD-KILLS \|^FED-MOVES \|^FOLD-KILLS ' "$$out"; grep '^HELD-KILLS ' "$$out" | tail -n 1; \
+	grep '^FED-MOVES ' "$$out" | tail -n 1; grep '^FOLD-KILLS ' "$$out" | tail -n 1; \
 	grep '^SOAK ' "$$out" | tail -n 1; rm -f "$$out"; exit $$status
 
 # The structure-aware fuzz targets (tests/fuzz/: frame decoder, connection file, handshake, WAL

@@ -1,8 +1,8 @@
 //! Archive folding (`broca::lineage::fold`, spec §20): cold, closed WALs sealed into the archive
 //! trees by their class, served afterwards exactly as before (the first need unfolds them), a
 //! send reopening one in its own tree; what is never folded; and a SIGKILL campaign at every
-//! fold and unfold step (`broca fold` / `broca unfold` killed at their fail points) after which
-//! every session reads as before, exactly one copy of each is authoritative and, once the next
+//! fold and unfold step (`broca fold` / `broca unfold` killed at their fail points while this
+//! process reads the sessions and sends to one of them) after which every session reads as before, exactly one copy of each is authoritative and, once the next
 //! start has tidied, no stray file is left.
 
 mod inproc;
@@ -189,20 +189,24 @@ fn no_wal_and_no_container_is_history_unreachable() {
     assert_eq!(call(&rig.ops, &k, "session.read", json!({})).unwrap_err().code, "history_unreachable");
 }
 
-/// The crash campaign: for each fold point and each unfold point, sessions are written, a
-/// `broca fold` (or `broca unfold`) process is SIGKILLed at that point, and then, after the
-/// start's tidy, every session reads exactly as before and has exactly one copy.
+/// The crash campaign: for each fold point and each unfold point, sessions are written, and a
+/// `broca fold` (or `broca unfold`) process is SIGKILLed at that point while this process reads
+/// every session and sends to one of them (each send waited to its end). Every answer during
+/// the pass is the one before it (or a transient refusal) and every send is accepted and
+/// completes; after the next start's tidy, every session reads exactly as this process last
+/// read it and has exactly one copy.
 #[test]
 fn a_fold_killed_at_every_step_loses_nothing_and_leaves_one_copy() {
     let points = ["fold.after_write", "fold.after_rename", "fold.after_remove", "fold.unfold_after_rename"];
     let rounds: usize = std::env::var("BROCA_FOLD_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(2);
-    let mut kills = 0;
+    let (mut kills, mut sends) = (0, 0);
     for round in 0..rounds {
         for point in points {
             let rig = inproc::rig(Duration::from_millis(100));
-            rig.script(json!({"responses": (0..3).map(|i| reply_script(&format!("r{i}"), 0)).collect::<Vec<_>>()}));
             let keys: Vec<SessionKey> = (0..3).map(|i| key(&format!("{point}-{round}-{i}"))).collect();
+            let busy = key(&format!("{point}-{round}-busy"));
             let runs: Vec<String> = keys.iter().map(|k| finished(&rig, k, &k.session, None)).collect();
+            let busy_first = finished(&rig, &busy, &busy.session, None);
             let before: Vec<Vec<String>> = keys.iter().zip(&runs).map(|(k, r)| reads(&rig.ops, k, r)).collect();
             rig.ops.registry.shared().settle();
             let root = rig.dir.path().to_path_buf();
@@ -210,33 +214,115 @@ fn a_fold_killed_at_every_step_loses_nothing_and_leaves_one_copy() {
             if unfolding {
                 assert!(broca_cli(&root, &["fold"], None).success());
             }
+            let traffic = Traffic::start(&rig.ops, &keys, &runs, &before, &busy);
             // The `@N`th hit: a kill in the middle of the pass, not only at its first session.
-            let at = format!("{point}@{}", 1 + round % keys.len());
-            let status = if unfolding {
-                let k = &keys[round % 3];
-                broca_cli(&root, &["unfold", &k.project_root, &k.harness, &k.session], Some(&format!("{point}@1")))
-            } else {
-                broca_cli(&root, &["fold"], Some(&at))
-            };
-            assert!(!status.success(), "{point}: the process was not killed: {status}");
+            // Sessions this process holds are skipped, so a pass may end before the Nth hit: it
+            // is run again (the traffic goes on) until the kill lands.
+            let killed = (0..5).any(|_| {
+                let status = if unfolding {
+                    let k = &keys[round % 3];
+                    broca_cli(&root, &["unfold", &k.project_root, &k.harness, &k.session], Some(&format!("{point}@1")))
+                } else {
+                    broca_cli(&root, &["fold"], Some(&format!("{point}@{}", 1 + round % keys.len())))
+                };
+                if unfolding && status.success() {
+                    // The session was unfolded by a read first: fold it again to unfold it.
+                    assert!(broca_cli(&root, &["fold"], None).success());
+                }
+                !status.success()
+            });
+            assert!(killed, "{point}: the process was never killed");
             kills += 1;
+            let (accepted, last_run) = traffic.stop();
+            sends += accepted;
+            rig.wait_closed(&busy);
+            let busy_run = last_run.unwrap_or(busy_first);
+            let busy_before = reads(&rig.ops, &busy, &busy_run);
+            let users = serde_json::from_str::<Value>(&busy_before[0]).unwrap()["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|m| m["role"] == "user")
+                .count();
+            assert_eq!(users, 1 + accepted, "{point}: every accepted send is in the busy session");
+            rig.wait_closed(&busy);
             // The next start: a fresh core over the same root tidies, then reads.
             let Rig { dir: _dir, mock: _mock, ops } = rig;
             drop(ops);
             let fresh = inproc::ops_over(&root, "http://127.0.0.1:9".into(), Duration::from_millis(100));
             fold::tidy(fresh.registry.shared());
-            for k in &keys {
+            let all: Vec<&SessionKey> = keys.iter().chain([&busy]).collect();
+            for k in &all {
                 let files = files_of(&root, &k.addr());
                 assert_eq!(files.len(), 1, "{point}: one copy of {}: {files:?}", k.session);
             }
-            for ((k, r), want) in keys.iter().zip(&runs).zip(&before) {
-                assert_eq!(&reads(&fresh, k, r), want, "{point}: {} reads differ", k.session);
+            let wanted = before.iter().cloned().chain([busy_before]);
+            for ((k, r), want) in all.iter().zip(runs.iter().chain([&busy_run])).zip(wanted) {
+                assert_eq!(reads(&fresh, k, r), want, "{point}: {} reads differ", k.session);
                 let files = files_of(&root, &k.addr());
                 assert_eq!(files, [format!("wal/{}.wal", k.addr())], "{point}: after the read");
             }
         }
     }
-    println!("FOLD-KILLS rounds={rounds} kills={kills} violations=0");
+    println!("FOLD-KILLS rounds={rounds} kills={kills} sends={sends} violations=0");
+}
+
+/// Readers and a sender working while a fold process runs: the quiet sessions are read and must
+/// answer as before (or transiently); the busy one is sent to, each send waited to its end.
+struct Traffic {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    worker: std::thread::JoinHandle<(usize, Option<String>, Vec<String>)>,
+}
+
+impl Traffic {
+    fn start(
+        ops: &Arc<Ops>,
+        keys: &[SessionKey],
+        runs: &[String],
+        before: &[Vec<String>],
+        busy: &SessionKey,
+    ) -> Traffic {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (ops, keys, runs, before, busy) =
+            (Arc::clone(ops), keys.to_vec(), runs.to_vec(), before.to_vec(), busy.clone());
+        let flag = Arc::clone(&stop);
+        let worker = std::thread::spawn(move || {
+            let (mut accepted, mut last_run, mut wrong) = (0, None, Vec::new());
+            for i in 0.. {
+                if flag.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                let (k, r, want) = (&keys[i % keys.len()], &runs[i % keys.len()], &before[i % keys.len()]);
+                let got = reads(&ops, k, r);
+                if &got != want && !got.iter().any(|a| a.contains("\"transient\"")) {
+                    wrong.push(format!("read {}: {got:?}", k.session));
+                }
+                match call(&ops, &busy, "session.send", send(&format!("{}-{i}", busy.session), None)) {
+                    Ok(sent) => {
+                        let run = sent["run_id"].as_str().unwrap().to_owned();
+                        inproc::wait_until("the busy session's run completes", || {
+                            call(&ops, &busy, "run.status", json!({"run_id": run}))
+                                .is_ok_and(|s| s["state"] == "completed")
+                        });
+                        accepted += 1;
+                        last_run = Some(run);
+                    }
+                    Err(r) if r.to_json().contains("\"transient\"") => {}
+                    Err(r) => wrong.push(format!("send {i}: {}", r.to_json())),
+                }
+            }
+            (accepted, last_run, wrong)
+        });
+        Traffic { stop, worker }
+    }
+
+    /// Stops the traffic: the sends accepted and the last one's run; panics on a wrong answer.
+    fn stop(self) -> (usize, Option<String>) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let (accepted, last_run, wrong) = self.worker.join().expect("the traffic thread");
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+        (accepted, last_run)
+    }
 }
 
 /// `broca ARGS` on the state root `root`, with `BROCA_FAILPOINTS` when given.
