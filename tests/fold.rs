@@ -2,8 +2,9 @@
 //! trees by their class, served afterwards exactly as before (the first need unfolds them), a
 //! send reopening one in its own tree; what is never folded; and a SIGKILL campaign at every
 //! fold and unfold step (`broca fold` / `broca unfold` killed at their fail points while this
-//! process reads the sessions and sends to one of them) after which every session reads as before, exactly one copy of each is authoritative and, once the next
-//! start has tidied, no stray file is left.
+//! process reads the sessions and sends to one of them) after which every session reads as
+//! before, exactly one copy of each is authoritative and, once the next start has tidied, no
+//! stray file is left.
 
 mod inproc;
 use broca_mock::mock;
