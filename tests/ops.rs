@@ -908,3 +908,28 @@ fn context_limit_ends_a_run_before_a_request_over_it() {
     rig.wait_state(&run3, "completed");
     assert_eq!(rig.mock.requests("default").len(), 2);
 }
+
+/// A step that reaches its run's `context_limit` while asking for tool calls dispatches none of
+/// them: each is sealed never-executed, and the run ends before the request that would carry
+/// their results.
+#[test]
+fn context_limit_seals_the_calls_of_a_step_that_reached_it() {
+    let rig = rig(Duration::from_secs(5));
+    let script = json!({"responses": [
+        {"events": [{"tool_call": {"id": "c1", "name": "look", "arguments": {}}},
+                    {"usage": {"input": 15_000, "output": 1_500}}, {"finish": "tool_calls"}]},
+        {"events": [{"text": "never asked"}, {"finish": "stop"}]},
+    ]});
+    rig.script(script);
+    let mut first = send("look around");
+    first["context_limit"] = json!(16_000);
+    let run = rig.call("session.send", first).unwrap()["run_id"].as_str().unwrap().to_owned();
+    rig.wait_state(&run, "error");
+    assert_eq!(rig.mock.requests("default").len(), 1, "no request after the limit");
+    let page = rig.call("session.read", json!({})).unwrap();
+    let messages = page["messages"].as_array().unwrap();
+    let roles: Vec<&str> = messages.iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["user", "assistant", "tool"]);
+    let sealed = messages[2]["message"].to_string();
+    assert!(sealed.contains("not executed: the run reached its context_limit"), "{sealed}");
+}
