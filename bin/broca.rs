@@ -37,7 +37,11 @@ broca: durable agentic LLM loops (a CortexKit subc module)
 
 usage:
   broca --subc CONNECTION_FILE   serve as the subc module (the daemon starts broca this way)
-  broca inspect WAL              print a WAL's header and records, one JSON object per line
+  broca inspect WAL|CONTAINER    print a WAL's (or a fold container's) header and records, one
+                                 JSON object per line
+  broca inspect PROJECT_ROOT HARNESS SESSION
+                                 where the session lives (as `broca session` says), then its
+                                 records, read from its live WAL or its container (not unfolded)
   broca units WAL                print the durable control units of a WAL, one per line
   broca session PROJECT_ROOT HARNESS SESSION
                                  print the session's address, WAL path and where it lives here
@@ -69,6 +73,7 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         ["inspect", path] => inspect(&PathBuf::from(path)),
+        ["inspect", root, harness, session] => inspect_session(&SessionKey::new(root, harness, session)),
         ["units", path] => units(&PathBuf::from(path)),
         ["session", "--help"] => {
             println!("{}", session_cli::USAGE);
@@ -111,6 +116,33 @@ fn main() -> ExitCode {
 }
 
 fn inspect(path: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
+    let bytes = std::fs::read(path)?;
+    if let Ok(sealed) = broca::wal::container::header(&bytes) {
+        // A fold container: its own header first, then the WAL it seals, read from a copy.
+        let (_, wal_bytes) = broca::wal::container::open(&bytes).map_err(|e| format!("the container: {e:?}"))?;
+        println!("{}", serde_json::json!({"container": sealed}));
+        let copy = tempfile::NamedTempFile::new()?;
+        std::fs::write(copy.path(), wal_bytes)?;
+        return inspect_wal(copy.path());
+    }
+    inspect_wal(path)
+}
+
+/// `broca inspect PROJECT_ROOT HARNESS SESSION`: where the session lives, then its records.
+fn inspect_session(key: &SessionKey) -> Result<(), Box<dyn std::error::Error>> {
+    locate(key)?;
+    let shared = Shared::open(StateRoot::resolve(&RootEnv::from_process(None))?)?;
+    let live = shared.root.wal_path(key);
+    if live.exists() {
+        return inspect(&live);
+    }
+    match broca::lineage::fold::container_of(&shared, &key.addr()) {
+        Some((container, _)) => inspect(&container),
+        None => Ok(()),
+    }
+}
+
+fn inspect_wal(path: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
     let header = wal::read_header_of(&wal::FileStorage, path, record::KNOWN_FEATURES)?;
     println!(
         "{}",

@@ -132,6 +132,18 @@ fn cold_sessions_fold_by_class_and_read_exactly_as_before() {
     if let Some(Folded::Sealed { wal_bytes, container_bytes }) = sealed.first() {
         assert!(container_bytes < wal_bytes, "{container_bytes} < {wal_bytes}");
     }
+    // `broca inspect ROOT H S` says where it lives, then prints its records from the container
+    // (what `broca inspect` prints of the WAL it seals) without unfolding it.
+    let shown = broca_output(&root, &["inspect", &plain.project_root, &plain.harness, &plain.session]);
+    let mut lines = shown.lines();
+    let place: Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+    assert_eq!((&place["state"], &place["tree"]), (&json!("folded"), &json!("wal-archive")), "{shown}");
+    assert!(lines.next().unwrap().starts_with(r#"{"container":"#), "{shown}");
+    let copy = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(copy.path(), &plain_wal).unwrap();
+    let live = broca_output(&root, &["inspect", copy.path().to_str().unwrap()]);
+    assert_eq!(lines.collect::<Vec<_>>(), live.lines().collect::<Vec<_>>());
+    assert_eq!(files_of(&root, &plain.addr()), [format!("wal-archive/{}.fold", plain.addr())], "not unfolded");
 
     // Reads unfold it: byte-identical answers, the WAL back with its bytes and its time.
     assert_eq!([reads(&rig.ops, &plain, &run_plain), reads(&rig.ops, &durable, &run_durable)], before);
@@ -324,6 +336,18 @@ impl Traffic {
         assert!(wrong.is_empty(), "{}", wrong.join("\n"));
         (accepted, last_run)
     }
+}
+
+/// What `broca ARGS` prints on the state root `root` (it must succeed).
+fn broca_output(root: &Path, args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_broca"))
+        .args(args)
+        .env("BROCA_STATE_ROOT", root)
+        .env_remove("BROCA_FAILPOINTS")
+        .output()
+        .expect("broca runs");
+    assert!(out.status.success(), "broca {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
 }
 
 /// `broca ARGS` on the state root `root`, with `BROCA_FAILPOINTS` when given.

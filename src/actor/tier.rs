@@ -50,7 +50,9 @@ mod tests {
     use super::*;
     use crate::wire::send::parse;
 
-    fn send(extra: serde_json::Value) -> SendParams {
+    /// A parsed send: the base params with `extra`'s members (a JSON object) added.
+    fn send(extra: impl serde::Serialize) -> SendParams {
+        let extra = serde_json::to_value(extra).unwrap();
         let mut params = serde_json::json!({"prompt": "hi", "model": {"provider": "mock", "model": "m"}});
         params.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
         let key = crate::session_key::SessionKey::new("/p", "h", "s");
