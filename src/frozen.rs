@@ -32,6 +32,17 @@ pub enum Family {
 }
 
 impl Family {
+    /// Every family, in declaration order.
+    pub const ALL: [Family; 7] = [
+        Family::AnthropicMessages,
+        Family::OpenaiChat,
+        Family::OpenaiResponses,
+        Family::OpenaiChatgptResponses,
+        Family::GoogleGenerateContent,
+        Family::GoogleCodeAssist,
+        Family::AwsBedrockConverse,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Family::AnthropicMessages => "anthropic_messages",

@@ -52,19 +52,9 @@ fn support(family: Family) -> Option<Support> {
     }
 }
 
-const FAMILIES: [Family; 7] = [
-    Family::AnthropicMessages,
-    Family::OpenaiChat,
-    Family::OpenaiResponses,
-    Family::OpenaiChatgptResponses,
-    Family::GoogleGenerateContent,
-    Family::GoogleCodeAssist,
-    Family::AwsBedrockConverse,
-];
-
 /// `role.describe.service_tiers`: every family that applies a non-standard level.
 pub fn declared() -> ServiceTiers {
-    FAMILIES.iter().filter_map(|f| Some((wire_api(*f).to_owned(), support(*f)?))).collect()
+    Family::ALL.iter().filter_map(|f| Some((wire_api(*f).to_owned(), support(*f)?))).collect()
 }
 
 /// Whether `family` reads the served tier from its responses (`served: "reported"`).
@@ -108,7 +98,7 @@ mod tests {
             declared.keys().collect::<Vec<_>>(),
             ["anthropic.messages", "openai.chat_completions", "openai.responses"]
         );
-        for family in FAMILIES {
+        for family in Family::ALL {
             assert!(cortexkit_role_llm_runner::service_tier::WIRE_APIS.contains(&wire_api(family)));
         }
         assert!(reports_served(Family::OpenaiResponses) && !reports_served(Family::AnthropicMessages));

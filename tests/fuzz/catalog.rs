@@ -68,15 +68,7 @@ fn admit_every_model(g: &mut Gen, catalog: &Catalog, response: &Value) {
         let mut asked: Vec<Option<String>> =
             vec![None, Some("high".into()), Some(String::new()), Some("x".repeat(300))];
         if let Some(row) = catalog.row(&model) {
-            for family in [
-                Family::AnthropicMessages,
-                Family::OpenaiChat,
-                Family::OpenaiResponses,
-                Family::OpenaiChatgptResponses,
-                Family::GoogleGenerateContent,
-                Family::GoogleCodeAssist,
-                Family::AwsBedrockConverse,
-            ] {
+            for family in Family::ALL {
                 for (name, setting) in variant::variants(row, family) {
                     let _ = variant::render(&setting, family, &row.model);
                     asked.push(Some(name));
