@@ -116,16 +116,16 @@ fn main() -> ExitCode {
 }
 
 fn inspect(path: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
-    let bytes = std::fs::read(path)?;
-    if let Ok(sealed) = broca::wal::container::header(&bytes) {
-        // A fold container: its own header first, then the WAL it seals, read from a copy.
-        let (_, wal_bytes) = broca::wal::container::open(&bytes).map_err(|e| format!("the container: {e:?}"))?;
-        println!("{}", serde_json::json!({"container": sealed}));
-        let copy = tempfile::NamedTempFile::new()?;
-        std::fs::write(copy.path(), wal_bytes)?;
-        return inspect_wal(copy.path());
+    if path.extension().is_none_or(|e| e != broca::wal::container::SUFFIX) {
+        return inspect_wal(path);
     }
-    inspect_wal(path)
+    // A fold container: its own header first, then the WAL it seals, read from a copy.
+    let (sealed, wal_bytes) =
+        broca::wal::container::open(&std::fs::read(path)?).map_err(|e| format!("the container: {e:?}"))?;
+    println!("{}", serde_json::json!({"container": sealed}));
+    let copy = tempfile::NamedTempFile::new()?;
+    std::fs::write(copy.path(), wal_bytes)?;
+    inspect_wal(copy.path())
 }
 
 /// `broca inspect PROJECT_ROOT HARNESS SESSION`: where the session lives, then its records.

@@ -123,6 +123,14 @@ impl StepUsage {
         Some(fresh.saturating_add(extra))
     }
 
+    /// A lower bound of the session's next request, in tokens, after this step: its consumed
+    /// input plus its visible output (reasoning left out: a family may drop it from later
+    /// requests); `None` unless the step reported both.
+    pub fn next_request_floor(&self) -> Option<u64> {
+        let visible = self.output_tokens?.saturating_sub(self.reasoning_tokens.unwrap_or(0));
+        Some(self.consumed_input()?.saturating_add(visible))
+    }
+
     /// Adds `other` into `self`; a total stays absent until some step reports it.
     pub fn add(&mut self, other: &StepUsage) {
         fn add(a: &mut Option<u64>, b: Option<u64>) {

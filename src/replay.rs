@@ -248,8 +248,7 @@ pub struct Replay {
     #[serde(default)]
     pub input_unreported: bool,
     /// A lower bound, in tokens, of the session's next model request: the last completed
-    /// step's consumed input plus its visible output (reasoning left out: a family may drop it
-    /// from later requests). `None` when that step did not report both.
+    /// step's [`StepUsage::next_request_floor`](crate::message::StepUsage::next_request_floor).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_tokens: Option<u64>,
     /// Session spend (llm-runner §4.3 `session_usage`): every completed step of every run,
@@ -500,9 +499,7 @@ impl Replay {
                 e.last_assistant = Some(ordinal);
                 self.session_usage.add_step(provider, model, variant.as_deref(), usage);
                 self.spend_input(usage);
-                self.context_tokens = usage.consumed_input().zip(usage.output_tokens).map(|(input, output)| {
-                    input.saturating_add(output.saturating_sub(usage.reasoning_tokens.unwrap_or(0)))
-                });
+                self.context_tokens = usage.next_request_floor();
                 self.push_message(seq, message.clone(), *at_ms, sink);
             }
             Record::ToolDispatchIntent { tool_call_id, tool_name, module_id, call_key, .. } => {

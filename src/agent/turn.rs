@@ -378,7 +378,9 @@ impl<C> Driver<'_, C> {
                             .service_tier
                             .filter(|t| !t.is_standard())
                             .map(|t| t.as_str().into()),
-                        service_tier_served: served_tier,
+                        // Only a wire the declaration calls `reported` states what it served.
+                        service_tier_served: served_tier
+                            .filter(|_| crate::provider::tier::reports_served(self.config.family)),
                     })?;
                     self.history.push(message);
                     if let Some(detail) = self.cap_reached() {

@@ -326,8 +326,7 @@ fn request(
     for (name, value) in family.headers() {
         req = req.set(name, value);
     }
-    if config.family == crate::frozen::Family::AnthropicMessages && config.service_tier.is_some() {
-        let (name, value) = super::tier::ANTHROPIC_FAST_BETA;
+    if let Some((name, value)) = super::tier::request_header(config.family, config.service_tier) {
         req = req.set(name, value);
     }
     if let (AuthSource::Bearer | AuthSource::Vault { .. }, Some(token)) = (&config.auth, bearer) {

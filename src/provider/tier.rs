@@ -25,7 +25,7 @@ use cortexkit_role_llm_runner::service_tier::{Served, ServiceTier, ServiceTiers,
 use crate::frozen::Family;
 
 /// The beta header Anthropic's fast mode asks for on its research-preview models.
-pub const ANTHROPIC_FAST_BETA: (&str, &str) = ("anthropic-beta", "fast-mode-2026-02-01");
+const ANTHROPIC_FAST_BETA: (&str, &str) = ("anthropic-beta", "fast-mode-2026-02-01");
 
 /// Routing's spelling of a family's wire API (the declaration's keys).
 pub fn wire_api(family: Family) -> &'static str {
@@ -79,6 +79,11 @@ pub fn render_openai(tier: Option<ServiceTier>, body: &mut serde_json::Value) {
     }
 }
 
+/// The request header a level needs on `family`, beside its body members.
+pub fn request_header(family: Family, tier: Option<ServiceTier>) -> Option<(&'static str, &'static str)> {
+    (family == Family::AnthropicMessages && tier == Some(ServiceTier::Fast)).then_some(ANTHROPIC_FAST_BETA)
+}
+
 /// Adds the level's request members to an Anthropic Messages body.
 pub fn render_anthropic(tier: Option<ServiceTier>, body: &mut serde_json::Value) {
     if tier == Some(ServiceTier::Fast) {
@@ -102,6 +107,8 @@ mod tests {
             assert!(cortexkit_role_llm_runner::service_tier::WIRE_APIS.contains(&wire_api(family)));
         }
         assert!(reports_served(Family::OpenaiResponses) && !reports_served(Family::AnthropicMessages));
+        assert_eq!(request_header(Family::AnthropicMessages, Some(ServiceTier::Fast)), Some(ANTHROPIC_FAST_BETA));
+        assert_eq!(request_header(Family::OpenaiChat, Some(ServiceTier::Fast)), None);
     }
 
     #[test]
