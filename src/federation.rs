@@ -68,20 +68,34 @@ impl Federation {
     /// relayed one. A relayed bind whose origin cannot be read is refused.
     pub fn caller_of(&self, bind: &BindRequest) -> Result<Caller, ErrorBody> {
         let scope_owner = bind.scope.as_ref().map(|s| spell(&s.owner));
+        let refused = |message: String| ErrorBody::new(RefusalCode::NotAuthorized.as_str(), message);
         let Some(carrier) = self.carrier_of(bind) else {
             let principal = bind.principal.as_ref().map_or_else(|| "unverified".to_owned(), spell);
+            // The daemon passes admission facts only from its federation carrier: a bind
+            // carrying an origin proves it was relayed, so a carrier missing from
+            // `federation.carriers` must not pass as a local principal (#44).
+            if bind.admission_facts.as_ref().is_some_and(|f| f.get(FACTS_MEMBER).is_some()) {
+                return Err(refused(format!(
+                    "a route relayed by {principal}, which is not one of broca's federation.carriers"
+                )));
+            }
             return Ok(Caller::local(&principal, scope_owner.as_deref(), self.local_machine.as_deref()));
         };
         let origin = origin_of(bind.admission_facts.as_ref()).map_err(|why| {
-            ErrorBody::new(
-                RefusalCode::NotAuthorized.as_str(),
-                format!("a route relayed by {carrier} must report its origin in admission_facts.{FACTS_MEMBER}: {why}"),
-            )
+            refused(format!(
+                "a route relayed by {carrier} must report its origin in admission_facts.{FACTS_MEMBER}: {why}"
+            ))
         })?;
+        let peer = origin.peer.to_ascii_lowercase();
+        if self.local_machine.as_deref().is_some_and(|m| m.eq_ignore_ascii_case(&peer)) {
+            return Err(refused(format!("a route relayed by {carrier} cannot originate on this machine ({peer})")));
+        }
+        // The scope stamped on the carrier's bind is this host's, not the origin's: a relayed
+        // caller carries no scope owner (#44).
         Ok(Caller {
             principal: origin.principal,
-            scope_owner,
-            machine: Some(origin.peer),
+            scope_owner: None,
+            machine: Some(peer),
             via: Some(format!("{RESERVED_PREFIX}{carrier}")),
         })
     }
@@ -170,5 +184,22 @@ mod tests {
         assert_eq!(relayed.principal, "reserved:relay-1");
         assert_eq!(relayed.machine.as_deref(), Some("bb"));
         assert_eq!(relayed.via.as_deref(), Some("reserved:callosum"));
+    }
+
+    #[test]
+    fn a_relay_cannot_claim_this_machine_nor_pass_unlisted() {
+        let f = federation();
+        let reserved = |module: &str| Principal::Reserved { module_id: module.into() };
+        for peer in ["aa", "AA"] {
+            let facts = json!({"federation": {"peer": peer, "principal": "reserved:relay-1"}});
+            assert!(f.caller_of(&bind(reserved(DEFAULT_CARRIER), Some(facts))).is_err(), "peer {peer} is this machine");
+        }
+        let upper = json!({"federation": {"peer": "BB", "principal": "direct"}});
+        let relayed = f.caller_of(&bind(reserved(DEFAULT_CARRIER), Some(upper))).unwrap();
+        assert_eq!(relayed.machine.as_deref(), Some("bb"), "machine ids are compared lowercased");
+        let facts = json!({"federation": {"peer": "bb", "principal": "reserved:relay-1"}});
+        let unlisted = f.caller_of(&bind(reserved("other-carrier"), Some(facts))).unwrap_err();
+        assert_eq!(unlisted.code, "not_authorized");
+        assert!(unlisted.message.contains("federation.carriers"), "{}", unlisted.message);
     }
 }

@@ -16,6 +16,13 @@ use serde_json::Value;
 /// The largest frame the daemon delivers (subc's transport limit, header included).
 pub const FRAME_LIMIT: usize = subc_protocol::MAX_DELIVERED_FRAME_LEN;
 
+/// The largest session archive a move reads or writes (`crate::moves::archive`).
+pub const MOVE_ARCHIVE_BYTES: u64 = 256 << 20;
+/// The largest WAL a move exports: its archive (magic, a header line of at most 16 KiB, the
+/// seal) stays within [`MOVE_ARCHIVE_BYTES`], so every archive written can be adopted. A
+/// larger session is refused `session_too_large` before its tombstone.
+pub const MOVE_WAL_BYTES: u64 = MOVE_ARCHIVE_BYTES - (16 << 10) - 1024;
+
 /// Commands one session's actor may have waiting; a send past it is refused transiently
 /// (`open_failed`, class transient).
 pub const MAILBOX: usize = 1024;

@@ -10,7 +10,12 @@
 //!   records no owner;
 //! - an owner never changes: every later `RunStarted` carries the first one's owner (or none);
 //! - a session with no recorded owner (written before owners were stamped, or first sent by an
-//!   unattested caller) keeps its unrestricted admission: every caller is admitted as its owner.
+//!   unattested local caller) keeps its unrestricted admission on this host (spec §4): every
+//!   local caller is admitted as its owner, but never a caller relayed from another machine,
+//!   whose admission facts this host did not attest (#44);
+//! - a session a relayed `direct` caller starts (the origin machine's key-holder) records
+//!   `direct` qualified by that machine as its owner: that key-holder, and nobody else behind
+//!   the link, drives it afterwards (`broca-mcp --hosts` is such a caller).
 //!
 //! - an owner is qualified by the machine that attested it (the daemon's `HelloAck.machine_id`,
 //!   or for a route a federation carrier relayed, the origin peer it reported; DESIGN §8): the
@@ -27,6 +32,8 @@ use serde::{Deserialize, Serialize};
 /// How an attested principal is spelled: `reserved:<module id>` (the role contract's
 /// `RouteStamp.principal`).
 pub const RESERVED_PREFIX: &str = "reserved:";
+/// The principal of a daemon's key-holder (a caller with no module identity).
+pub const DIRECT: &str = "direct";
 
 /// Who called, as the daemon stamped the route: its principal and its work scope's owner.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -47,7 +54,7 @@ pub struct Caller {
 impl Caller {
     /// A caller with no consumer identity: in-process callers (tests, `broca-run`).
     pub fn direct() -> Caller {
-        Caller::local("direct", None, None)
+        Caller::local(DIRECT, None, None)
     }
 
     /// A caller on a route of this host's daemon.
@@ -66,9 +73,12 @@ impl Caller {
     }
 
     /// The owner a session records when this caller's send starts its first episode: `None`
-    /// when neither the caller nor its scope owner is attested (the session stays unrestricted).
+    /// when neither the caller nor its scope owner is attested (the session stays unrestricted
+    /// on this host). A relayed `direct` caller is recorded as its machine's key-holder.
     pub fn as_owner(&self) -> Option<Owner> {
-        let principal = self.attested().map(String::from);
+        let relayed_key_holder =
+            (self.via.is_some() && self.machine.is_some() && self.principal == DIRECT).then(|| DIRECT.to_owned());
+        let principal = self.attested().map(String::from).or(relayed_key_holder);
         let scope_owner = self.scope_owner.as_deref().and_then(attested).map(String::from);
         let machine = self.machine.clone();
         (principal.is_some() || scope_owner.is_some()).then_some(Owner { principal, scope_owner, machine })
@@ -107,16 +117,25 @@ impl Owner {
             Some(machine) => caller.machine.as_deref() == Some(machine.as_str()),
             None => caller.via.is_none(),
         };
+        // A key-holder owner is always machine-qualified (recorded from a relayed route).
+        let key_holder =
+            self.machine.is_some() && self.principal.as_deref() == Some(DIRECT) && caller.principal == DIRECT;
         same_machine
-            && caller
-                .attested()
-                .is_some_and(|p| self.principal.as_deref() == Some(p) || self.scope_owner.as_deref() == Some(p))
+            && (key_holder
+                || caller
+                    .attested()
+                    .is_some_and(|p| self.principal.as_deref() == Some(p) || self.scope_owner.as_deref() == Some(p)))
     }
 }
 
-/// Whether `caller` may drive a session whose recorded owner is `owner` (none: unrestricted).
+/// Whether `caller` may drive a session whose first episode recorded `owner`. A session
+/// recorded without one admits every local caller and no relayed one (spec §4, #44); a
+/// session with no episode yet is not decided here (its first send records its owner).
 pub fn admits(owner: Option<&Owner>, caller: &Caller) -> bool {
-    owner.is_none_or(|o| o.admits(caller))
+    match owner {
+        Some(owner) => owner.admits(caller),
+        None => caller.via.is_none(),
+    }
 }
 
 #[cfg(test)]
@@ -168,7 +187,28 @@ mod tests {
             "a caller under the scope is not its owner"
         );
         assert!(!owner.admits(&caller("direct", None)), "direct is never an owner");
-        assert!(admits(None, &caller("direct", None)), "no recorded owner: unrestricted");
+        assert!(admits(None, &caller("direct", None)), "no recorded owner: unrestricted here");
         assert!(!admits(Some(&owner), &caller("reserved:b", None)));
+    }
+
+    #[test]
+    fn an_ownerless_session_admits_no_relayed_caller() {
+        assert!(admits(None, &caller("reserved:a", None)));
+        assert!(admits(None, &caller("unverified", None)));
+        assert!(!admits(None, &relayed("reserved:a", "m1")), "a relayed caller never inherits legacy admission");
+        assert!(!admits(None, &relayed("direct", "m1")));
+    }
+
+    #[test]
+    fn a_relayed_key_holder_owns_what_it_starts_and_nobody_else_behind_the_link_does() {
+        let owner = relayed("direct", "m1").as_owner().unwrap();
+        assert_eq!(owner, Owner { principal: Some("direct".into()), scope_owner: None, machine: Some("m1".into()) });
+        assert!(owner.admits(&relayed("direct", "m1")));
+        assert!(!owner.admits(&relayed("direct", "m2")), "another machine's key-holder");
+        assert!(!owner.admits(&relayed("reserved:direct", "m1")));
+        assert!(!owner.admits(&relayed("unverified", "m1")));
+        assert!(!owner.admits(&Caller::local("direct", None, Some("m2"))), "this host's key-holder is not it");
+        assert!(owner.admits(&Caller::local("direct", None, Some("m1"))), "after a move to its machine");
+        assert_eq!(caller("direct", None).as_owner(), None, "a local key-holder still records no owner");
     }
 }

@@ -35,10 +35,10 @@ impl Held {
     /// `session.locate`'s answer body, read.
     pub fn from_answer(answer: &serde_json::Value) -> Option<Held> {
         match answer.get("state")?.as_str()? {
-            "live" => Some(Held::Live),
-            "moved" => {
-                Some(Held::Moved { epoch: answer.get("epoch").and_then(serde_json::Value::as_u64).unwrap_or(0) })
-            }
+            // A folded session is that host's: a read or send unfolds it there. Reading it as
+            // unreachable could place the session on another host, a silent fork (#44).
+            "live" | "folded" => Some(Held::Live),
+            "moved" => Some(Held::Moved { epoch: answer.get("epoch").and_then(serde_json::Value::as_u64)? }),
             "absent" => Some(Held::Absent),
             _ => None,
         }
@@ -203,5 +203,19 @@ mod tests {
         assert!(matches!(ask([Err("down".into()), absent(), absent()]), Err(PlacementError::Unreachable { .. })));
         assert_eq!(ask([Err("down".into()), Ok(Held::Live), absent()]), Ok(Placed::Owner("b".into())));
         assert_eq!(place("addr", &[], |_| Ok(Held::Absent)), Err(PlacementError::NoHosts));
+    }
+
+    #[test]
+    fn a_folded_answer_is_the_host_s_own_and_a_moved_answer_needs_its_epoch() {
+        let folded = serde_json::json!({"state": "folded", "session_ref": "addr", "tree": "wal-archive"});
+        assert_eq!(Held::from_answer(&folded), Some(Held::Live));
+        assert_eq!(Held::from_answer(&serde_json::json!({"state": "moved"})), None, "no epoch: unreadable");
+        assert_eq!(
+            Held::from_answer(&serde_json::json!({"state": "moved", "epoch": 4})),
+            Some(Held::Moved { epoch: 4 })
+        );
+        let hs = hosts(&["a", "b"]);
+        let answers = |h: &str| Ok(if h == "a" { Held::Live } else { Held::from_answer(&folded).unwrap() });
+        assert!(matches!(place("addr", &hs, answers), Err(PlacementError::Split { .. })), "folded here, live there");
     }
 }

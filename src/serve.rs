@@ -477,10 +477,13 @@ impl Handler for Server {
                 Ok(())
             };
             ops.handle_counted(&bound, &method, params, reply, authorized);
-            // One record per served op: never its parameters (spec §4, CK_LOG).
+            // One record per served op: never its parameters (spec §4, CK_LOG). The caller's
+            // method and session strings are bounded and escaped: one record is one line (#44).
             log::debug!(
                 target: "broca.requests",
-                "op={log_method} session={session} actor_opened={} elapsed_us={}",
+                "op={:?} session={:?} actor_opened={} elapsed_us={}",
+                crate::wire::loggable(&log_method),
+                crate::wire::loggable(&session),
                 crate::actor::take_opened_here(),
                 started.elapsed().as_micros()
             );

@@ -521,11 +521,16 @@ pub fn cli_plain(conn: &Path, args: &[&str]) -> Value {
 
 /// `broca session ARGS --subc CONN`: its JSON answer, or what it said when it failed.
 pub fn cli_result(conn: &Path, args: &[&str]) -> Result<Value, String> {
+    // The CLI copies archives in and out of the exchange directory of the state root the
+    // daemon's broca uses (`<rig dir>/broca`, beside `<rig dir>/runtime/<connection file>`).
+    let state_root = conn.parent().and_then(Path::parent).map(|d| d.join("broca")).expect("a rig connection file");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_broca"))
         .arg("session")
         .args(args)
         .arg("--subc")
         .arg(conn)
+        .arg("--state-root")
+        .arg(state_root)
         .env_remove("SUBC_MODULE_ID")
         .env_remove("SUBC_LAUNCH_NONCE")
         .env_remove("SUBC_LAUNCH_NONCE_FD")

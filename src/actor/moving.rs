@@ -24,6 +24,10 @@ pub fn tombstone(lineage: &mut Lineage) -> Result<MovedOut, Refusal> {
         return Err(not_idle(MOVE_FENCE_MS));
     }
     let wal_bytes = lineage.durable_end();
+    if wal_bytes > crate::limits::MOVE_WAL_BYTES {
+        // Refused before the tombstone: an archive no host could adopt would strand the session.
+        return Err(too_large(wal_bytes));
+    }
     let wal = read_prefix(lineage.wal_path(), wal_bytes).map_err(|e| open_failed(&e))?;
     let tombstone =
         MovedOut { epoch: state.last_epoch, wal_bytes, wal_sha256: sha256_hex(&wal), at_ms: lineage.now_ms() };
@@ -37,6 +41,17 @@ pub fn session_moved(addr: &str, epoch: u64) -> Refusal {
         RefusalCode::SessionMoved,
         "the session was moved to another host; send it there",
         Some(crate::detail!("class" => "permanent", "session_ref" => addr, "epoch" => epoch)),
+    )
+}
+
+/// `session_too_large`: the session's WAL is larger than a move carries; nothing was written.
+pub fn too_large(wal_bytes: u64) -> Refusal {
+    Refusal::new(
+        RefusalCode::SessionTooLarge,
+        format!("the session's WAL ({wal_bytes} bytes) is larger than a move carries; it stays on this host"),
+        Some(
+            crate::detail!("class" => "permanent", "limit" => crate::limits::MOVE_WAL_BYTES, "wal_bytes" => wal_bytes),
+        ),
     )
 }
 

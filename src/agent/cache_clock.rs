@@ -107,6 +107,12 @@ impl CacheClocks {
     pub fn get(&self, session: &str) -> Option<CacheClock> {
         self.clocks.lock().get(session).copied()
     }
+
+    /// Drops `session`'s clock: its cache is no longer this host's to judge (moved away, or
+    /// adopted from another host).
+    pub fn forget(&self, session: &str) {
+        self.clocks.lock().remove(session);
+    }
 }
 
 #[cfg(test)]

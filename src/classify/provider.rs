@@ -55,8 +55,19 @@ pub enum Outcome {
     Failed { error: ItemError, status: Option<u16> },
 }
 
-/// Posts one provider request body and maps the answer.
+/// Posts one provider request body and maps the answer. A failure's text never carries the
+/// bearer (providers sometimes echo a key back): it is stored, logged and served (#44).
 pub fn call(agent: &ureq::Agent, url: &str, routed: &Routed, bearer: &str, body: &[u8]) -> Outcome {
+    match post(agent, url, routed, bearer, body) {
+        Outcome::Failed { mut error, status } if !bearer.is_empty() => {
+            error.message = error.message.replace(bearer, "[redacted]");
+            Outcome::Failed { error, status }
+        }
+        outcome => outcome,
+    }
+}
+
+fn post(agent: &ureq::Agent, url: &str, routed: &Routed, bearer: &str, body: &[u8]) -> Outcome {
     let request = agent
         .post(url)
         .timeout(CALL_TIMEOUT)

@@ -234,6 +234,11 @@ impl SystemOne {
             let ceiling_nanos = arrival.ceiling_nanos;
             return Ok(Ok(Admitted { first: true, ceiling_nanos, outcomes: BTreeMap::new() }));
         };
+        // Scope first: a caller of another scope learns only that the id is taken, never which
+        // member of that scope's batch differs nor whether it runs (#44).
+        if attribution != *arrival.attribution {
+            return Ok(Err(Refused::ScopeMismatch));
+        }
         let recorded_identity: BatchIdentity =
             serde_json::from_str(&identity).map_err(|e| StoreError::Identity(e.to_string()))?;
         if let Some(field) = recorded_identity.first_difference(arrival.identity) {
@@ -241,9 +246,6 @@ impl SystemOne {
         }
         if holder.is_some() {
             return Ok(Err(Refused::InProgress { held_ms: held_ms.map_or(0, from_sql) }));
-        }
-        if attribution != *arrival.attribution {
-            return Ok(Err(Refused::ScopeMismatch));
         }
         // model-batch `admission::effective_ceiling`, in nanodollars: the lower of the two, or
         // whichever is named; recorded before anything is sent.
@@ -504,6 +506,8 @@ mod tests {
         );
         let flow = Attribution { flow_id: Some("flow-1".into()), ..Attribution::default() };
         assert_eq!(store.admit(&arrival(&id, &flow, None, "p1")).unwrap(), Err(Refused::ScopeMismatch));
+        // Another scope with another body learns only that the id is taken (#44).
+        assert_eq!(store.admit(&arrival(&other, &flow, None, "p1")).unwrap(), Err(Refused::ScopeMismatch));
         let looser = store.admit(&arrival(&id, &who, Some(900), "p1")).unwrap().unwrap();
         assert_eq!(looser.ceiling_nanos, Some(500), "a ceiling only tightens");
         store.release("b1", "p1").unwrap();

@@ -52,6 +52,13 @@ pub trait FeedRoute: Send + Sync {
         arguments: serde_json::Value,
         deadline: Instant,
     ) -> Result<Vec<u8>, CallError>;
+
+    /// The principal late entries name as their custodian (`reserved:<broca's module id>`):
+    /// broca itself, the carrier of every call it raises (tool-provider §7). `None`: unknown
+    /// (no consumer identity), and the entry's custodian is not checked.
+    fn custodian(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The pullers of one process.
@@ -230,7 +237,21 @@ impl Pullers {
         if self.intake.received(&key).map_err(|e| e.to_string())? {
             return Ok(LateAck::NoOp);
         }
-        let registration = self.intake.registration(&entry.call_key).map_err(|e| e.to_string())?;
+        // A call is answered by the module it was dispatched to, for the carrier that raised it
+        // (tool-provider §7: correlated by `(carrier, call_key)`): an entry of another module
+        // or custodian naming a registered key is taken in as a no-op, never delivered (#44).
+        let registration = self.intake.registration(&entry.call_key).map_err(|e| e.to_string())?.filter(|reg| {
+            let matches = reg.module == module && self.feed.custodian().is_none_or(|c| c == entry.custodian);
+            if !matches {
+                log::warn!(
+                    "late results: {module:?} sent an entry for call {:?} of {:?} (custodian {:?}): not delivered",
+                    entry.call_key,
+                    reg.module,
+                    entry.custodian
+                );
+            }
+            matches
+        });
         let outcome = match entry.kind() {
             EntryKind::Result if entry.reduced || entry.result.is_none() => {
                 let outcome = entry.outcome.clone().unwrap_or_else(|| "unknown".into());
@@ -244,7 +265,9 @@ impl Pullers {
             // `held` updates, `progress` and kinds this build does not know change nothing.
             _ => None,
         };
-        let terminal = outcome.is_some();
+        // Only the registration this entry answers is pruned: a foreign entry never removes
+        // another module's (or carrier's) registration.
+        let terminal = outcome.is_some() && registration.is_some();
         let (ack, lineage) = match (registration, outcome) {
             (Some(reg), Some(outcome)) => ((self.deliver)(&reg, outcome), reg.key.addr()),
             (reg, _) => (LateAck::NoOp, reg.map(|r| r.key.addr()).unwrap_or_default()),

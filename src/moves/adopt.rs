@@ -1,7 +1,11 @@
-//! `session.adopt {from}`: take a session an archive carries. The archive is checked (its
-//! digests, every frame, the replay: an idle session whose WAL belongs to this route's
-//! triple), then written beside the live tree, synced, and renamed into place under the
-//! session's lease, whose epoch is raised above the archive's.
+//! `session.adopt {archive}`: take a session an archive in the exchange directory carries.
+//! In this order, and nothing written before the last check: who asks (on this host, its
+//! key-holder or an attested module), the named file (a regular file read through a bound,
+//! never through a symlink), its seal under this host's move key, the archive's digests, every
+//! frame and the replay in memory (an idle session whose WAL belongs to this route's triple),
+//! and then the caller against the owner the archive records. Only then is this host's copy
+//! closed, its lease taken, the WAL staged beside the live tree, synced, and renamed into place
+//! under the session's lease, whose epoch is raised above the archive's.
 //!
 //! Steps, each with a fail point, and what a crash after it leaves:
 //!
@@ -11,11 +15,14 @@
 //! | `move.adopt.after_forget` (this host's derived rows of an older copy dropped) | the older copy rebuilds its rows when next opened |
 //! | `move.adopt.after_rename` (the adopted WAL in place, directory synced) | adopted; the next open raises the lease above every frame's epoch |
 
+use std::sync::Arc;
+
 use serde_json::{json, Value};
 
-use super::archive::{self, Header};
+use super::archive::{self, ArchiveError, Header};
 use super::export::moved_out_of;
-use super::{authorize, not_idle, tree_of, MOVE_FENCE_MS};
+use super::key::MoveKey;
+use super::{authorize, exchange, not_idle, tree_of, MOVE_FENCE_MS};
 use crate::lineage::reader::Reader;
 use crate::lineage::LineageError;
 use crate::ops::{Ops, Route};
@@ -30,20 +37,22 @@ use crate::wire::{invalid_params, Refusal, RefusalCode};
 /// actor) before it is refused busy.
 const LEASE_WAIT_MS: u64 = 5_000;
 
-pub fn adopt(ops: &Ops, route: &Route, from: &std::path::Path) -> Result<Value, Refusal> {
-    let (header, wal_bytes) = archive::read(from).map_err(|e| {
-        Refusal::new(
-            RefusalCode::ArchiveInvalid,
-            e.to_string(),
-            Some(crate::detail!("class" => "permanent", "field" => "from", "reason" => e.reason())),
-        )
-    })?;
+pub fn adopt(ops: &Ops, route: &Route, name: &str) -> Result<Value, Refusal> {
+    let shared = ops.registry.shared();
+    let dir = exchange::of(&shared.root).map_err(|e| io_refusal("open the exchange directory", &e))?;
+    let bytes = exchange::read_bounded(&dir.join(name), archive::MAX_ARCHIVE_BYTES)
+        .map_err(|e| refused(&ArchiveError::Unreadable(e)))?;
+    let seal_key = MoveKey::load_or_create(shared.root.path()).map_err(|e| io_refusal("read move.key", &e))?;
+    let (header, wal_bytes) = archive::decode(&bytes, &seal_key).map_err(|e| refused(&e))?;
+    drop(bytes);
     let key = &route.key;
     if header.addr != key.addr() {
-        return Err(invalid_params("from", "the archive holds another session than this route's"));
+        return Err(invalid_params("archive", "the archive holds another session than this route's"));
     }
     let placement = tree_of(&header.tree).ok_or_else(|| invalid("tree"))?;
-    let shared = ops.registry.shared();
+    let wal_bytes: Arc<[u8]> = wal_bytes.into();
+    let owner = check(&wal_bytes, &header, key.lineage_id())?;
+    authorize(&route.caller, owner.as_ref(), super::ADOPT)?;
     // The session's actor here (reading a tombstoned copy, say) lets go of the lease first.
     ops.registry.close_idle(key);
     let lease_path = shared.root.lease_path(key);
@@ -60,33 +69,15 @@ pub fn adopt(ops: &Ops, route: &Route, from: &std::path::Path) -> Result<Value, 
     let target = existing.clone().unwrap_or_else(|| shared.root.wal_path_placed(key, placement));
     let staged = target.with_extension("wal.adopting");
     let _ = std::fs::remove_file(&staged);
-    write_synced(&staged, &wal_bytes).map_err(|e| io_refusal("stage the archive", &e))?;
-    let checked = check(&staged, &header, key.lineage_id());
-    let owner = match checked {
-        Ok(owner) => owner,
-        Err(refusal) => {
-            let _ = std::fs::remove_file(&staged);
-            return Err(refusal);
-        }
-    };
-    if let Err(refusal) = authorize(&route.caller, owner.as_ref(), super::ADOPT) {
-        let _ = std::fs::remove_file(&staged);
-        return Err(refusal);
-    }
-    crate::failpoint!("move.adopt.after_stage");
     if let Some(path) = &existing {
         match compare(shared, key, path, &header, &wal_bytes) {
-            Ok(Existing::Same) => {
-                let _ = std::fs::remove_file(&staged);
-                return Ok(answer(&header, lease.epoch(), false));
-            }
+            Ok(Existing::Same) => return Ok(answer(&header, lease.epoch(), false)),
             Ok(Existing::Older) => {}
-            Err(refusal) => {
-                let _ = std::fs::remove_file(&staged);
-                return Err(refusal);
-            }
+            Err(refusal) => return Err(refusal),
         }
     }
+    write_synced(&staged, &wal_bytes).map_err(|e| io_refusal("stage the archive", &e))?;
+    crate::failpoint!("move.adopt.after_stage");
     // The older copy's derived rows go before its WAL does: rows describing seqs the adopted
     // WAL numbers differently must never meet it (a crash here rebuilds them from the old WAL).
     shared.store.forget_lineage(&key.addr()).map_err(|e| LineageError::from(e).refusal())?;
@@ -101,12 +92,22 @@ pub fn adopt(ops: &Ops, route: &Route, from: &std::path::Path) -> Result<Value, 
     }
     let epoch = lease.epoch();
     drop(lease);
+    // The cache clock another host kept does not travel: this host has sent nothing yet.
+    ops.registry.cache_clocks().forget(&key.addr());
     // Rebuilds the derived rows now, so reads answer from them at once.
     if let Err(e) = ops.registry.open(key) {
         log::warn!("session {}: adopted, but its first open failed: {e}", header.addr);
     }
     log::info!("session {} adopted at epoch {epoch} ({} WAL bytes)", header.addr, header.wal_bytes);
     Ok(answer(&header, epoch, true))
+}
+
+fn refused(e: &ArchiveError) -> Refusal {
+    Refusal::new(
+        RefusalCode::ArchiveInvalid,
+        e.to_string(),
+        Some(crate::detail!("class" => "permanent", "field" => "archive", "reason" => e.reason())),
+    )
 }
 
 fn answer(header: &Header, epoch: u64, adopted: bool) -> Value {
@@ -160,14 +161,15 @@ fn compare(
     }
 }
 
-/// Every frame of the staged WAL read and replayed: the header names this session and the
-/// archive's incarnation, the frames end exactly at `wal_bytes`, and the session is idle and
-/// not itself moved out. Returns its recorded owner.
-fn check(path: &std::path::Path, header: &Header, lineage: [u8; 16]) -> Result<Option<Owner>, Refusal> {
+/// Every frame of the archive's WAL read and replayed, in memory: the header names this session
+/// and the archive's incarnation, the frames end exactly at `wal_bytes`, and the session is idle
+/// and not itself moved out. Returns its recorded owner.
+fn check(wal_bytes: &Arc<[u8]>, header: &Header, lineage: [u8; 16]) -> Result<Option<Owner>, Refusal> {
     let mut replay = Replay::default();
     let mut end = 0u64;
     let mut owner = None;
-    let read = wal::read(path, record::KNOWN_FEATURES, None, &mut |f: ScannedFrame<'_>| -> Result<(), LineageError> {
+    let storage = wal::storage::InMemory(Arc::clone(wal_bytes));
+    let mut visit = |f: ScannedFrame<'_>| -> Result<(), LineageError> {
         let rec = Record::decode(f.payload).map_err(|e| LineageError::Refused(e.0))?;
         if let (None, Record::RunStarted(r)) = (&owner, &rec) {
             owner = Some(r.owner.clone());
@@ -175,13 +177,15 @@ fn check(path: &std::path::Path, header: &Header, lineage: [u8; 16]) -> Result<O
         replay.apply(f.seq, &rec, &mut |_| {})?;
         end = f.offset + f.len;
         Ok(())
-    });
-    let wal_header = read.map_err(|e| match e {
+    };
+    let read =
+        wal::read_bounded(&storage, std::path::Path::new("archive"), record::KNOWN_FEATURES, None, None, &mut visit);
+    let (wal_header, _) = read.map_err(|e| match e {
         LineageError::Wal(wal::WalError::NewerWriter { .. }) => e.refusal(),
         other => Refusal::new(
             RefusalCode::ArchiveInvalid,
             format!("the archive's WAL does not read back: {other}"),
-            Some(crate::detail!("class" => "permanent", "field" => "from", "reason" => "wal")),
+            Some(crate::detail!("class" => "permanent", "field" => "archive", "reason" => "wal")),
         ),
     })?;
     if wal_header.lineage != lineage || wal_header.incarnation_string() != header.incarnation {
@@ -201,7 +205,7 @@ fn invalid(what: &str) -> Refusal {
     Refusal::new(
         RefusalCode::ArchiveInvalid,
         format!("the archive is not an idle session's WAL: {what}"),
-        Some(crate::detail!("class" => "permanent", "field" => "from", "reason" => "wal")),
+        Some(crate::detail!("class" => "permanent", "field" => "archive", "reason" => "wal")),
     )
 }
 

@@ -1,31 +1,34 @@
 //! The session archive a move carries between hosts (`session.export` writes it,
-//! `session.adopt` reads it): self-checking, and never trusted before it checks out.
+//! `session.adopt` reads it): sealed with the hosts' move key, and never trusted before the
+//! seal checks out (#44).
 //!
 //! ```text
-//! broca-session-archive/v1\n
+//! broca-session-archive/v2\n
 //! <header: one line of JSON>\n
 //! <wal_bytes bytes of the WAL, from its header to the frame before the tombstone>
-//! \nsha256 <64 hex digits: the digest of every byte before this line>\n
+//! \nhmac-sha256 <64 hex digits: HMAC-SHA256 under the move key of every byte before this line>\n
 //! ```
 //!
 //! The WAL bytes are the exporting host's, unchanged: incarnation, seqs and epochs stay as
-//! they were, so reads on the adopting host are byte-identical. Invariants a read checks: the
-//! magic line, a header naming the session's triple and address, exactly `wal_bytes` bytes
-//! whose SHA-256 is `wal_sha256`, and the trailer digest over all of it. Frame-level checks
-//! (every frame's CRC, the lineage id, the replay) are the adopter's, on the written file.
-
-use std::io::Write;
-use std::path::Path;
+//! they were, so reads on the adopting host are byte-identical. Invariants a read checks, in
+//! this order: the seal under this host's key (an archive from outside the hosts sharing the
+//! key, or edited after it was sealed, goes no further), the magic line, a header naming the
+//! session's triple and address, exactly `wal_bytes` bytes whose SHA-256 is `wal_sha256`.
+//! Frame-level checks (every frame's CRC, the lineage id, the replay) are the adopter's.
 
 use serde::{Deserialize, Serialize};
 
+use super::key::MoveKey;
 use crate::session_key::SessionKey;
 
-pub const MAGIC: &str = "broca-session-archive/v1";
+pub const MAGIC: &str = "broca-session-archive/v2";
 /// The largest archive read (`move.archive_max_bytes`): past it the archive is refused.
-pub const MAX_ARCHIVE_BYTES: u64 = 256 << 20;
+pub use crate::limits::MOVE_ARCHIVE_BYTES as MAX_ARCHIVE_BYTES;
+/// The largest WAL an export takes (refused `session_too_large` before its tombstone).
+pub use crate::limits::MOVE_WAL_BYTES as MAX_WAL_BYTES;
 /// The longest header line read.
 const MAX_HEADER_BYTES: usize = 16 << 10;
+const TRAILER_PREFIX: &[u8] = b"\nhmac-sha256 ";
 
 /// What an archive says about the session it holds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,8 +62,10 @@ impl Header {
 /// Why an archive was refused (`archive_invalid`, `detail.reason`).
 #[derive(Debug)]
 pub enum ArchiveError {
-    Unreadable(std::io::Error),
-    TooLarge { limit: u64 },
+    /// The named file cannot be read as an archive (absent, a symlink, a FIFO, too large).
+    Unreadable(super::exchange::ReadError),
+    /// Not sealed under this host's move key: from outside the hosts sharing it, or edited.
+    Unverified,
     Malformed(&'static str),
     DigestMismatch(&'static str),
 }
@@ -69,8 +74,10 @@ impl ArchiveError {
     /// The `detail.reason` served.
     pub fn reason(&self) -> &'static str {
         match self {
+            ArchiveError::Unreadable(super::exchange::ReadError::TooLarge { .. }) => "too_large",
+            ArchiveError::Unreadable(super::exchange::ReadError::NotRegular) => "not_a_file",
             ArchiveError::Unreadable(_) => "unreadable",
-            ArchiveError::TooLarge { .. } => "too_large",
+            ArchiveError::Unverified => "unverified",
             ArchiveError::Malformed(_) => "malformed",
             ArchiveError::DigestMismatch(_) => "digest_mismatch",
         }
@@ -81,7 +88,9 @@ impl std::fmt::Display for ArchiveError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ArchiveError::Unreadable(e) => write!(f, "the archive cannot be read: {e}"),
-            ArchiveError::TooLarge { limit } => write!(f, "the archive is larger than {limit} bytes"),
+            ArchiveError::Unverified => f.write_str(
+                "the archive is not sealed with this host's move key: only hosts sharing move.key exchange sessions (docs/security.md)",
+            ),
             ArchiveError::Malformed(what) => write!(f, "the archive is malformed: {what}"),
             ArchiveError::DigestMismatch(what) => {
                 write!(f, "the archive does not check out: {what} digest does not match")
@@ -92,66 +101,38 @@ impl std::fmt::Display for ArchiveError {
 
 pub use crate::actor::moving::sha256_hex;
 
-/// The archive's bytes.
-pub fn encode(header: &Header, wal: &[u8]) -> Vec<u8> {
+/// The archive's bytes, sealed with `key`.
+pub fn encode(header: &Header, wal: &[u8], key: &MoveKey) -> Vec<u8> {
     let mut out = Vec::with_capacity(wal.len() + 512);
     out.extend_from_slice(MAGIC.as_bytes());
     out.push(b'\n');
     out.extend_from_slice(&serde_json::to_vec(header).expect("a header serializes"));
     out.push(b'\n');
     out.extend_from_slice(wal);
-    let digest = sha256_hex(&out);
-    out.extend_from_slice(format!("\nsha256 {digest}\n").as_bytes());
+    let seal = key.seal(&out);
+    out.extend_from_slice(TRAILER_PREFIX);
+    out.extend_from_slice(seal.as_bytes());
+    out.push(b'\n');
     out
 }
 
-/// Writes the archive at `path` atomically: a temp file beside it, fsync, rename, fsync of
-/// the directory. `before_rename` runs between the fsync and the rename (a fail point).
-pub fn write_atomic(path: &Path, bytes: &[u8], before_rename: impl FnOnce()) -> std::io::Result<()> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.partial"));
-    let mut file = std::fs::File::create(&tmp)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    drop(file);
-    before_rename();
-    std::fs::rename(&tmp, path)?;
-    std::fs::File::open(dir)?.sync_all()
-}
-
-/// Reads and checks the archive at `path`: its header and WAL bytes.
-pub fn read(path: &Path) -> Result<(Header, Vec<u8>), ArchiveError> {
-    let len = std::fs::metadata(path).map_err(ArchiveError::Unreadable)?.len();
-    if len > MAX_ARCHIVE_BYTES {
-        return Err(ArchiveError::TooLarge { limit: MAX_ARCHIVE_BYTES });
-    }
-    decode(&std::fs::read(path).map_err(ArchiveError::Unreadable)?)
-}
-
-/// [`read`] over bytes in memory.
-pub fn decode(bytes: &[u8]) -> Result<(Header, Vec<u8>), ArchiveError> {
-    const TRAILER_LEN: usize = "\nsha256 \n".len() + 64;
-    let body_len = bytes.len().checked_sub(TRAILER_LEN).ok_or(ArchiveError::Malformed("too short"))?;
+/// The body (every byte before the trailer) and the seal of an archive's bytes.
+fn split(bytes: &[u8]) -> Result<(&[u8], &[u8]), ArchiveError> {
+    let trailer_len = TRAILER_PREFIX.len() + 64 + 1;
+    let body_len = bytes.len().checked_sub(trailer_len).ok_or(ArchiveError::Malformed("too short"))?;
     let (body, trailer) = bytes.split_at(body_len);
-    let digest = trailer
-        .strip_prefix(b"\nsha256 ")
-        .and_then(|t| t.strip_suffix(b"\n"))
-        .ok_or(ArchiveError::Malformed("no sha256 trailer"))?;
-    if digest != sha256_hex(body).as_bytes() {
-        return Err(ArchiveError::DigestMismatch("its"));
+    let seal =
+        trailer.strip_prefix(TRAILER_PREFIX).and_then(|t| t.strip_suffix(b"\n")).ok_or(ArchiveError::Unverified)?;
+    Ok((body, seal))
+}
+
+/// Checks an archive's bytes under `key`: its header and WAL bytes.
+pub fn decode(bytes: &[u8], key: &MoveKey) -> Result<(Header, Vec<u8>), ArchiveError> {
+    let (body, seal) = split(bytes)?;
+    if !key.verifies(body, seal) {
+        return Err(ArchiveError::Unverified);
     }
-    let rest = body
-        .strip_prefix(MAGIC.as_bytes())
-        .and_then(|r| r.strip_prefix(b"\n"))
-        .ok_or(ArchiveError::Malformed("not a broca session archive"))?;
-    let line_end = rest
-        .iter()
-        .take(MAX_HEADER_BYTES)
-        .position(|&b| b == b'\n')
-        .ok_or(ArchiveError::Malformed("no header line"))?;
-    let header: Header = serde_json::from_slice(&rest[..line_end]).map_err(|_| ArchiveError::Malformed("header"))?;
-    let wal = &rest[line_end + 1..];
+    let (header, wal) = parse(body)?;
     if wal.len() as u64 != header.wal_bytes {
         return Err(ArchiveError::Malformed("wal length"));
     }
@@ -162,6 +143,27 @@ pub fn decode(bytes: &[u8]) -> Result<(Header, Vec<u8>), ArchiveError> {
         return Err(ArchiveError::Malformed("the address is not the triple's"));
     }
     Ok((header, wal.to_vec()))
+}
+
+/// The header an archive claims, NOT verified: only for telling which session's route to send
+/// it on (`broca session import`). The adopting host checks everything with [`decode`].
+pub fn peek_header(bytes: &[u8]) -> Result<Header, ArchiveError> {
+    let (body, _) = split(bytes)?;
+    Ok(parse(body)?.0)
+}
+
+fn parse(body: &[u8]) -> Result<(Header, &[u8]), ArchiveError> {
+    let rest = body
+        .strip_prefix(MAGIC.as_bytes())
+        .and_then(|r| r.strip_prefix(b"\n"))
+        .ok_or(ArchiveError::Malformed("not a broca session archive (v2)"))?;
+    let line_end = rest
+        .iter()
+        .take(MAX_HEADER_BYTES)
+        .position(|&b| b == b'\n')
+        .ok_or(ArchiveError::Malformed("no header line"))?;
+    let header: Header = serde_json::from_slice(&rest[..line_end]).map_err(|_| ArchiveError::Malformed("header"))?;
+    Ok((header, &rest[line_end + 1..]))
 }
 
 #[cfg(test)]
@@ -184,19 +186,32 @@ mod tests {
         }
     }
 
+    fn key() -> MoveKey {
+        MoveKey::from_bytes([1; 32])
+    }
+
     #[test]
     fn an_archive_reads_back_and_any_flipped_byte_is_refused() {
         let wal = b"BWAL and some frames".to_vec();
-        let bytes = encode(&header(&wal), &wal);
-        let (h, w) = decode(&bytes).unwrap();
-        assert_eq!((h, w), (header(&wal), wal));
+        let bytes = encode(&header(&wal), &wal, &key());
+        let (h, w) = decode(&bytes, &key()).unwrap();
+        assert_eq!((h.clone(), w), (header(&wal), wal));
+        assert_eq!(peek_header(&bytes).unwrap(), h);
         for i in 0..bytes.len() {
             let mut bad = bytes.clone();
             bad[i] ^= 0x01;
-            assert!(decode(&bad).is_err(), "byte {i} flipped");
+            assert!(decode(&bad, &key()).is_err(), "byte {i} flipped");
         }
-        assert!(decode(&bytes[..bytes.len() - 1]).is_err());
-        assert!(decode(b"").is_err());
+        assert!(decode(&bytes[..bytes.len() - 1], &key()).is_err());
+        assert!(decode(b"", &key()).is_err());
+    }
+
+    #[test]
+    fn an_archive_sealed_under_another_key_is_refused_whatever_its_digests_say() {
+        let wal = b"BWAL".to_vec();
+        let forged = encode(&header(&wal), &wal, &MoveKey::from_bytes([2; 32]));
+        assert!(matches!(decode(&forged, &key()), Err(ArchiveError::Unverified)));
+        assert_eq!(ArchiveError::Unverified.reason(), "unverified");
     }
 
     #[test]
@@ -204,6 +219,6 @@ mod tests {
         let wal = b"w".to_vec();
         let mut h = header(&wal);
         h.session = "other".into();
-        assert!(matches!(decode(&encode(&h, &wal)), Err(ArchiveError::Malformed(_))));
+        assert!(matches!(decode(&encode(&h, &wal, &key()), &key()), Err(ArchiveError::Malformed(_))));
     }
 }

@@ -1,12 +1,15 @@
-//! `session.export {to}`: tombstone the session on this host (its actor, between runs), then
-//! write the archive of everything before the tombstone to `to`.
+//! `session.export {}`: tombstone the session on this host (its actor, between runs), then
+//! write the archive of everything before the tombstone, sealed with the move key, into the
+//! exchange directory under a name broca chooses (`<addr>.e<epoch>.archive`). Every check (who
+//! asks, the exchange directory, the key, the session's size) comes before the tombstone.
 
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use super::archive::{self, Header};
-use super::{authorize, MOVE_WAIT_MS};
+use super::key::MoveKey;
+use super::{authorize, exchange, MOVE_WAIT_MS};
 use crate::actor::moving::{not_idle, open_failed, read_prefix, MOVE_FENCE_MS};
 use crate::actor::{Answer, SessionCommand};
 use crate::lineage::reader::{Reader, Sink, Start};
@@ -17,7 +20,8 @@ use crate::state_root::Placement;
 use crate::wire::{Refusal, RefusalCode};
 
 /// The op: checks the caller, has the actor tombstone the session, writes the archive.
-pub fn export(ops: &Ops, route: &Route, to: &std::path::Path) -> Result<Value, Refusal> {
+pub fn export(ops: &Ops, route: &Route) -> Result<Value, Refusal> {
+    super::caller_may_move(&route.caller, super::EXPORT)?;
     let shared = ops.registry.shared();
     let key = &route.key;
     let Some(reader) = Reader::open(shared, key) else {
@@ -25,9 +29,8 @@ pub fn export(ops: &Ops, route: &Route, to: &std::path::Path) -> Result<Value, R
     };
     let first = crate::ops::first_run_started(&reader).map_err(|e| e.refusal())?;
     authorize(&route.caller, first.as_ref().and_then(|r| r.owner.as_ref()), super::EXPORT)?;
-    if !to.parent().is_some_and(std::path::Path::is_dir) {
-        return Err(crate::wire::invalid_params("to", "its directory must exist"));
-    }
+    let dir = exchange::of(&shared.root).map_err(|e| exchange_refusal("open the exchange directory", &e))?;
+    let seal_key = MoveKey::load_or_create(shared.root.path()).map_err(|e| exchange_refusal("read move.key", &e))?;
     let (tx, rx) = crossbeam_channel::bounded(1);
     let answer = Answer::new(move |r: Result<MovedOut, Refusal>| {
         let _ = tx.send(r);
@@ -39,6 +42,9 @@ pub fn export(ops: &Ops, route: &Route, to: &std::path::Path) -> Result<Value, R
     drop(answer);
     let tombstone = rx.recv_timeout(Duration::from_millis(MOVE_WAIT_MS)).map_err(|_| not_idle(MOVE_FENCE_MS))??;
     crate::failpoint!("move.export.after_tombstone");
+    // The prompt cache's clock stays with this host's last request: the session's next request
+    // is another host's (#44).
+    ops.registry.cache_clocks().forget(&key.addr());
     let path = shared.root.wal_path(key);
     let wal = read_prefix(&path, tombstone.wal_bytes).map_err(|e| open_failed(&e))?;
     if archive::sha256_hex(&wal) != tombstone.wal_sha256 {
@@ -60,14 +66,17 @@ pub fn export(ops: &Ops, route: &Route, to: &std::path::Path) -> Result<Value, R
         exported_at_ms: tombstone.at_ms,
         source_machine: route.caller.machine.clone(),
     };
-    let bytes = archive::encode(&header, &wal);
-    archive::write_atomic(to, &bytes, || crate::failpoint!("move.export.before_rename")).map_err(|e| {
-        Refusal::new(
-            RefusalCode::OpenFailed,
-            format!("cannot write the archive: {e}"),
-            Some(crate::detail!("class" => "transient", "field" => "to")),
-        )
-    })?;
+    let name = exchange::export_name(&header.addr, header.epoch);
+    let bytes = archive::encode(&header, &wal, &seal_key);
+    let archive_bytes = match exchange::create_new(&dir, &name, &bytes, || {
+        crate::failpoint!("move.export.before_rename")
+    }) {
+        Ok(()) => bytes.len() as u64,
+        // A repeated export of the same tombstone: the archive an earlier one wrote stands, if
+        // it holds this very WAL; any other file of that name is never replaced.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => earlier_archive(&dir, &name, &header, &seal_key)?,
+        Err(e) => return Err(exchange_refusal("write the archive", &e)),
+    };
     log::info!("session {} exported (epoch {}, {} WAL bytes)", header.addr, header.epoch, header.wal_bytes);
     Ok(json!({
         "session_ref": header.addr,
@@ -75,8 +84,29 @@ pub fn export(ops: &Ops, route: &Route, to: &std::path::Path) -> Result<Value, R
         "epoch": header.epoch,
         "wal_bytes": header.wal_bytes,
         "wal_sha256": header.wal_sha256,
-        "archive_bytes": bytes.len(),
+        "archive": name,
+        "archive_bytes": archive_bytes,
     }))
+}
+
+/// The size of the archive an earlier export of the same tombstone left at `name`, when it is
+/// this session's archive of the same WAL bytes.
+fn earlier_archive(dir: &std::path::Path, name: &str, header: &Header, key: &MoveKey) -> Result<u64, Refusal> {
+    let bytes = exchange::read_bounded(&dir.join(name), archive::MAX_ARCHIVE_BYTES)
+        .map_err(|e| exchange_refusal("read the earlier archive", &std::io::Error::other(e.to_string())))?;
+    match archive::decode(&bytes, key) {
+        Ok((earlier, _)) if earlier.addr == header.addr && earlier.wal_sha256 == header.wal_sha256 => {
+            Ok(bytes.len() as u64)
+        }
+        _ => Err(exchange_refusal(
+            "write the archive",
+            &std::io::Error::other(format!("{name} exists in the exchange directory and is not this export's archive")),
+        )),
+    }
+}
+
+fn exchange_refusal(what: &str, e: &std::io::Error) -> Refusal {
+    Refusal::new(RefusalCode::OpenFailed, format!("cannot {what}: {e}"), Some(crate::detail!("class" => "transient")))
 }
 
 /// The session's tombstone, if its WAL ends in one.

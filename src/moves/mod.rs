@@ -2,6 +2,12 @@
 //! `session.adopt` on the host that takes it, `session.locate` to ask a host where a session
 //! stands. The CLI is `broca session export|import|locate`.
 //!
+//! Moves never take a caller's path and never trust an archive broca's hosts did not seal
+//! (#44, docs/security.md): archives live in the exchange directory ([`exchange`]) under names
+//! broca checks, each sealed with the move key the hosts share ([`key`]); the operator's CLI
+//! copies them in and out. Who asks is decided first: a caller relayed from another machine,
+//! or one the daemon did not attest, is refused before anything is read.
+//!
 //! A move has three states and every crash leaves exactly one of them:
 //!
 //! 1. **owned by the source**: its live WAL takes sends;
@@ -21,7 +27,9 @@
 
 mod adopt;
 pub mod archive;
+pub mod exchange;
 mod export;
+pub mod key;
 
 pub use crate::actor::moving::{moving, not_idle, session_moved, tombstone, MOVE_FENCE_MS};
 pub use adopt::adopt;
@@ -40,16 +48,20 @@ pub const MOVE_WAIT_MS: u64 = 30_000;
 /// The management ops this module serves (broca extensions outside the llm-runner role).
 pub use crate::op::{MOVE_OPS as OPS, SESSION_ADOPT as ADOPT, SESSION_EXPORT as EXPORT, SESSION_LOCATE as LOCATE};
 
-/// Serves one of [`OPS`] (blocking: call it from a worker).
+/// Serves one of [`OPS`] (blocking: call it from a worker). Authorization before params.
 pub fn serve(ops: &Ops, route: &Route, method: &str, params: &Value) -> Result<Value, Refusal> {
     match method {
         EXPORT => {
-            strict(params, &["to"])?;
-            export(ops, route, &path_param(params, "to")?)
+            caller_may_move(&route.caller, EXPORT)?;
+            no_path(params, "to")?;
+            strict(params, &[])?;
+            export(ops, route)
         }
         ADOPT => {
-            strict(params, &["from"])?;
-            adopt(ops, route, &path_param(params, "from")?)
+            caller_may_move(&route.caller, ADOPT)?;
+            no_path(params, "from")?;
+            strict(params, &["archive"])?;
+            adopt(ops, route, &archive_param(params)?)
         }
         _ => {
             strict(params, &[])?;
@@ -88,23 +100,48 @@ pub fn where_is(shared: &crate::lineage::Shared, key: &crate::session_key::Sessi
 /// A move is an operator's act on its own host: refused to a caller relayed from another
 /// machine, admitted to the host's key-holder (`direct`) and to the session's owner.
 fn authorize(caller: &Caller, owner: Option<&owner::Owner>, method: &str) -> Result<(), Refusal> {
-    if caller.via.is_none() && (caller.principal == "direct" || owner.is_some_and(|o| o.admits(caller))) {
+    if caller.via.is_none() && (caller.principal == owner::DIRECT || owner.is_some_and(|o| o.admits(caller))) {
         return Ok(());
     }
-    let message = format!(
-        "{method} is an operator's act on this host: only its key-holder or the session's owner may call it; this route's caller is {}",
-        caller.principal
-    );
-    Err(Refusal::new(RefusalCode::NotAuthorized, message, Some(crate::detail!("principal" => caller.principal))))
+    Err(not_authorized(caller, method))
 }
 
-/// An absolute path member.
-fn path_param(params: &Value, field: &str) -> Result<std::path::PathBuf, Refusal> {
-    let path = params.get(field).and_then(Value::as_str).ok_or_else(|| invalid_params(field, "required, a path"))?;
-    if !path.starts_with('/') || path.len() > 4096 || path.contains('\0') {
-        return Err(invalid_params(field, "must be an absolute path"));
+/// The part of [`authorize`] decided before anything is read: the caller is on this host and
+/// is its key-holder or a module the daemon attested.
+fn caller_may_move(caller: &Caller, method: &str) -> Result<(), Refusal> {
+    if caller.via.is_none() && (caller.principal == owner::DIRECT || caller.attested().is_some()) {
+        return Ok(());
     }
-    Ok(std::path::PathBuf::from(path))
+    Err(not_authorized(caller, method))
+}
+
+fn not_authorized(caller: &Caller, method: &str) -> Refusal {
+    let message = format!(
+        "{method} is an operator's act on this host: only its key-holder or the session's owner may call it; this route's caller is {}",
+        crate::wire::loggable(&caller.principal)
+    );
+    Refusal::new(RefusalCode::NotAuthorized, message, Some(crate::detail!("principal" => caller.principal)))
+}
+
+/// The member a move once took a path in: refused by name, saying where archives live now.
+fn no_path(params: &Value, field: &str) -> Result<(), Refusal> {
+    match params.get(field) {
+        Some(_) => Err(invalid_params(
+            field,
+            "moves take no paths: archives live in broca's exchange directory; `broca session export|import` copies them out and in",
+        )),
+        None => Ok(()),
+    }
+}
+
+/// `archive`: the name of a file in the exchange directory.
+fn archive_param(params: &Value) -> Result<String, Refusal> {
+    let name = params
+        .get("archive")
+        .and_then(Value::as_str)
+        .ok_or_else(|| invalid_params("archive", "required, an archive's file name"))?;
+    exchange::check_name(name).map_err(|why| invalid_params("archive", why))?;
+    Ok(name.to_owned())
 }
 
 /// The tree name an archive records for a placement, and back.

@@ -15,12 +15,13 @@ use crate::record::{Record, RunStarted};
 use crate::wire::Refusal;
 
 /// Refuses an owner-only `op` from anyone but the session's recorded owner. A session
-/// without a WAL, without an episode, or recorded without an owner admits every caller.
+/// without a WAL or without an episode admits every caller (its first send records the owner);
+/// one recorded without an owner admits every local caller ([`owner::admits`]).
 pub(super) fn authorize(ops: &Ops, route: &Route, op: Option<Op>) -> Result<(), Refusal> {
     let Some(op) = op.filter(|op| op.owner_only()) else { return Ok(()) };
     let Some(reader) = Reader::open(ops.registry.shared(), &route.key) else { return Ok(()) };
-    let first = first_run_started(&reader).map_err(|e| e.refusal())?;
-    if owner::admits(first.as_ref().and_then(|r| r.owner.as_ref()), &route.caller) {
+    let Some(first) = first_run_started(&reader).map_err(|e| e.refusal())? else { return Ok(()) };
+    if owner::admits(first.owner.as_ref(), &route.caller) {
         return Ok(());
     }
     Err(crate::wire::scope_owner_mismatch(op.name(), &route.caller))
@@ -47,8 +48,10 @@ pub(crate) fn first_run_started(reader: &Reader) -> Result<Option<Box<RunStarted
 /// `session.head.sender` (`head_sender`): the caller's own grant on its next send. The owner
 /// (and every caller of a session with no recorded owner, whose next send is admitted as the
 /// owner's) gets every delivery mode broca declares and interruption; anyone else no grant.
-pub(super) fn sender_grant(owner: Option<&Owner>, caller: &Caller) -> Option<HeadSender> {
-    if !owner::admits(owner, caller) {
+/// `episode_owner` is `None` before the first episode (every caller's send is admitted then),
+/// else the owner the session recorded.
+pub(super) fn sender_grant(episode_owner: Option<Option<&Owner>>, caller: &Caller) -> Option<HeadSender> {
+    if episode_owner.is_some_and(|owner| !owner::admits(owner, caller)) {
         return None;
     }
     let modes = [Mode::ToolResult, Mode::TurnSystem, Mode::Steer, Mode::IdleStart]

@@ -310,7 +310,7 @@ pub(super) fn session_head(ops: &Ops, route: &super::Route, version: u64) -> Res
             .clone()
             .map(|since| SessionUsage { usage: page.state.session_usage.clone(), since }),
         title: last.and_then(|e| e.title.clone()),
-        sender: super::owners::sender_grant(last.and_then(|e| e.owner.as_ref()), &route.caller),
+        sender: super::owners::sender_grant(last.map(|e| e.owner.as_ref()), &route.caller),
         cache: ops.registry.cache_clocks().get(&lineage_id).map(|c| HeadCache {
             last_sent_at_ms: c.last_sent_at_ms,
             ttl_ms: c.ttl_ms,

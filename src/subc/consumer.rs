@@ -263,6 +263,12 @@ pub struct Consumer {
 
 impl Consumer {
     /// Connects and authenticates (no HELLO) with the default [`ConsumerOptions`].
+    /// The principal targets see on this consumer's routes (`reserved:<module id>`), when it
+    /// presents a consumer identity.
+    pub fn principal(&self) -> Option<String> {
+        self.inner.identity.as_ref().map(|i| format!("{}{}", crate::owner::RESERVED_PREFIX, i.module_id))
+    }
+
     pub fn connect(conn_file: &Path, identity: Option<ConsumerIdentity>) -> Result<Consumer, CallError> {
         Consumer::connect_with(conn_file, identity, ConsumerOptions::default())
     }

@@ -39,6 +39,10 @@ impl crate::held::puller::FeedRoute for ToolPlane {
     fn role_op(&self, module: &str, name: &str, arguments: Value, deadline: Instant) -> Result<Vec<u8>, CallError> {
         ToolPlane::role_op(self, module, crate::held::puller::FEED_SESSION, name, arguments, deadline)
     }
+
+    fn custodian(&self) -> Option<String> {
+        self.consumer.principal()
+    }
 }
 
 /// broca's side of the tool plane: the consumer connection it calls providers on, the calls in

@@ -79,6 +79,36 @@ impl WalFile for File {
     }
 }
 
+/// One WAL's bytes in memory, read-only: an archive is read and replayed here before any of
+/// it is written to disk (`crate::moves`). Every path names these bytes.
+#[derive(Clone, Debug)]
+pub struct InMemory(pub std::sync::Arc<[u8]>);
+
+struct MemRead(std::sync::Arc<[u8]>);
+
+impl WalRead for MemRead {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let start = usize::try_from(offset).unwrap_or(usize::MAX).min(self.0.len());
+        let n = buf.len().min(self.0.len() - start);
+        buf[..n].copy_from_slice(&self.0[start..start + n]);
+        Ok(n)
+    }
+}
+
+impl Storage for InMemory {
+    fn open_read(&self, _path: &Path) -> io::Result<Box<dyn WalRead>> {
+        Ok(Box::new(MemRead(std::sync::Arc::clone(&self.0))))
+    }
+
+    fn open_write(&self, _path: &Path) -> io::Result<Box<dyn WalFile>> {
+        Err(io::Error::new(io::ErrorKind::Unsupported, "an in-memory WAL is read-only"))
+    }
+
+    fn create(&self, _path: &Path, _bytes: &[u8]) -> io::Result<()> {
+        Err(io::Error::new(io::ErrorKind::Unsupported, "an in-memory WAL is read-only"))
+    }
+}
+
 impl Storage for FileStorage {
     fn open_read(&self, path: &Path) -> io::Result<Box<dyn WalRead>> {
         Ok(Box::new(File::open(path)?))

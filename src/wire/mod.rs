@@ -190,6 +190,9 @@ pub enum RefusalCode {
     SessionExists,
     /// `session.adopt`: the archive does not check out (`detail {field, reason}`).
     ArchiveInvalid,
+    /// `session.export`: the session's WAL is larger than a move carries (`detail {class:
+    /// "permanent", limit, wal_bytes}`); nothing was written.
+    SessionTooLarge,
     /// The run index proves the session has history no WAL here covers (spec §15; `detail
     /// {class: "permanent", session_ref}`, never a path).
     HistoryUnreachable,
@@ -261,6 +264,7 @@ impl RefusalCode {
             RefusalCode::SessionNotFound => "session_not_found",
             RefusalCode::SessionExists => "session_exists",
             RefusalCode::ArchiveInvalid => "archive_invalid",
+            RefusalCode::SessionTooLarge => "session_too_large",
             RefusalCode::HistoryUnreachable => "history_unreachable",
         }
     }
@@ -359,7 +363,7 @@ pub const UNREAD_NAMES_MAX: usize = 256;
 pub const LOGGED_NAME_MAX: usize = 64;
 
 /// `name` cut to [`LOGGED_NAME_MAX`] bytes at a character boundary, marked when cut.
-fn loggable(name: &str) -> String {
+pub(crate) fn loggable(name: &str) -> String {
     if name.len() <= LOGGED_NAME_MAX {
         return name.to_owned();
     }

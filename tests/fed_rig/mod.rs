@@ -92,6 +92,12 @@ fn mkdirs(path: &Path) {
 }
 
 /// A fresh machine id in the daemon's format (32 lowercase hex digits).
+/// The move key every daemon of this process's rigs shares: 64 hex digits, random per process.
+fn rig_move_key() -> &'static str {
+    static KEY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    KEY.get_or_init(|| format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple()))
+}
+
 fn mint_machine_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()
 }
@@ -227,6 +233,10 @@ fn broca_module(broca: &Path, dir: &Path, model_url: &str, restart: &Value, extr
     let mut seeded: Value = serde_json::from_slice(&fs::read(lkg).expect("the catalog LKG")).expect("LKG JSON");
     seeded["written_at_ms"] = json!(now_ms());
     fs::write(state.join("catalog/fusiform-lkg.json"), seeded.to_string()).expect("seeding the catalog");
+    // The rig's hosts move sessions between them: they share one move key (docs/security.md).
+    let key = state.join(broca::moves::key::FILE);
+    fs::write(&key, format!("{}\n", rig_move_key())).expect("provisioning move.key");
+    fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).expect("move.key's mode");
     let mut module = json!({
         "program": broca, "args": [], "enabled": true, "reserved": true, "restart": restart,
         "env": {"CK_LOG": "info", "BROCA_STATE_ROOT": state, "BROCA_PROVIDER_BASE_URL": model_url},
