@@ -224,6 +224,7 @@ impl Server {
         } else if classify {
             self.metrics.classify_runs.fetch_add(1, Ordering::Relaxed);
         } else {
+            let method = crate::wire::loggable(&method);
             let message = format!("unknown method {method:?} on a classifier/v1 route");
             let detail = Some(crate::detail!("method" => method, "class" => "permanent"));
             return self.refuse(route, corr, &Refusal::new(RefusalCode::UnknownMethod, message, detail));

@@ -168,7 +168,7 @@ impl Pullers {
                 }
                 Ok(Pass::Pinned) => self.poll,
                 Err(e) => {
-                    log::info!("late results from {module}: {e}; pulling again in {:?}", super::POLL_AFTER_ERROR);
+                    log::info!("late results from {module}: {e:?}; pulling again in {:?}", super::POLL_AFTER_ERROR);
                     super::POLL_AFTER_ERROR.min(self.poll.max(Duration::from_millis(1)) * 10)
                 }
             };
@@ -337,4 +337,62 @@ fn poll_interval() -> Duration {
         }
     }
     super::POLL_EVERY
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session_key::SessionKey;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A feed that is never read: `take` is driven directly.
+    struct Silent;
+    impl FeedRoute for Silent {
+        fn role_op(&self, _: &str, _: &str, _: serde_json::Value, _: Instant) -> Result<Vec<u8>, CallError> {
+            Err(CallError::BadReply("not read in this test".into()))
+        }
+        fn custodian(&self) -> Option<String> {
+            Some("reserved:broca".into())
+        }
+    }
+
+    fn entry(call_key: &str, custodian: &str, event: &str) -> LateEntry {
+        serde_json::from_value(serde_json::json!({
+            "kind": "result", "owner": "reserved:broca", "ref": "r", "scope_epoch": 0,
+            "custodian": custodian, "call_key": call_key, "event_id": event,
+            "settled_at": 1, "result": "done"
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_late_result_is_delivered_only_from_its_module_for_its_custodian() {
+        let dir = tempfile::tempdir().unwrap();
+        let intake = Arc::new(Intake::open(dir.path()).unwrap());
+        let reg = Registration {
+            call_key: "l:1".into(),
+            key: SessionKey::new("/p", "h", "s"),
+            run_id: "run-1".into(),
+            tool_call_id: "c1".into(),
+            module: "tools-a".into(),
+        };
+        intake.register(std::slice::from_ref(&reg), 1).unwrap();
+        let delivered = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&delivered);
+        let deliver: Deliver = Arc::new(move |_, _| {
+            count.fetch_add(1, Ordering::SeqCst);
+            LateAck::Delivered
+        });
+        let pullers = Pullers::new(Arc::clone(&intake), Arc::new(Silent), deliver, Arc::new(|_| Some(true)));
+        // Another provider module naming the key: a no-op that leaves the registration alone.
+        assert_eq!(pullers.take("tools-b", &entry("l:1", "reserved:broca", "e1")).unwrap(), LateAck::NoOp);
+        // Its own module, but for another carrier: the same.
+        assert_eq!(pullers.take("tools-a", &entry("l:1", "reserved:other", "e2")).unwrap(), LateAck::NoOp);
+        assert_eq!(delivered.load(Ordering::SeqCst), 0);
+        assert_eq!(intake.registration("l:1").unwrap(), Some(reg.clone()), "a foreign entry prunes nothing");
+        // The call's own module, for broca: delivered once, and the registration goes.
+        assert_eq!(pullers.take("tools-a", &entry("l:1", "reserved:broca", "e3")).unwrap(), LateAck::Delivered);
+        assert_eq!(delivered.load(Ordering::SeqCst), 1);
+        assert_eq!(intake.registration("l:1").unwrap(), None);
+    }
 }

@@ -109,6 +109,8 @@ impl Ops {
         match op {
             // A stream is served by the subscription path (`serve`), never as a request.
             None | Some(Op::SessionSubscribe) => {
+                // The caller's string, bounded: a refusal always fits its frame (#44).
+                let method = crate::wire::loggable(method);
                 let detail = Some(crate::detail!("method" => method));
                 reply(Err(Refusal::new(RefusalCode::UnknownMethod, format!("unknown method {method:?}"), detail)))
             }

@@ -88,6 +88,18 @@ struct Fetched {
     answer: CatalogAnswer,
 }
 
+/// One fetch on a scoped thread of its own; a thread the OS refuses is that item's fault, never
+/// a panic of the op worker.
+fn spawn<'scope, 'env, F>(
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    f: F,
+) -> std::io::Result<std::thread::ScopedJoinHandle<'scope, Result<Fetched, Fault>>>
+where
+    F: FnOnce() -> Result<Fetched, Fault> + Send + 'scope,
+{
+    std::thread::Builder::new().name("broca-fetch".into()).spawn_scoped(scope, f)
+}
+
 /// Fetches every item of `plan` for the session `lineage` (its route identity), in one round.
 pub fn fetch(plane: &ToolPlane, lineage: &str, plan: &Plan) -> Result<FetchedPlan, Refusal> {
     let started = Instant::now();
@@ -98,16 +110,17 @@ pub fn fetch(plane: &ToolPlane, lineage: &str, plan: &Plan) -> Result<FetchedPla
             .map(|item| {
                 let within = if item.optional { OPTIONAL_FETCH_WITHIN } else { PLAN_FETCH_WITHIN };
                 let deadline = started + within;
-                scope.spawn(move || fetch_item(plane, lineage, plan, item, deadline))
+                spawn(scope, move || fetch_item(plane, lineage, plan, item, deadline))
             })
             .collect();
         let texts: Vec<_> = plan
             .system_text_items
             .iter()
-            .map(|item| scope.spawn(move || fetch_text(plane, lineage, plan, item, started + PLAN_FETCH_WITHIN)))
+            .map(|item| spawn(scope, move || fetch_text(plane, lineage, plan, item, started + PLAN_FETCH_WITHIN)))
             .collect();
-        let join = |h: std::thread::ScopedJoinHandle<'_, Result<Fetched, Fault>>| {
-            h.join().unwrap_or_else(|_| Err(Fault::Invalid("the fetch panicked".into())))
+        let join = |h: std::io::Result<std::thread::ScopedJoinHandle<'_, Result<Fetched, Fault>>>| match h {
+            Ok(h) => h.join().unwrap_or_else(|_| Err(Fault::Invalid("the fetch panicked".into()))),
+            Err(e) => Err(Fault::Unavailable(format!("no thread for the fetch: {e}"))),
         };
         let tools: Vec<Result<Fetched, Fault>> = tools.into_iter().map(join).collect();
         let texts: Vec<Result<Fetched, Fault>> = texts.into_iter().map(join).collect();

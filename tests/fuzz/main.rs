@@ -18,6 +18,7 @@
 mod catalog;
 mod eventstream;
 mod gen;
+mod moves;
 mod ops;
 mod sse;
 mod subc;

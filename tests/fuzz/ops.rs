@@ -99,7 +99,7 @@ fn root(field: &str) -> &str {
 
 /// A refusal is typed: it serializes to `{code, message, detail?}`, and `invalid_params`
 /// names its member.
-fn check_refusal(r: &Refusal) -> Option<String> {
+pub(crate) fn check_refusal(r: &Refusal) -> Option<String> {
     let body: Value = serde_json::from_str(&r.to_json()).expect("a refusal body is JSON");
     assert_eq!(body["code"], r.code.as_str());
     assert!(!r.message.is_empty());
@@ -249,7 +249,7 @@ fn settle_on(rig: &Rig, key: &SessionKey) {
 }
 
 /// A rig whose session has two completed runs (so there are messages, run ids, a send id).
-fn rig_with_history() -> (Rig, String, String) {
+pub(crate) fn rig_with_history() -> (Rig, String, String) {
     let rig = rig(Duration::from_secs(60));
     let first = rig.call("session.send", send("one")).unwrap();
     settle(&rig);
