@@ -77,7 +77,10 @@ pub struct Server {
     workers: Arc<Pool>,
     metrics: Arc<Metrics>,
     routes: HashMap<Route, crate::ops::Route>,
-    streams: Arc<Mutex<HashMap<(Route, u64), Subscription>>>,
+    /// Every stream of a route, from its request until it ends: `None` while a worker attaches
+    /// it. A cancel or a route close removes the entry; a worker that then finds its entry gone
+    /// cancels what it attached, so no stream outlives its request.
+    streams: Arc<Mutex<HashMap<(Route, u64), Option<Subscription>>>>,
     draining: Arc<AtomicBool>,
     stopped: crossbeam_channel::Sender<()>,
     /// broca's consumer connection, when it could be made.
@@ -169,10 +172,25 @@ impl Server {
         // Attaching reads the disk (the WAL's place, the live head): a worker does it, never
         // the io thread.
         let ops = Arc::clone(&self.ops);
+        self.streams.lock().insert((route, corr), None);
         let job = move || {
             let registry = &ops.registry;
-            let Some(sub) = hub.attach_with(registry.shared(), &key, from, limits, sink) else { return };
-            streams.lock().insert((route, corr), sub);
+            let Some(sub) = hub.attach_with(registry.shared(), &key, from, limits, sink) else {
+                streams.lock().remove(&(route, corr));
+                return;
+            };
+            {
+                let mut streams = streams.lock();
+                match streams.get_mut(&(route, corr)) {
+                    Some(slot) => *slot = Some(sub),
+                    // Cancelled, or its route closed, while it attached.
+                    None => {
+                        drop(streams);
+                        sub.cancel();
+                        return;
+                    }
+                }
+            }
             // A subscription (re)opens the session's actor, which then holds the lease while
             // observers remain. A lease held by another process leaves the stream read-only. An
             // expired record is not opened (its open would delete it and start an empty one).
@@ -183,6 +201,7 @@ impl Server {
             }
         };
         if let Err(e) = self.workers.run(job) {
+            self.streams.lock().remove(&(route, corr));
             self.refuse_unstarted(route, corr, &e);
         }
     }
@@ -496,7 +515,7 @@ impl Handler for Server {
 
     fn on_cancel(&mut self, route: Route, corr: u64) {
         // A stream ends on cancel; a unary request keeps its one terminal from its op.
-        if let Some(sub) = self.streams.lock().remove(&(route, corr)) {
+        if let Some(Some(sub)) = self.streams.lock().remove(&(route, corr)) {
             sub.cancel();
         }
     }
@@ -507,7 +526,7 @@ impl Handler for Server {
         let mut streams = self.streams.lock();
         let gone: Vec<(Route, u64)> = streams.keys().filter(|(r, _)| *r == route).copied().collect();
         for k in gone {
-            if let Some(sub) = streams.remove(&k) {
+            if let Some(Some(sub)) = streams.remove(&k) {
                 sub.cancel();
             }
         }

@@ -18,7 +18,9 @@ usage: broca-run [OPTIONS] [PROMPT | -]
   --state-root DIR         state root (default: BROCA_STATE_ROOT, else $XDG_DATA_HOME/cortexkit/broca,
                            else ~/.local/share/cortexkit/broca)
   --base-url URL           provider base URL instead of the catalog's (for mocks; needs no credential)
-  --auth-bearer TOKEN      bearer credential for the provider (kept in memory, never written)
+  --auth-bearer TOKEN      bearer credential for the provider (kept in memory, never written;
+                           on the command line other users can see it: prefer the next)
+  --auth-bearer-file FILE  the bearer credential read from FILE (its first line)
   --auth-method M          how the model's provider authenticates: apikey (default), chatgpt (a
                            ChatGPT subscription: OpenAI Responses models on the ChatGPT/Codex
                            backend), oauth or antigravity; names the dev-tools handle read
@@ -137,6 +139,7 @@ pub fn parse(argv: impl Iterator<Item = String>) -> Result<Parsed, String> {
             "--state-root" => a.state_root = Some(PathBuf::from(value("--state-root")?)),
             "--base-url" => a.base_url = Some(value("--base-url")?),
             "--auth-bearer" => a.auth_bearer = Some(value("--auth-bearer")?),
+            "--auth-bearer-file" => a.auth_bearer = Some(bearer_file(&value("--auth-bearer-file")?)?),
             "--auth-method" => {
                 let name = value("--auth-method")?;
                 let method = broca::catalog::route::AuthMethod::parse(&name)
@@ -188,4 +191,43 @@ pub fn parse(argv: impl Iterator<Item = String>) -> Result<Parsed, String> {
         a.session = format!("s-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     }
     Ok(Parsed::Run(Box::new(a)))
+}
+
+/// The bearer in `path`: its first line, at most 64 KiB read (never echoed in an error).
+fn bearer_file(path: &str) -> Result<String, String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(64 << 10).read_to_string(&mut text))
+        .map_err(|e| format!("--auth-bearer-file {path}: {e}"))?;
+    let token = text.lines().next().unwrap_or_default().trim().to_owned();
+    if token.is_empty() {
+        return Err(format!("--auth-bearer-file {path}: the file holds no credential"));
+    }
+    Ok(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bearer_of(args: &[&str]) -> Result<Option<String>, String> {
+        match parse(args.iter().map(|s| (*s).to_owned()))? {
+            Parsed::Run(a) => Ok(a.auth_bearer.clone()),
+            Parsed::Help => Ok(None),
+        }
+    }
+
+    #[test]
+    fn a_bearer_file_keeps_the_credential_off_the_command_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "sk-secret\nignored\n").unwrap();
+        let path = file.to_str().unwrap();
+        assert_eq!(bearer_of(&["--auth-bearer-file", path, "hi"]).unwrap().as_deref(), Some("sk-secret"));
+        std::fs::write(&file, "\n").unwrap();
+        let empty = bearer_of(&["--auth-bearer-file", path, "hi"]).unwrap_err();
+        assert!(empty.contains("holds no credential"), "{empty}");
+        assert!(bearer_of(&["--auth-bearer-file", "/nonexistent/x", "hi"]).is_err());
+    }
 }

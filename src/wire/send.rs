@@ -314,6 +314,10 @@ pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
     }
     let system = match obj.get("system") {
         None | Some(Value::Null) => None,
+        // Frozen into the first episode and sent with every request: bounded like a message.
+        Some(Value::String(s)) if s.len() > MAX_MESSAGE_JSON_BYTES => {
+            return Err(invalid_params("system", &format!("at most {MAX_MESSAGE_JSON_BYTES} bytes")))
+        }
         Some(Value::String(s)) => Some(s.clone()).filter(|s| !s.trim().is_empty()),
         Some(_) => return Err(invalid_params("system", "a string is required")),
     };
@@ -470,9 +474,20 @@ fn reply_bound(reply: &Value, field: &str) -> Result<Reply, Refusal> {
     }
 }
 
+/// The most legacy direct tools one send declares (a plan's catalog is bounded by its items).
+pub const MAX_TOOLS: usize = 256;
+
 /// Legacy direct tools: `{name, description?, input_schema, reply?}`; `reply` is strict.
 fn tools(t: &Value) -> Result<Vec<ToolSpec>, Refusal> {
     let list = t.as_array().ok_or_else(|| invalid_params("tools", "a list is required"))?;
+    if list.len() > MAX_TOOLS {
+        return Err(invalid_params("tools", &format!("at most {MAX_TOOLS} tools")));
+    }
+    // Frozen into the first episode and sent with every request: bounded like a message.
+    let bytes = serde_json::to_vec(t).map_or(usize::MAX, |b| b.len());
+    if bytes > MAX_MESSAGE_JSON_BYTES {
+        return Err(invalid_params("tools", &format!("at most {MAX_MESSAGE_JSON_BYTES} bytes of JSON")));
+    }
     let mut out = Vec::with_capacity(list.len());
     for (i, tool) in list.iter().enumerate() {
         let field = format!("tools[{i}]");
