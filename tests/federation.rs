@@ -265,7 +265,7 @@ fn an_owner_on_a_drives_a_session_on_b_and_a_stranger_cannot() {
         ..FedOptions::default()
     };
     let rig = FedRig::start(options);
-    script(&rig, vec![reply("owned", 0), reply("slow", 4000)]);
+    script(&rig, vec![reply("owned", 0), reply("slow", 4000), reply("local", 0), reply("local again", 0)]);
     // A relay opens its routes without a root: A stamps none and the stand-in relays "/".
     let key = SessionKey::new("/", "fed-owner", "s1");
     let on_a = rig.a.consumer();
@@ -307,6 +307,22 @@ fn an_owner_on_a_drives_a_session_on_b_and_a_stranger_cannot() {
     let ended = wait_run(&on_a, owner, &run2, "cancelled");
     eprintln!("federation: owner relay-1 drove {run1} and cancelled {}; relay-2 refused {}", run2, refused["message"]);
     assert_eq!(ended["state"], "cancelled");
+
+    // A session B's own key-holder started records no owner: every caller on B may drive it,
+    // no caller relayed from A may (#44), attested or not; reads stay open.
+    let local_key = SessionKey::new("/", "fed-owner", "b-local");
+    let on_b_local = open(&on_b, &FedRig::broca_target(), &local_key);
+    let started = call(&on_b, on_b_local, "session.send", send_params("local")).unwrap();
+    wait_run(&on_b, on_b_local, started["run_id"].as_str().unwrap(), "completed");
+    for relayed in [open(&on_a, &module("relay-1"), &local_key), open(&on_a, &rig.fed_target(), &local_key)] {
+        let no = call(&on_a, relayed, "session.send", send_params("from afar")).unwrap_err();
+        assert_eq!(no["code"], "scope_owner_mismatch", "{no}");
+        let cancel = call(&on_a, relayed, "run.cancel", json!({"run_id": started["run_id"]})).unwrap_err();
+        assert_eq!(cancel["code"], "scope_owner_mismatch", "{cancel}");
+        assert!(call(&on_a, relayed, "session.read", json!({})).is_ok());
+    }
+    let again = call(&on_b, on_b_local, "session.send", send_params("local again")).unwrap();
+    wait_run(&on_b, on_b_local, again["run_id"].as_str().unwrap(), "completed");
 }
 
 /// A consumer on A follows a session on B; B's broca is SIGKILLed mid-run. The daemon restarts
