@@ -62,7 +62,8 @@ soak: mock-bin
 	grep '^SOAK ' "$$out" | tail -n 1; rm -f "$$out"; exit $$status
 
 # The structure-aware fuzz targets (tests/fuzz/: frame decoder, connection file, handshake, WAL
-# reader, the three SSE decoders, session.send and the strict ops' params, the catalog) for
+# reader, the SSE and event-stream decoders, session.send and the strict ops' params, the move
+# ops' params and the archive decoder, the catalog) for
 # BROCA_FUZZ_SECS seconds each (`make test` runs them for 2 s), every byte and every cut of the
 # golden WALs included. One line per target: `FUZZ <target> ... cases=<n> panics=0 ...`; a
 # failing case prints how to replay it (BROCA_FUZZ_SEED, BROCA_FUZZ_CASE).
