@@ -118,7 +118,8 @@ pub enum AuthSource {
 /// How a provider's requests authenticate (the catalog's `auth_method` values). A subscription
 /// credential selects its own client protocol and endpoint (spec §1a): `chatgpt` on an OpenAI
 /// Responses row routes to the ChatGPT/Codex backend.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum AuthMethod {
     /// The provider's API key (every catalog route's default).
     #[default]
@@ -146,6 +147,23 @@ impl AuthMethod {
 
     pub fn parse(name: &str) -> Option<AuthMethod> {
         AuthMethod::ALL.into_iter().find(|m| m.as_str() == name)
+    }
+}
+
+fn is_api_key(method: &AuthMethod) -> bool {
+    *method == AuthMethod::ApiKey
+}
+
+impl FrozenConfig {
+    /// The kind of credential the run's requests carry: the frozen one, else (a session frozen
+    /// before it was recorded) the kind its vault credential id names (`<method>:<provider>`).
+    pub fn credential_kind(&self) -> AuthMethod {
+        match (&self.auth_method, &self.auth) {
+            (AuthMethod::ApiKey, AuthSource::Vault { credential_id }) => {
+                credential_id.split_once(':').and_then(|(method, _)| AuthMethod::parse(method)).unwrap_or_default()
+            }
+            (method, _) => *method,
+        }
     }
 }
 
@@ -184,6 +202,10 @@ pub struct FrozenConfig {
     pub tools: Vec<ToolSpec>,
     #[serde(default)]
     pub auth: AuthSource,
+    /// The kind of credential `auth` holds (`auth-method/v1`): how a request carries it
+    /// (`provider::auth`). Absent: an API key, or the kind a vault credential id names.
+    #[serde(default, skip_serializing_if = "is_api_key")]
+    pub auth_method: AuthMethod,
     /// The session's admission policy, frozen with the render config so a queued send and a
     /// resume carry it (spec §4); none of it is rendered into a provider request.
     #[serde(default, flatten)]
@@ -507,5 +529,25 @@ impl FrozenConfig {
         baseline.items = items;
         baseline.composition_digest = plan.composition_digest.clone();
         baseline
+    }
+}
+
+#[cfg(test)]
+mod auth_kind_tests {
+    use super::*;
+
+    #[test]
+    fn a_credential_kind_is_the_frozen_one_else_the_one_its_vault_id_names() {
+        let mut config = test_route("anthropic", Family::AnthropicMessages, "claude");
+        assert_eq!(config.credential_kind(), AuthMethod::ApiKey);
+        config.auth = AuthSource::Vault { credential_id: "oauth:anthropic".into() };
+        assert_eq!(config.credential_kind(), AuthMethod::Oauth, "a session frozen before the kind was recorded");
+        config.auth = AuthSource::Bearer;
+        config.auth_method = AuthMethod::Oauth;
+        assert_eq!(config.credential_kind(), AuthMethod::Oauth);
+        let bytes = serde_json::to_value(&config).unwrap();
+        assert_eq!(bytes["auth_method"], "oauth");
+        config.auth_method = AuthMethod::ApiKey;
+        assert!(serde_json::to_value(&config).unwrap().get("auth_method").is_none(), "an API key adds no bytes");
     }
 }

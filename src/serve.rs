@@ -80,7 +80,7 @@ pub struct Server {
     /// Every stream of a route, from its request until it ends: `None` while a worker attaches
     /// it. A cancel or a route close removes the entry; a worker that then finds its entry gone
     /// cancels what it attached, so no stream outlives its request.
-    streams: Arc<Mutex<HashMap<(Route, u64), Option<Subscription>>>>,
+    streams: Arc<Mutex<Streams>>,
     draining: Arc<AtomicBool>,
     stopped: crossbeam_channel::Sender<()>,
     /// broca's consumer connection, when it could be made.
@@ -206,6 +206,9 @@ impl Server {
         }
     }
 }
+
+/// Every stream by its route and request: `None` while a worker attaches it.
+type Streams = HashMap<(Route, u64), Option<Subscription>>;
 
 /// A request on a classifier route: `{method, params}`, `params` kept as its text (the body
 /// identity and the forwarded `state` are the caller's bytes).

@@ -351,6 +351,47 @@ fn a_chatgpt_credential_selects_the_codex_backend_for_a_responses_model() {
     assert_eq!(rig.mock.requests("codex").len(), 1, "nothing sent for the refused turn");
 }
 
+/// Each provider reads a credential where its own API reference puts it (#46): Anthropic an API
+/// key in `x-api-key` (a bearer is refused 401) and an OAuth token as a bearer with its beta
+/// header, Gemini an API key in `x-goog-api-key`, OpenAI a bearer; never two places at once.
+#[test]
+fn a_credential_goes_where_its_provider_reads_it() {
+    let rig = Rig::new();
+    // (model, extra flags, each header and the value it must have: absent for `None`)
+    type Case<'a> = (&'a str, &'a [&'a str], &'a [(&'a str, Option<&'a str>)]);
+    let cases: [Case; 4] = [
+        (
+            "mock/echo-messages",
+            &[],
+            &[("x-api-key", Some("sk-test")), ("authorization", None), ("anthropic-beta", None)],
+        ),
+        (
+            "mock/echo-messages",
+            &["--auth-method", "oauth"],
+            &[
+                ("authorization", Some("Bearer sk-test")),
+                ("x-api-key", None),
+                ("anthropic-beta", Some("oauth-2025-04-20")),
+            ],
+        ),
+        ("mock/echo-gemini", &[], &[("x-goog-api-key", Some("sk-test")), ("authorization", None)]),
+        ("mock/echo-chat", &[], &[("authorization", Some("Bearer sk-test")), ("x-api-key", None)]),
+    ];
+    for (i, (model, extra, want)) in cases.iter().enumerate() {
+        let lane = format!("auth-{i}");
+        rig.script(&lane, json!([text_step("ok")]));
+        let mut args = vec!["--model", model, "--auth-bearer", "sk-test", "--session", &lane];
+        args.extend_from_slice(extra);
+        args.push("hi");
+        let out = rig.run(&lane, &args);
+        assert_eq!(code(&out), 0, "{model} {extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let sent = &rig.mock.requests(&lane)[0];
+        for (header, value) in *want {
+            assert_eq!(sent.header(header), *value, "{model} {extra:?}: {header}");
+        }
+    }
+}
+
 /// An `antigravity` credential routes a Gemini row to Code Assist (#29): the request is the
 /// Gemini body in Code Assist's envelope, and a level selects the route's backend tier (the
 /// default tier without one); a level the row defines but the route has no tier for is refused

@@ -264,7 +264,7 @@ pub fn resolve(
             wire_model,
             variant: req.variant.clone(),
             variant_params,
-            ..config_of(row, family, base_url, auth, req, max_output_tokens)
+            ..config_of(row, family, base_url, (auth, method), req, max_output_tokens)
         });
     }
     let (variant_params, variant) = match &req.variant {
@@ -285,7 +285,11 @@ pub fn resolve(
             (variant::render(setting, family, &row.model), Some(name.clone()))
         }
     };
-    Ok(RenderConfig { variant, variant_params, ..config_of(row, family, base_url, auth, req, max_output_tokens) })
+    Ok(RenderConfig {
+        variant,
+        variant_params,
+        ..config_of(row, family, base_url, (auth, method), req, max_output_tokens)
+    })
 }
 
 /// The render config of `row` on `family` before its variant (none, with the row's own id).
@@ -293,10 +297,12 @@ fn config_of(
     row: &ModelRow,
     family: Family,
     base_url: String,
-    auth: AuthSource,
+    (auth, method): (AuthSource, AuthMethod),
     req: &ModelRequest,
     max_output_tokens: Option<u64>,
 ) -> RenderConfig {
+    // The kind is recorded only with a credential: a credential-free (mock) route has none.
+    let auth_method = if auth == AuthSource::None { AuthMethod::ApiKey } else { method };
     RenderConfig {
         provider: row.provider.clone(),
         model: row.model.clone(),
@@ -310,6 +316,7 @@ fn config_of(
         max_steps: req.max_steps,
         tools: req.tools.clone(),
         auth,
+        auth_method,
         policy: Default::default(),
         plan: None,
         tool_choice: None,

@@ -326,11 +326,19 @@ fn request(
     for (name, value) in family.headers() {
         req = req.set(name, value);
     }
-    if let Some((name, value)) = super::tier::request_header(config.family, config.service_tier) {
-        req = req.set(name, value);
+    let credential = match (&config.auth, bearer) {
+        (AuthSource::Bearer | AuthSource::Vault { .. }, Some(token)) => Some(token),
+        _ => None,
+    };
+    let auth = super::auth::decide(config.family, config.credential_kind());
+    // One `anthropic-beta`: the level's and the credential's, each once.
+    let tier_beta = super::tier::request_header(config.family, config.service_tier).map(|(_, beta)| beta);
+    let credential_betas = credential.map_or(&[][..], |_| auth.betas);
+    if let Some(betas) = super::auth::merge_betas(tier_beta.into_iter().chain(credential_betas.iter().copied())) {
+        req = req.set(super::auth::ANTHROPIC_BETA, &betas);
     }
-    if let (AuthSource::Bearer | AuthSource::Vault { .. }, Some(token)) = (&config.auth, bearer) {
-        let (name, value) = family.auth_header(token);
+    if let Some(token) = credential {
+        let (name, value) = auth.header(token);
         req = req.set(name, &value);
     }
     if let (Some(header), Some(account)) = (family.account_header(), account) {

@@ -4,6 +4,7 @@
 //! transcript into request bytes, and response bytes into typed [`event::StreamEvent`]s.
 
 pub mod anthropic;
+pub mod auth;
 pub mod bedrock;
 pub mod cache;
 mod chat_chunk;

@@ -287,6 +287,7 @@ fn config(family: Family, provider: &str, wire_model: &str) -> RenderConfig {
         max_steps: None,
         tools: vec![],
         auth: AuthSource::None,
+        auth_method: Default::default(),
         policy: Default::default(),
         plan: None,
         tool_choice: None,

@@ -35,11 +35,6 @@ pub trait WireFamily: Sync {
         format!("{}{}", config.base_url, self.path())
     }
 
-    /// The header a credential is sent in: `Authorization: Bearer <token>` by default.
-    fn auth_header(&self, token: &str) -> (&'static str, String) {
-        ("authorization", format!("Bearer {token}"))
-    }
-
     /// The header naming the credential's account, for a backend that routes by it.
     fn account_header(&self) -> Option<&'static str> {
         None
@@ -287,9 +282,6 @@ impl WireFamily for GoogleGenerateContent {
     }
     fn url(&self, config: &RenderConfig) -> String {
         format!("{}{}", config.base_url, gemini::path(&config.wire_model))
-    }
-    fn auth_header(&self, token: &str) -> (&'static str, String) {
-        ("x-goog-api-key", token.to_owned())
     }
     fn body(&self, config: &RenderConfig, transcript: &[Message]) -> Value {
         gemini::body(config, transcript)
