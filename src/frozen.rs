@@ -202,7 +202,7 @@ pub struct FrozenConfig {
     pub tools: Vec<ToolSpec>,
     #[serde(default)]
     pub auth: AuthSource,
-    /// The kind of credential `auth` holds (`auth-method/v1`): how a request carries it
+    /// The kind of credential `auth` holds: how a request carries it
     /// (`provider::auth`). Absent: an API key, or the kind a vault credential id names.
     #[serde(default, skip_serializing_if = "is_api_key")]
     pub auth_method: AuthMethod,
