@@ -17,7 +17,8 @@
 //! - a tool-role message → `{role: "user", parts: [{functionResponse: {name, response}}]}`, one
 //!   part per result, the name taken from the call it answers; `response` is `{output}` (the
 //!   result's text) or `{error}` for an error result;
-//! - tools → `[{functionDeclarations: [{name, description?, parameters}]}]`;
+//! - tools → `[{functionDeclarations: [{name, description?, parametersJsonSchema}]}]` (the
+//!   caller's JSON Schema whole, less a top-level `$schema`; see [`tool`]);
 //! - the output cap → `generationConfig.maxOutputTokens`; a variant's `thinkingConfig` is merged
 //!   into `generationConfig` (`render_variant` renders `{generationConfig: {thinkingConfig}}`).
 //!
@@ -28,7 +29,8 @@
 //! {name, args, id?}` whole in one part, with an optional `thoughtSignature` on any part),
 //! `candidates[0].finishReason` on the last chunk, and `usageMetadata` (cumulative, usually on
 //! every chunk). There is no terminal sentinel: the chunk carrying a `finishReason` ends the
-//! answer. An `{"error": {code, message, status}}` event is an in-stream error.
+//! answer. An `{"error": {code, message, status}}` event is an in-stream error. A blocked prompt
+//! is one chunk with `promptFeedback.blockReason` and no candidates: a `content_filter` finish.
 //!
 //! Usage: `promptTokenCount` includes `cachedContentTokenCount` (implicit caching); fresh input
 //! is the difference. `candidatesTokenCount` excludes `thoughtsTokenCount`; output is their sum,
@@ -118,8 +120,19 @@ pub fn merge_variant(body: &mut Value, config: &RenderConfig) {
     }
 }
 
+/// A function declaration. The caller's JSON Schema goes in `parametersJsonSchema`, which takes
+/// JSON Schema as it is (`additionalProperties`, `const`, `$ref`/`$defs`, `default`, …); the
+/// older `parameters` takes only Google's OpenAPI-subset `Schema` and refuses those members 400
+/// ("Unknown name …"), which typical MCP tool schemas carry (#46; Gemini API reference,
+/// `FunctionDeclaration`: the two are mutually exclusive). Converting to the subset would drop
+/// constraints silently; sending the schema whole loses nothing. Only the top-level `$schema`
+/// (a dialect marker, not a constraint) is left out.
 fn tool(spec: &ToolSpec) -> Value {
-    with_description(json!({"name": spec.name, "parameters": spec.input_schema}), spec)
+    let mut schema = spec.input_schema.clone();
+    if let Value::Object(members) = &mut schema {
+        members.remove("$schema");
+    }
+    with_description(json!({"name": spec.name, "parametersJsonSchema": schema}), spec)
 }
 
 fn content(m: &Message, config: &RenderConfig, names: &HashMap<&str, &str>) -> Option<Value> {
@@ -311,6 +324,19 @@ impl GeminiDecoder {
             self.response_id = str_at(data, &["responseId"]).filter(|id| !id.is_empty()).map(String::from);
         }
         let candidate = data.get("candidates").and_then(|c| c.get(0));
+        // A blocked prompt is one chunk with `promptFeedback.blockReason` and no candidates: a
+        // content-filter finish, never a truncated stream to retry (#46; Gemini API reference,
+        // `GenerateContentResponse.promptFeedback`).
+        if let (None, Some(raw)) = (candidate, str_at(data, &["promptFeedback", "blockReason"])) {
+            if let Some(u) = data.get("usageMetadata") {
+                out.push(StreamEvent::Usage { usage: usage(u) });
+            }
+            if !self.finished {
+                self.finished = true;
+                out.push(StreamEvent::Finish { reason: "content_filter".into(), raw: raw.into() });
+            }
+            return class("prompt_blocked", false, false);
+        }
         let mut content = false;
         if let Some(parts) = candidate.and_then(|c| c.pointer("/content/parts")).and_then(Value::as_array) {
             for part in parts {
