@@ -69,11 +69,12 @@ pub fn path(wire_model: &str) -> String {
 
 pub fn body(config: &RenderConfig, transcript: &[Message]) -> Value {
     let mut messages: Vec<(&str, Vec<Value>)> = Vec::new();
+    let status = result_status(&config.wire_model);
     for m in transcript {
         let (role, content) = match m.role {
             Role::User | Role::System => ("user", user_content(m)),
             Role::Assistant => ("assistant", assistant_content(m, replays_reasoning(m, config))),
-            Role::Tool => ("user", m.content.iter().filter_map(tool_result).collect()),
+            Role::Tool => ("user", m.content.iter().filter_map(|p| tool_result(p, status)).collect()),
         };
         if content.is_empty() {
             continue;
@@ -89,7 +90,16 @@ pub fn body(config: &RenderConfig, transcript: &[Message]) -> Value {
     if let Some(system) = config.system.as_deref().filter(|s| !s.is_empty()) {
         body["system"] = json!([{"text": system}]);
     }
-    if !config.tools.is_empty() {
+    if config.tools.is_empty() {
+        // Converse refuses toolUse/toolResult blocks without a toolConfig ("The toolConfig
+        // field must be defined when using toolUse and toolResult content blocks"): a run
+        // offered no tools over a history that called some declares those names, open (#46).
+        let called = called_tools(transcript);
+        if !called.is_empty() {
+            let open = |name: &str| json!({"toolSpec": {"name": name, "inputSchema": {"json": {"type": "object"}}}});
+            body["toolConfig"] = json!({"tools": called.iter().map(|n| open(n)).collect::<Vec<_>>()});
+        }
+    } else {
         body["toolConfig"] = json!({"tools": config.tools.iter().map(tool).collect::<Vec<_>>()});
         // Converse has no "none" (admission refuses it on this family by name).
         let choice = match &config.tool_choice {
@@ -108,6 +118,25 @@ pub fn body(config: &RenderConfig, transcript: &[Message]) -> Value {
     body
 }
 
+/// The tool names the transcript's calls used, each once, in first-use order.
+fn called_tools(transcript: &[Message]) -> Vec<&str> {
+    let mut names: Vec<&str> = Vec::new();
+    for part in transcript.iter().flat_map(|m| &m.content) {
+        if let Part::ToolCall { tool_name, .. } = part {
+            if !names.contains(&tool_name.as_str()) {
+                names.push(tool_name);
+            }
+        }
+    }
+    names
+}
+
+/// Whether a model takes `toolResult.status`: Converse documents the member for Anthropic
+/// Claude models only (`ToolResultBlock.status`); other models get the error in the text.
+fn result_status(wire_model: &str) -> bool {
+    wire_model.contains("anthropic.claude")
+}
+
 /// Whether Bedrock caches prompts for this model (a `cachePoint` elsewhere is a validation
 /// error).
 fn caches(wire_model: &str) -> bool {
@@ -123,7 +152,10 @@ pub fn mark_cache(config: &RenderConfig, body: &mut Value) {
     if let Some(system) = body.get_mut("system").and_then(Value::as_array_mut) {
         system.push(point.clone());
     }
-    if let Some(tools) = body.pointer_mut("/toolConfig/tools").and_then(Value::as_array_mut) {
+    // Nova caches system and messages but refuses a cachePoint among its tools (#46; Bedrock's
+    // "Prompt caching" supported-fields table).
+    let tools_cache = !config.wire_model.contains("amazon.nova");
+    if let Some(tools) = body.pointer_mut("/toolConfig/tools").and_then(Value::as_array_mut).filter(|_| tools_cache) {
         tools.push(point.clone());
     }
     let last = body.get_mut("messages").and_then(Value::as_array_mut).and_then(|m| m.last_mut());
@@ -168,11 +200,14 @@ fn assistant_content(m: &Message, replay: bool) -> Vec<Value> {
         .collect()
 }
 
-fn tool_result(p: &Part) -> Option<Value> {
+fn tool_result(p: &Part, with_status: bool) -> Option<Value> {
     let Part::ToolResult { tool_call_id, output, is_error } = p else { return None };
     let (text, is_error) = tool_output(output, *is_error);
-    let status = if is_error { "error" } else { "success" };
-    Some(json!({"toolResult": {"toolUseId": tool_call_id, "content": [{"text": text}], "status": status}}))
+    let mut result = json!({"toolUseId": tool_call_id, "content": [{"text": text}]});
+    if with_status {
+        result["status"] = json!(if is_error { "error" } else { "success" });
+    }
+    Some(json!({"toolResult": result}))
 }
 
 /// The stop reason normalized by the role's table for `aws.bedrock_converse`.

@@ -103,11 +103,13 @@ struct ErrorBody {
     code: Option<String>,
     kind: Option<String>,
     message: Option<String>,
+    /// When an account limit resets (the ChatGPT backend's `error.resets_in_seconds`).
+    resets_in_s: Option<u64>,
 }
 
 impl ErrorBody {
     fn parse(body: &[u8]) -> ErrorBody {
-        let mut parsed = ErrorBody { code: None, kind: None, message: None };
+        let mut parsed = ErrorBody { code: None, kind: None, message: None, resets_in_s: None };
         let Ok(mut v) = serde_json::from_slice::<Value>(body) else {
             let text = String::from_utf8_lossy(body);
             let text = text.trim();
@@ -139,8 +141,41 @@ impl ErrorBody {
         if parsed.code.is_none() {
             parsed.code = own(str_at(&v, &["code"]));
         }
+        // AWS: `{"message"|"Message", "__type": "<namespace>#<Exception>"}`.
+        if parsed.message.is_none() {
+            parsed.message = own(str_at(&v, &["Message"]));
+        }
+        if parsed.kind.is_none() {
+            parsed.kind = own(str_at(&v, &["__type"]).map(|t| t.rsplit('#').next().unwrap_or(t)));
+        }
+        parsed.resets_in_s = at(&v, &["error", "resets_in_seconds"]).and_then(Value::as_u64);
         parsed
     }
+
+    fn names(&self, code: &str) -> bool {
+        self.code.as_deref() == Some(code) || self.kind.as_deref() == Some(code)
+    }
+}
+
+/// Whether a Bedrock 403 says the credential itself is bad (an unknown, expired or malformed key
+/// or signature: `UnrecognizedClientException`, `InvalidSignatureException`,
+/// `ExpiredTokenException`, a bearer key "Authentication failed"), not that a good one lacks a
+/// permission (`AccessDeniedException`, which stays permanent).
+fn bedrock_credential_refused(parsed: &ErrorBody, message: &str) -> bool {
+    let named = [
+        "UnrecognizedClientException",
+        "InvalidSignatureException",
+        "ExpiredTokenException",
+        "IncompleteSignatureException",
+    ];
+    if named.iter().any(|n| parsed.names(n)) {
+        return true;
+    }
+    let m = message.to_ascii_lowercase();
+    !parsed.names("AccessDeniedException")
+        && ["security token", "api key", "signature", "authentication failed", "token has expired", "bearer token"]
+            .iter()
+            .any(|needle| m.contains(needle))
 }
 
 /// Classifies a failure the provider answered with before any stream byte (a non-2xx status).
@@ -156,9 +191,20 @@ pub fn classify_http_error(family: Family, status: u16, body: &[u8]) -> Provider
     let message = parsed.message.clone().unwrap_or_else(|| format!("{} returned HTTP {status}", family.as_str()));
     let named = named_class(parsed.code.as_deref(), parsed.kind.as_deref(), &message);
     let quota = parsed.code.as_deref() == Some("insufficient_quota");
+    // The ChatGPT backend's account limit: its plan's usage is spent until a reset time, so a
+    // retry cannot succeed now (#46; OpenAI's Codex client reads it as `UsageLimitReached`).
+    let usage_limit = parsed.names("usage_limit_reached") || parsed.names("usage_not_included");
+    let message = match (usage_limit, parsed.resets_in_s) {
+        (true, Some(s)) => format!("{message} (the account's usage limit resets in {s} s)"),
+        _ => message,
+    };
     let class = match status {
         401 => ErrorClass::AuthRequired,
         429 if quota => ErrorClass::Permanent,
+        _ if usage_limit => ErrorClass::Permanent,
+        403 if family == Family::AwsBedrockConverse && bedrock_credential_refused(&parsed, &message) => {
+            ErrorClass::AuthRequired
+        }
         408 | 409 | 429 | 500..=599 => ErrorClass::Transient,
         400..=499 => match named {
             Some(c @ (ErrorClass::AuthRequired | ErrorClass::ContextOverflow)) => c,

@@ -98,14 +98,21 @@ fn message(m: &[u8]) -> Result<SseEvent, SseError> {
     let payload = &m[12 + headers_len..total - 4];
     let data = std::str::from_utf8(payload).map_err(|_| SseError("event-stream payload is not UTF-8".into()))?;
     let find = |name: &str| headers.iter().find(|(n, _)| *n == name.as_bytes()).map(|(_, v)| *v);
-    let event = match find(":message-type") {
-        Some("exception") | Some("error") => {
-            let kind = find(":exception-type").or_else(|| find(":error-code")).unwrap_or("unknown");
-            format!("exception:{kind}")
+    let (event, data) = match find(":message-type") {
+        Some("exception") => {
+            let kind = find(":exception-type").unwrap_or("unknown");
+            (format!("exception:{kind}"), data.to_string())
         }
-        _ => find(":event-type").unwrap_or("unknown").to_string(),
+        // An `error` message carries its code and text in headers (`:error-code`,
+        // `:error-message`), its payload often empty (#46; AWS event-stream encoding).
+        Some("error") => {
+            let kind = find(":error-code").unwrap_or("unknown");
+            let message = find(":error-message").unwrap_or_default();
+            (format!("exception:{kind}"), serde_json::json!({"message": message}).to_string())
+        }
+        _ => (find(":event-type").unwrap_or("unknown").to_string(), data.to_string()),
     };
-    Ok(SseEvent { event: Some(event), data: data.to_string() })
+    Ok(SseEvent { event: Some(event), data })
 }
 
 /// The string-valued headers, borrowed from the message (other types are skipped, each checked
@@ -225,6 +232,14 @@ mod tests {
         );
         let events = EventStreamFramer::new().push(&ex).unwrap().events;
         assert_eq!(events[0].event.as_deref(), Some("exception:throttlingException"));
+        // An `error` message: its code and text are headers, its payload empty (#46).
+        let error = encode(
+            &[(":error-code", "InternalFailure"), (":error-message", "the stream broke"), (":message-type", "error")],
+            b"",
+        );
+        let events = EventStreamFramer::new().push(&error).unwrap().events;
+        assert_eq!(events[0].event.as_deref(), Some("exception:InternalFailure"));
+        assert_eq!(events[0].data, r#"{"message":"the stream broke"}"#);
         let mut bad = ex.clone();
         let n = bad.len();
         bad[n - 5] ^= 1;

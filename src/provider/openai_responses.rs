@@ -62,13 +62,21 @@ pub fn body(config: &RenderConfig, transcript: &[Message]) -> Value {
 
 /// The ChatGPT/Codex backend's body: the Responses body without `max_output_tokens` (the
 /// backend rejects the field; an explicit cap is accepted and not rendered, spec §4), with
-/// `instructions` always present (the backend requires it; empty without a system prompt).
+/// `instructions` always present (the backend requires it; empty without a system prompt), and
+/// a system-role transcript message sent as a `developer` input item: the backend refuses a
+/// `system` one ("System messages are not allowed"), as OpenAI's own Codex client never sends
+/// it (#46).
 pub fn chatgpt_body(config: &RenderConfig, transcript: &[Message]) -> Value {
     let mut body = body(config, transcript);
     if let Value::Object(top) = &mut body {
         top.shift_remove("max_output_tokens");
         if !top.contains_key("instructions") {
             top.insert("instructions".into(), json!(""));
+        }
+        if let Some(Value::Array(items)) = top.get_mut("input") {
+            for item in items.iter_mut().filter(|i| i.get("role").and_then(Value::as_str) == Some("system")) {
+                item["role"] = json!("developer");
+            }
         }
     }
     body
