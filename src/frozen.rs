@@ -130,11 +130,14 @@ pub enum AuthMethod {
     Oauth,
     /// A Google Antigravity OAuth token: the Code Assist backend.
     Antigravity,
+    /// An AWS access key (`{access_key_id, secret_access_key, session_token?, region?}` as
+    /// JSON): Bedrock requests signed with Signature Version 4 (`provider::sigv4`).
+    Sigv4,
 }
 
 impl AuthMethod {
-    pub const ALL: [AuthMethod; 4] =
-        [AuthMethod::ApiKey, AuthMethod::Chatgpt, AuthMethod::Oauth, AuthMethod::Antigravity];
+    pub const ALL: [AuthMethod; 5] =
+        [AuthMethod::ApiKey, AuthMethod::Chatgpt, AuthMethod::Oauth, AuthMethod::Antigravity, AuthMethod::Sigv4];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -142,6 +145,7 @@ impl AuthMethod {
             AuthMethod::Chatgpt => "chatgpt",
             AuthMethod::Oauth => "oauth",
             AuthMethod::Antigravity => "antigravity",
+            AuthMethod::Sigv4 => "sigv4",
         }
     }
 

@@ -392,6 +392,40 @@ fn a_credential_goes_where_its_provider_reads_it() {
     }
 }
 
+/// An AWS access key signs each Bedrock request (SigV4, #46): the region from the credential
+/// (a mock's host names none), the session token sent and signed; a key that is not the
+/// documented JSON is an auth failure before anything is sent.
+#[test]
+fn an_aws_access_key_signs_a_bedrock_turn() {
+    let rig = Rig::new();
+    rig.script("sigv4", json!([text_step("signed")]));
+    let key = r#"{"access_key_id":"AKIDEXAMPLE","secret_access_key":"wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY","session_token":"tok","region":"us-east-1"}"#;
+    let file = rig.dir.path().join("aws.json");
+    std::fs::write(&file, key).unwrap();
+    let args =
+        ["--model", "mock/echo-bedrock", "--auth-method", "sigv4", "--auth-bearer-file", file.to_str().unwrap(), "hi"];
+    let out = rig.run("sigv4", &args);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let sent = &rig.mock.requests("sigv4")[0];
+    let auth = sent.header("authorization").unwrap();
+    assert!(auth.starts_with("AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/"), "{auth}");
+    assert!(
+        auth.contains(
+            "/us-east-1/bedrock/aws4_request, SignedHeaders=accept;content-type;host;x-amz-date;x-amz-security-token,"
+        ),
+        "{auth}"
+    );
+    assert_eq!(sent.header("x-amz-security-token"), Some("tok"));
+    assert!(sent.header("x-amz-date").is_some_and(|d| d.len() == 16 && d.ends_with('Z')));
+    let refused =
+        rig.run("sigv4", &["--model", "mock/echo-chat", "--auth-method", "sigv4", "--auth-bearer", "x", "hi"]);
+    assert_ne!(code(&refused), 0);
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("a sigv4 credential (an AWS access key) serves only Bedrock")
+    );
+    assert_eq!(rig.mock.requests("sigv4").len(), 1, "nothing sent for the refused turn");
+}
+
 /// An `antigravity` credential routes a Gemini row to Code Assist (#29): the request is the
 /// Gemini body in Code Assist's envelope, and a level selects the route's backend tier (the
 /// default tier without one); a level the row defines but the route has no tier for is refused

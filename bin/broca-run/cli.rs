@@ -23,7 +23,9 @@ usage: broca-run [OPTIONS] [PROMPT | -]
   --auth-bearer-file FILE  the bearer credential read from FILE (its first line)
   --auth-method M          how the model's provider authenticates: apikey (default), chatgpt (a
                            ChatGPT subscription: OpenAI Responses models on the ChatGPT/Codex
-                           backend), oauth or antigravity; names the dev-tools handle read
+                           backend), oauth, antigravity or sigv4 (an AWS access key as JSON
+                           {access_key_id, secret_access_key, session_token?, region?}: Bedrock
+                           requests signed with SigV4); names the dev-tools handle read
                            (<M>:<provider>) and overrides broca.jsonc auth_methods
   --subc FILE              a subc connection file (else BROCA_LIVE_SUBC or SUBC_SOCKET): tools,
                            the catalog (fetched when the LKG is missing or stale) and, without
@@ -143,7 +145,7 @@ pub fn parse(argv: impl Iterator<Item = String>) -> Result<Parsed, String> {
             "--auth-method" => {
                 let name = value("--auth-method")?;
                 let method = broca::catalog::route::AuthMethod::parse(&name)
-                    .ok_or_else(|| format!("--auth-method {name:?}: one of apikey, chatgpt, oauth, antigravity"))?;
+                    .ok_or_else(|| format!("--auth-method {name:?}: one of apikey, chatgpt, oauth, antigravity, sigv4"))?;
                 a.auth_method = Some(method);
             }
             "--subc" => a.subc = Some(PathBuf::from(value("--subc")?)),

@@ -226,6 +226,10 @@ pub fn resolve(
             let what = "an antigravity credential serves only Gemini models (Code Assist)".to_string();
             return Err(AdmissionError::RouteUnsupported { model, what });
         }
+        (family, AuthMethod::Sigv4) if family != Family::AwsBedrockConverse => {
+            let what = "a sigv4 credential (an AWS access key) serves only Bedrock Converse models".to_string();
+            return Err(AdmissionError::RouteUnsupported { model, what });
+        }
         (family, _) => (family, None),
     };
     let base_url = match (&overrides.base_url_override, endpoint, &row.wire_api) {

@@ -13,6 +13,7 @@
 //! | Gemini GenerateContent | OAuth | `Authorization: Bearer <token>` | Google OAuth for the Gemini API |
 //! | Code Assist | antigravity OAuth | `Authorization: Bearer <token>` | Gemini CLI's Code Assist client |
 //! | Bedrock Converse | API key | `Authorization: Bearer <key>` | AWS "Use an Amazon Bedrock API key" |
+//! | Bedrock Converse | sigv4 (access key) | SigV4 `Authorization`, `x-amz-date`, `x-amz-security-token` | AWS "Signature Version 4 for API requests" |
 
 use crate::frozen::{AuthMethod, Family};
 
@@ -28,6 +29,8 @@ pub enum Carrier {
     Bearer,
     /// The token alone in the named header.
     Header(&'static str),
+    /// An AWS access key signing each request (Signature Version 4, service `bedrock`).
+    SigV4,
 }
 
 /// How one (family, kind) authenticates: the credential's carrier and the betas it requires.
@@ -43,6 +46,7 @@ pub fn decide(family: Family, kind: AuthMethod) -> Decision {
     let carrier = match (family, kind) {
         (Family::AnthropicMessages, AuthMethod::ApiKey) => Carrier::Header("x-api-key"),
         (Family::GoogleGenerateContent, AuthMethod::ApiKey) => Carrier::Header("x-goog-api-key"),
+        (Family::AwsBedrockConverse, AuthMethod::Sigv4) => Carrier::SigV4,
         _ => Carrier::Bearer,
     };
     let betas: &'static [&'static str] = match (family, kind) {
@@ -53,13 +57,144 @@ pub fn decide(family: Family, kind: AuthMethod) -> Decision {
 }
 
 impl Decision {
-    /// The header carrying `token`.
+    /// The header carrying `token` (a signed request's headers come from [`sigv4_headers`]).
     pub fn header(&self, token: &str) -> (&'static str, String) {
         match self.carrier {
-            Carrier::Bearer => ("authorization", format!("Bearer {token}")),
+            Carrier::Bearer | Carrier::SigV4 => ("authorization", format!("Bearer {token}")),
             Carrier::Header(name) => (name, token.to_owned()),
         }
     }
+}
+
+/// Every header of a request to `url` on `config`'s route, in the order sent: content
+/// negotiation, the family's own, one `anthropic-beta`, the credential where its provider reads
+/// it (or the SigV4 signature over all of the above and `body`), the account. A credential that
+/// cannot sign is an `auth_required` error (`credential_unusable`).
+pub fn request_headers(
+    config: &crate::frozen::FrozenConfig,
+    url: &str,
+    (bearer, account): (Option<&str>, Option<&str>),
+    accept: &str,
+    body: &[u8],
+) -> Result<Vec<(String, String)>, crate::record::ProviderError> {
+    let family = super::wire(config.family);
+    let mut headers: Vec<(String, String)> =
+        vec![("content-type".into(), "application/json".into()), ("accept".into(), accept.into())];
+    headers.extend(family.headers().iter().map(|(n, v)| ((*n).to_owned(), (*v).to_owned())));
+    let credential = match (&config.auth, bearer) {
+        (crate::frozen::AuthSource::Bearer | crate::frozen::AuthSource::Vault { .. }, Some(token)) => Some(token),
+        _ => None,
+    };
+    let auth = decide(config.family, config.credential_kind());
+    // One `anthropic-beta`: the level's and the credential's, each once.
+    let tier_beta = super::tier::request_header(config.family, config.service_tier).map(|(_, beta)| beta);
+    let credential_betas = credential.map_or(&[][..], |_| auth.betas);
+    if let Some(betas) = merge_betas(tier_beta.into_iter().chain(credential_betas.iter().copied())) {
+        headers.push((ANTHROPIC_BETA.into(), betas));
+    }
+    match (credential, auth.carrier) {
+        (Some(secret), Carrier::SigV4) => {
+            let unsigned: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+            let signed = sigv4_headers(url, &unsigned, body, secret, crate::clock::unix_ms()).map_err(|message| {
+                crate::record::ProviderError {
+                    class: crate::record::ErrorClass::AuthRequired,
+                    provider_code: Some("credential_unusable".into()),
+                    message,
+                    http_status: None,
+                }
+            })?;
+            headers.extend(signed.into_iter().map(|(n, v)| (n.to_owned(), v)));
+        }
+        (Some(token), _) => {
+            let (name, value) = auth.header(token);
+            headers.push((name.to_owned(), value));
+        }
+        (None, _) => {}
+    }
+    if let (Some(header), Some(account)) = (family.account_header(), account) {
+        headers.push((header.to_owned(), account.to_owned()));
+    }
+    Ok(headers)
+}
+
+/// An AWS access key as a vault record or dev-tools handle holds it: JSON with its id, secret,
+/// session token (temporary credentials) and, for a route whose host names none, its region.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AwsSecret {
+    access_key_id: String,
+    secret_access_key: String,
+    #[serde(default)]
+    session_token: Option<String>,
+    #[serde(default)]
+    region: Option<String>,
+}
+
+/// The headers that sign a Bedrock request with the access key `secret` holds: `x-amz-date`,
+/// `x-amz-security-token` (temporary credentials) and `authorization`. `headers` are the
+/// request's other headers, all signed. The region is the route host's
+/// (`bedrock-runtime[-fips].<region>.amazonaws.com`), else the credential's `region`.
+pub fn sigv4_headers(
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    secret: &str,
+    now_ms: u64,
+) -> Result<Vec<(&'static str, String)>, String> {
+    let key: AwsSecret = serde_json::from_str(secret).map_err(|_| {
+        "the sigv4 credential is not {access_key_id, secret_access_key, session_token?, region?} JSON".to_owned()
+    })?;
+    let (host, path, query) = split_url(url).ok_or_else(|| format!("the route URL {url:?} cannot be signed"))?;
+    let region = region_of(host)
+        .or(key.region.as_deref())
+        .ok_or_else(|| format!("the route host {host:?} names no AWS region: give the credential a \"region\""))?;
+    let amz_date = super::sigv4::amz_date(now_ms);
+    let mut signed: Vec<(String, String)> = headers.iter().map(|(n, v)| ((*n).to_owned(), (*v).to_owned())).collect();
+    signed.push(("host".into(), host.to_owned()));
+    signed.push(("x-amz-date".into(), amz_date.clone()));
+    if let Some(token) = &key.session_token {
+        signed.push(("x-amz-security-token".into(), token.clone()));
+    }
+    let access = super::sigv4::AccessKey {
+        access_key_id: key.access_key_id,
+        secret_access_key: key.secret_access_key,
+        session_token: key.session_token.clone(),
+    };
+    let request = super::sigv4::Request { method: "POST", path, query: &query, headers: &signed, body };
+    let scope = super::sigv4::Scope { region, service: "bedrock", amz_date: &amz_date };
+    let mut out = vec![
+        ("x-amz-date", amz_date.clone()),
+        ("authorization", super::sigv4::sign(&request, &access, &scope).authorization),
+    ];
+    if let Some(token) = key.session_token {
+        out.push(("x-amz-security-token", token));
+    }
+    Ok(out)
+}
+
+/// The region a Bedrock runtime host names.
+fn region_of(host: &str) -> Option<&str> {
+    let rest = host.strip_prefix("bedrock-runtime-fips.").or_else(|| host.strip_prefix("bedrock-runtime."))?;
+    rest.split_once('.').map(|(region, _)| region).filter(|r| !r.is_empty())
+}
+
+/// A URL's query, as `(name, value)` pairs.
+type Query = Vec<(String, String)>;
+
+/// `(host[:port], path, query pairs)` of an `http(s)` URL.
+fn split_url(url: &str) -> Option<(&str, &str, Query)> {
+    let rest = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://"))?;
+    let (authority, path_query) = rest.find('/').map_or((rest, "/"), |i| (&rest[..i], &rest[i..]));
+    let (path, query) = path_query.split_once('?').unwrap_or((path_query, ""));
+    let pairs = query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (k.to_owned(), v.to_owned())
+        })
+        .collect();
+    Some((authority, path, pairs))
 }
 
 /// One `anthropic-beta` value from the betas a request needs, each once, in order.
@@ -96,6 +231,26 @@ mod tests {
         }
         assert_eq!(decide(Family::OpenaiChatgptResponses, AuthMethod::Chatgpt).carrier, Carrier::Bearer);
         assert_eq!(decide(Family::GoogleCodeAssist, AuthMethod::Antigravity).carrier, Carrier::Bearer);
+    }
+
+    #[test]
+    fn a_bedrock_access_key_signs_with_the_route_s_region_and_its_session_token() {
+        let secret = r#"{"access_key_id":"AKIDEXAMPLE","secret_access_key":"s3cr3t","session_token":"tok"}"#;
+        let url = "https://bedrock-runtime.eu-west-1.amazonaws.com/model/m%3A0/converse-stream";
+        let headers =
+            sigv4_headers(url, &[("content-type", "application/json")], b"{}", secret, 1_440_938_160_000).unwrap();
+        let find = |n: &str| headers.iter().find(|(k, _)| *k == n).map(|(_, v)| v.as_str());
+        assert_eq!(find("x-amz-date"), Some("20150830T123600Z"));
+        assert_eq!(find("x-amz-security-token"), Some("tok"));
+        let auth = find("authorization").unwrap();
+        assert!(auth.starts_with("AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20150830/eu-west-1/bedrock/aws4_request, SignedHeaders=content-type;host;x-amz-date;x-amz-security-token, Signature="), "{auth}");
+        assert!(!auth.contains("s3cr3t"));
+        let mock = "http://127.0.0.1:9/model/m/converse-stream";
+        assert!(sigv4_headers(mock, &[], b"", secret, 0).unwrap_err().contains("names no AWS region"));
+        let regional = r#"{"access_key_id":"A","secret_access_key":"S","region":"us-east-1"}"#;
+        assert!(sigv4_headers(mock, &[], b"", regional, 0).is_ok());
+        assert!(sigv4_headers(url, &[], b"", "not json", 0).unwrap_err().contains("JSON"));
+        assert_eq!(decide(Family::AwsBedrockConverse, AuthMethod::Sigv4).carrier, Carrier::SigV4);
     }
 
     #[test]

@@ -29,7 +29,7 @@ use parking_lot::{Condvar, Mutex};
 
 use crossbeam_channel::{bounded, Receiver, Sender};
 
-use super::config::{AuthSource, RenderConfig};
+use super::config::RenderConfig;
 use super::event::StreamEvent;
 use super::telemetry::Telemetry;
 use super::warm::{WarmAnswer, WarmCall};
@@ -268,7 +268,7 @@ const WARM_ANSWER_MAX: u64 = 1 << 20;
 impl ModelClient for HttpClient {
     fn warm(&self, call: WarmCall) -> Result<WarmAnswer, ProviderError> {
         let slot = self.slot(origin(&call.config.base_url), WARM_TIMEOUT);
-        let req = request(&slot.agent, &call.config, (call.bearer.as_deref(), None), "application/json");
+        let req = request(&slot.agent, &call.config, (call.bearer.as_deref(), None), "application/json", &call.body)?;
         let resp = match req.send_bytes(&call.body) {
             Ok(resp) => resp,
             Err(ureq::Error::Status(status, resp)) => {
@@ -313,38 +313,18 @@ fn transport_error(message: String) -> ProviderError {
     ProviderError { class: ErrorClass::Transient, provider_code: Some("transport".into()), message, http_status: None }
 }
 
-/// A request to `config`'s route: the family's path and headers, its credential, `accept`.
+/// A request to `config`'s route: its URL and the headers [`super::auth::request_headers`]
+/// decides (a credential that cannot sign the request is an auth failure, nothing sent).
 fn request(
     agent: &ureq::Agent,
     config: &RenderConfig,
-    (bearer, account): (Option<&str>, Option<&str>),
+    credential: (Option<&str>, Option<&str>),
     accept: &str,
-) -> ureq::Request {
-    let family = super::wire(config.family);
-    let url = family.url(config);
-    let mut req = agent.post(&url).set("content-type", "application/json").set("accept", accept);
-    for (name, value) in family.headers() {
-        req = req.set(name, value);
-    }
-    let credential = match (&config.auth, bearer) {
-        (AuthSource::Bearer | AuthSource::Vault { .. }, Some(token)) => Some(token),
-        _ => None,
-    };
-    let auth = super::auth::decide(config.family, config.credential_kind());
-    // One `anthropic-beta`: the level's and the credential's, each once.
-    let tier_beta = super::tier::request_header(config.family, config.service_tier).map(|(_, beta)| beta);
-    let credential_betas = credential.map_or(&[][..], |_| auth.betas);
-    if let Some(betas) = super::auth::merge_betas(tier_beta.into_iter().chain(credential_betas.iter().copied())) {
-        req = req.set(super::auth::ANTHROPIC_BETA, &betas);
-    }
-    if let Some(token) = credential {
-        let (name, value) = auth.header(token);
-        req = req.set(name, &value);
-    }
-    if let (Some(header), Some(account)) = (family.account_header(), account) {
-        req = req.set(header, account);
-    }
-    req
+    body: &[u8],
+) -> Result<ureq::Request, ProviderError> {
+    let url = super::wire(config.family).url(config);
+    let headers = super::auth::request_headers(config, &url, credential, accept, body)?;
+    Ok(headers.iter().fold(agent.post(&url), |req, (name, value)| req.set(name, value)))
 }
 
 fn retry_after(resp: &ureq::Response) -> Option<Duration> {
@@ -367,7 +347,14 @@ fn retry_after_secs(value: &str) -> Option<Duration> {
 fn stream(slot: &AgentSlot, a: Attempt, tx: &Sender<AttemptEvent>) {
     let credential = (a.bearer.as_deref(), a.account_id.as_deref());
     let accept = super::wire(a.config.family).accept();
-    let resp = match request(&slot.agent, &a.config, credential, accept).send_bytes(&a.body) {
+    let req = match request(&slot.agent, &a.config, credential, accept, &a.body) {
+        Ok(req) => req,
+        Err(error) => {
+            let _ = tx.send(AttemptEvent::Failed { error, telemetry: Telemetry::default() });
+            return;
+        }
+    };
+    let resp = match req.send_bytes(&a.body) {
         Ok(resp) => resp,
         Err(ureq::Error::Status(status, resp)) => {
             let after = retry_after(&resp);

@@ -22,6 +22,7 @@ pub mod openai_chat;
 pub mod openai_responses;
 pub mod render_cache;
 pub mod scripted;
+pub mod sigv4;
 pub mod sse;
 pub mod telemetry;
 pub mod tier;
