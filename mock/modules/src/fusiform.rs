@@ -1,6 +1,6 @@
 //! `broca-mock --fusiform-script FILE --subc <connection-file>`: the scripted double as a real
 //! `fusiform` module (default module id `fusiform`), serving the `catalog.get` tool on its tool
-//! route over broca's own subc layer, as the tool provider does (`tools/mod.rs`).
+//! route over broca's own subc layer, as the tool provider does (`broca-mock-tools`, `mock/tools/src/lib.rs`).
 //!
 //! The catalog is the `response` of an LKG file (default `testdata/catalog/fusiform-lkg.json`),
 //! its models split into pages in key order. The script (JSON) is re-read on every request; a
