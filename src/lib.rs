@@ -32,8 +32,6 @@ pub mod session_key;
 pub mod state_root;
 pub mod store;
 pub mod subc;
-#[doc(hidden)]
-pub mod testkit;
 pub mod tools;
 pub mod vault;
 pub mod wal;

@@ -14,9 +14,9 @@ use broca::message::Message;
 use broca::record::{Record, RequestIdentity};
 use broca::session_key::SessionKey;
 use broca::state_root::StateRoot;
-use broca::testkit::*;
 use broca::wal::storage::crash::CrashStorage;
 use broca::wire::Refusal;
+use broca_testkit::*;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use serde_json::Value;
 

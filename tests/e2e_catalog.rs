@@ -1,6 +1,6 @@
 //! The catalog poller end to end (spec §1a): the real subc daemon supervises broca on a fresh
 //! state root with **no** LKG and broca-mock as a scripted `fusiform` module
-//! (`--fusiform-script`, `bin/broca-mock/fusiform.rs`). broca polls every 400 ms here
+//! (`--fusiform-script`, `mock/modules/src/fusiform.rs`). broca polls every 400 ms here
 //! (`BROCA_TEST_CATALOG_POLL_MS`, a debug-build switch). Each scenario rewrites the script and
 //! waits for two more polls, so at least one whole poll ran under it; `health.check`'s
 //! `metrics.catalog` and the LKG's bytes are then checked, and every failure body is pinned

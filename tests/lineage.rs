@@ -13,8 +13,8 @@ use broca::record::{FinishReason, Record, RequestIdentity};
 use broca::replay::Resolution;
 use broca::session_key::SessionKey;
 use broca::state_root::{Placement, StateRoot};
-use broca::testkit::*;
 use broca::wal::frame::{self, FrameKind};
+use broca_testkit::*;
 
 fn key() -> SessionKey {
     SessionKey::new("/work/proj", "test", "s1")

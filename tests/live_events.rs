@@ -7,7 +7,7 @@
 use broca::lineage::projection::{self, ControlUnit};
 use broca::record::{Record, RequestIdentity};
 use broca::replay::{Effect, Replay};
-use broca::testkit::*;
+use broca_testkit::*;
 use cortexkit_role_llm_runner::live::LiveEvent;
 
 const STARTED_AT: u64 = 1_700_000_000_100;

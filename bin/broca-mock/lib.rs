@@ -2,13 +2,19 @@
 //! benches run in-process, and the subc modules the binary serves (tool providers, the vault,
 //! the fusiform catalog, a relay, a federation stand-in). The binary (`main.rs`) is their
 //! command line.
+//!
+//! Each role is a package of its own under `mock/` (issue #45); this library only re-exports
+//! them under the names the tests have always used, and finds the binary ([`exe`]).
 
-pub mod fed;
-pub mod fusiform;
-pub mod mock;
-pub mod relay;
-pub mod tools;
-pub mod vault;
+/// The federation stand-in (`mock/fed`, package `broca-mock-fed`).
+pub use broca_mock_fed as fed;
+/// The model providers (`mock/model`, package `broca-mock-model`; its wires, scripts and
+/// prompt-cache model are `mock/wire`, package `broca-mock-wire`, re-exported there).
+pub use broca_mock_model as mock;
+/// The vault, the catalog and the relay (`mock/modules`, package `broca-mock-modules`).
+pub use broca_mock_modules::{fusiform, relay, vault};
+/// The tool provider (`mock/tools`, package `broca-mock-tools`).
+pub use broca_mock_tools as tools;
 
 use std::path::PathBuf;
 

@@ -1,8 +1,8 @@
 //! `broca-mock`: the scripted test double. Without `--subc` it is the model-provider server
 //! (every wire family broca speaks: SSE, and Bedrock's AWS event stream; the script format and the
-//! control endpoint are documented in [`mock`], `mock/mod.rs`). With `--subc <connection-file>`
+//! control endpoint are documented in [`mock`], `mock/model/src/lib.rs`). With `--subc <connection-file>`
 //! it is a subc module serving `tool-provider/v1` (the tool script, the call log and the
-//! built-in tools are documented in [`tools`], `tools/mod.rs`).
+//! built-in tools are documented in [`tools`], `mock/tools/src/lib.rs`).
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -38,28 +38,28 @@ Point a route's base URL at <url>/v1 (lane \"default\") or <url>/lane/<name>/v1.
 
 Control endpoint: POST /_mock/lanes/<lane>/script, GET /_mock/lanes/<lane>/requests,
 DELETE /_mock/lanes/<lane>, GET /_mock/health; the classifier stand-in under /_mock/classify/
-(bin/broca-mock/mock/classify.rs).
+(mock/model/src/classify.rs).
 
 Vault mode: `broca-mock claustrum --vault FILE [--vault-log PATH] --subc FILE` serves a scripted
 claustrum vault (credential.get_scoped, credential.get, credential.report_auth_failure) as the
-subc module `claustrum`; see bin/broca-mock/vault/mod.rs.
+subc module `claustrum`; see mock/modules/src/vault/mod.rs.
 
 Relay mode: `broca-mock relay [--target MODULE] --subc FILE` relays every session request it is
 sent to MODULE's management surface (default broca) under its own attested principal
 (reserved:<its module id>), so a test can call broca as two distinct owners; see
-bin/broca-mock/relay.rs.
+mock/modules/src/relay.rs.
 
 Federation mode: `broca-mock fed --subc FILE (--listen PORT_FILE --export MODULE... [--expose-root
 PREFIX]... | --peer PORT_FILE) [--log JSONL]` stands in for the federation module (callosum): the
 --listen side exports its daemon's modules over a TCP link, the --peer side re-exports them on its
-own daemon as fed:<peer machine id>:<module>; see bin/broca-mock/fed/mod.rs.
+own daemon as fed:<peer machine id>:<module>; see mock/fed/src/lib.rs.
 
 Tool-provider mode (--subc, as the subc daemon starts modules): registers with the daemon named
 by the connection file as SUBC_MODULE_ID (default broca-mock-tools) and serves tool-provider/v1:
 role.describe, tool.catalog and scripted tool calls (results, delays with keepalives, refusals,
 malformed answers, oversize results, calls that never answer, CANCEL).
 
-  --tools FILE         the tool script (JSONC; format in bin/broca-mock/tools/mod.rs); without
+  --tools FILE         the tool script (JSONC; format in mock/tools/src/lib.rs); without
                        it the built-in tools: echo, sleep, fail, big, hang, counter, whoami
   --call-log PATH      append every call, cancel, end and role op as a JSON line (default
                        $BROCA_MOCK_CALL_LOG; without either, calls are counted in memory only)
@@ -68,7 +68,7 @@ malformed answers, oversize results, calls that never answer, CANCEL).
   --subc FILE          the daemon's connection file
 
 Fusiform mode (--fusiform-script with --subc): registers as SUBC_MODULE_ID (default fusiform) and
-serves a scripted, paged catalog.get (format in bin/broca-mock/fusiform.rs).
+serves a scripted, paged catalog.get (format in mock/modules/src/fusiform.rs).
 
   --fusiform-script FILE  the catalog script (JSON), re-read on every request
   --request-log PATH      append every catalog.get request and its answer as a JSON line

@@ -1,7 +1,13 @@
 use super::*;
 use crate::message::StepUsage;
 use crate::record::{AttemptFinished, ErrorClass};
-use crate::testkit::*;
+
+// The record builders of the `broca-testkit` package (a dev-dependency, which would link a second
+// broca whose records are not this crate's), compiled here as this crate's own.
+#[allow(dead_code)]
+#[path = "../../mock/testkit/src/records.rs"]
+mod testkit;
+use testkit::*;
 
 fn finished(run_id: &str) -> Record {
     Record::RunFinished {

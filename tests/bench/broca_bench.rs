@@ -20,9 +20,9 @@ use broca::provider::client::HttpClient;
 use broca::record::{self, FinishReason, Record};
 use broca::session_key::SessionKey;
 use broca::state_root::StateRoot;
-use broca::testkit::*;
 use broca::wal::{self, RecordOutcome, ScannedFrame, Wal, WalError, WalOpen};
 use broca_mock::mock::{MockOptions, MockServer, Script};
+use broca_testkit::*;
 
 const FSYNC_SAMPLES: usize = 1000;
 
@@ -64,18 +64,18 @@ fn main() {
         return;
     }
     if args.get(1).map(String::as_str) == Some("families") {
-        let raw = broca::testkit::raw_fsync_p50_us(dir.path(), FSYNC_SAMPLES / 5);
+        let raw = broca_testkit::raw_fsync_p50_us(dir.path(), FSYNC_SAMPLES / 5);
         report("fs.raw_fsync_us", raw, "us");
         families::report_all(dir.path(), raw);
         return;
     }
     if args.get(1).map(String::as_str) == Some("loop") {
-        let raw = broca::testkit::raw_fsync_p50_us(dir.path(), FSYNC_SAMPLES / 5);
+        let raw = broca_testkit::raw_fsync_p50_us(dir.path(), FSYNC_SAMPLES / 5);
         report("fs.raw_fsync_us", raw, "us");
         report_loop(dir.path(), raw);
         return;
     }
-    let raw = broca::testkit::raw_fsync_p50_us(dir.path(), FSYNC_SAMPLES);
+    let raw = broca_testkit::raw_fsync_p50_us(dir.path(), FSYNC_SAMPLES);
     report("fs.raw_fsync_us", raw, "us");
     let append = append_fsync_us(dir.path());
     report("wal.append_fsync_us", append, "us");
@@ -123,7 +123,7 @@ fn report_loop(dir: &Path, raw: f64) {
     report("loop.step_budget_us", 2.0 * raw + 300.0, "us");
     // The same raw fsync with the pause a loop step has between its barriers (about 0.4 ms of
     // request and stream): what the loop's own fsyncs cost on this disk, beside the budget's.
-    let paced = broca::testkit::raw_fsync_paced_p50_us(dir, FSYNC_SAMPLES / 5, Duration::from_micros(400));
+    let paced = broca_testkit::raw_fsync_paced_p50_us(dir, FSYNC_SAMPLES / 5, Duration::from_micros(400));
     report("fs.raw_fsync_us.paced_400us", paced, "us");
     report("fs.raw_fsync_paced_ratio", paced / raw, "x");
     report("loop.step_overhead_ratio_to_raw_fsync", l.overhead_us / raw, "x");

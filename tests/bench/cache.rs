@@ -1,6 +1,6 @@
 //! Prompt caching over a 20-step tool loop (#28): the loop runs against broca-mock with
 //! measured usage (`{"usage": {"measured": true}}`: the mock's model of the provider's prompt
-//! cache, `bin/broca-mock/mock/prompt_cache.rs`), so the cache tokens are what the provider
+//! cache, `mock/wire/src/prompt_cache.rs`), so the cache tokens are what the provider
 //! would report for the requests broca really rendered.
 //!
 //! - `cache.read_share.<family>`: cached input tokens / all input tokens over steps 2–20.

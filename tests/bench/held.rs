@@ -124,7 +124,7 @@ pub fn figures(dir: &Path) -> Vec<(&'static str, f64, &'static str)> {
     }
     let fastest = resumes.iter().min().copied().unwrap_or_default().as_secs_f64() * 1e6;
     let (resume, bare) = (median_us(resumes), median_us(bare));
-    let fsync = broca::testkit::raw_fsync_p50_us(dir, 200);
+    let fsync = broca_testkit::raw_fsync_p50_us(dir, 200);
     vec![
         ("held.resume_latency_us", resume, "us"),
         ("held.resume_latency_min_us", fastest, "us"),

@@ -81,7 +81,7 @@ pub fn figures(dir: &Path) -> Vec<(&'static str, f64, &'static str)> {
     }
     let (warm, bare) = (median_us(warms), median_us(bare));
     // The warm's own fsync (its record is durable before it answers), on this disk now.
-    let fsync = broca::testkit::raw_fsync_p50_us(dir, 200);
+    let fsync = broca_testkit::raw_fsync_p50_us(dir, 200);
     vec![
         ("warm.latency_us", warm, "us"),
         ("warm.bare_request_us", bare, "us"),

@@ -1,6 +1,6 @@
 //! The scripted model, keyed per session: a loopback front in this process (outside broca)
 //! that broca's `BROCA_PROVIDER_BASE_URL` points at, in front of broca-mock's model server
-//! (`bin/broca-mock/mock`, which speaks the real OpenAI Chat SSE wire broca parses, and the
+//! (`mock/model`, which speaks the real OpenAI Chat SSE wire broca parses, and the
 //! Anthropic Messages wire for the sessions the output_refs cases start).
 //!
 //! Each session's first send carries the system text `conformance-lane:<lane>` (see

@@ -1,6 +1,6 @@
 //! The suite's `ClassifierSubject`: the route (`route.rs`), the models the seeded catalog serves
 //! (`catalog.rs`), and control of the stand-in provider, broca-mock's classifier stand-in
-//! (`bin/broca-mock/mock/classify`) on a `MockServer` in this process, outside broca: the
+//! (`mock/model/src/classify`) on a `MockServer` in this process, outside broca: the
 //! suite's scripts, counts and holds go straight to its shared state ([`MockServer::classify`]),
 //! which keys every provider call by the JCS text of its `state`, as the suite does.
 //!

@@ -24,7 +24,7 @@ use broca::lineage::Shared;
 use broca::record::{FinishReason, Record};
 use broca::session_key::SessionKey;
 use broca::state_root::StateRoot;
-use broca::testkit;
+use broca_testkit as testkit;
 use serde_json::json;
 
 const SESSIONS: usize = 10_000;

@@ -93,7 +93,7 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 }
 
 fn bench(h: &Harness) -> Result<(), Failure> {
-    let raw = broca::testkit::raw_fsync_p50_us(&h.state_root(), FSYNC_SAMPLES);
+    let raw = broca_testkit::raw_fsync_p50_us(&h.state_root(), FSYNC_SAMPLES);
     report("fs.raw_fsync_us", raw, "us");
     let consumer = h.client().consumer();
 

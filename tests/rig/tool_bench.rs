@@ -184,7 +184,7 @@ fn process_cpu() -> Duration {
 fn bench(h: &Harness) -> Result<(), Failure> {
     let work = h.rig_root().join("bench");
     std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
-    let raw = broca::testkit::raw_fsync_p50_us(&work, FSYNC_SAMPLES);
+    let raw = broca_testkit::raw_fsync_p50_us(&work, FSYNC_SAMPLES);
     report("fs.raw_fsync_us", raw, "us");
 
     wait_provider(h)?;

@@ -3,8 +3,7 @@
 //! called through the official consumer SDK (`subc-client-rs`).
 //!
 //! ```ignore
-//! #[path = "../bin/broca-mock/mock/mod.rs"]
-//! mod mock; // broca-mock's module tree, which this harness uses as `crate::mock`
+//! use broca_mock::mock; // broca-mock's model providers, which this harness uses as `crate::mock`
 //! mod support;
 //! use support::Harness;
 //!
@@ -335,7 +334,7 @@ impl Harness {
         self.rt().block_on(f)
     }
 
-    /// Appends a script (JSON, see `bin/broca-mock/mock/mod.rs`) to the mock's `default` lane FIFO.
+    /// Appends a script (JSON, see `mock/model/src/lib.rs`) to the mock's `default` lane FIFO.
     pub fn install(&self, script: Value) {
         self.mock.install("default", Script::from_json(&script.to_string()).expect("a valid mock script"));
     }

@@ -1,4 +1,8 @@
 //! Record builders shared by tests, property checks and benchmarks. Not part of the engine.
+//!
+//! Written against `crate::message` and `crate::record`, with no other path into broca: this
+//! package imports those two at its root, and broca's own unit tests include this file by path
+//! (`src/replay/tests.rs`), where they are broca's modules.
 
 use serde_json::json;
 

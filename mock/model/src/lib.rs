@@ -139,11 +139,12 @@ pub mod classify;
 mod control;
 mod http;
 mod lanes;
-pub mod prompt_cache;
-pub mod render;
-pub mod script;
 mod tls;
 pub mod warm;
+
+// The scripts, the seven wires' renderers and the prompt-cache model are the package
+// `broca-mock-wire` (`mock/wire`); they are this server's modules under their old names.
+pub use broca_mock_wire::{prompt_cache, render, script};
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
@@ -728,7 +729,7 @@ mod tests {
 
     #[test]
     fn the_documented_example_script_decodes() {
-        let doc: String = include_str!("mod.rs")
+        let doc: String = include_str!("lib.rs")
             .lines()
             .filter_map(|l| l.strip_prefix("//!"))
             .map(|l| l.strip_prefix(' ').unwrap_or(l))

@@ -1,4 +1,4 @@
-//! The script format (documented with an example in [`mock`](super)): types, JSON decoding and
+//! The script format (documented with an example in `broca-mock-model`, `mock/model/src/lib.rs`): types, JSON decoding and
 //! validation. Decoding goes through permissive `Raw*` structs and then checks the shape, so a
 //! bad script is refused with a message naming the problem rather than serde's untagged-enum
 //! "did not match any variant".

@@ -103,11 +103,11 @@ pub(super) fn system_text(
 }
 
 /// `late_results` from the store: the entries whose custodian is the principal stamped on this
-/// route ([`crate::tools::late::principal_text`]).
+/// route ([`crate::late::principal_text`]).
 pub(super) fn late_read(store: &LateStore, bound: &Bound, arguments: Value) -> Result<Vec<u8>, ErrorBody> {
     let request: LateResultsRequest =
         serde_json::from_value(arguments).map_err(|e| errors::invalid_request("arguments", e.to_string()))?;
-    let reply = store.read(&crate::tools::late::principal_text(bound.principal.as_ref()), &request)?;
+    let reply = store.read(&crate::late::principal_text(bound.principal.as_ref()), &request)?;
     Ok(serde_json::to_vec(&reply).expect("late results serialize"))
 }
 
@@ -115,7 +115,7 @@ pub(super) fn late_read(store: &LateStore, bound: &Bound, arguments: Value) -> R
 pub(super) fn late_ack(store: &LateStore, bound: &Bound, arguments: Value) -> Result<Vec<u8>, ErrorBody> {
     let request: AckRequest =
         serde_json::from_value(arguments).map_err(|e| errors::invalid_request("arguments", e.to_string()))?;
-    store.ack(&crate::tools::late::principal_text(bound.principal.as_ref()), &request)?;
+    store.ack(&crate::late::principal_text(bound.principal.as_ref()), &request)?;
     Ok(b"{}".to_vec())
 }
 

@@ -1,5 +1,5 @@
 //! The tool script: what the provider serves and how each call behaves. The format is documented
-//! in [`super`] (`tools/mod.rs`); [`ToolScript::builtin`] is the set served without `--tools`.
+//! in [`crate`] (`lib.rs`); [`ToolScript::builtin`] is the set served without `--tools`.
 //!
 //! Invariants of a [`ToolScript`] (checked once, by [`ToolScript::from_file`]):
 //! - tool names are unique, non-empty, and never a role op's name;

@@ -1,6 +1,6 @@
 //! Held first replies (`held-reply/v1`, CONTRACT.md §4.1): a call whose behaviour is `held`, or
 //! a `from_dir` call whose `<dir>/<key>.held-reply` exists, is held in the late-results store
-//! ([`crate::tools::late`]) and answered `{content: [{type: "text", text}], held: {reason}}`.
+//! ([`crate::late`]) and answered `{content: [{type: "text", text}], held: {reason}}`.
 //!
 //! The contract's prerequisites, all checked: the route's bind declared both `held-reply/v1`
 //! and `tool-result/v1`, the tool's `result_format` is `tool-result/v1`, the call carries a
@@ -13,8 +13,8 @@
 //! record, a `from_dir` call's `<key>.call_key` file, then the held reply.
 
 use super::*;
-use crate::tools::late::{principal_text, write_atomic, FromDirHold, HeldRecord, LateStore};
-use crate::tools::script::HeldSpec;
+use crate::late::{principal_text, write_atomic, FromDirHold, HeldRecord, LateStore};
+use crate::script::HeldSpec;
 use cortexkit_role_tool_provider::consumer_reads_held_reply_v1;
 use cortexkit_role_tool_provider::result::HeldReply;
 
@@ -138,10 +138,8 @@ impl Call<'_> {
         match (record, store) {
             (Some(record), Some(store)) => {
                 if let Err(e) = hold(store, *record) {
-                    let refusal = ErrorBody::new(
-                        crate::tools::late::UNWRITABLE,
-                        format!("broca-mock cannot record the held call: {e}"),
-                    );
+                    let refusal =
+                        ErrorBody::new(crate::late::UNWRITABLE, format!("broca-mock cannot record the held call: {e}"));
                     self.end_refused(&request.name, &refusal);
                     return true;
                 }
@@ -157,7 +155,7 @@ impl Call<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tools::late::stem;
+    use crate::late::stem;
     use cortexkit_role_tool_provider::{HELD_REPLY_V1, TOOL_RESULT_V1_CAPABILITY};
     use subc_protocol::scope::ScopeKind;
 

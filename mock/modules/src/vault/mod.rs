@@ -274,3 +274,65 @@ pub fn main(args: &[String]) -> ExitCode {
         ExitCode::from(1)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(state: &str) -> VaultFile {
+        serde_json::from_value(json!({
+            "credentials": {"apikey:mock": {"secret": "sk-mock-1", "record_version": 3, "account_id": "acct-1",
+                                            "state": state, "principals": ["broca"]}},
+            "handles": {"ckh_dev": "apikey:mock"}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_documented_vault_file_decodes() {
+        let doc: String = include_str!("mod.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("//!"))
+            .map(|l| l.strip_prefix(' ').unwrap_or(l))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let start = doc.find("```json\n").unwrap() + "```json\n".len();
+        let end = start + doc[start..].find("```").unwrap();
+        let file: VaultFile = serde_json::from_str(&doc[start..end]).unwrap();
+        assert_eq!(file.credentials["apikey:mock"].state, "ready");
+        assert_eq!(file.handles["ckh_dev"], "apikey:mock");
+    }
+
+    #[test]
+    fn a_granted_ready_record_answers_its_secret() {
+        let (answer, outcome, version) = Vault::read(&file("ready"), "apikey:mock", Some("broca"));
+        assert_eq!((outcome, version), ("ok", Some(3)));
+        let result = &answer["result"];
+        assert_eq!(result["payload"], "sk-mock-1");
+        assert_eq!(result["record_version"], 3);
+        assert_eq!(result["account_id"], "acct-1");
+        assert!(result["expires_at_ms"].is_null());
+    }
+
+    #[test]
+    fn refusals_follow_the_grant_and_the_state() {
+        let class_code = |f: &VaultFile, id: &str, principal: Option<&str>| {
+            let (answer, outcome, version) = Vault::read(f, id, principal);
+            assert_eq!(version, None);
+            let error = &answer["result"]["error"];
+            (error["class"].as_str().unwrap().to_owned(), error["code"].as_str().unwrap().to_owned(), outcome)
+        };
+        let not_found = ("permanent".to_owned(), "not_found".to_owned(), "not_found");
+        assert_eq!(class_code(&file("ready"), "apikey:other", Some("broca")), not_found);
+        assert_eq!(class_code(&file("ready"), "apikey:mock", Some("someone-else")), not_found);
+        assert_eq!(class_code(&file("ready"), "apikey:mock", None), not_found, "a direct route has no principal");
+        assert_eq!(
+            class_code(&file("needs_reauth"), "apikey:mock", Some("broca")),
+            ("auth_required".to_owned(), "needs_reauth".to_owned(), "needs_reauth")
+        );
+        assert_eq!(
+            class_code(&file("locked"), "apikey:mock", Some("broca")),
+            ("transient".to_owned(), "vault_locked".to_owned(), "vault_locked")
+        );
+    }
+}

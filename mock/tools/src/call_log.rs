@@ -28,7 +28,7 @@
 //!   [`read`]; a bad line anywhere else is an error.
 //!
 //! This file depends only on std, serde, serde_json and sha2, so tests include it with
-//! `#[path = "../bin/broca-mock/tools/call_log.rs"] mod call_log;` and call [`read`].
+//! `#[path = "../mock/tools/src/call_log.rs"] mod call_log;` and call [`read`].
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};

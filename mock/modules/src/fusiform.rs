@@ -1,6 +1,7 @@
 //! `broca-mock --fusiform-script FILE --subc <connection-file>`: the scripted double as a real
 //! `fusiform` module (default module id `fusiform`), serving the `catalog.get` tool on its tool
-//! route over broca's own subc layer, as the tool provider does (`tools/mod.rs`).
+//! route over broca's own subc layer, as the tool provider does (`broca-mock-tools`,
+//! `mock/tools/src/lib.rs`).
 //!
 //! The catalog is the `response` of an LKG file (default `testdata/catalog/fusiform-lkg.json`),
 //! its models split into pages in key order. The script (JSON) is re-read on every request; a
@@ -334,4 +335,74 @@ fn build(
         *last_token = Some(token);
     }
     Answer::Body(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attempt(script: Value) -> Attempt {
+        serde_json::from_value(script).unwrap()
+    }
+
+    fn body(answer: Answer) -> Value {
+        match answer {
+            Answer::Body(v) => v,
+            Answer::Raw(b) => panic!("raw bytes {}", String::from_utf8_lossy(&b)),
+            Answer::Refuse(e) => panic!("refused {}: {}", e.code, e.message),
+        }
+    }
+
+    #[test]
+    fn the_default_catalog_is_found_from_this_package() {
+        assert!(PathBuf::from(DEFAULT_CATALOG).is_file(), "{DEFAULT_CATALOG}");
+    }
+
+    #[test]
+    fn pages_split_the_models_in_key_order_and_the_last_takes_the_rest() {
+        let script = Script::default();
+        let a = attempt(json!({"pages": [5, 5, 5]}));
+        let mut token = None;
+        let one = body(build(&script, &a, &json!({}), 1, 1, &mut token));
+        let two = body(build(&script, &a, &json!({}), 1, 2, &mut token));
+        let three = body(build(&script, &a, &json!({}), 1, 3, &mut token));
+        let counts: Vec<usize> = [&one, &two, &three].iter().map(|p| p["models"].as_object().unwrap().len()).collect();
+        assert_eq!(counts, [5, 5, 6]);
+        assert!(one["next_page_token"].is_string() && two["next_page_token"].is_string());
+        assert!(three.get("next_page_token").is_none(), "the last page has no token");
+        assert!(one.get("overridden").is_some() && two.get("overridden").is_none(), "rows ride page one");
+        let keys: Vec<String> =
+            [&one, &two, &three].iter().flat_map(|p| p["models"].as_object().unwrap().keys().cloned()).collect();
+        let mut sorted = keys.clone();
+        sorted.sort();
+        assert_eq!(keys, sorted);
+    }
+
+    #[test]
+    fn a_scripted_page_is_refused_malformed_or_mismatched() {
+        let script = Script::default();
+        let mut token = None;
+        let refused = attempt(json!({"pages": [5], "refuse": {"page": 2, "code": "unavailable"}}));
+        assert!(
+            matches!(build(&script, &refused, &json!({}), 1, 2, &mut token), Answer::Refuse(e) if e.code == "unavailable")
+        );
+        let malformed = attempt(json!({"pages": [5], "malformed_page": 1}));
+        assert!(matches!(build(&script, &malformed, &json!({}), 1, 1, &mut token), Answer::Raw(_)));
+        let mismatched = attempt(json!({"pages": [5], "mismatch_page": 2}));
+        let one = body(build(&script, &mismatched, &json!({}), 1, 1, &mut token));
+        let two = body(build(&script, &mismatched, &json!({}), 1, 2, &mut token));
+        assert_eq!(two["catalog_version"].as_i64(), one["catalog_version"].as_i64().map(|v| v + 1));
+    }
+
+    #[test]
+    fn unpaged_answers_the_whole_catalog_and_published_checks_the_arguments() {
+        let script = Script::default();
+        let mut token = None;
+        let whole = body(build(&script, &attempt(json!({"unpaged": true})), &json!({}), 1, 1, &mut token));
+        assert_eq!(whole["models"].as_object().unwrap().len(), 16);
+        assert!(whole.get("next_page_token").is_none());
+        let published = attempt(json!({"published": true}));
+        let refused = build(&script, &published, &json!({"no_such_member": 1}), 1, 1, &mut token);
+        assert!(matches!(refused, Answer::Refuse(e) if e.code == "bad_request"));
+    }
 }
