@@ -236,7 +236,10 @@ fn parse_auth_methods(v: &Value) -> Result<BTreeMap<String, crate::frozen::AuthM
     map.iter()
         .map(|(provider, method)| match method.as_str().and_then(AuthMethod::parse) {
             Some(m) if !provider.is_empty() => Ok((provider.clone(), m)),
-            _ => Err((format!("auth_methods.{provider}"), "must be one of apikey, chatgpt, oauth, antigravity, sigv4".into())),
+            _ => Err((
+                format!("auth_methods.{provider}"),
+                "must be one of apikey, chatgpt, oauth, antigravity, sigv4".into(),
+            )),
         })
         .collect()
 }

@@ -144,8 +144,9 @@ pub fn parse(argv: impl Iterator<Item = String>) -> Result<Parsed, String> {
             "--auth-bearer-file" => a.auth_bearer = Some(bearer_file(&value("--auth-bearer-file")?)?),
             "--auth-method" => {
                 let name = value("--auth-method")?;
-                let method = broca::catalog::route::AuthMethod::parse(&name)
-                    .ok_or_else(|| format!("--auth-method {name:?}: one of apikey, chatgpt, oauth, antigravity, sigv4"))?;
+                let method = broca::catalog::route::AuthMethod::parse(&name).ok_or_else(|| {
+                    format!("--auth-method {name:?}: one of apikey, chatgpt, oauth, antigravity, sigv4")
+                })?;
                 a.auth_method = Some(method);
             }
             "--subc" => a.subc = Some(PathBuf::from(value("--subc")?)),
