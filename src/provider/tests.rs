@@ -340,7 +340,7 @@ fn multi_step_transcript() -> Vec<Message> {
         msg(
             Role::Assistant,
             vec![
-                Part::Reasoning { text: "I should stat both files.".into(), signature: Some("EqQBmockSig==".into()) },
+                Part::Reasoning { text: "I should stat both files.".into(), signature: Some("EqQBbW9ja1NpZw==".into()) },
                 Part::Text { text: "Let me check both.".into() },
                 call("call_1", "build.log"),
                 call("call_2", "test.log"),
@@ -365,7 +365,7 @@ fn multi_step_transcript() -> Vec<Message> {
         msg(
             Role::Assistant,
             vec![
-                Part::RedactedReasoning { data: "EmwKmockRedacted==".into() },
+                Part::RedactedReasoning { data: "EmwKbW9ja1JlZGFjdGVk".into() },
                 Part::Text { text: "build.log is 4 KiB; test.log does not exist (é).".into() },
             ],
         ),
