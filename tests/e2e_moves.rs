@@ -44,18 +44,6 @@ fn reply(text: &str) -> Value {
     json!({"events": [{"text": text}, {"usage": {"input": 3, "output": 1}}, {"finish": "stop"}]})
 }
 
-fn wait_ready(h: &Harness, ids: &[&str]) {
-    let until = Instant::now() + STEP;
-    loop {
-        let list = h.block_on(h.client().consumer().catalog_list()).expect("catalog.list");
-        if ids.iter().all(|id| list.modules.iter().any(|m| m.module_id == *id && m.ready)) {
-            return;
-        }
-        assert!(Instant::now() < until, "the relays {ids:?} did not register: {list:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// A completed run of `prompt` sent by `relay` on `s`.
 fn finished(h: &Harness, relay: &str, s: &Session, prompt: &str) {
     let sent = via(h, relay, s, "session.send", send_params(prompt)).unwrap_or_else(|e| panic!("{e}"));
@@ -153,9 +141,6 @@ fn forged_archives_are_refused(h: &Harness) {
     assert!(!s.wal_path().exists(), "nothing adopted");
 }
 
-/// One named check of the rig.
-type Check = (&'static str, fn(&Harness));
-
 #[test]
 fn moves_through_the_daemon() {
     let relay = |id: &str| {
@@ -164,22 +149,11 @@ fn moves_through_the_daemon() {
         (id.to_owned(), entry)
     };
     let h = Harness::start_with(Options { modules: vec![relay(MOVER), relay(STRANGER)], ..Options::default() });
-    wait_ready(&h, &[MOVER, STRANGER]);
-    let checks: [Check; 3] = [
+    support::wait_modules_ready(&h, &[MOVER, STRANGER]);
+    let checks: [support::Check; 3] = [
         ("exports write only broca's own files", exports_write_only_broca_s_own_files),
         ("adopts read only archives", adopts_read_only_archives),
         ("forged archives are refused", forged_archives_are_refused),
     ];
-    let mut failed = Vec::new();
-    for (name, check) in checks {
-        if let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(&h))) {
-            let why = e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()));
-            failed.push(format!("{name}: {}", why.unwrap_or_default()));
-        }
-    }
-    if !failed.is_empty() {
-        eprintln!("--- broca log tail\n{}", h.broca_log_tail(60));
-    }
-    h.stop();
-    assert!(failed.is_empty(), "failed: {failed:#?}");
+    support::run_checks(h, &checks);
 }

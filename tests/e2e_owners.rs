@@ -59,18 +59,6 @@ fn mismatch(h: &Harness, relay: &str, s: &Session, method: &str, params: Value) 
     body
 }
 
-fn wait_ready(h: &Harness, ids: &[&str]) {
-    let until = Instant::now() + STEP;
-    loop {
-        let list = h.block_on(h.client().consumer().catalog_list()).expect("catalog.list");
-        if ids.iter().all(|id| list.modules.iter().any(|m| m.module_id == *id && m.ready)) {
-            return;
-        }
-        assert!(Instant::now() < until, "the relays {ids:?} did not register: {list:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn wait_run(h: &Harness, relay: &str, s: &Session, run_id: &str, state: &str) -> Value {
     let until = Instant::now() + STEP;
     loop {
@@ -240,9 +228,6 @@ fn legacy_sessions_stay_unrestricted(h: &Harness) {
     assert_eq!(ok(h, A, &s, "run.cancel", json!({"run_id": run})), json!("not_active"));
 }
 
-/// One named check of the rig.
-type Check = (&'static str, fn(&Harness));
-
 #[test]
 fn owners_through_the_daemon() {
     let mock = broca_mock::exe();
@@ -252,22 +237,11 @@ fn owners_through_the_daemon() {
         (id.to_owned(), entry)
     };
     let h = Harness::start_with(Options { modules: vec![relay(A), relay(B)], ..Options::default() });
-    wait_ready(&h, &[A, B]);
-    let checks: [Check; 3] = [
+    support::wait_modules_ready(&h, &[A, B]);
+    let checks: [support::Check; 3] = [
         ("strangers are refused", strangers_are_refused),
         ("direct sessions stay unrestricted", direct_sessions_stay_unrestricted),
         ("legacy sessions stay unrestricted", legacy_sessions_stay_unrestricted),
     ];
-    let mut failed = Vec::new();
-    for (name, check) in checks {
-        if let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(&h))) {
-            let why = e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()));
-            failed.push(format!("{name}: {}", why.unwrap_or_default()));
-        }
-    }
-    if !failed.is_empty() {
-        eprintln!("--- broca log tail\n{}", h.broca_log_tail(60));
-    }
-    h.stop();
-    assert!(failed.is_empty(), "failed: {failed:#?}");
+    support::run_checks(h, &checks);
 }

@@ -875,3 +875,38 @@ pub fn wait_tool_provider(h: &Harness, module: &str) {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+/// Waits until the daemon lists every module of `ids` as ready (relays and other modules the
+/// daemon launches register after broca).
+pub fn wait_modules_ready(h: &Harness, ids: &[&str]) {
+    let until = Instant::now() + STEP;
+    loop {
+        let list = h.block_on(h.client().consumer().catalog_list()).expect("catalog.list");
+        if ids.iter().all(|id| list.modules.iter().any(|m| m.module_id == *id && m.ready)) {
+            return;
+        }
+        assert!(Instant::now() < until, "the modules {ids:?} did not register: {list:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// One named check of a rig.
+pub type Check = (&'static str, fn(&Harness));
+
+/// Runs every check on `h` (a failing one does not stop the others), stops the daemon, and
+/// fails naming each check that failed, with broca's log tail. One test fn per daemon, because
+/// stopping the in-process daemon means SIGTERM to this process.
+pub fn run_checks(h: Harness, checks: &[Check]) {
+    let mut failed = Vec::new();
+    for (name, check) in checks {
+        if let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(&h))) {
+            let why = e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()));
+            failed.push(format!("{name}: {}", why.unwrap_or_default()));
+        }
+    }
+    if !failed.is_empty() {
+        eprintln!("--- broca log tail\n{}", h.broca_log_tail(60));
+    }
+    h.stop();
+    assert!(failed.is_empty(), "failed: {failed:#?}");
+}
