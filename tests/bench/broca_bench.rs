@@ -417,7 +417,13 @@ fn loop_step_overhead(dir: &Path) -> LoopFigures {
 /// [`loop_step_overhead`] of `bench`'s family, over `rounds` rounds.
 pub fn loop_step_overhead_of(dir: &Path, bench: &BenchModel, rounds: usize) -> LoopFigures {
     let mock = MockServer::start("127.0.0.1:0").expect("mock");
-    let root = StateRoot::at(&dir.join(format!("loop-root-{}", bench.model.replace('/', "-")))).expect("state root");
+    // A fresh state root per call: the main loop figure and the per-family section may measure
+    // the same model, and a root already holding `run-bench` refuses to admit it again.
+    let root_dir = tempfile::Builder::new()
+        .prefix(&format!("loop-root-{}-", bench.model.replace('/', "-")))
+        .tempdir_in(dir)
+        .expect("state root dir");
+    let root = StateRoot::at(root_dir.path()).expect("state root");
     let shared = Shared::open(root).expect("shared");
     let client = HttpClient::default();
     let bare_agent = ureq::AgentBuilder::new().build();
