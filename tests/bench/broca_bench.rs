@@ -506,9 +506,10 @@ fn per_step(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1e6 / LOOP_STEPS as f64
 }
 
-/// Wall time of `broca-run --demo` end to end (the binary beside this one), if it is built.
+/// Wall time of `broca-run --demo` end to end (the binary of this profile: this one runs from
+/// `target/<profile>/examples/`, broca-run is in `target/<profile>/`), if it is built.
 fn demo_ms() -> Option<f64> {
-    let exe = std::env::current_exe().ok()?.with_file_name("broca-run");
+    let exe = std::env::current_exe().ok()?.parent()?.parent()?.join("broca-run");
     if !exe.exists() {
         eprintln!("broca-bench: {} is not built; skipping cli.demo_ms", exe.display());
         return None;
