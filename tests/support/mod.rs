@@ -465,7 +465,9 @@ impl Harness {
         pid
     }
 
-    /// Waits until broca runs again under another pid than `old` and is registered; its pid.
+    /// Waits until broca runs again under another pid than `old`, is registered and answers a
+    /// call (`role.describe` on a probe route: the catalog can read ready a moment before a
+    /// call reaches the new incarnation); its pid.
     pub fn wait_respawn(&self, old: i32) -> i32 {
         let until = Instant::now() + STEP;
         let pid = loop {
@@ -476,6 +478,14 @@ impl Harness {
             std::thread::sleep(Duration::from_millis(50));
         };
         self.wait_registered();
+        let probe = self.client().session("harness-probe", "respawn");
+        loop {
+            match probe.try_call("role.describe", json!({})) {
+                Ok(_) | Err(CallError::Module(_)) => break,
+                Err(e) => assert!(Instant::now() < until, "broca {pid} never answered after its respawn: {e:?}"),
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         pid
     }
 
