@@ -1,7 +1,7 @@
 # broca: the two commands a newcomer runs are `make demo` (once it exists) and `make test`.
 CARGO ?= cargo
 
-.PHONY: build demo test soak fuzz bench bench-capacity e2e mcp-check live conformance conformance-classifier fmt lint check mock-bin
+.PHONY: build demo test bench-smoke soak fuzz bench bench-capacity e2e mcp-check live conformance conformance-classifier fmt lint check mock-bin
 
 build:
 	$(CARGO) build --release --locked
@@ -10,16 +10,30 @@ build:
 demo:
 	$(CARGO) run --quiet --locked --bin broca-run -- --demo
 
-# The whole suite: unit, property, crash-cut (real SIGKILLs) and integration tests. A test that
-# cannot run here (no nats-server, no root for a tmpfs, no live provider) reports
-# `SKIP <test>: <why>` (tests/skip/); they are printed again at the end with their count,
-# `SKIPS <n>`. The exit status is cargo's.
+# The whole suite: unit, property, crash-cut (real SIGKILLs) and integration tests, every
+# target even after a failure (--no-fail-fast), then every bench program once in quick mode
+# (`bench-smoke`). Cargo's output streams as usual (and is kept in target/tmp/make-test.log);
+# then one line of its own, `TESTS passed=<n> failed=<n> ignored=<n> targets=<n>` (every
+# `test result:` line summed, bench-smoke one target; scripts/test-summary). A test that cannot
+# run here (no nats-server, no root for a tmpfs, no live provider) reports `SKIP <test>: <why>`
+# (tests/skip/); they are printed again at the end with their count, `SKIPS <n>`. Exits non-zero
+# when anything failed.
 SKIPS_LOG = $${CARGO_TARGET_DIR:-target}/tmp/skips.log
+TEST_LOG = $${CARGO_TARGET_DIR:-target}/tmp/make-test.log
 test: mock-bin
-	@rm -f $(SKIPS_LOG); status=0; $(CARGO) test --locked || status=$$?; \
-	skips=$$(sort -u $(SKIPS_LOG) 2>/dev/null); \
-	if [ -n "$$skips" ]; then printf '%s\n' "$$skips"; fi; \
-	echo "SKIPS $$(printf '%s' "$$skips" | grep -c '^SKIP ')"; exit $$status
+	@log=$(TEST_LOG); mkdir -p "$$(dirname "$$log")"; rm -f $(SKIPS_LOG) "$$log"; \
+	{ $(CARGO) test --locked --no-fail-fast 2>&1; echo $$? >"$$log.cargo"; } | tee "$$log"; \
+	{ $(MAKE) --no-print-directory bench-smoke 2>&1; echo $$? >"$$log.bench"; } | tee -a "$$log"; \
+	scripts/test-summary "$$log" $(SKIPS_LOG) "$$(cat "$$log.cargo")" "$$(cat "$$log.bench")"
+
+# The programs `make bench` runs, in order.
+BENCHES = broca-bench fanout-bench send-bench tool-bench refs-bench classify-bench fed-bench archive-bench
+
+# Every bench program once, in the dev profile and quick mode (BROCA_BENCH_QUICK=1: a handful of
+# rounds; the figures are not judged), so `make bench` cannot break unnoticed (scripts/bench-smoke;
+# `make test` runs it). Bounded by BROCA_BENCH_SMOKE_SECS per program (default 300).
+bench-smoke: mock-bin
+	@CARGO="$(CARGO)" BENCHES="$(BENCHES)" scripts/bench-smoke
 
 # The broca-mock binary the tests run as a process (`broca_mock::exe()`): a package of its own,
 # so `cargo test` builds only its library for broca's tests.
@@ -127,17 +141,14 @@ live:
 	$(CARGO) test --locked --test live -- --nocapture
 
 # Prints `BENCH <name> <value> <unit>` lines; see README "Benchmarks".
+# Every program runs even when one before it failed; the exit status says whether any did.
 bench:
 	$(CARGO) build --release --locked --bins
-	$(CARGO) run --release --locked --example broca-bench
-	$(CARGO) run --release --locked --example fanout-bench
-	$(CARGO) run --release --locked --example send-bench
-	$(CARGO) run --release --locked --example tool-bench
-	$(CARGO) run --release --locked --example refs-bench
-	$(CARGO) run --release --locked --example classify-bench
 	$(CARGO) build --release --locked -p broca-mock --bin broca-mock
-	$(CARGO) run --release --locked --example fed-bench
-	$(CARGO) run --release --locked --example archive-bench
+	@failed=""; for b in $(BENCHES); do \
+		$(CARGO) run --release --locked --example $$b || failed="$$failed $$b"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "bench: failed:$$failed" >&2; exit 1; fi
 
 # A thousand sessions with runs active at once (one observer each) and a boot over ten thousand
 # sessions, through the real daemon (about two minutes; not part of `make bench`).

@@ -250,30 +250,13 @@ fn plan() -> Value {
     json!({"tool_items": [{"provider": TOOLS, "params": {}}]})
 }
 
-/// Whether a refusal is about the restart (retry the same bytes) rather than the send.
-fn retryable(body: &subc_protocol::ErrorBody) -> bool {
-    let transient = body.detail.as_ref().and_then(|d| d.get("class")).is_some_and(|c| c == "transient");
-    transient || ["session_busy", "lease_stale", "module_reloading"].contains(&body.code.as_str())
-}
-
-/// Calls until broca answers (across restarts); `Err` with the reason otherwise.
+/// Calls until broca answers (across restarts); `Err` with the reason otherwise. Not for
+/// sends: [`Session::try_send_surviving_kills`].
 fn call_through(s: &Session, method: &str, params: &Value, until: Instant) -> Result<Value, String> {
-    call_through_counted(s, method, params, until, &mut 0)
-}
-
-/// [`call_through`], counting the attempts in `tries`.
-fn call_through_counted(
-    s: &Session,
-    method: &str,
-    params: &Value,
-    until: Instant,
-    tries: &mut u32,
-) -> Result<Value, String> {
     loop {
-        *tries += 1;
         let last = match s.try_call(method, params.clone()) {
             Ok(v) => return Ok(v),
-            Err(subc_client_rs::CallError::Module(body)) if !retryable(&body) => {
+            Err(subc_client_rs::CallError::Module(body)) if !support::restart_refusal(&body) => {
                 return Err(format!("{method} refused {}: {}", body.code, body.message));
             }
             Err(e) => format!("{e:?}"),
@@ -341,13 +324,12 @@ fn driver(h: &Harness, d: usize, seed: u64, sh: &Shared<'_>) {
                 if mode != "queue" {
                     params["delivery"] = json!(mode);
                 }
-                let mut tries = 0;
-                let answer = call_through_counted(&s, "session.send", &params, Instant::now() + SETTLE, &mut tries);
-                if tries > 1 {
-                    resent.fetch_add(1, Ordering::Relaxed);
-                }
-                match answer {
-                    Ok(reply) => {
+                // Same send_id until its fate is known (send.status after a kill took the answer).
+                match s.try_send_surviving_kills(&params, SETTLE) {
+                    Ok((reply, attempts)) => {
+                        if attempts > 1 {
+                            resent.fetch_add(1, Ordering::Relaxed);
+                        }
                         first = false;
                         let run_id = match (reply["run_id"].as_str(), reply["submission_id"].as_str()) {
                             (Some(run), _) => run.to_string(),

@@ -117,6 +117,14 @@ fn plan_send(prompt: &str) -> Value {
     p
 }
 
+/// [`plan_send`] under `send_id`, the logical send's key: a send racing a kill is asked about
+/// (`send.status`) and re-sent under the same key, never under a new one.
+fn keyed_plan_send(prompt: &str, send_id: &str) -> Value {
+    let mut p = plan_send(prompt);
+    p["send_id"] = json!(send_id);
+    p
+}
+
 fn call_step(calls: &[(&str, &str, Value)]) -> Value {
     let mut events: Vec<Value> = calls
         .iter()
@@ -286,9 +294,23 @@ fn mixed_batch(h: &Harness, p: &Provider) {
 }
 
 fn cancel_while_held(h: &Harness, p: &Provider) {
+    // broca pulls a provider's feed only while a call to it is registered (src/held/puller.rs),
+    // and the cancel settles this call's registration: without another held call the puller may
+    // stop before the late result below is written, and nothing would ever take (ack) it. A
+    // second session's held call keeps the feed pulled until the no-op was acked.
+    let keeper = h.session(HARNESS, &h.unique("keeper"), None);
+    let keeper_tag = h.unique("keeper");
     let s = h.session(HARNESS, &h.unique("cancel"), None);
     let tag = h.unique("cancel");
-    h.install(json!({"responses": [call_step(&[("c1", "approve", json!({"tag": tag}))])]}));
+    // One FIFO: the keeper's call, this session's call, then the keeper's answer.
+    h.install(json!({"responses": [
+        call_step(&[("k1", "approve", json!({"tag": keeper_tag}))]),
+        call_step(&[("c1", "approve", json!({"tag": tag}))]),
+        text_step("kept"),
+    ]}));
+    let keeper_run = run_id(&keeper.ok("session.send", plan_send("hold the feed open")));
+    let keeper_key = p.wait_held(&keeper_tag);
+    wait_held_pause(&keeper, &keeper_run);
     let run = run_id(&s.ok("session.send", plan_send("approve then cancel")));
     let key = p.wait_held(&tag);
     wait_held_pause(&s, &run);
@@ -316,6 +338,8 @@ fn cancel_while_held(h: &Harness, p: &Provider) {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(fs::metadata(s.wal_path()).unwrap().len(), wal, "a late result for a cancelled run writes nothing");
+    p.release(&keeper_key, json!({"kind": "result", "text": "kept long enough"}));
+    keeper.wait_run(&keeper_run, "completed");
 }
 
 fn restart_while_held(h: &Harness, p: &Provider) {
@@ -445,12 +469,8 @@ fn campaign_round(h: &Harness, p: &Provider, dir: &Path, rng: &mut Rng, point: O
         let tag = h.unique("kill");
         let s = h.session(HARNESS, &h.unique("kill-s"), None);
         h.install_alone(json!({"responses": [call_step(&[("c1", "approve", json!({"tag": tag}))])]}));
-        let run = loop {
-            match s.call("session.send", plan_send(&format!("approve {tag}"))) {
-                Ok(reply) => break run_id(&reply),
-                Err(_) => std::thread::sleep(Duration::from_millis(100)),
-            }
-        };
+        // broca may be dying at the armed point (an earlier session's held call) or respawning.
+        let run = run_id(&s.send_surviving_kills(keyed_plan_send(&format!("approve {tag}"), &format!("send-{tag}"))));
         // Until the provider holds it (or broca died before sending it: then no hold).
         let until = Instant::now() + Duration::from_secs(2);
         while !p.held().values().any(|v| v["arguments"]["tag"] == tag.as_str()) && Instant::now() < until {
@@ -485,10 +505,11 @@ fn check_campaign(p: &Provider, sessions: &[(Session, String)]) -> Vec<String> {
         runs.iter().filter(|(_, n)| **n > 1).map(|(tag, n)| format!("{tag}: the provider ran the call {n} times")),
     );
     for (s, run) in sessions {
-        // Late releases keep arriving: wait for each run to reach a terminal.
+        // Late releases keep arriving: wait for each run to reach a terminal. A late delivery
+        // may still hit an armed fail point, so broca may die under these reads too.
         let until = Instant::now() + Duration::from_secs(30);
         let status = loop {
-            let status = s.call("run.status", json!({"run_id": run})).unwrap_or(Value::Null);
+            let status = s.try_call("run.status", json!({"run_id": run})).unwrap_or(Value::Null);
             let state = status["state"].as_str().unwrap_or("");
             if ["completed", "interrupted", "cancelled", "error"].contains(&state) || Instant::now() > until {
                 break status;

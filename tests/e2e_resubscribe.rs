@@ -182,11 +182,11 @@ impl Lcg {
     }
 }
 
-/// A keyed send (retried across a restart with the same send_id): its run id.
+/// A keyed send (across a restart: the same send_id, send.status deciding): its run id.
 fn start_run(s: &Session, prompt: &str, send_id: &str) -> String {
     let mut params = send_params(prompt);
     params["send_id"] = json!(send_id);
-    let answer = retry(s, "session.send", params);
+    let answer = s.send_surviving_kills(params);
     answer["run_id"]
         .as_str()
         .map(String::from)

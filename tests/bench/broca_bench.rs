@@ -24,13 +24,16 @@ use broca::wal::{self, RecordOutcome, ScannedFrame, Wal, WalError, WalOpen};
 use broca_mock::mock::{MockOptions, MockServer, Script};
 use broca_testkit::*;
 
-const FSYNC_SAMPLES: usize = 1000;
+fn fsync_samples() -> usize {
+    quick::n(1000, 25)
+}
 
 mod cache;
 mod cli;
 mod families;
 mod held;
 mod publish;
+mod quick;
 mod warm;
 
 fn main() {
@@ -64,18 +67,18 @@ fn main() {
         return;
     }
     if args.get(1).map(String::as_str) == Some("families") {
-        let raw = broca_testkit::raw_fsync_p50_us(dir.path(), FSYNC_SAMPLES / 5);
+        let raw = broca_testkit::raw_fsync_p50_us(dir.path(), fsync_samples() / 5);
         report("fs.raw_fsync_us", raw, "us");
         families::report_all(dir.path(), raw);
         return;
     }
     if args.get(1).map(String::as_str) == Some("loop") {
-        let raw = broca_testkit::raw_fsync_p50_us(dir.path(), FSYNC_SAMPLES / 5);
+        let raw = broca_testkit::raw_fsync_p50_us(dir.path(), fsync_samples() / 5);
         report("fs.raw_fsync_us", raw, "us");
         report_loop(dir.path(), raw);
         return;
     }
-    let raw = broca_testkit::raw_fsync_p50_us(dir.path(), FSYNC_SAMPLES);
+    let raw = broca_testkit::raw_fsync_p50_us(dir.path(), fsync_samples());
     report("fs.raw_fsync_us", raw, "us");
     let append = append_fsync_us(dir.path());
     report("wal.append_fsync_us", append, "us");
@@ -85,7 +88,7 @@ fn main() {
     report("fanout.publish_ns.subs32", publish::publish_ns(dir.path(), 32), "ns");
 
     let wal_100k = dir.path().join("100k.wal");
-    write_lineage(&wal_100k, 100_000);
+    write_lineage(&wal_100k, quick::n(100_000, 2_000));
     let start = Instant::now();
     let n = replay_file(&wal_100k).expect("replay");
     report("replay.records_per_s", n as f64 / start.elapsed().as_secs_f64(), "records/s");
@@ -107,7 +110,7 @@ fn main() {
     }
 
     let wal_1m = dir.path().join("1m.wal");
-    write_lineage(&wal_1m, 1_000_000);
+    write_lineage(&wal_1m, quick::n(1_000_000, 10_000));
     let small = child_rss(&wal_100k);
     let large = child_rss(&wal_1m);
     report("replay.rss_kib_100k", small as f64, "KiB");
@@ -123,7 +126,7 @@ fn report_loop(dir: &Path, raw: f64) {
     report("loop.step_budget_us", 2.0 * raw + 300.0, "us");
     // The same raw fsync with the pause a loop step has between its barriers (about 0.4 ms of
     // request and stream): what the loop's own fsyncs cost on this disk, beside the budget's.
-    let paced = broca_testkit::raw_fsync_paced_p50_us(dir, FSYNC_SAMPLES / 5, Duration::from_micros(400));
+    let paced = broca_testkit::raw_fsync_paced_p50_us(dir, fsync_samples() / 5, Duration::from_micros(400));
     report("fs.raw_fsync_us.paced_400us", paced, "us");
     report("fs.raw_fsync_paced_ratio", paced / raw, "x");
     report("loop.step_overhead_ratio_to_raw_fsync", l.overhead_us / raw, "x");
@@ -176,7 +179,7 @@ fn accept(o: RecordOutcome) {
 fn append_fsync_us(dir: &Path) -> f64 {
     let mut wal = open_wal(&dir.join("append.wal"));
     let payload = vec![0x61u8; 1024 - 32];
-    let samples = (0..FSYNC_SAMPLES)
+    let samples = (0..fsync_samples())
         .map(|_| {
             let t = Instant::now();
             accept(wal.append(&[], &payload, true));
@@ -190,7 +193,7 @@ fn append_fsync_us(dir: &Path) -> f64 {
 fn group_commit_records_per_s(dir: &Path) -> f64 {
     let mut wal = open_wal(&dir.join("group.wal"));
     let payload = vec![0x62u8; 1024 - 32];
-    let n = 100_000u64;
+    let n = quick::n(100_000u64, 1_000);
     let start = Instant::now();
     for i in 1..=n {
         accept(wal.append(&[], &payload, i.is_multiple_of(100)));
@@ -410,14 +413,24 @@ pub struct LoopFigures {
 /// per step. Sending the loop's own bodies keeps the mock's work (parsing a growing transcript)
 /// out of the difference.
 fn loop_step_overhead(dir: &Path) -> LoopFigures {
-    let rounds = std::env::var("BROCA_BENCH_LOOP_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(21usize).max(1);
+    let rounds = std::env::var("BROCA_BENCH_LOOP_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(quick::n(21usize, 2))
+        .max(1);
     loop_step_overhead_of(dir, &BenchModel::CHAT, rounds)
 }
 
 /// [`loop_step_overhead`] of `bench`'s family, over `rounds` rounds.
 pub fn loop_step_overhead_of(dir: &Path, bench: &BenchModel, rounds: usize) -> LoopFigures {
     let mock = MockServer::start("127.0.0.1:0").expect("mock");
-    let root = StateRoot::at(&dir.join(format!("loop-root-{}", bench.model.replace('/', "-")))).expect("state root");
+    // A fresh state root per call: the main loop figure and the per-family section may measure
+    // the same model, and a root already holding `run-bench` refuses to admit it again.
+    let root_dir = tempfile::Builder::new()
+        .prefix(&format!("loop-root-{}-", bench.model.replace('/', "-")))
+        .tempdir_in(dir)
+        .expect("state root dir");
+    let root = StateRoot::at(root_dir.path()).expect("state root");
     let shared = Shared::open(root).expect("shared");
     let client = HttpClient::default();
     let bare_agent = ureq::AgentBuilder::new().build();
@@ -493,9 +506,10 @@ fn per_step(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1e6 / LOOP_STEPS as f64
 }
 
-/// Wall time of `broca-run --demo` end to end (the binary beside this one), if it is built.
+/// Wall time of `broca-run --demo` end to end (the binary of this profile: this one runs from
+/// `target/<profile>/examples/`, broca-run is in `target/<profile>/`), if it is built.
 fn demo_ms() -> Option<f64> {
-    let exe = std::env::current_exe().ok()?.with_file_name("broca-run");
+    let exe = std::env::current_exe().ok()?.parent()?.parent()?.join("broca-run");
     if !exe.exists() {
         eprintln!("broca-bench: {} is not built; skipping cli.demo_ms", exe.display());
         return None;

@@ -1,6 +1,7 @@
 //! What a `broca-run` turn costs as a process: its start-up (exec to the first request byte at
 //! the provider), its fsyncs on a continued session, and the baseline of a bare `true` process.
 
+use crate::quick;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -8,7 +9,9 @@ use std::time::{Duration, Instant};
 use broca_mock::mock::MockServer;
 
 /// Turns timed per figure (the median is reported).
-const TURNS: usize = 7;
+fn turns() -> usize {
+    quick::n(7, 2)
+}
 
 /// The figures of [`measure`].
 pub struct CliFigures {
@@ -16,7 +19,7 @@ pub struct CliFigures {
     pub start_ms: f64,
     /// Median wall time of spawning and reaping `true`.
     pub true_ms: f64,
-    /// fsync + fdatasync calls per continued single-step turn (the mean of [`TURNS`] turns, so
+    /// fsync + fdatasync calls per continued single-step turn (the mean of [`turns`] turns, so
     /// the run index's occasional checkpoint at close counts its share), counted by strace
     /// (None without strace).
     pub turn_fsyncs: Option<f64>,
@@ -61,12 +64,12 @@ pub fn measure(dir: &Path) -> Option<CliFigures> {
     // The first turn creates the session; every later one continues it.
     turn(None, &[])?;
     let mut starts = Vec::new();
-    for _ in 0..TURNS {
+    for _ in 0..turns() {
         let spawned = turn(None, &[])?;
         let first_byte = mock.last_request_at()?;
         starts.push(first_byte.saturating_duration_since(spawned).as_secs_f64() * 1e3);
     }
-    let trues: Vec<f64> = (0..TURNS)
+    let trues: Vec<f64> = (0..turns())
         .filter_map(|_| {
             let t = Instant::now();
             let ok = Command::new("true").status().ok()?.success();
@@ -81,7 +84,7 @@ pub fn measure(dir: &Path) -> Option<CliFigures> {
     Some(CliFigures { start_ms: median(starts), true_ms: median(trues), turn_fsyncs })
 }
 
-/// Runs [`TURNS`] turns under `strace -f` tracing fsync and fdatasync; the calls per turn.
+/// Runs [`turns`] turns under `strace -f` tracing fsync and fdatasync; the calls per turn.
 fn strace_fsyncs(trace: &PathBuf, turn: impl Fn(&[&str]) -> Option<Instant>) -> Option<f64> {
     let available = Command::new("strace").arg("-V").stdout(Stdio::null()).stderr(Stdio::null()).status();
     if !available.is_ok_and(|s| s.success()) {
@@ -90,13 +93,13 @@ fn strace_fsyncs(trace: &PathBuf, turn: impl Fn(&[&str]) -> Option<Instant>) -> 
     }
     let out = trace.to_str()?;
     let mut calls = 0;
-    for _ in 0..TURNS {
+    for _ in 0..turns() {
         turn(&["-f", "-qq", "-e", "trace=fsync,fdatasync", "-o", out])?;
         let text = std::fs::read_to_string(trace).ok()?;
         // A call interrupted by another thread's line shows once as `fsync(3 <unfinished ...>`.
         calls += text.lines().filter(|l| l.contains("fsync(") || l.contains("fdatasync(")).count();
     }
-    Some(calls as f64 / TURNS as f64)
+    Some(calls as f64 / turns() as f64)
 }
 
 /// Process CPU time (user + system) so far.

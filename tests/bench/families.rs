@@ -4,6 +4,7 @@
 //! `2 × raw fsync + 300 µs`, and the family's decoder throughput: framing and decoding a long
 //! recorded answer (text deltas and a tool call) in memory, in MB/s of wire bytes.
 
+use crate::quick;
 use std::path::Path;
 use std::time::Instant;
 
@@ -14,7 +15,9 @@ use broca_mock::mock::script::{Step, ToolCall};
 
 use super::{loop_step_overhead_of, report, BenchModel};
 
-const ROUNDS: usize = 7;
+fn rounds() -> usize {
+    quick::n(7, 1)
+}
 
 /// (family, the model and auth method that route to it).
 const FAMILIES: [(Family, BenchModel); 5] = [
@@ -29,7 +32,7 @@ const FAMILIES: [(Family, BenchModel); 5] = [
 pub fn report_all(dir: &Path, raw_fsync_us: f64) {
     report("loop.step_budget_us", 2.0 * raw_fsync_us + 300.0, "us");
     for (family, bench) in &FAMILIES {
-        let figures = loop_step_overhead_of(dir, bench, ROUNDS);
+        let figures = loop_step_overhead_of(dir, bench, rounds());
         let name = family.as_str();
         report(&format!("loop.step_overhead_us.{name}"), figures.overhead_us, "us");
         report(&format!("decode.mb_per_s.{name}"), decode_mb_per_s(*family), "MB/s");

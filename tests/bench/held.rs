@@ -13,6 +13,7 @@
 //! - `held.overhead_less_fsyncs_us`: what broca adds beyond the provider's time and its two
 //!   fsyncs (the late result's write, then the next step's `StepStarted` barrier).
 
+use crate::quick;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,7 +30,9 @@ use broca::wire::Refusal;
 use broca_mock::mock::{MockServer, Script};
 use serde_json::{json, Value};
 
-const SAMPLES: usize = 40;
+fn samples() -> usize {
+    quick::n(40, 3)
+}
 const LANE: &str = "held";
 
 /// Every call is held by its provider.
@@ -78,8 +81,8 @@ pub fn figures(dir: &Path) -> Vec<(&'static str, f64, &'static str)> {
     let call_step =
         json!({"events": [{"tool_call": {"id": "c1", "name": "approve", "arguments": {}}}, {"finish": "tool_calls"}]});
     let text_step = json!({"events": [{"text": "approved"}, {"finish": "stop"}]});
-    let mut resumes = Vec::with_capacity(SAMPLES);
-    for i in 0..SAMPLES {
+    let mut resumes = Vec::with_capacity(samples());
+    for i in 0..samples() {
         // A session per sample: the figure is one resume, not a transcript growing with the bench.
         let key = SessionKey::new(&dir.to_string_lossy(), "bench", &format!("held-{i}"));
         mock.install(
@@ -115,8 +118,8 @@ pub fn figures(dir: &Path) -> Vec<(&'static str, f64, &'static str)> {
     let body = mock.requests(LANE).last().expect("a request").body.clone();
     let agent = ureq::AgentBuilder::new().build();
     let url = format!("{}/chat/completions", mock.base_url(Some(LANE)));
-    let mut bare = Vec::with_capacity(SAMPLES);
-    for _ in 0..SAMPLES {
+    let mut bare = Vec::with_capacity(samples());
+    for _ in 0..samples() {
         let start = Instant::now();
         let resp = agent.post(&url).set("content-type", "application/json").send_bytes(&body).expect("bare request");
         resp.into_string().expect("bare answer");

@@ -3,6 +3,7 @@
 //! publishing thread (wall time is unstable on a shared 2-core machine). Units are published in
 //! bursts, as a model stream's barriers come, so the readers keep up and sleep between bursts.
 
+use crate::quick;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +16,9 @@ use broca::state_root::StateRoot;
 use broca::wire::Refusal;
 use serde_json::Value;
 
-const BURSTS: u64 = 400;
+fn bursts() -> u64 {
+    quick::n(400, 10)
+}
 const BURST: u64 = 16;
 
 /// A subscriber that reads everything and keeps nothing.
@@ -46,7 +49,7 @@ pub fn publish_ns(dir: &std::path::Path, subs: usize) -> f64 {
     let subs: Vec<_> = (0..subs).filter_map(|_| hub.attach(&shared, &key, From::Live, Discard)).collect();
     std::thread::sleep(Duration::from_millis(50));
     let mut spent = Duration::ZERO;
-    for b in 0..BURSTS {
+    for b in 0..bursts() {
         let units: Vec<ControlUnit> = (0..BURST)
             .map(|i| ControlUnit {
                 cursor: Cursor { wal_seq: b * BURST + i + 1, sub_index: 0 },
@@ -64,5 +67,5 @@ pub fn publish_ns(dir: &std::path::Path, subs: usize) -> f64 {
     for s in subs {
         s.cancel();
     }
-    spent.as_nanos() as f64 / (BURSTS * BURST) as f64
+    spent.as_nanos() as f64 / (bursts() * BURST) as f64
 }

@@ -9,6 +9,7 @@
 //! - `warm.ratio_to_bare`: the two side by side; `warm.overhead_less_fsync_us`: what broca adds
 //!   beyond the provider's time and its one fsync (decision, WAL rebuild and render, thread).
 
+use crate::quick;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,7 +23,9 @@ use broca::wire::Refusal;
 use broca_mock::mock::{MockServer, Script};
 use serde_json::{json, Value};
 
-const SAMPLES: usize = 50;
+fn samples() -> usize {
+    quick::n(50, 3)
+}
 const LANE: &str = "warm";
 
 fn call(ops: &Arc<Ops>, key: &SessionKey, method: &str, params: Value) -> Result<Value, Refusal> {
@@ -58,8 +61,8 @@ pub fn figures(dir: &Path) -> Vec<(&'static str, f64, &'static str)> {
         assert!(Instant::now() < until, "the warm bench's run never completed");
         std::thread::sleep(Duration::from_millis(10));
     }
-    let mut warms = Vec::with_capacity(SAMPLES);
-    for _ in 0..SAMPLES {
+    let mut warms = Vec::with_capacity(samples());
+    for _ in 0..samples() {
         let start = Instant::now();
         call(&ops, &key, "session.warm", json!({})).expect("warm");
         warms.push(start.elapsed());
@@ -67,8 +70,8 @@ pub fn figures(dir: &Path) -> Vec<(&'static str, f64, &'static str)> {
     let body = mock.requests(LANE).last().expect("a warm was sent").body.clone();
     let agent = ureq::AgentBuilder::new().build();
     let url = format!("{}/messages", mock.base_url(Some(LANE)));
-    let mut bare = Vec::with_capacity(SAMPLES);
-    for _ in 0..SAMPLES {
+    let mut bare = Vec::with_capacity(samples());
+    for _ in 0..samples() {
         let start = Instant::now();
         let resp = agent
             .post(&url)

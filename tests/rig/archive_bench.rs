@@ -1,4 +1,4 @@
-//! `archive-bench`: a month in a minute, behind `make bench`. [`SESSIONS`] sessions of a few
+//! `archive-bench`: a month in a minute, behind `make bench`. [`sessions`] sessions of a few
 //! turns each (text that compresses like prose, a tool call per turn) are written into a fresh
 //! state root, aged on the clock seam (a `ManualClock` a month ahead), folded, and read back.
 //! Prints `BENCH <name> <value> <unit>`; nothing is asserted.
@@ -6,7 +6,7 @@
 //! - `archive.bytes_ratio`: container bytes / live WAL bytes over every session.
 //! - `archive.fold_mb_per_s`: live WAL megabytes folded per second (one sweep over all).
 //! - `archive.read_ms_p99` / `_p50`: `session.read`'s first page of a folded session (the read
-//!   unfolds it), over [`READS`] sessions.
+//!   unfolds it), over [`reads`] sessions.
 //! - `archive.boot_ms.live` / `archive.boot_ms.folded`: opening the module core over the state
 //!   root (store, catalog, recovery, the fold tidy) with every session live, then folded.
 //! - `archive.raw_fsync_us`: the disk's floor, for reading the rest.
@@ -14,6 +14,8 @@
 use broca_mock::mock;
 #[path = "../inproc/mod.rs"]
 mod inproc;
+#[path = "../bench/quick.rs"]
+mod quick;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,9 +29,13 @@ use broca::state_root::StateRoot;
 use broca_testkit as testkit;
 use serde_json::json;
 
-const SESSIONS: usize = 10_000;
+fn sessions() -> usize {
+    quick::n(10_000, 50)
+}
 const TURNS: u64 = 3;
-const READS: usize = 300;
+fn reads() -> usize {
+    quick::n(300, 10)
+}
 
 const WORDS: [&str; 24] = [
     "the", "session", "reads", "a", "file", "and", "writes", "its", "summary", "of", "changes", "to", "module",
@@ -72,7 +78,7 @@ fn main() {
             let shared = Arc::clone(&shared);
             scope.spawn(move || {
                 let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ lane as u64;
-                for i in (lane..SESSIONS).step_by(2) {
+                for i in (lane..sessions()).step_by(2) {
                     let mut lineage = shared.open_lineage(&key(i)).expect("a lineage");
                     for turn in 0..TURNS {
                         let run = format!("run-{i}-{turn}");
@@ -92,7 +98,7 @@ fn main() {
         }
     });
     shared.settle();
-    eprintln!("archive-bench: {SESSIONS} sessions written in {:.1} s", written.elapsed().as_secs_f64());
+    eprintln!("archive-bench: {} sessions written in {:.1} s", sessions(), written.elapsed().as_secs_f64());
 
     let boot_live = boot(&root);
     clock.advance(Duration::from_secs(31 * 24 * 3600));
@@ -108,7 +114,7 @@ fn main() {
             n += 1;
         }
     }
-    eprintln!("archive-bench: {n} of {SESSIONS} folded, {wal} WAL bytes into {sealed}");
+    eprintln!("archive-bench: {n} of {} folded, {wal} WAL bytes into {sealed}", sessions());
     println!("BENCH archive.sessions_folded {n} sessions");
     println!("BENCH archive.bytes_ratio {:.3} ratio", sealed as f64 / wal.max(1) as f64);
     println!("BENCH archive.fold_mb_per_s {:.1} MB/s", wal as f64 / 1e6 / took);
@@ -118,9 +124,9 @@ fn main() {
     println!("BENCH archive.boot_ms.folded {boot_folded:.1} ms");
 
     let ops = inproc::ops_over(&root, "http://127.0.0.1:9".into(), Duration::from_secs(30));
-    let mut reads: Vec<f64> = (0..READS)
+    let mut reads: Vec<f64> = (0..reads())
         .map(|r| {
-            let k = key(r * (SESSIONS / READS));
+            let k = key(r * (sessions() / reads()));
             let (tx, rx) = crossbeam_channel::bounded(1);
             let t = Instant::now();
             ops.handle(&k, "session.read", json!({"limit": 20}), Box::new(move |a| tx.send(a).unwrap()));

@@ -11,19 +11,21 @@
 //! - `classify.raw_fsync_us`: one 128-byte append and `fdatasync` in the bench's directory: each
 //!   recorded item costs one synced SQLite commit, so this is the floor under the overhead.
 //! - `classify.bare_request_us`: one classifier `role.describe` round trip through the daemon.
-//! - `classify.item_overhead_us`: broca's own wall time per item in a [`ITEMS`]-item batch:
+//! - `classify.item_overhead_us`: broca's own wall time per item in a [`items`]-item batch:
 //!   the batch's time divided by its items, less the bare provider request (median of
-//!   [`ROUNDS`] batches).
+//!   [`rounds`] batches).
 //! - `classify.item_cpu_us`: broca's CPU time (user + system, from `/proc`) per item over the same
 //!   batches: the figure that does not move with the machine's load.
-//! - `classify.items_per_s`: [`ITEMS`] items as [`CAP`] concurrent batches (the per-model cap),
+//! - `classify.items_per_s`: [`items`] items as [`CAP`] concurrent batches (the per-model cap),
 //!   wall time of the whole.
-//! - `classify.items_per_s.one_call`: one [`ITEMS`]-item batch (a call sends its items one at a
+//! - `classify.items_per_s.one_call`: one [`items`]-item batch (a call sends its items one at a
 //!   time).
 
 use broca_mock::mock;
 #[path = "../classify_rig/mod.rs"]
 mod classify_rig;
+#[path = "../bench/quick.rs"]
+mod quick;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -34,8 +36,12 @@ use std::time::{Duration, Instant};
 use classify_rig::*;
 use serde_json::json;
 
-const ITEMS: usize = 1_000;
-const ROUNDS: usize = 5;
+fn items() -> usize {
+    quick::n(1_000, 64)
+}
+fn rounds() -> usize {
+    quick::n(5, 1)
+}
 const CAP: usize = broca::classify::service::CALLS_PER_MODEL;
 
 fn main() -> ExitCode {
@@ -89,23 +95,23 @@ fn main() -> ExitCode {
     let cpu_before = cpu_ticks(pid);
     let mut per_item = Vec::new();
     let mut one_call = Duration::ZERO;
-    for round in 0..ROUNDS {
-        let states = scripted(&stand, &h, &format!("r{round}"), ITEMS);
+    for round in 0..rounds() {
+        let states = scripted(&stand, &h, &format!("r{round}"), items());
         let t = Instant::now();
         let reply = route.ok("classify.run", &batch(&format!("bench-{round}"), &states));
         let took = t.elapsed();
-        assert!(reply.len() > ITEMS * 20, "a short reply: {}", &reply[..reply.len().min(200)]);
-        per_item.push(took / ITEMS as u32);
+        assert!(reply.len() > items() * 20, "a short reply: {}", &reply[..reply.len().min(200)]);
+        per_item.push(took / items() as u32);
         one_call = if round == 0 { took } else { one_call.min(took) };
-        eprintln!("classify-bench: batch {round}: {ITEMS} items in {took:?}");
+        eprintln!("classify-bench: batch {round}: {} items in {took:?}", items());
     }
     let cpu = cpu_ticks(pid).saturating_sub(cpu_before);
     let item = median(per_item.into_iter());
     let overhead = item.as_secs_f64() * 1e6 - bare_provider.as_secs_f64() * 1e6;
-    let cpu_us = cpu as f64 * 1e6 / ticks_per_second() / (ROUNDS * ITEMS) as f64;
+    let cpu_us = cpu as f64 * 1e6 / ticks_per_second() / (rounds() * items()) as f64;
 
     // ITEMS as CAP concurrent batches.
-    let groups: Vec<Vec<String>> = (0..CAP).map(|g| scripted(&stand, &h, &format!("c{g}"), ITEMS / CAP)).collect();
+    let groups: Vec<Vec<String>> = (0..CAP).map(|g| scripted(&stand, &h, &format!("c{g}"), items() / CAP)).collect();
     let t = Instant::now();
     std::thread::scope(|scope| {
         for (g, states) in groups.iter().enumerate() {
@@ -124,8 +130,8 @@ fn main() -> ExitCode {
     println!("BENCH classify.bare_request_us {:.1} us", bare_request.as_secs_f64() * 1e6);
     println!("BENCH classify.item_overhead_us {overhead:.1} us");
     println!("BENCH classify.item_cpu_us {cpu_us:.1} us");
-    println!("BENCH classify.items_per_s {:.0} items/s", ITEMS as f64 / at_cap.as_secs_f64());
-    println!("BENCH classify.items_per_s.one_call {:.0} items/s", ITEMS as f64 / one_call.as_secs_f64());
+    println!("BENCH classify.items_per_s {:.0} items/s", items() as f64 / at_cap.as_secs_f64());
+    println!("BENCH classify.items_per_s.one_call {:.0} items/s", items() as f64 / one_call.as_secs_f64());
     h.stop();
     ExitCode::SUCCESS
 }

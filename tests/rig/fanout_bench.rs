@@ -12,7 +12,7 @@
 //! runtime.
 //!
 //! Every measured run is one `session.send` on `mock/echo-chat` of a fresh session whose
-//! scripted reply streams [`DELTAS`] text deltas `t={{now_us}};`, [`DELTA_GAP_MS`] ms apart; the
+//! scripted reply streams [`deltas`] text deltas `t={{now_us}};`, [`DELTA_GAP_MS`] ms apart; the
 //! mock stamps each with its write time (Unix µs). The subscriptions attach `from: live` and are
 //! proven attached by a short priming run each of them must see finish first.
 //!
@@ -22,7 +22,7 @@
 //! - `fanout.stalled_subscriber_slowdown_pct`: wall time from `session.send` to the reading
 //!   subscriber's `run_finished` (one reading subscriber), with one extra never-reading
 //!   subscription vs without: `(with - without) / without * 100`, the median of
-//!   [`STALL_ROUNDS`] paired rounds (the order within a pair alternates). The stalled
+//!   [`stall_rounds`] paired rounds (the order within a pair alternates). The stalled
 //!   subscription lives on its own connection, created on a current-thread runtime that is not
 //!   driven while the run streams: neither the SDK nor the socket reads its events.
 //!
@@ -31,6 +31,8 @@
 //! measured, 1 otherwise (a harness failure panics: 101).
 
 use broca_mock::mock;
+#[path = "../bench/quick.rs"]
+mod quick;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -48,11 +50,15 @@ use tokio::task::JoinSet;
 
 const HARNESS: &str = "fanout-bench";
 /// Text deltas in a measured run.
-const DELTAS: usize = 200;
+fn deltas() -> usize {
+    quick::n(200, 20)
+}
 /// The pause between two deltas.
 const DELTA_GAP_MS: u64 = 5;
 /// Paired rounds of the stalled-subscriber measure.
-const STALL_ROUNDS: usize = 3;
+fn stall_rounds() -> usize {
+    quick::n(3, 1)
+}
 /// The subscriber counts of the latency measure.
 const FANOUTS: [usize; 2] = [1, 32];
 /// The longest wait for any one stream frame or call.
@@ -146,16 +152,16 @@ async fn send(consumer: &SubcConsumer, session: &str, prompt: &str) -> Result<St
         .ok_or_else(|| format!("session.send answered {v}"))
 }
 
-/// The measured reply: [`DELTAS`] stamped text deltas, paced.
+/// The measured reply: [`deltas`] stamped text deltas, paced.
 fn stamped_script() -> Script {
-    let mut events = Vec::with_capacity(2 * DELTAS + 2);
-    for i in 0..DELTAS {
+    let mut events = Vec::with_capacity(2 * deltas() + 2);
+    for i in 0..deltas() {
         if i > 0 {
             events.push(json!({"delay_ms": DELTA_GAP_MS}));
         }
         events.push(json!({"text": "t={{now_us}};"}));
     }
-    events.push(json!({"usage": {"input": 10, "output": DELTAS}}));
+    events.push(json!({"usage": {"input": 10, "output": deltas()}}));
     events.push(json!({"finish": "stop"}));
     Script::from_json(&json!({"responses": [{"events": events}]}).to_string()).expect("the bench script is valid")
 }
@@ -188,15 +194,15 @@ struct Seen {
     finished: Instant,
 }
 
-/// Reads `sub` until a `run_finished`, then (for a stamped run) until [`DELTAS`] stamps or
+/// Reads `sub` until a `run_finished`, then (for a stamped run) until [`deltas`] stamps or
 /// [`GRACE`] pass.
 async fn read_run(sub: &mut Subscription, stamped: bool) -> Result<Seen, Failure> {
-    let mut samples = Vec::with_capacity(if stamped { DELTAS } else { 0 });
+    let mut samples = Vec::with_capacity(if stamped { deltas() } else { 0 });
     let mut finished: Option<(Instant, String)> = None;
     loop {
         let wait = match &finished {
             None => STEP,
-            Some(_) if !stamped || samples.len() >= DELTAS => break,
+            Some(_) if !stamped || samples.len() >= deltas() => break,
             Some((at, _)) => GRACE.saturating_sub(at.elapsed()),
         };
         let frame = match tokio::time::timeout(wait, sub.events().recv()).await {
@@ -325,9 +331,9 @@ async fn measure_readers(
     if let Some(odd) = seen.iter().find(|s| s.run_id != run) {
         return Err(format!("expected run_finished of {run}, a subscriber saw {}", odd.run_id));
     }
-    let short: Vec<usize> = seen.iter().map(|s| s.samples.len()).filter(|&k| k != DELTAS).collect();
+    let short: Vec<usize> = seen.iter().map(|s| s.samples.len()).filter(|&k| k != deltas()).collect();
     if !short.is_empty() {
-        eprintln!("fanout-bench: {} of {n} subscribers did not get {DELTAS} stamps: {short:?}", short.len());
+        eprintln!("fanout-bench: {} of {n} subscribers did not get {} stamps: {short:?}", short.len(), deltas());
     }
     let wall = seen[0].finished.saturating_duration_since(start);
     Ok(Run { samples: seen.into_iter().flat_map(|s| s.samples).collect(), wall })
@@ -379,8 +385,8 @@ async fn bench(conn_file: PathBuf, mock: &MockServer) -> Result<(), Failure> {
     }
 
     let staller = Staller::start(conn_file)?;
-    let mut slowdowns = Vec::with_capacity(STALL_ROUNDS);
-    for round in 0..STALL_ROUNDS {
+    let mut slowdowns = Vec::with_capacity(stall_rounds());
+    for round in 0..stall_rounds() {
         let mut wall = [Duration::ZERO; 2];
         let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
         for with in order {

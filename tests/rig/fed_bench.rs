@@ -18,6 +18,8 @@
 mod fed_rig;
 #[path = "../conformance/process.rs"]
 mod process;
+#[path = "../bench/quick.rs"]
+mod quick;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -34,9 +36,15 @@ use subc_protocol::{BindIdentity, RouteTarget};
 /// When each subscriber (0: on B, 1: through A) received each control unit, by cursor.
 type Arrivals = Arc<Mutex<[BTreeMap<(u64, u64), Instant>; 2]>>;
 
-const REQUESTS: usize = 300;
-const STEPS: usize = 100;
-const FANOUT_TURNS: usize = 40;
+fn requests() -> usize {
+    quick::n(300, 10)
+}
+fn steps() -> usize {
+    quick::n(100, 5)
+}
+fn fanout_turns() -> usize {
+    quick::n(40, 3)
+}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -62,8 +70,8 @@ fn main() -> ExitCode {
     let remote = SessionKey::new(root, "fed-bench", "remote");
     let a_route = open(&on_a, &FedRig::broca_target(), &local);
     let fed_route = open(&on_a, &rig.fed_target(), &remote);
-    let bare = median_us((0..REQUESTS).map(|_| timed(|| call(&on_a, a_route, "session.head"))));
-    let relayed = median_us((0..REQUESTS).map(|_| timed(|| call(&on_a, fed_route, "session.head"))));
+    let bare = median_us((0..requests()).map(|_| timed(|| call(&on_a, a_route, "session.head"))));
+    let relayed = median_us((0..requests()).map(|_| timed(|| call(&on_a, fed_route, "session.head"))));
     bench("fed.raw_fsync_us", raw_fsync(rig.root()), "us");
     bench("fed.bare_request_us", bare, "us");
     bench("fed.request_us", relayed, "us");
@@ -148,12 +156,12 @@ fn next_unit(stream: &mut StreamCall) -> ((u64, u64), Value) {
     }
 }
 
-/// Medians of [`STEPS`] one-step turns on each of two sessions, taken alternately so both see
+/// Medians of [`steps`] one-step turns on each of two sessions, taken alternately so both see
 /// the same machine: `session.send` until the subscriber sees `run_finished`.
 fn step_medians(c: &Consumer, sides: [(&RouteTarget, &SessionKey); 2]) -> [f64; 2] {
     let mut routes = sides.map(|(target, key)| (open(c, target, key), subscribe(c, target, key)));
     let mut samples: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
-    for i in 0..STEPS * 2 {
+    for i in 0..steps() * 2 {
         let side = i % 2;
         let (route, stream) = &mut routes[side];
         let t = Instant::now();
@@ -165,7 +173,7 @@ fn step_medians(c: &Consumer, sides: [(&RouteTarget, &SessionKey); 2]) -> [f64; 
 }
 
 /// Arrival-time deltas (through the re-export less on B) of every control unit of
-/// [`FANOUT_TURNS`] turns on one session on B: (p50, p99, count).
+/// [`fanout_turns`] turns on one session on B: (p50, p99, count).
 fn fanout(rig: &FedRig, root: &str) -> (f64, f64, usize) {
     let key = SessionKey::new(root, "fed-bench", "fanout");
     let on_b = rig.b.consumer();
@@ -174,7 +182,7 @@ fn fanout(rig: &FedRig, root: &str) -> (f64, f64, usize) {
     let follow = |mut stream: StreamCall, side: usize, arrivals: Arrivals| {
         std::thread::spawn(move || {
             let mut finished = 0;
-            while finished < FANOUT_TURNS {
+            while finished < fanout_turns() {
                 let (cursor, unit) = next_unit(&mut stream);
                 arrivals.lock().unwrap()[side].insert(cursor, Instant::now());
                 finished += usize::from(unit["type"] == "run_finished");
@@ -184,7 +192,7 @@ fn fanout(rig: &FedRig, root: &str) -> (f64, f64, usize) {
     let local = follow(subscribe(&on_b, &FedRig::broca_target(), &key), 0, Arc::clone(&arrivals));
     let relayed = follow(subscribe(&on_a, &rig.fed_target(), &key), 1, Arc::clone(&arrivals));
     let route = open(&on_b, &FedRig::broca_target(), &key);
-    for i in 0..FANOUT_TURNS {
+    for i in 0..fanout_turns() {
         send(&on_b, route, &format!("fan {i}"));
         // One turn at a time: its units, then the next send.
         let until = Instant::now() + Duration::from_secs(30);

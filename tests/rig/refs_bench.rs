@@ -9,10 +9,10 @@
 //! (the harness's `MockServer`) reads the log, then names it `$$tc(2)`.
 //!
 //! - `output_ref.read_mb_per_s`: snapshot bytes served per second by `session.output_ref_read`
-//!   reading the whole 60,000-byte snapshot in one call, [`READS`] calls back to back, on a
+//!   reading the whole 60,000-byte snapshot in one call, [`read_count`] calls back to back, on a
 //!   session of four messages (decimal MB).
 //! - `output_ref.read_mb_per_s.deep`: the same on a session whose reference sits after
-//!   [`DEEP_TURNS`] earlier turns: a set is derived from the durable transcript at each read,
+//!   [`deep_turns`] earlier turns: a set is derived from the durable transcript at each read,
 //!   so this shows what a long session costs.
 //! - `output_ref.read_p50_us` / `output_ref.list_p50_us`: one whole-snapshot read, one
 //!   `session.output_refs` page (shallow session).
@@ -22,6 +22,8 @@
 //!   (the tool message alone), for comparison.
 
 use broca_mock::mock;
+#[path = "../bench/quick.rs"]
+mod quick;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -34,8 +36,12 @@ use support::{Harness, Options, Session};
 
 const TOOLS: &str = "mock-tools";
 const OUTPUT_BYTES: usize = 60_000;
-const READS: usize = 200;
-const DEEP_TURNS: usize = 100;
+fn read_count() -> usize {
+    quick::n(200, 10)
+}
+fn deep_turns() -> usize {
+    quick::n(100, 5)
+}
 
 fn main() -> ExitCode {
     if std::env::args().nth(1).is_some_and(|a| a == "--help" || a == "-h") {
@@ -138,10 +144,10 @@ fn session(h: &Harness, name: &str, turns: usize) -> Result<(Session, String, St
 /// `READS` whole-snapshot reads: (MB/s, per-read samples).
 fn reads(s: &Session, ref_id: &str) -> Result<(f64, Vec<Duration>), String> {
     let params = json!({"ref_id": ref_id, "offset": 0, "length": 131_072});
-    let mut samples = Vec::with_capacity(READS);
+    let mut samples = Vec::with_capacity(read_count());
     let mut bytes = 0usize;
     let started = Instant::now();
-    for _ in 0..READS {
+    for _ in 0..read_count() {
         let at = Instant::now();
         let reply = s.call("session.output_ref_read", params.clone()).map_err(|e| format!("read: {e:?}"))?;
         samples.push(at.elapsed());
@@ -153,12 +159,12 @@ fn reads(s: &Session, ref_id: &str) -> Result<(f64, Vec<Duration>), String> {
 fn bench(h: &Harness) -> Result<(), String> {
     support::wait_tool_provider(h, TOOLS);
     let (shallow, set, ref_id) = session(h, "shallow", 0)?;
-    let (deep, _, deep_ref) = session(h, "deep", DEEP_TURNS)?;
+    let (deep, _, deep_ref) = session(h, "deep", deep_turns())?;
     let _ = reads(&shallow, &ref_id)?;
     let (mb_s, samples) = reads(&shallow, &ref_id)?;
     let (deep_mb_s, _) = reads(&deep, &deep_ref)?;
     let time = |method: &str, params: Value| -> Result<Vec<Duration>, String> {
-        (0..READS)
+        (0..read_count())
             .map(|_| {
                 let at = Instant::now();
                 shallow.call(method, params.clone()).map_err(|e| format!("{method}: {e:?}"))?;
@@ -175,6 +181,6 @@ fn bench(h: &Harness) -> Result<(), String> {
     report("output_ref.read_p50_us", p50(samples), "us");
     report("output_ref.list_p50_us", p50(list), "us");
     report("output_ref.bare_request_p50_us", p50(bare), "us");
-    report("output_ref.session_read_mb_per_s", (READS * OUTPUT_BYTES) as f64 / read_total / 1e6, "MB/s");
+    report("output_ref.session_read_mb_per_s", (read_count() * OUTPUT_BYTES) as f64 / read_total / 1e6, "MB/s");
     Ok(())
 }

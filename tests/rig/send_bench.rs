@@ -12,17 +12,19 @@
 //!   `broca-bench` measures it), so `send.admit_p50_us ≤ 3 × raw + 500` reads off one run.
 //! - `send.admit_p{50,99}_us`: client-side time of a `session.send` to an idle session (its actor
 //!   open, no run) until its `{state: "active"}` reply arrives. The mock answers at once; each
-//!   sample waits for the previous run to complete (`run.status`). [`ADMIT_SAMPLES`] samples over
-//!   sessions of [`PER_SESSION`] sends; each session's first send (it creates the WAL and opens
+//!   sample waits for the previous run to complete (`run.status`). [`admit_sample_count`] samples over
+//!   sessions of [`per_session`] sends; each session's first send (it creates the WAL and opens
 //!   the actor) is not counted.
 //! - `send.queue_p50_us`: the same for a send to a session whose run is busy (the mock holds its
-//!   reply long enough, at least [`BUSY_MIN_MS`] ms) until its `{state: "pending"}` reply;
-//!   [`QUEUE_SAMPLES`] samples.
+//!   reply long enough, at least [`busy_min_ms`] ms) until its `{state: "pending"}` reply;
+//!   [`queue_sample_count`] samples.
 //!
 //! At the end the daemon is stopped by SIGTERM to this process; the exit status is 0 when every
 //! figure was measured, 1 otherwise (a harness failure panics: 101).
 
 use broca_mock::mock;
+#[path = "../bench/quick.rs"]
+mod quick;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -36,13 +38,23 @@ use subc_protocol::BindIdentity;
 use support::{call_options, send_params, target, Harness, Options, STEP};
 
 const HARNESS: &str = "send-bench";
-const ADMIT_SAMPLES: usize = 200;
-const PER_SESSION: usize = 25;
-const QUEUE_SAMPLES: usize = 200;
+fn admit_sample_count() -> usize {
+    quick::n(200, 10)
+}
+fn per_session() -> usize {
+    quick::n(25, 5)
+}
+fn queue_sample_count() -> usize {
+    quick::n(200, 10)
+}
 /// How long the mock holds the busy run's reply at least; it is stretched to
-/// [`QUEUE_SAMPLES`] × 4 × the admit p99, so every queue sample lands while the run is busy.
-const BUSY_MIN_MS: u64 = 2000;
-const FSYNC_SAMPLES: usize = 1000;
+/// [`queue_sample_count`] × 4 × the admit p99, so every queue sample lands while the run is busy.
+fn busy_min_ms() -> u64 {
+    quick::n(2000, 200)
+}
+fn fsync_samples() -> usize {
+    quick::n(1000, 25)
+}
 
 type Failure = String;
 
@@ -93,7 +105,7 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 }
 
 fn bench(h: &Harness) -> Result<(), Failure> {
-    let raw = broca_testkit::raw_fsync_p50_us(&h.state_root(), FSYNC_SAMPLES);
+    let raw = broca_testkit::raw_fsync_p50_us(&h.state_root(), fsync_samples());
     report("fs.raw_fsync_us", raw, "us");
     let consumer = h.client().consumer();
 
@@ -111,8 +123,8 @@ fn bench(h: &Harness) -> Result<(), Failure> {
     report("send.admit_p99_us", percentile(&admit, 99.0), "us");
     eprintln!("send-bench: admit p50 {p50:.0} us against the target 3 x raw + 500 = {:.0} us", 3.0 * raw + 500.0);
 
-    let busy = Duration::from_secs_f64(QUEUE_SAMPLES as f64 * 4.0 * percentile(&admit, 99.0) / 1e6)
-        .clamp(Duration::from_millis(BUSY_MIN_MS), Duration::from_secs(60));
+    let busy = Duration::from_secs_f64(queue_sample_count() as f64 * 4.0 * percentile(&admit, 99.0) / 1e6)
+        .clamp(Duration::from_millis(busy_min_ms()), Duration::from_secs(60));
     let mut queued = h.block_on(queue_samples(h, consumer, busy))?;
     queued.sort();
     eprintln!(
@@ -183,12 +195,12 @@ fn run_id(result: &Value) -> Result<String, Failure> {
 
 /// Idle sends: (measured samples, each fresh session's uncounted first send).
 async fn admit_samples(consumer: &SubcConsumer) -> Result<(Vec<Duration>, Vec<Duration>), Failure> {
-    let (mut samples, mut cold) = (Vec::with_capacity(ADMIT_SAMPLES), Vec::new());
+    let (mut samples, mut cold) = (Vec::with_capacity(admit_sample_count()), Vec::new());
     let mut sessions = 0;
-    while samples.len() < ADMIT_SAMPLES {
+    while samples.len() < admit_sample_count() {
         sessions += 1;
         let session = format!("admit-{}-{sessions}", std::process::id());
-        for i in 0..=PER_SESSION {
+        for i in 0..=per_session() {
             let (elapsed, result) = timed_send(consumer, &session, "Hello?").await?;
             if result["state"] != "active" {
                 return Err(format!("an idle session.send answered {result}"));
@@ -196,7 +208,7 @@ async fn admit_samples(consumer: &SubcConsumer) -> Result<(Vec<Duration>, Vec<Du
             wait_completed(consumer, &session, &run_id(&result)?, STEP).await?;
             if i == 0 {
                 cold.push(elapsed);
-            } else if samples.len() < ADMIT_SAMPLES {
+            } else if samples.len() < admit_sample_count() {
                 samples.push(elapsed);
             }
         }
@@ -225,9 +237,9 @@ async fn queue_samples(h: &Harness, consumer: &SubcConsumer, busy: Duration) -> 
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let started = Instant::now();
-    let mut samples = Vec::with_capacity(QUEUE_SAMPLES);
+    let mut samples = Vec::with_capacity(queue_sample_count());
     let mut last = None;
-    for i in 0..QUEUE_SAMPLES {
+    for i in 0..queue_sample_count() {
         let (elapsed, result) = timed_send(consumer, &session, &format!("Queued {i}.")).await?;
         if result["state"] != "pending" {
             return Err(format!(

@@ -29,8 +29,8 @@
 //!   `SubcConsumer::call`, its managed, route-cached unary call) on its own connection, each
 //!   sample inside one `block_on` per block, on the harness's client runtime.
 //!
-//!   Both are warmed ([`WARMUP`] calls each, routes open), then measured in [`BLOCKS`]
-//!   alternating blocks of [`PER_BLOCK`] calls (the order flips every block), so drift in the
+//!   Both are warmed ([`warmup`] calls each, routes open), then measured in [`blocks`]
+//!   alternating blocks of [`per_block`] calls (the order flips every block), so drift in the
 //!   machine's load hits both alike. The target `tool.call_roundtrip_p50_us ≤ 1.5 ×
 //!   tool.sdk_roundtrip_p50_us` is printed as a comment line with the ratio.
 //! - `tool.call_roundtrip_cpu_us` / `tool.sdk_roundtrip_cpu_us`: CPU time (user + system) of
@@ -48,7 +48,7 @@
 //!   thread) / steps − the per-step time of a bare ureq client streaming the same responses
 //!   with the same rendered request from the same mock, run just before it. What is left is the loop's own cost of
 //!   a tool step: the two fsyncs, records, the helper-thread hand-off, history and rendering. The
-//!   median of [`LOOP_ROUNDS`] rounds. Beside it, as a comment, the same loop in the same round
+//!   median of [`loop_rounds`] rounds. Beside it, as a comment, the same loop in the same round
 //!   with `NoTools` as the dispatcher (what `broca-bench`'s `loop.step_overhead_us` measures:
 //!   each call an immediate error result; the two runs' order flips every round), so the
 //!   with-tool extra reads off one run.
@@ -57,6 +57,8 @@
 //! figure was measured, 1 otherwise (a harness failure panics: 101).
 
 use broca_mock::mock;
+#[path = "../bench/quick.rs"]
+mod quick;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -87,12 +89,22 @@ use support::{Harness, Options, STEP};
 
 const TOOLS: &str = "mock-tools";
 const TOOL: &str = "echo";
-const WARMUP: usize = 200;
-const BLOCKS: usize = 40;
-const PER_BLOCK: usize = 100;
+fn warmup() -> usize {
+    quick::n(200, 10)
+}
+fn blocks() -> usize {
+    quick::n(40, 2)
+}
+fn per_block() -> usize {
+    quick::n(100, 10)
+}
 const LOOP_STEPS: usize = 20;
-const LOOP_ROUNDS: usize = 9;
-const FSYNC_SAMPLES: usize = 1000;
+fn loop_rounds() -> usize {
+    quick::n(9, 1)
+}
+fn fsync_samples() -> usize {
+    quick::n(1000, 25)
+}
 /// The wait of one measured call (it answers in well under a millisecond).
 const CALL_WAIT: Duration = Duration::from_secs(10);
 
@@ -184,7 +196,7 @@ fn process_cpu() -> Duration {
 fn bench(h: &Harness) -> Result<(), Failure> {
     let work = h.rig_root().join("bench");
     std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
-    let raw = broca_testkit::raw_fsync_p50_us(&work, FSYNC_SAMPLES);
+    let raw = broca_testkit::raw_fsync_p50_us(&work, fsync_samples());
     report("fs.raw_fsync_us", raw, "us");
 
     wait_provider(h)?;
@@ -294,15 +306,15 @@ fn roundtrips(h: &Harness, plane: &ToolPlane, plan: &Plan) -> Result<(Samples, S
 
     let mut broca_samples = Samples::default();
     let mut sdk_samples = Samples::default();
-    broca_block(plane, &call, WARMUP, &mut Samples::default())?;
-    h.block_on(sdk.block(WARMUP, &mut Samples::default()))?;
-    for block in 0..BLOCKS {
+    broca_block(plane, &call, warmup(), &mut Samples::default())?;
+    h.block_on(sdk.block(warmup(), &mut Samples::default()))?;
+    for block in 0..blocks() {
         if block % 2 == 0 {
-            broca_block(plane, &call, PER_BLOCK, &mut broca_samples)?;
-            h.block_on(sdk.block(PER_BLOCK, &mut sdk_samples))?;
+            broca_block(plane, &call, per_block(), &mut broca_samples)?;
+            h.block_on(sdk.block(per_block(), &mut sdk_samples))?;
         } else {
-            h.block_on(sdk.block(PER_BLOCK, &mut sdk_samples))?;
-            broca_block(plane, &call, PER_BLOCK, &mut broca_samples)?;
+            h.block_on(sdk.block(per_block(), &mut sdk_samples))?;
+            broca_block(plane, &call, per_block(), &mut broca_samples)?;
         }
     }
     broca_samples.samples.sort();
@@ -403,7 +415,7 @@ fn loop_overhead(h: &Harness, plane: &Arc<ToolPlane>, plan: &Plan, work: &Path) 
     let client = HttpClient::default();
     let timed = Arc::new(Timed { plane: Arc::clone(plane), spent: Mutex::new(Vec::new()) });
     let (mut with_tool, mut no_tool, mut call_means) = (Vec::new(), Vec::new(), Vec::new());
-    for round in 0..LOOP_ROUNDS {
+    for round in 0..loop_rounds() {
         // The tool-plane run: its session fetched (route opened) as admission does.
         let key = SessionKey::new("/bench", "tool-bench", &format!("loop-{round}"));
         let fetched = fetch::fetch(plane, &key.addr(), plan).map_err(|r| format!("the plan fetch: {r:?}"))?;

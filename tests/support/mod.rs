@@ -464,7 +464,9 @@ impl Harness {
         pid
     }
 
-    /// Waits until broca runs again under another pid than `old` and is registered; its pid.
+    /// Waits until broca runs again under another pid than `old`, is registered and answers a
+    /// call (`role.describe` on a probe route: the catalog can read ready a moment before a
+    /// call reaches the new incarnation); its pid.
     pub fn wait_respawn(&self, old: i32) -> i32 {
         let until = Instant::now() + STEP;
         let pid = loop {
@@ -475,6 +477,14 @@ impl Harness {
             std::thread::sleep(Duration::from_millis(50));
         };
         self.wait_registered();
+        let probe = self.client().session("harness-probe", "respawn");
+        loop {
+            match probe.try_call("role.describe", json!({})) {
+                Ok(_) | Err(CallError::Module(_)) => break,
+                Err(e) => assert!(Instant::now() < until, "broca {pid} never answered after its respawn: {e:?}"),
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         pid
     }
 
@@ -650,6 +660,68 @@ impl Session {
         match self.call(method, params) {
             Ok(v) => panic!("{method} succeeded, expected a refusal: {v}"),
             Err(e) => e,
+        }
+    }
+
+    /// `session.send {params}` (which must carry a `send_id`) while broca may be SIGKILLed at
+    /// any moment: the send's answer, as broca recorded it. Use it for every send of a test
+    /// that kills broca (fail points, random kills, restarts) while it sends. Panics where
+    /// [`Session::try_send_surviving_kills`] gives up (within [`KILL_DEADLINE`]).
+    pub fn send_surviving_kills(&self, params: Value) -> Value {
+        let send_id = params["send_id"].clone();
+        self.try_send_surviving_kills(&params, KILL_DEADLINE)
+            .map(|(answer, _)| answer)
+            .unwrap_or_else(|why| panic!("session.send {send_id} on {}/{}: {why}", self.harness, self.id))
+    }
+
+    /// The one way a test sends while broca may die: `session.send {params}` (with a
+    /// `send_id`) until its fate is known. `Ok((answer, attempts))`, `attempts` counting the
+    /// `session.send` calls made; `Err` on a refusal that is not about a restart, or no answer
+    /// within `deadline`.
+    ///
+    /// Why not [`Session::call`] in a retry loop: a send racing a kill has an unknown outcome
+    /// (the route closed under it, `OutcomeUnknown`, a deadline): broca may or may not have
+    /// recorded it before it died, and `call` panics on those anyway. Only the same `send_id`
+    /// and `send.status` can tell; a retry under a new send_id could run the work twice. So:
+    /// an answer is returned; a refusal about the restart ([`restart_refusal`]) is sent again;
+    /// after a transport error, `send.status {send_id}` decides: recorded, its answer (what an
+    /// identical re-send would get, spec §4); `unknown_send`, the same params are sent again.
+    pub fn try_send_surviving_kills(&self, params: &Value, deadline: Duration) -> Result<(Value, u32), String> {
+        let send_id = params["send_id"].clone();
+        assert!(send_id.is_string(), "a send that may race a kill needs a send_id: {params}");
+        let until = Instant::now() + deadline;
+        let mut attempts = 0;
+        let mut last = String::new();
+        // Whether a send may have reached broca without an answer (then send.status decides).
+        let mut unsure = false;
+        loop {
+            if unsure {
+                match self.try_call("send.status", json!({"send_id": send_id})) {
+                    Ok(answer) => return Ok((answer, attempts)),
+                    Err(CallError::Module(body)) if body.code == "unknown_send" => unsure = false,
+                    Err(CallError::Module(body)) if restart_refusal(&body) => last = format!("send.status: {body:?}"),
+                    Err(CallError::Module(body)) => return Err(format!("send.status was refused: {body:?}")),
+                    Err(other) => last = format!("send.status: {other:?}"),
+                }
+            }
+            if !unsure {
+                attempts += 1;
+                match self.try_call("session.send", params.clone()) {
+                    Ok(answer) => return Ok((answer, attempts)),
+                    Err(CallError::Module(body)) if restart_refusal(&body) => last = format!("session.send: {body:?}"),
+                    Err(CallError::Module(body)) => {
+                        return Err(format!("session.send refused {}: {}", body.code, body.message))
+                    }
+                    Err(other) => {
+                        last = format!("session.send: {other:?}");
+                        unsure = true;
+                    }
+                }
+            }
+            if Instant::now() >= until {
+                return Err(format!("no answer within {deadline:?} ({attempts} sends; last: {last})"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 
@@ -843,21 +915,40 @@ fn relay_up(from: &mut TcpStream, to: &mut TcpStream, root: &str) -> io::Result<
     }
 }
 
-/// Calls until broca answers: across a restart the route is briefly gone or the session's
-/// lease is still the dead process's (retryable refusals); anything else fails the test.
+/// How long a call made while broca is being killed may take to get an answer (a respawn's
+/// backoff, its registration, the dead process's lease going stale).
+pub const KILL_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Whether a module refusal is about broca restarting (the route briefly gone, the session's
+/// lease still the dead process's, a refusal of class `transient`): the same call may be made
+/// again.
+pub fn restart_refusal(body: &ErrorBody) -> bool {
+    let transient = body.detail.as_ref().and_then(|d| d.get("class")).is_some_and(|c| c == "transient");
+    transient || ["session_busy", "lease_stale", "module_reloading"].contains(&body.code.as_str())
+}
+
+/// A query (a read: `run.status`, `session.read`, `send.status`, ...) until broca answers:
+/// across a restart the route is briefly gone or the session's lease is still the dead
+/// process's ([`restart_refusal`]); anything else fails the test. Only for calls that write
+/// nothing (repeating them is harmless); a send goes through [`Session::send_surviving_kills`].
 pub fn retry(s: &Session, method: &str, params: Value) -> Value {
-    let until = Instant::now() + Duration::from_secs(30);
+    let until = Instant::now() + KILL_DEADLINE;
+    let mut last;
     loop {
         match s.try_call(method, params.clone()) {
             Ok(v) => return v,
-            Err(subc_client_rs::CallError::Module(body)) => {
-                let transient = body.detail.as_ref().and_then(|d| d.get("class")).is_some_and(|c| c == "transient");
-                let retryable = ["session_busy", "lease_stale", "module_reloading"].contains(&body.code.as_str());
-                assert!(retryable || transient, "{method}: a refusal that is not about the restart: {body:?}");
+            Err(CallError::Module(body)) => {
+                assert!(restart_refusal(&body), "{method}: a refusal that is not about the restart: {body:?}");
+                last = format!("{body:?}");
             }
-            Err(_) => {}
+            Err(other) => last = format!("{other:?}"),
         }
-        assert!(Instant::now() < until, "{method} never answered");
+        assert!(
+            Instant::now() < until,
+            "{method} on {}/{} never answered within {KILL_DEADLINE:?}; last: {last}",
+            s.harness,
+            s.id
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
