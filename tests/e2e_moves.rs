@@ -83,6 +83,10 @@ fn exports_write_only_broca_s_own_files(h: &Harness) {
     }
     let refused = via(h, MOVER, &s, moves::EXPORT, json!({})).unwrap_err();
     assert_eq!(refused["code"], "open_failed", "{refused}");
+    // Refused before the tombstone: the session stays here and takes sends.
+    assert_eq!(via(h, MOVER, &s, moves::LOCATE, json!({})).unwrap()["state"], "live");
+    h.install(json!({"responses": [reply("after")]}));
+    finished(h, MOVER, &s, "still here");
     assert_eq!(std::fs::read(&bashrc).unwrap(), b"# the operator's shell\n", "the planted link's target changed");
     for entry in std::fs::read_dir(&dir).unwrap().map(Result::unwrap) {
         if entry.file_name().to_string_lossy().contains(&s.key().addr()) {

@@ -292,6 +292,8 @@ fn an_export_never_writes_through_a_planted_link() {
     }
     let refused = move_op(&rig.ops, direct(), moves::EXPORT, json!({})).unwrap_err();
     assert_eq!(refused.code, "open_failed", "{}", refused.to_json());
+    // Refused before the tombstone: the session stays here and takes sends.
+    assert_eq!(move_op(&rig.ops, direct(), moves::LOCATE, json!({})).unwrap()["state"], "live");
     assert_eq!(std::fs::read(&bashrc).unwrap(), b"# the operator's shell\n");
     let mode = std::os::unix::fs::MetadataExt::mode(&std::fs::metadata(&bashrc).unwrap()) & 0o777;
     assert_ne!(mode & 0o777, 0o600, "its mode is untouched too");

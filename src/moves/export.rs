@@ -31,6 +31,18 @@ pub fn export(ops: &Ops, route: &Route) -> Result<Value, Refusal> {
     authorize(&route.caller, first.as_ref().and_then(|r| r.owner.as_ref()), super::EXPORT)?;
     let dir = exchange::of(&shared.root).map_err(|e| exchange_refusal("open the exchange directory", &e))?;
     let seal_key = MoveKey::load_or_create(shared.root.path()).map_err(|e| exchange_refusal("read move.key", &e))?;
+    // The name the archive will take is checked before the tombstone: a file there that an
+    // earlier export of this session did not write (planted, say) refuses the export while the
+    // session still takes sends. (The write after the tombstone never replaces a file either.)
+    let (last_epoch, moved) = epoch_and_tombstone(&reader).map_err(|e| e.refusal())?;
+    let planned = dir.join(exchange::export_name(&key.addr(), last_epoch));
+    if moved.is_none() && std::fs::symlink_metadata(&planned).is_ok() {
+        let taken = std::io::Error::other(format!(
+            "{} exists in the exchange directory and is not this export's archive",
+            exchange::export_name(&key.addr(), last_epoch)
+        ));
+        return Err(exchange_refusal("write the archive", &taken));
+    }
     let (tx, rx) = crossbeam_channel::bounded(1);
     let answer = Answer::new(move |r: Result<MovedOut, Refusal>| {
         let _ = tx.send(r);
@@ -111,9 +123,16 @@ fn exchange_refusal(what: &str, e: &std::io::Error) -> Refusal {
 
 /// The session's tombstone, if its WAL ends in one.
 pub(super) fn moved_out_of(reader: &Reader) -> Result<Option<MovedOut>, LineageError> {
+    Ok(epoch_and_tombstone(reader)?.1)
+}
+
+/// The lease epoch of the session's last record (a tombstone written now carries it) and its
+/// tombstone, if its WAL ends in one.
+fn epoch_and_tombstone(reader: &Reader) -> Result<(u64, Option<MovedOut>), LineageError> {
     struct Nothing;
     impl Sink for Nothing {}
-    Ok(reader.scan(Start::Checkpoint { before: None }, &mut Nothing)?.replay.moved_out)
+    let replay = reader.scan(Start::Checkpoint { before: None }, &mut Nothing)?.replay;
+    Ok((replay.last_epoch, replay.moved_out))
 }
 
 pub(super) fn not_found(addr: &str) -> Refusal {
