@@ -300,7 +300,7 @@ pub static CHATGPT: &[Rule] = &[
     row(
         "chatgpt.instructions_required",
         GPT,
-        "`instructions` is required",
+        "`instructions` is present (a string)",
         "the Codex backend's 400 `{\"detail\":\"Instructions are required\"}`",
         gpt_instructions,
     ),
@@ -890,7 +890,9 @@ fn gpt_no_system(r: &RequestView) -> Option<String> {
 }
 
 fn gpt_instructions(r: &RequestView) -> Option<String> {
-    missing_string(r.body, "instructions").then(|| "Instructions are required".into())
+    // Present, as a string: the Codex client sends it always; an empty one is not known to be
+    // refused (broca sends `""` without a system prompt).
+    (!r.body.get("instructions").is_some_and(Value::is_string)).then(|| "Instructions are required".into())
 }
 
 fn gpt_max_output_tokens(r: &RequestView) -> Option<String> {

@@ -279,7 +279,7 @@ fn cases() -> Vec<Case> {
         case(
             "chatgpt.instructions_required",
             with(OpenaiChatgptResponses, |v| drop(v.as_object_mut().unwrap().remove("instructions"))),
-            ok(OpenaiChatgptResponses),
+            with(OpenaiChatgptResponses, |v| v["instructions"] = json!("")),
         ),
         case(
             "chatgpt.max_output_tokens",
