@@ -340,7 +340,10 @@ fn multi_step_transcript() -> Vec<Message> {
         msg(
             Role::Assistant,
             vec![
-                Part::Reasoning { text: "I should stat both files.".into(), signature: Some("EqQBbW9ja1NpZw==".into()) },
+                Part::Reasoning {
+                    text: "I should stat both files.".into(),
+                    signature: Some("EqQBbW9ja1NpZw==".into()),
+                },
                 Part::Text { text: "Let me check both.".into() },
                 call("call_1", "build.log"),
                 call("call_2", "test.log"),

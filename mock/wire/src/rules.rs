@@ -572,7 +572,7 @@ fn role(v: &Value) -> &str {
 }
 
 fn missing_string(v: &Value, key: &str) -> bool {
-    !text(v, key).is_some_and(|s| !s.is_empty())
+    text(v, key).is_none_or(|s| s.is_empty())
 }
 
 /// `v`'s `key` blocks of type `kind`: their `id_key` strings.
