@@ -77,8 +77,31 @@ fn read_response(stream: &mut TcpStream) -> Response {
     Response { status, headers, body: all[end + 4..].to_vec(), reads }
 }
 
+/// POSTs `body`; to a model path, with the members the family's provider requires filled in
+/// where `body` lacks them, so the request keeps broca-mock's provider rules (strict mode).
 fn post(port: u16, path: &str, body: &Value) -> Response {
+    let mut body = body.clone();
+    if let (Some(required), Value::Object(members)) = (required_members(path), &mut body) {
+        for (key, value) in required {
+            members.entry(key).or_insert(value);
+        }
+    }
     request(port, "POST", path, &[("Content-Type", "application/json")], body.to_string().as_bytes())
+}
+
+/// A minimal valid request of the family a model path names.
+fn required_members(path: &str) -> Option<serde_json::Map<String, Value>> {
+    let path = path.split('?').next().unwrap_or_default();
+    let body = if path.ends_with("/messages") {
+        json!({"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]})
+    } else if path.ends_with("/chat/completions") {
+        json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    } else if path.ends_with("/responses") {
+        json!({"model": "m", "input": "hi"})
+    } else {
+        return None;
+    };
+    body.as_object().cloned()
 }
 
 fn stream(events: Vec<Step>) -> ScriptedResponse {
@@ -252,7 +275,7 @@ fn control_endpoint_round_trip() {
     let stats = request(port, "GET", "/_mock/lanes/ctl", &[], b"");
     assert_eq!(stats.json()["pending"], 1);
 
-    let body = json!({"model": "claude-x", "messages": []});
+    let body = json!({"model": "claude-x", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]});
     assert_eq!(text(&post(port, "/lane/ctl/v1/messages", &body).events()), "scripted");
 
     let listed = request(port, "GET", "/_mock/lanes/ctl/requests", &[], b"");

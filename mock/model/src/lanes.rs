@@ -107,6 +107,8 @@ struct Lane {
     prompt_cache: super::prompt_cache::PromptCache,
     /// How the next warms are answered (the script's `warms`).
     warms: VecDeque<super::script::WarmScript>,
+    /// Provider rules the lane's requests may break (the scripts' `allow_rules`).
+    allowed_rules: std::collections::BTreeSet<String>,
 }
 
 /// All lanes, behind one lock held only for queue operations (never across I/O).
@@ -121,6 +123,7 @@ impl Lanes {
         let lane = lanes.entry(lane.to_string()).or_default();
         lane.pending.extend(script.responses);
         lane.warms.extend(script.warms);
+        lane.allowed_rules.extend(script.allow_rules);
         if script.authorization.is_some() {
             lane.authorization = script.authorization;
         }
@@ -133,6 +136,11 @@ impl Lanes {
             Some(expected) => header == Some(expected),
             None => true,
         }
+    }
+
+    /// Whether the lane's scripts allow breaking the provider rule `id`.
+    pub(crate) fn allows(&self, lane: &str, id: &str) -> bool {
+        self.lanes.lock().get(lane).is_some_and(|l| l.allowed_rules.contains(id))
     }
 
     pub(crate) fn record(&self, lane: &str, request: RecordedRequest) {

@@ -54,6 +54,17 @@
 //! without it or with another value is answered 401 (the family's error document) and pops
 //! nothing.
 //!
+//! **Strict mode** (always on): every model request is checked, once recorded, against its
+//! family's provider rules ([`rules`]: what the real provider refuses or requires, each row
+//! with its public source). A request that breaks one is answered as the provider would, with
+//! its status and error document (e.g. Anthropic 400 `invalid_request_error`, Bedrock 400
+//! `ValidationException`), and pops nothing. A test that sends a bad request on purpose names
+//! the rules it breaks in a script's `"allow_rules": ["anthropic.text_non_empty", …]` (for the
+//! lane, from then on); such a request is answered as if it kept them. With
+//! `BROCA_MOCK_RULES_LOG` set, each checked request appends one JSON line to that file
+//! (`{"family", "violations": [ids], "allowed"?, "lane"?, "target"?, "messages"?}`);
+//! `scripts/provider-rules-summary` sums them.
+//!
 //! A **warm** (an Anthropic Messages request with `max_tokens: 0` and no `stream`, as
 //! `session.warm` sends it; [`warm`]) pops no response: it is answered with the non-streaming
 //! Message its prompt-cache prefix earns (usage only, empty content) and rate-limit headers. A
@@ -144,7 +155,7 @@ pub mod warm;
 
 // The scripts, the seven wires' renderers and the prompt-cache model are the package
 // `broca-mock-wire` (`mock/wire`); they are this server's modules under their old names.
-pub use broca_mock_wire::{prompt_cache, render, script};
+pub use broca_mock_wire::{prompt_cache, render, rules, script};
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
@@ -191,6 +202,9 @@ pub struct MockOptions {
     /// Append every classifier provider call, once answered, to this file as a JSON line
     /// ([`classify`]; created if absent).
     pub classify_log: Option<std::path::PathBuf>,
+    /// Append a line per checked model request (strict mode) to this file; `None`: the file
+    /// `BROCA_MOCK_RULES_LOG` names, if set when the server starts.
+    pub rules_log: Option<std::path::PathBuf>,
 }
 
 /// Connections and TLS handshakes counted at the server, outside any client.
@@ -215,6 +229,8 @@ pub(crate) struct Shared {
     counted: Mutex<Connections>,
     /// When the last model request's head arrived (for start-up latency figures).
     last_request_at: Mutex<Option<std::time::Instant>>,
+    /// Where strict mode's lines go ([`MockOptions::rules_log`]).
+    rules_log: Option<std::path::PathBuf>,
 }
 
 impl Shared {
@@ -254,7 +270,11 @@ impl MockServer {
             None => (None, None),
         };
         let classify = classify::Stand::new(options.classify_log.as_deref())?;
-        let shared = Arc::new(Shared { options, tls, classify, ..Shared::default() });
+        let rules_log = options
+            .rules_log
+            .clone()
+            .or_else(|| std::env::var_os(RULES_LOG_ENV).filter(|p| !p.is_empty()).map(Into::into));
+        let shared = Arc::new(Shared { options, tls, classify, rules_log, ..Shared::default() });
         let accept_shared = Arc::clone(&shared);
         let handle = thread::Builder::new()
             .name("broca-mock-listen".into())
@@ -488,6 +508,11 @@ fn serve_request(shared: &Shared, conn: &mut Conn, request: Request, keep: bool)
     let authorized = shared.lanes.authorized(&lane, request.header("authorization"));
     let Request { method, target, headers, body } = request;
     let parsed = if is_model { serde_json::from_slice::<serde_json::Value>(&body).ok() } else { None };
+    // Strict mode: the provider's rules, checked on what was received (then recorded as is).
+    let violations = match (family, &parsed) {
+        (Some(family), Some(body)) => rules::check_value(family, &target, &headers, body),
+        _ => Vec::new(),
+    };
     shared.lanes.record(&lane, RecordedRequest::new(&method, &target, headers, body, family));
     let Some(family) = family.filter(|_| is_model) else {
         let status = if family.is_some() { 405 } else { 404 };
@@ -495,15 +520,21 @@ fn serve_request(shared: &Shared, conn: &mut Conn, request: Request, keep: bool)
         return Ok(keep);
     };
     *shared.last_request_at.lock() = Some(std::time::Instant::now());
+    let (allowed, violations): (Vec<_>, Vec<_>) =
+        violations.into_iter().partition(|v| shared.lanes.allows(&lane, v.rule));
+    log_rules(shared.rules_log.as_deref(), (family, &lane, &target), &violations, &allowed);
+    if let (true, Some(violation)) = (authorized, violations.first()) {
+        log::warn!("broca-mock: lane {lane}: {target} breaks provider rule {}: {}", violation.rule, violation.message);
+        let refusal = rules::refusal(family, violation);
+        let mut reply = Reply::json(refusal.status, &serde_json::Value::Null);
+        reply.headers.extend(refusal.headers);
+        reply.body = refusal.body;
+        http::write_reply(conn, &reply, keep)?;
+        return Ok(keep);
+    }
     let warm_body = parsed.as_ref().filter(|b| family == Family::AnthropicMessages && warm::is_warm(b));
     if let (true, Some(body)) = (authorized, warm_body) {
         return answer_warm(shared, conn, &lane, &model, body, keep);
-    }
-    if let Some(member) = parsed.as_ref().and_then(|b| chatgpt_rejects(family, b)) {
-        // The ChatGPT backend refuses what only OpenAI's own API takes, before anything else.
-        let message = format!("Unsupported parameter: {member}");
-        http::write_reply(conn, &Reply::json(400, &serde_json::json!({"detail": message})), keep)?;
-        return Ok(keep);
     }
     let response = if authorized {
         let response = shared.lanes.pop(&lane).unwrap_or_else(|| ScriptedResponse::Stream(default_reply()));
@@ -529,11 +560,40 @@ fn serve_request(shared: &Shared, conn: &mut Conn, request: Request, keep: bool)
     answer(shared, conn, family, (model, served_tier), id, response, keep)
 }
 
-/// The member the ChatGPT backend refuses with HTTP 400 in `body`, if any: the output cap and
-/// the extended cache retention.
-fn chatgpt_rejects(family: Family, body: &serde_json::Value) -> Option<&'static str> {
-    let members = ["max_output_tokens", "prompt_cache_retention"];
-    (family == Family::OpenaiChatgptResponses).then(|| members.into_iter().find(|m| body.get(m).is_some())).flatten()
+/// The file strict mode's per-request lines go to when [`MockOptions::rules_log`] is unset.
+pub const RULES_LOG_ENV: &str = "BROCA_MOCK_RULES_LOG";
+
+/// Appends one line for a checked model request to `log`: `{"family", "violations": [ids]}`,
+/// with `allowed` (broken rules the lane's scripts allow) and, on either, the lane, target and
+/// messages. One `write` of one line to a file opened for appending: several processes write
+/// the same file.
+fn log_rules(
+    log: Option<&std::path::Path>,
+    (family, lane, target): (Family, &str, &str),
+    violations: &[rules::Violation],
+    allowed: &[rules::Violation],
+) {
+    let Some(path) = log else { return };
+    let ids = |vs: &[rules::Violation]| vs.iter().map(|v| v.rule).collect::<Vec<_>>();
+    let mut line = serde_json::json!({"family": family.as_str(), "violations": ids(violations)});
+    if !allowed.is_empty() {
+        line["allowed"] = ids(allowed).into();
+    }
+    if !violations.is_empty() || !allowed.is_empty() {
+        line["lane"] = lane.into();
+        line["target"] = target.into();
+        line["messages"] = violations.iter().chain(allowed).map(|v| v.message.as_str()).collect::<Vec<_>>().into();
+    }
+    let mut text = line.to_string();
+    text.push('\n');
+    let written = std::fs::OpenOptions::new().create(true).append(true).open(path).and_then(|mut file| {
+        use std::io::Write;
+        file.write_all(text.as_bytes())?;
+        file.flush()
+    });
+    if let Err(e) = written {
+        log::error!("broca-mock: cannot append to {}: {e}", path.display());
+    }
 }
 
 /// Answers a warm (`warm`): its scripted delay and status, else what the lane's prompt cache
@@ -739,6 +799,72 @@ mod tests {
         let end = start + doc[start..].find("```").unwrap();
         let script = Script::from_json(&doc[start..end]).unwrap();
         assert_eq!(script.responses.len(), 5);
+    }
+
+    /// One request over a fresh connection: (status, headers and body as text).
+    fn post(server: &MockServer, target: &str, headers: &str, body: &str) -> (u16, String) {
+        use std::io::{Read, Write};
+        let mut conn = TcpStream::connect(("127.0.0.1", server.port())).unwrap();
+        let head = format!(
+            "POST {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}Content-Length: {}\r\n\r\n",
+            body.len()
+        );
+        conn.write_all(head.as_bytes()).unwrap();
+        conn.write_all(body.as_bytes()).unwrap();
+        let mut out = String::new();
+        conn.read_to_string(&mut out).unwrap();
+        (out[9..12].parse().unwrap(), out)
+    }
+
+    #[test]
+    fn strict_mode_refuses_a_broken_rule_as_the_provider_does_unless_allowed() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("rules.jsonl");
+        let options = MockOptions { rules_log: Some(log.clone()), ..MockOptions::default() };
+        let server = MockServer::start_with("127.0.0.1:0", options).unwrap();
+        let empty_text =
+            r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"text","text":""}]}]}"#;
+        let (status, out) = post(&server, "/lane/s/v1/messages", "x-api-key: k\r\n", empty_text);
+        assert_eq!(status, 400, "{out}");
+        assert!(out.contains(r#"{"type":"error","error":{"type":"invalid_request_error","message":"messages: text content blocks must be non-empty"}}"#), "{out}");
+        // Recorded all the same; nothing popped.
+        assert_eq!(server.requests("s").len(), 1);
+        // Bedrock's refusal names its exception.
+        let path = "/lane/b/v1/model/amazon.nova-pro-v1%3A0/converse-stream";
+        let (status, out) = post(&server, path, "", r#"{"messages":[]}"#);
+        assert_eq!(status, 400);
+        assert!(
+            out.contains("x-amzn-ErrorType: ValidationException")
+                && out.contains(r#"{"message":"A conversation must start"#),
+            "{out}"
+        );
+        // A bearer API key on Anthropic: 401.
+        let good = r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#;
+        let (status, out) = post(&server, "/lane/s/v1/messages", "Authorization: Bearer sk\r\n", good);
+        assert_eq!(status, 401, "{out}");
+        // Allowed by name: answered as if kept.
+        let allow = Script::from_json(r#"{"allow_rules": ["anthropic.text_non_empty"]}"#).unwrap();
+        server.install("s", allow);
+        let (status, out) = post(&server, "/lane/s/v1/messages", "x-api-key: k\r\n", empty_text);
+        assert_eq!(status, 200, "{out}");
+        let (status, _) = post(&server, "/lane/s/v1/messages", "", good);
+        assert_eq!(status, 200);
+        assert!(Script::from_json(r#"{"allow_rules": ["anthropic.no_such_rule"]}"#).is_err());
+        let lines: Vec<serde_json::Value> =
+            std::fs::read_to_string(&log).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let ids: Vec<_> = lines.iter().map(|l| (l["family"].as_str().unwrap(), l["violations"].clone())).collect();
+        assert_eq!(
+            ids,
+            [
+                ("anthropic_messages", serde_json::json!(["anthropic.text_non_empty"])),
+                ("aws_bedrock_converse", serde_json::json!(["bedrock.first_message_user"])),
+                ("anthropic_messages", serde_json::json!(["anthropic.bearer_needs_oauth_beta"])),
+                ("anthropic_messages", serde_json::json!([])),
+                ("anthropic_messages", serde_json::json!([])),
+            ]
+        );
+        assert_eq!(lines[3]["allowed"], serde_json::json!(["anthropic.text_non_empty"]));
+        assert_eq!(lines[4].get("allowed"), None);
     }
 
     #[test]

@@ -7,4 +7,5 @@
 
 pub mod prompt_cache;
 pub mod render;
+pub mod rules;
 pub mod script;

@@ -27,6 +27,20 @@ pub struct Script {
     /// `responses`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warms: Vec<WarmScript>,
+    /// Provider rules ([`crate::rules`] ids, e.g. `"anthropic.text_non_empty"`) the lane's
+    /// model requests may break from now on: a test that sends a bad request on purpose names
+    /// the rules it breaks. Such a request is answered as if it kept them, and counted as
+    /// allowed, not as a violation. An unknown id is refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "known_rules")]
+    pub allow_rules: Vec<String>,
+}
+
+fn known_rules<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let ids = Vec::<String>::deserialize(d)?;
+    match ids.iter().find(|id| crate::rules::find(id).is_none()) {
+        Some(id) => Err(serde::de::Error::custom(format!("`allow_rules`: no provider rule `{id}`"))),
+        None => Ok(ids),
+    }
 }
 
 /// One warm's answer: after `delay_ms`, the measured usage, or `status`'s error document.
