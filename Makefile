@@ -20,11 +20,16 @@ demo:
 # when anything failed.
 SKIPS_LOG = $${CARGO_TARGET_DIR:-target}/tmp/skips.log
 TEST_LOG = $${CARGO_TARGET_DIR:-target}/tmp/make-test.log
+# Every model request broca-mock receives in the run, checked against its provider's rules
+# (mock/wire/src/rules.rs): one line each, summed by scripts/provider-rules-summary.
+RULES_LOG = $${CARGO_TARGET_DIR:-target}/tmp/provider-rules.jsonl
 test: mock-bin
-	@log=$(TEST_LOG); mkdir -p "$$(dirname "$$log")"; rm -f $(SKIPS_LOG) "$$log"; \
+	@log=$(TEST_LOG); mkdir -p "$$(dirname "$$log")"; rm -f $(SKIPS_LOG) "$$log" $(RULES_LOG); \
+	rules=$$(cd "$$(dirname $(RULES_LOG))" && pwd)/$$(basename $(RULES_LOG)); export BROCA_MOCK_RULES_LOG="$$rules"; \
 	{ $(CARGO) test --locked --no-fail-fast 2>&1; echo $$? >"$$log.cargo"; } | tee "$$log"; \
 	{ $(MAKE) --no-print-directory bench-smoke 2>&1; echo $$? >"$$log.bench"; } | tee -a "$$log"; \
-	scripts/test-summary "$$log" $(SKIPS_LOG) "$$(cat "$$log.cargo")" "$$(cat "$$log.bench")"
+	{ scripts/provider-rules-summary "$$rules" 2>&1; echo $$? >"$$log.rules"; } | tee -a "$$log"; \
+	scripts/test-summary "$$log" $(SKIPS_LOG) "$$(cat "$$log.cargo")" "$$(cat "$$log.bench")" "$$(cat "$$log.rules")"
 
 # The programs `make bench` runs, in order.
 BENCHES = broca-bench fanout-bench send-bench tool-bench refs-bench classify-bench fed-bench archive-bench
