@@ -24,7 +24,7 @@ TEST_LOG = $${CARGO_TARGET_DIR:-target}/tmp/make-test.log
 # (mock/wire/src/rules.rs): one line each, summed by scripts/provider-rules-summary.
 RULES_LOG = $${CARGO_TARGET_DIR:-target}/tmp/provider-rules.jsonl
 test: mock-bin
-	@log=$(TEST_LOG); mkdir -p "$$(dirname "$$log")"; rm -f $(SKIPS_LOG) "$$log" $(RULES_LOG); \
+	@log=$(TEST_LOG); mkdir -p "$$(dirname "$$log")"; rm -f $(SKIPS_LOG) "$$log" $(RULES_LOG) "$$(dirname $(SKIPS_LOG))/reports.log"; \
 	rules=$$(cd "$$(dirname $(RULES_LOG))" && pwd)/$$(basename $(RULES_LOG)); export BROCA_MOCK_RULES_LOG="$$rules"; \
 	{ $(CARGO) test --locked --no-fail-fast 2>&1; echo $$? >"$$log.cargo"; } | tee "$$log"; \
 	{ $(MAKE) --no-print-directory bench-smoke 2>&1; echo $$? >"$$log.bench"; } | tee -a "$$log"; \

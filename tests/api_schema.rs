@@ -65,7 +65,7 @@ fn requests_meet_the_providers_published_definitions() {
                 eprintln!("{line}");
             }
             let summary = stdout.lines().rfind(|l| l.starts_with("API-SCHEMA ")).unwrap_or("API-SCHEMA (no summary)");
-            println!("{summary}");
+            skip::report(summary);
             assert_eq!(code, 0, "requests differ from the providers' published definitions:\n{stdout}{stderr}");
             assert!(summary.ends_with(" violations=0"), "{summary}");
         }
