@@ -65,16 +65,14 @@ fn run(shared: &Shared, client: &HttpClient, config: &RenderConfig, session: &st
 
 /// One attempt through the client, to its terminal event.
 fn attempt(client: &HttpClient, config: &RenderConfig) -> AttemptEvent {
+    attempt_with(client, config, Duration::from_secs(10))
+}
+
+/// [`attempt`] with a read timeout of its own (a timeout the client has not seen is a new agent).
+fn attempt_with(client: &HttpClient, config: &RenderConfig, read_timeout: Duration) -> AttemptEvent {
     let body = broca::provider::render_request(config, &[Message::user_text("hi")]);
     let cancel = Arc::new(AtomicBool::new(false));
-    let a = Attempt {
-        config: config.clone(),
-        body,
-        bearer: None,
-        account_id: None,
-        read_timeout: Duration::from_secs(10),
-        cancel,
-    };
+    let a = Attempt { config: config.clone(), body, bearer: None, account_id: None, read_timeout, cancel };
     let rx = client.start(a);
     loop {
         match rx.recv_timeout(Duration::from_secs(20)).unwrap() {
@@ -167,4 +165,17 @@ fn a_provider_that_closes_idle_connections_costs_a_new_connection_and_no_error()
     assert_ended(attempt(&client, &config));
     assert_eq!(mock.accepts(), 2);
     assert_eq!(mock.requests("idle").len(), 3);
+}
+
+#[test]
+fn a_new_agent_of_the_client_resumes_the_tls_session() {
+    // Agents are per origin and read timeout; all of a client's share one rustls configuration
+    // (and its session cache), so a second agent's first connection resumes the first's session.
+    let (mock, client) = tls_mock(MockOptions::default());
+    let config = config(&mock, "resume");
+    assert_ended(attempt_with(&client, &config, Duration::from_secs(10)));
+    assert_ended(attempt_with(&client, &config, Duration::from_secs(11)));
+    let c = mock.connections();
+    assert_eq!(c.accepts, 2, "two agents, two connections: {c:?}");
+    assert_eq!((c.tls_full, c.tls_resumed), (1, 1), "the second connection resumed: {c:?}");
 }

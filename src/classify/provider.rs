@@ -70,16 +70,16 @@ pub fn call(agent: &ureq::Agent, url: &str, routed: &Routed, bearer: &str, body:
 fn post(agent: &ureq::Agent, url: &str, routed: &Routed, bearer: &str, body: &[u8]) -> Outcome {
     let request = agent
         .post(url)
-        .timeout(CALL_TIMEOUT)
-        .set("Authorization", &format!("Bearer {bearer}"))
-        .set("Content-Type", "application/json")
-        .set("Accept", "application/json");
-    match request.send_bytes(body) {
-        Ok(response) => match read_body(response) {
-            Ok(text) => answered(routed, &text),
-            Err(e) => provider_error(format!("reading {}'s answer: {e}", routed.provider.id()), None),
-        },
-        Err(ureq::Error::Status(status, response)) => {
+        .config()
+        .timeout_global(Some(CALL_TIMEOUT))
+        .build()
+        .header("Authorization", &format!("Bearer {bearer}"))
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json");
+    match request.send(body) {
+        // What ureq 2 returned as `Error::Status` (the agent answers every status: `service.rs`).
+        Ok(response) if response.status().as_u16() >= 400 => {
+            let status = response.status().as_u16();
             let retry_after_ms = retry_after_ms(&response);
             let text = read_body(response).unwrap_or_default();
             let mut error = status_error(routed.provider, status, &text);
@@ -88,9 +88,11 @@ fn post(agent: &ureq::Agent, url: &str, routed: &Routed, bearer: &str, body: &[u
             }
             Outcome::Failed { error, status: Some(status) }
         }
-        Err(ureq::Error::Transport(t)) => {
-            provider_error(format!("{} could not be reached: {t}", routed.provider.id()), None)
-        }
+        Ok(response) => match read_body(response) {
+            Ok(text) => answered(routed, &text),
+            Err(e) => provider_error(format!("reading {}'s answer: {e}", routed.provider.id()), None),
+        },
+        Err(t) => provider_error(format!("{} could not be reached: {t}", routed.provider.id()), None),
     }
 }
 
@@ -98,10 +100,10 @@ fn provider_error(message: String, status: Option<u16>) -> Outcome {
     Outcome::Failed { error: ItemError::for_code(errors::PROVIDER_ERROR, message), status }
 }
 
-fn read_body(response: ureq::Response) -> std::io::Result<String> {
+fn read_body(response: ureq::http::Response<ureq::Body>) -> std::io::Result<String> {
     use std::io::Read;
     let mut text = String::new();
-    response.into_reader().take(MAX_ANSWER_BYTES + 1).read_to_string(&mut text)?;
+    response.into_body().into_reader().take(MAX_ANSWER_BYTES + 1).read_to_string(&mut text)?;
     if text.len() as u64 > MAX_ANSWER_BYTES {
         return Err(std::io::Error::other(format!("the answer is over {MAX_ANSWER_BYTES} bytes")));
     }
@@ -109,8 +111,9 @@ fn read_body(response: ureq::Response) -> std::io::Result<String> {
 }
 
 /// `Retry-After` in whole seconds, as milliseconds (capped at an hour; a date is ignored).
-fn retry_after_ms(response: &ureq::Response) -> Option<u64> {
-    let secs = response.header("retry-after")?.trim().parse::<f64>().ok().filter(|s| s.is_finite())?;
+fn retry_after_ms(response: &ureq::http::Response<ureq::Body>) -> Option<u64> {
+    let secs =
+        response.headers().get("retry-after")?.to_str().ok()?.trim().parse::<f64>().ok().filter(|s| s.is_finite())?;
     Some((secs.clamp(0.0, 3600.0) * 1000.0).ceil() as u64)
 }
 

@@ -94,10 +94,19 @@ impl Classifier {
             log::info!(target: "broca.classify", "system-one.db: {released} held batches released, {deleted} expired batches deleted");
         }
         let started_ms = deps.clock.now_ms();
-        let agent = ureq::AgentBuilder::new()
-            .timeout_connect(std::time::Duration::from_secs(10))
+        // ureq 2's agent, spelled out where ureq 3's defaults differ: a status is an answer
+        // (`provider::call` maps it), no proxy from the environment, 5 redirects, a pool of
+        // 100 idle connections kept for as long as the provider keeps them.
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .proxy(None)
+            .max_redirects(5)
+            .timeout_connect(Some(std::time::Duration::from_secs(10)))
+            .max_idle_connections(100)
             .max_idle_connections_per_host(CALLS_PER_MODEL)
-            .build();
+            .max_idle_age(std::time::Duration::from_secs(3600))
+            .build()
+            .new_agent();
         let classifier = Classifier {
             store,
             catalog: deps.catalog,

@@ -207,20 +207,20 @@ impl HttpClient {
             log::debug!(target: "broca.provider", "{origin}: pool idle past {POOL_IDLE_TIMEOUT:?}; new connections");
             agents.swap_remove(i);
         }
-        let mut builder = ureq::AgentBuilder::new()
-            .timeout_connect(Duration::from_secs(10))
-            .timeout_read(read_timeout)
-            .max_idle_connections(POOL_IDLE_PER_HOST)
-            .max_idle_connections_per_host(POOL_IDLE_PER_HOST);
-        if origin.starts_with("https:") {
-            if let Some(tls) = self.tls.get_or_init(|| tls_config(&self.extra_roots)) {
-                builder = builder.tls_config(Arc::clone(tls));
-            }
-        }
+        let config = agent_config(read_timeout);
+        let tls = if origin.starts_with("https:") {
+            self.tls.get_or_init(|| tls_config(&self.extra_roots)).as_ref()
+        } else {
+            None
+        };
+        let agent = match tls {
+            Some(tls) => super::tls::agent(config, Arc::clone(tls)),
+            None => ureq::Agent::new_with_config(config),
+        };
         let slot = Arc::new(AgentSlot {
             origin: origin.to_string(),
             read_timeout,
-            agent: builder.build(),
+            agent,
             draining: Mutex::new(0),
             drained: Condvar::new(),
             last_used: Mutex::new(Instant::now()),
@@ -228,6 +228,24 @@ impl HttpClient {
         agents.push(Arc::clone(&slot));
         slot
     }
+}
+
+/// An agent's configuration: what ureq 2's agent did, spelled out where ureq 3's defaults
+/// differ. A status is an answer, not an error (a 4xx or 5xx is read and classified here);
+/// no proxy from the environment; at most 5 redirects; a connect timeout and the per-read one
+/// (the socket half of the watchdog); the pool bounded by [`POOL_IDLE_PER_HOST`], a pooled
+/// connection reused for as long as its agent is ([`POOL_IDLE_TIMEOUT`], not ureq 3's 15 s).
+fn agent_config(read_timeout: Duration) -> ureq::config::Config {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .proxy(None)
+        .max_redirects(5)
+        .timeout_connect(Some(Duration::from_secs(10)))
+        .timeout_per_read(Some(read_timeout))
+        .max_idle_connections(POOL_IDLE_PER_HOST)
+        .max_idle_connections_per_host(POOL_IDLE_PER_HOST)
+        .max_idle_age(POOL_IDLE_TIMEOUT)
+        .build()
 }
 
 /// The client TLS configuration every agent shares: webpki roots plus `extra`, ring (the
@@ -269,22 +287,24 @@ impl ModelClient for HttpClient {
     fn warm(&self, call: WarmCall) -> Result<WarmAnswer, ProviderError> {
         let slot = self.slot(origin(&call.config.base_url), WARM_TIMEOUT);
         let req = request(&slot.agent, &call.config, (call.bearer.as_deref(), None), "application/json", &call.body)?;
-        let resp = match req.send_bytes(&call.body) {
-            Ok(resp) => resp,
-            Err(ureq::Error::Status(status, resp)) => {
+        let resp = match req.send(&call.body[..]) {
+            Ok(resp) if is_refusal(&resp) => {
+                let status = resp.status().as_u16();
                 let mut body = Vec::new();
-                let _ = resp.into_reader().take(WARM_ANSWER_MAX).read_to_end(&mut body);
+                let _ = resp.into_body().into_reader().take(WARM_ANSWER_MAX).read_to_end(&mut body);
                 return Err(super::wire(call.config.family).classify_error(status, &body));
             }
+            Ok(resp) => resp,
             Err(e) => return Err(transport_error(e.to_string())),
         };
         let headers: Vec<(String, String)> = resp
-            .headers_names()
-            .into_iter()
-            .filter_map(|name| resp.header(&name).map(|v| (name.clone(), v.to_owned())))
+            .headers()
+            .iter()
+            .filter_map(|(name, v)| v.to_str().ok().map(|v| (name.as_str().to_owned(), v.to_owned())))
             .collect();
         let mut body = Vec::new();
-        resp.into_reader()
+        resp.into_body()
+            .into_reader()
             .take(WARM_ANSWER_MAX)
             .read_to_end(&mut body)
             .map_err(|e| transport_error(format!("the warm's answer broke: {e}")))?;
@@ -321,14 +341,19 @@ fn request(
     credential: (Option<&str>, Option<&str>),
     accept: &str,
     body: &[u8],
-) -> Result<ureq::Request, ProviderError> {
+) -> Result<ureq::RequestBuilder<ureq::typestate::WithBody>, ProviderError> {
     let url = super::wire(config.family).url(config);
     let headers = super::auth::request_headers(config, &url, credential, accept, body)?;
-    Ok(headers.iter().fold(agent.post(&url), |req, (name, value)| req.set(name, value)))
+    Ok(headers.iter().fold(agent.post(&url), |req, (name, value)| req.header(name, value)))
 }
 
-fn retry_after(resp: &ureq::Response) -> Option<Duration> {
-    resp.header("retry-after").and_then(retry_after_secs)
+/// Whether an answer is a refusal: what ureq 2 returned as `Error::Status` (4xx and 5xx).
+fn is_refusal(resp: &ureq::http::Response<ureq::Body>) -> bool {
+    resp.status().as_u16() >= 400
+}
+
+fn retry_after(resp: &ureq::http::Response<ureq::Body>) -> Option<Duration> {
+    resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).and_then(retry_after_secs)
 }
 
 /// The longest provider-asked wait honoured.
@@ -354,23 +379,24 @@ fn stream(slot: &AgentSlot, a: Attempt, tx: &Sender<AttemptEvent>) {
             return;
         }
     };
-    let resp = match req.send_bytes(&a.body) {
-        Ok(resp) => resp,
-        Err(ureq::Error::Status(status, resp)) => {
+    let resp = match req.send(&a.body[..]) {
+        Ok(resp) if is_refusal(&resp) => {
+            let status = resp.status().as_u16();
             let after = retry_after(&resp);
             let mut body = Vec::new();
-            let _ = resp.into_reader().take(1 << 20).read_to_end(&mut body);
+            let _ = resp.into_body().into_reader().take(1 << 20).read_to_end(&mut body);
             let error = super::wire(a.config.family).classify_error(status, &body);
             let _ = tx.send(AttemptEvent::Http { error, retry_after: after });
             return;
         }
+        Ok(resp) => resp,
         Err(e) => {
             let telemetry = Telemetry::default();
             let _ = tx.send(AttemptEvent::Failed { error: transport_error(e.to_string()), telemetry });
             return;
         }
     };
-    let mut reader = resp.into_reader();
+    let mut reader = resp.into_body().into_reader();
     let mut framer = super::wire(a.config.family).framer();
     let mut decoder = super::wire(a.config.family).decoder();
     let mut telemetry = Telemetry::default();

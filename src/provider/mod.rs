@@ -26,6 +26,7 @@ pub mod sigv4;
 pub mod sse;
 pub mod telemetry;
 pub mod tier;
+mod tls;
 pub mod warm;
 pub mod wire;
 

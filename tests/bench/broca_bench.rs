@@ -433,7 +433,7 @@ pub fn loop_step_overhead_of(dir: &Path, bench: &BenchModel, rounds: usize) -> L
     let root = StateRoot::at(root_dir.path()).expect("state root");
     let shared = Shared::open(root).expect("shared");
     let client = HttpClient::default();
-    let bare_agent = ureq::AgentBuilder::new().build();
+    let bare_agent = ureq::Agent::config_builder().proxy(None).max_redirects(5).build().new_agent();
     let run_loop = |lane: &str, session: &str| {
         mock.install(lane, loop_script());
         let config = bench_route(&mock, lane, bench);
@@ -467,9 +467,9 @@ pub fn loop_step_overhead_of(dir: &Path, bench: &BenchModel, rounds: usize) -> L
         let (start, cpu, user) = (Instant::now(), cli::cpu_time(), cli::user_cpu_time());
         for body in &bodies {
             let resp =
-                bare_agent.post(&url).set("content-type", "application/json").send_bytes(body).expect("bare post");
+                bare_agent.post(&url).header("content-type", "application/json").send(&body[..]).expect("bare post");
             let mut sink = Vec::new();
-            resp.into_reader().read_to_end(&mut sink).expect("bare read");
+            resp.into_body().into_reader().read_to_end(&mut sink).expect("bare read");
         }
         let bare = per_step(start.elapsed());
         bare_cpus.push(per_step(cli::cpu_time() - cpu));

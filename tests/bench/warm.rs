@@ -68,18 +68,18 @@ pub fn figures(dir: &Path) -> Vec<(&'static str, f64, &'static str)> {
         warms.push(start.elapsed());
     }
     let body = mock.requests(LANE).last().expect("a warm was sent").body.clone();
-    let agent = ureq::AgentBuilder::new().build();
+    let agent = ureq::Agent::config_builder().proxy(None).max_redirects(5).build().new_agent();
     let url = format!("{}/messages", mock.base_url(Some(LANE)));
     let mut bare = Vec::with_capacity(samples());
     for _ in 0..samples() {
         let start = Instant::now();
         let resp = agent
             .post(&url)
-            .set("content-type", "application/json")
-            .set("anthropic-version", "2023-06-01")
-            .send_bytes(&body)
+            .header("content-type", "application/json")
+            .header("anthropic-version", "2023-06-01")
+            .send(&body[..])
             .expect("bare warm");
-        resp.into_string().expect("bare answer");
+        resp.into_body().read_to_string().expect("bare answer");
         bare.push(start.elapsed());
     }
     let (warm, bare) = (median_us(warms), median_us(bare));

@@ -59,8 +59,8 @@ impl Stand<'_> {
 
     pub fn post(&self, path: &str, body: Value) {
         ureq::post(&self.url(path))
-            .set("Content-Type", "application/json")
-            .send_string(&body.to_string())
+            .header("Content-Type", "application/json")
+            .send(body.to_string())
             .unwrap_or_else(|e| panic!("/_mock/classify/{path}: {e}"));
     }
 
@@ -74,18 +74,21 @@ impl Stand<'_> {
 
     pub fn calls(&self, state: &str) -> u64 {
         let url = format!("{}?key={}", self.url("calls"), pct(&key(state)));
-        let reply: Value = serde_json::from_str(&ureq::get(&url).call().unwrap().into_string().unwrap()).unwrap();
+        let reply: Value =
+            serde_json::from_str(&ureq::get(&url).call().unwrap().into_body().read_to_string().unwrap()).unwrap();
         reply["calls"].as_u64().unwrap()
     }
 
     pub fn held(&self, state: &str) -> bool {
         let url = format!("{}?key={}", self.url("held"), pct(&key(state)));
-        let reply: Value = serde_json::from_str(&ureq::get(&url).call().unwrap().into_string().unwrap()).unwrap();
+        let reply: Value =
+            serde_json::from_str(&ureq::get(&url).call().unwrap().into_body().read_to_string().unwrap()).unwrap();
         reply["held"] == true
     }
 
     pub fn log(&self) -> Vec<Value> {
-        serde_json::from_str(&ureq::get(&self.url("log")).call().unwrap().into_string().unwrap()).unwrap()
+        serde_json::from_str(&ureq::get(&self.url("log")).call().unwrap().into_body().read_to_string().unwrap())
+            .unwrap()
     }
 }
 

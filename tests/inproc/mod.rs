@@ -252,8 +252,9 @@ fn run_index_rows(path: &Path) -> Vec<String> {
         let columns = select.column_count();
         let mut found = select.query([]).unwrap();
         while let Some(row) = found.next().unwrap() {
-            let cells: Vec<String> =
-                (0..columns).map(|i| format!("{:?}", row.get_ref(i).map(rusqlite::types::Value::from).ok())).collect();
+            let cells: Vec<String> = (0..columns)
+                .map(|i| format!("{:?}", row.get_ref(i).ok().and_then(|v| rusqlite::types::Value::try_from(v).ok())))
+                .collect();
             rows.push(format!("{table}: {}", cells.join(" | ")));
         }
     }

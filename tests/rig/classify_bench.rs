@@ -74,14 +74,14 @@ fn main() -> ExitCode {
 
     // The bare provider request, as broca sends it.
     let url = format!("{}/client/v4/accounts/{ACCOUNT}/ai/run/@cf/cloudflare/clef", h.mock.url());
-    let agent = ureq::AgentBuilder::new().build();
+    let agent = ureq::Agent::config_builder().proxy(None).max_redirects(5).build().new_agent();
     let state = h.unique("bare");
     stand.answer(&state, &noul("0.5"));
     let body = json!({"model": "clef", "state": state, "questions": {"q": {"type": "noul", "instructions": "Is it flagged?"}}})
         .to_string();
     let bare_provider = median((0..200).map(|_| {
         let t = Instant::now();
-        let _ = agent.post(&url).set("Authorization", &format!("Bearer {CF_SECRET}")).send_string(&body);
+        let _ = agent.post(&url).header("Authorization", &format!("Bearer {CF_SECRET}")).send(&body);
         t.elapsed()
     }));
     let bare_request = median((0..200).map(|_| {

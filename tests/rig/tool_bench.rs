@@ -463,11 +463,11 @@ fn bare_per_step_us(h: &Harness, config: &RenderConfig) -> Result<f64, Failure> 
     let start = Instant::now();
     for _ in 0..LOOP_STEPS {
         let resp = ureq::post(&url)
-            .set("content-type", "application/json")
-            .send_bytes(&body)
+            .header("content-type", "application/json")
+            .send(&body[..])
             .map_err(|e| format!("bare post: {e}"))?;
         let mut sink = Vec::new();
-        resp.into_reader().read_to_end(&mut sink).map_err(|e| format!("bare read: {e}"))?;
+        resp.into_body().into_reader().read_to_end(&mut sink).map_err(|e| format!("bare read: {e}"))?;
     }
     Ok(start.elapsed().as_secs_f64() * 1e6 / LOOP_STEPS as f64)
 }
