@@ -59,10 +59,21 @@ The state root is BROCA_STATE_ROOT, else $XDG_DATA_HOME/cortexkit/broca, else
 
 exit codes: 0 ok, 1 the WAL, state root or subc connection failed, 2 usage";
 
+/// A read-only command piped into `head` ends quietly when its reader goes, as Unix tools do,
+/// instead of panicking on the broken pipe. Only for the commands that print records: the
+/// module (`--subc`) keeps SIGPIPE ignored, its sockets report a closed peer as an error.
+fn quiet_on_closed_stdout() {
+    // SAFETY: restores the default disposition of one signal before any thread is started.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}
+
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::new().filter_or("CK_LOG", "warn")).init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let words: Vec<&str> = args.iter().map(String::as_str).collect();
+    if words.first().is_some_and(|w| ["inspect", "units", "session"].contains(w)) {
+        quiet_on_closed_stdout();
+    }
     let result = match words.as_slice() {
         ["--help"] | ["-h"] => {
             println!("{USAGE}");
