@@ -123,11 +123,16 @@ fn create(path: &Path) -> io::Result<MoveKey> {
     Ok(MoveKey(key))
 }
 
+/// Lowercase hex only: one spelling per value, so no byte of a sealed archive can change and
+/// still verify.
 fn unhex(hex: &[u8]) -> Option<Vec<u8>> {
     if !hex.len().is_multiple_of(2) {
         return None;
     }
-    let digit = |b: u8| (b as char).to_digit(16);
+    let digit = |b: u8| match b {
+        b'0'..=b'9' | b'a'..=b'f' => (b as char).to_digit(16),
+        _ => None,
+    };
     hex.chunks(2).map(|p| Some((digit(p[0])? * 16 + digit(p[1])?) as u8)).collect()
 }
 
@@ -148,6 +153,7 @@ mod tests {
         let other = MoveKey::from_bytes([7; KEY_LEN]);
         assert!(!other.verifies(b"body", seal.as_bytes()), "another host's key");
         assert!(!key.verifies(b"body", b"zz"));
+        assert!(!key.verifies(b"body", seal.to_uppercase().as_bytes()), "one spelling per seal");
         assert!(!format!("{key:?}").contains(&crate::session_key::hex(&key.0)), "Debug never prints the key");
     }
 
