@@ -117,11 +117,20 @@ fn strangers_are_refused(h: &Harness) {
 
     // A run going (held far longer than the checks below take on a loaded machine; the owner
     // cancels it), a send queued behind it: everything a stranger could touch.
+    let requests_before = h.mock.requests("default").len();
     let second = ok(h, A, &s, "session.send", send_params("slowly"));
     let run2 = second["run_id"].as_str().unwrap().to_owned();
     let queued = ok(h, A, &s, "session.send", send_params("after it"));
     assert_eq!(queued["state"], "pending", "{queued}");
     let submission = queued["submission_id"].as_str().unwrap().to_owned();
+    // The slow run's step records are durable before its request reaches the model: measure
+    // the WAL once the request arrived, so only a refused call could move it (on a loaded
+    // machine the step's first record can land after the send's answer).
+    let until = Instant::now() + STEP;
+    while h.mock.requests("default").len() <= requests_before {
+        assert!(Instant::now() < until, "the slow run's request never reached the model");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let before = wal_len(&s);
     let counted_before = counted(h);
 
