@@ -42,3 +42,5 @@ pub fn render_request(config: &config::RenderConfig, transcript: &[crate::messag
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_rules;
