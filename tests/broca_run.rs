@@ -389,6 +389,11 @@ fn a_credential_goes_where_its_provider_reads_it() {
         for (header, value) in *want {
             assert_eq!(sent.header(header), *value, "{model} {extra:?}: {header}");
         }
+        // PF-24: an OAuth turn without a variant thinks with the subscription's default budget.
+        let thinking = sent.body_json().unwrap().get("thinking").cloned();
+        let oauth = extra.contains(&"oauth");
+        let want = oauth.then(|| json!({"type": "enabled", "budget_tokens": 1024}));
+        assert_eq!(thinking, want, "{model} {extra:?}");
     }
 }
 

@@ -159,6 +159,7 @@ impl Admission {
         }
         // Spec §4 line 152: a send omitting `tool_choice` takes the session's frozen one.
         config.tool_choice = send.tool_choice.clone().or_else(|| inherited.and_then(|c| c.tool_choice.clone()));
+        route::yield_default_thinking(&mut config);
         if config.family == crate::frozen::Family::AwsBedrockConverse
             && config.tool_choice == Some(crate::frozen::ToolChoice::Mode(crate::frozen::ToolChoiceMode::None))
         {

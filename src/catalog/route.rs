@@ -272,6 +272,9 @@ pub fn resolve(
         });
     }
     let (variant_params, variant) = match &req.variant {
+        None if family == Family::AnthropicMessages && auth != AuthSource::None && method == AuthMethod::Oauth => {
+            (oauth_default_thinking(max_output_tokens), None)
+        }
         None => (serde_json::Value::Null, None),
         Some(name) => {
             let defined = variant::variants(row, family);
@@ -294,6 +297,34 @@ pub fn resolve(
         variant_params,
         ..config_of(row, family, base_url, (auth, method), req, max_output_tokens)
     })
+}
+
+/// The budget of the thinking an Anthropic OAuth (subscription) request carries when the send
+/// names no variant, as the subscription's own client sends it (spec §4: "A variant replaces
+/// the Anthropic OAuth default thinking: {type: enabled, budget_tokens: 1024}").
+pub const OAUTH_DEFAULT_THINKING_BUDGET: u64 = 1024;
+
+/// The Anthropic OAuth default thinking (PF-24), or nothing where the Messages API would refuse
+/// it: an output cap not above the budget ("`max_tokens` must be greater than
+/// `thinking.budget_tokens`"). A default gives way; a variant the caller named is refused
+/// instead (`BudgetExceedsOutput`). [`yield_default_thinking`] drops it under a forced tool.
+fn oauth_default_thinking(max_output_tokens: Option<u64>) -> serde_json::Value {
+    if !max_output_tokens.is_some_and(|cap| cap > OAUTH_DEFAULT_THINKING_BUDGET) {
+        return serde_json::Value::Null;
+    }
+    serde_json::json!({"thinking": {"type": "enabled", "budget_tokens": OAUTH_DEFAULT_THINKING_BUDGET}})
+}
+
+/// Drops the OAuth default thinking from a config whose `tool_choice` forces a tool, which the
+/// Messages API refuses with thinking on ("Thinking may not be enabled when tool_choice forces
+/// tool use"); a named variant stays (the caller asked for both).
+pub fn yield_default_thinking(config: &mut RenderConfig) {
+    use crate::frozen::{ToolChoice, ToolChoiceMode};
+    let forced =
+        matches!(config.tool_choice, Some(ToolChoice::Mode(ToolChoiceMode::Required) | ToolChoice::Named { .. }));
+    if forced && config.variant.is_none() && config.family == Family::AnthropicMessages {
+        config.variant_params = serde_json::Value::Null;
+    }
 }
 
 /// The render config of `row` on `family` before its variant (none, with the row's own id).
@@ -382,6 +413,44 @@ mod tests {
         let err = resolve_model("mock/effort-responses", Some("max")).unwrap_err();
         assert_eq!(err.refusal().detail.unwrap().get("defined"), Some(&json!(["low", "medium", "high"])));
         assert_eq!(resolve_model("mock/echo-chat", None).unwrap().variant_params, serde_json::Value::Null);
+    }
+
+    /// PF-24: an Anthropic OAuth send without a variant thinks with the subscription client's
+    /// default budget; a variant replaces it; an API key, a cap not above the budget and a
+    /// forced tool send none.
+    #[test]
+    fn anthropic_oauth_sends_default_thinking_that_a_variant_replaces() {
+        let oauth = |model: &str, variant: Option<&str>, cap: Option<u64>| {
+            let req = ModelRequest {
+                model: model.into(),
+                variant: variant.map(String::from),
+                max_output_tokens: cap,
+                ..Default::default()
+            };
+            let overrides = RouteOverrides {
+                auth: AuthSource::Bearer,
+                auth_methods: [("mock".to_owned(), AuthMethod::Oauth)].into(),
+                ..mock()
+            };
+            resolve(Ok(&catalog()), PathBuf::from("/lkg"), &req, &overrides).unwrap()
+        };
+        let default = json!({"thinking": {"type": "enabled", "budget_tokens": 1024}});
+        assert_eq!(oauth("mock/echo-messages", None, None).variant_params, default);
+        assert_eq!(
+            oauth("mock/think-messages", Some("high"), None).variant_params["thinking"]["budget_tokens"],
+            15_999
+        );
+        assert_eq!(oauth("mock/echo-messages", None, Some(1024)).variant_params, serde_json::Value::Null);
+        assert_eq!(oauth("mock/echo-chat", None, None).variant_params, serde_json::Value::Null, "Anthropic only");
+        assert_eq!(resolve_model("mock/echo-messages", None).unwrap().variant_params, serde_json::Value::Null);
+        let mut forced = oauth("mock/echo-messages", None, None);
+        forced.tool_choice = Some(crate::frozen::ToolChoice::Named { tool: "t".into() });
+        yield_default_thinking(&mut forced);
+        assert_eq!(forced.variant_params, serde_json::Value::Null);
+        let mut named = oauth("mock/think-messages", Some("high"), None);
+        named.tool_choice = Some(crate::frozen::ToolChoice::Named { tool: "t".into() });
+        yield_default_thinking(&mut named);
+        assert_ne!(named.variant_params, serde_json::Value::Null, "a named variant stays");
     }
 
     #[test]

@@ -157,6 +157,20 @@ pub static ANTHROPIC: &[Rule] = &[
         "the API's 400 `tools.N.custom.name: String should match pattern '^[a-zA-Z0-9_-]{1,128}$'` (vybestack/llxprt-code#482)",
         a_tool_names,
     ),
+    row(
+        "anthropic.thinking_budget_below_max_tokens",
+        A,
+        "`thinking.budget_tokens` is at least 1,024 and below `max_tokens`",
+        "Anthropic docs, Extended thinking > budget_tokens; the API's 400 `max_tokens must be greater than thinking.budget_tokens`",
+        a_thinking_budget,
+    ),
+    row(
+        "anthropic.thinking_not_with_forced_tool",
+        A,
+        "thinking is not enabled while `tool_choice` forces tool use (`any` or `tool`)",
+        "Anthropic docs, Extended thinking > Extended thinking with tool use; the API's 400 `Thinking may not be enabled when tool_choice forces tool use.`",
+        a_thinking_forced_tool,
+    ),
     Rule {
         id: "anthropic.bearer_needs_oauth_beta",
         family: A,
@@ -706,6 +720,22 @@ fn a_tool_names(r: &RequestView) -> Option<String> {
         .enumerate()
         .find(|(_, t)| custom(t) && !plain_name(text(t, "name").unwrap_or_default(), 128))?;
     Some(format!("tools.{i}.custom.name: String should match pattern '^[a-zA-Z0-9_-]{{1,128}}$'"))
+}
+
+fn a_thinking_budget(r: &RequestView) -> Option<String> {
+    let thinking = r.body.get("thinking").filter(|t| text(t, "type") == Some("enabled"))?;
+    let budget = thinking.get("budget_tokens").and_then(Value::as_u64).unwrap_or(0);
+    let max = r.body.get("max_tokens").and_then(Value::as_u64).unwrap_or(0);
+    if budget < 1024 {
+        return Some("thinking.enabled.budget_tokens: Input should be greater than or equal to 1024".into());
+    }
+    (max <= budget).then(|| "`max_tokens` must be greater than `thinking.budget_tokens`".into())
+}
+
+fn a_thinking_forced_tool(r: &RequestView) -> Option<String> {
+    let thinking = r.body.get("thinking").is_some_and(|t| matches!(text(t, "type"), Some("enabled" | "adaptive")));
+    let forced = r.body.get("tool_choice").is_some_and(|c| matches!(text(c, "type"), Some("any" | "tool")));
+    (thinking && forced).then(|| "Thinking may not be enabled when tool_choice forces tool use.".into())
 }
 
 fn a_bearer(r: &RequestView) -> Option<String> {

@@ -177,6 +177,27 @@ fn cases() -> Vec<Case> {
             with(a, |v| v["tools"][0]["name"] = json!("mcp.stat file")),
             with(a, |v| v["tools"][0]["name"] = json!("a".repeat(128))),
         ),
+        case(
+            "anthropic.thinking_budget_below_max_tokens",
+            with(a, |v| v["thinking"] = json!({"type": "enabled", "budget_tokens": v["max_tokens"].clone()})),
+            with(a, |v| {
+                v["max_tokens"] = json!(2048);
+                v["thinking"] = json!({"type": "enabled", "budget_tokens": 1024})
+            }),
+        ),
+        case(
+            "anthropic.thinking_not_with_forced_tool",
+            with(a, |v| {
+                v["max_tokens"] = json!(2048);
+                v["thinking"] = json!({"type": "enabled", "budget_tokens": 1024});
+                v["tool_choice"] = json!({"type": "any"})
+            }),
+            with(a, |v| {
+                v["max_tokens"] = json!(2048);
+                v["thinking"] = json!({"type": "enabled", "budget_tokens": 1024});
+                v["tool_choice"] = json!({"type": "auto"})
+            }),
+        ),
         Case {
             headers: h(&[("Authorization", "Bearer sk-ant-api-key")]),
             good_headers: Some(h(&[
