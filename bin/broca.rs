@@ -281,6 +281,7 @@ fn serve(conn_file: &Path) -> ExitCode {
     // The consumer connection carries every route broca opens to other modules (tools now).
     let consumer = consumer_connection(conn_file, &module_id);
     let mut opts = loop_options();
+    opts.code_assist_project = config.code_assist_project.clone();
     // Live step hints go to the bus broca.jsonc names (llm-runner §14.3), if it names one.
     if let Some(bus) = &config.step_events {
         match broca::bus::StepHints::start(bus) {

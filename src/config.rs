@@ -81,6 +81,9 @@ pub struct BrocaConfig {
     pub federation_carriers: Vec<String>,
     /// `fold`: when cold WALs are folded into the archive trees (`lineage::fold`).
     pub fold: FoldPolicy,
+    /// `code_assist.project`: the Google Cloud project Code Assist runs name when the backend
+    /// names none for the account (a Workspace account; `provider::code_assist`).
+    pub code_assist_project: Option<String>,
 }
 
 /// `step_events`: the bus broca publishes its live step hints on (llm-runner §14.3).
@@ -112,6 +115,7 @@ impl Default for BrocaConfig {
             provider_base_urls: BTreeMap::new(),
             federation_carriers: vec![DEFAULT_FEDERATION_CARRIER.to_owned()],
             fold: FoldPolicy::default(),
+            code_assist_project: None,
         }
     }
 }
@@ -194,6 +198,9 @@ impl BrocaConfig {
         if let Some(v) = top.get("providers") {
             config.provider_base_urls = parse_providers(v).map_err(|(m, r)| member_error(path, m, r))?;
         }
+        if let Some(v) = top.get("code_assist") {
+            config.code_assist_project = parse_code_assist(v).map_err(|(m, r)| member_error(path, m, r))?;
+        }
         if let Some(v) = top.get("fold") {
             config.fold = parse_fold(v).map_err(|(m, r)| member_error(path, m, r))?;
         }
@@ -268,6 +275,25 @@ fn parse_providers(v: &Value) -> Result<BTreeMap<String, String>, MemberRefusal>
         out.insert(provider.clone(), url.trim_end_matches('/').to_owned());
     }
     Ok(out)
+}
+
+/// `code_assist`: `{project?}`, a Google Cloud project id (letters, digits, `-`, `.`, `:`, `_`;
+/// at most 100 bytes); an unknown member is refused.
+fn parse_code_assist(v: &Value) -> Result<Option<String>, MemberRefusal> {
+    let Value::Object(section) = v else {
+        return Err(("code_assist".into(), "must be an object {project}".into()));
+    };
+    if let Some(k) = section.keys().find(|k| k.as_str() != "project") {
+        return Err((format!("code_assist.{k}"), "unknown member (expected project)".into()));
+    }
+    let Some(project) = section.get("project") else { return Ok(None) };
+    let valid = |p: &&str| {
+        !p.is_empty() && p.len() <= 100 && p.bytes().all(|b| b.is_ascii_alphanumeric() || b"-.:_".contains(&b))
+    };
+    match project.as_str().filter(valid) {
+        Some(p) => Ok(Some(p.to_owned())),
+        None => Err(("code_assist.project".into(), "must be a Google Cloud project id".into())),
+    }
 }
 
 /// `fold`: `{after_idle_secs?, min_bytes?, max_per_pass?, sweep_secs?}`, each a positive
@@ -582,6 +608,17 @@ mod tests {
         assert_eq!(config.auth_methods.get("openai"), Some(&AuthMethod::Chatgpt));
         assert_eq!(refused_member(r#"{"auth_methods": {"openai": "password"}}"#), "auth_methods.openai");
         assert_eq!(refused_member(r#"{"auth_methods": ["chatgpt"]}"#), "auth_methods");
+    }
+
+    #[test]
+    fn code_assist_names_a_google_cloud_project_and_nothing_else() {
+        let config = parse(r#"{"code_assist": {"project": "acme-prod-123"}}"#).unwrap();
+        assert_eq!(config.code_assist_project.as_deref(), Some("acme-prod-123"));
+        assert_eq!(parse(r#"{"code_assist": {}}"#).unwrap().code_assist_project, None);
+        assert_eq!(refused_member(r#"{"code_assist": {"project": "a/b"}}"#), "code_assist.project");
+        assert_eq!(refused_member(r#"{"code_assist": {"project": ""}}"#), "code_assist.project");
+        assert_eq!(refused_member(r#"{"code_assist": {"projects": "x"}}"#), "code_assist.projects");
+        assert_eq!(refused_member(r#"{"code_assist": "x"}"#), "code_assist");
     }
 
     #[test]

@@ -225,6 +225,22 @@ pub struct FrozenConfig {
     /// (`provider::tier`, `service-tier/v1`); absent: standard.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_tier: Option<cortexkit_role_llm_runner::service_tier::ServiceTier>,
+    /// The ids a Code Assist request carries (`provider::code_assist`): never frozen at
+    /// admission (the project is the backend's answer); the loop sets them on its own copy
+    /// before the run's first step and records the project on `StepStarted`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code_assist: Option<CodeAssistIds>,
+}
+
+/// What a Code Assist request carries beside its Gemini request (`provider::code_assist`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CodeAssistIds {
+    /// The Google Cloud project the backend serves the account under.
+    pub project: String,
+    /// One id per person's prompt (Google's client's `prompt_id`): the run id.
+    pub user_prompt_id: String,
+    /// The conversation (Google's client's session id): the session's address.
+    pub session_id: String,
 }
 
 /// Whether and which tool the model must call (spec §4 runner parameter `tool_choice`):

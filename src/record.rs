@@ -449,6 +449,10 @@ pub enum Record {
         run_id: String,
         step: u64,
         at_ms: u64,
+        /// The Code Assist project this step's requests name, on the run's first step that
+        /// names one (`provider::code_assist`): a resumed run sends the same project.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        code_assist_project: Option<String>,
     },
     ModelAttemptFinished(Box<AttemptFinished>),
     ModelStepFinished {

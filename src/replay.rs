@@ -129,6 +129,9 @@ pub struct Episode {
     /// warm whose credential now reads another account is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub account_id: Option<String>,
+    /// The Code Assist project this run's steps name (its first `StepStarted` that named one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code_assist_project: Option<String>,
 }
 
 /// How the last episode stands: what opening the lineage must do with it.
@@ -461,9 +464,12 @@ impl Replay {
         }
         match record {
             Record::RunStarted(r) => self.start_run(seq, r, sink),
-            Record::StepStarted { step, .. } => {
+            Record::StepStarted { step, code_assist_project, .. } => {
                 self.close_batch(seq, sink);
                 let e = self.episode_mut();
+                if let Some(project) = code_assist_project {
+                    e.code_assist_project = Some(project.clone());
+                }
                 e.step = *step;
                 e.step_open = true;
                 e.unrendered_steers.clear();
@@ -575,6 +581,7 @@ impl Replay {
             unrendered_steers: Vec::new(),
             owner: r.owner.clone(),
             account_id: r.auth_selection.as_ref().and_then(|a| a.account_id.clone()),
+            code_assist_project: None,
         });
         self.lower_input_cap(r.config.input_cap());
         let state = RunState::Active {

@@ -2,70 +2,14 @@
 //! every wire family, SIGINT, auth pause and resume, the watchdog, retries, max_steps, typed
 //! admission refusals that write nothing, and `--demo`.
 
-use broca_mock::mock;
+mod cli_rig;
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use mock::{MockServer, Script};
+use cli_rig::{code, json_lines, text_step, unit, Rig, BIN};
 use serde_json::{json, Value};
-
-const BIN: &str = env!("CARGO_BIN_EXE_broca-run");
-
-struct Rig {
-    dir: tempfile::TempDir,
-    mock: MockServer,
-}
-
-impl Rig {
-    fn new() -> Rig {
-        let dir = tempfile::tempdir().unwrap();
-        let catalog = dir.path().join("root/catalog");
-        std::fs::create_dir_all(&catalog).unwrap();
-        let lkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/catalog/fusiform-lkg.json");
-        std::fs::copy(lkg, catalog.join("fusiform-lkg.json")).unwrap();
-        Rig { dir, mock: MockServer::start("127.0.0.1:0").unwrap() }
-    }
-
-    fn root(&self) -> PathBuf {
-        self.dir.path().join("root")
-    }
-
-    fn script(&self, lane: &str, responses: Value) {
-        self.mock.install(lane, Script::from_json(&json!({"responses": responses}).to_string()).unwrap());
-    }
-
-    fn command(&self, lane: &str, args: &[&str]) -> Command {
-        let mut c = Command::new(BIN);
-        c.arg("--state-root").arg(self.root()).arg("--base-url").arg(self.mock.base_url(Some(lane)));
-        // A real project directory: a CLI turn refuses a missing project root as the module does.
-        c.arg("--project-root").arg(self.dir.path()).args(args);
-        c.env_remove("BROCA_PROVIDER_BASE_URL").stdin(Stdio::null());
-        c
-    }
-
-    fn run(&self, lane: &str, args: &[&str]) -> Output {
-        self.command(lane, args).output().unwrap()
-    }
-}
-
-fn text_step(text: &str) -> Value {
-    json!({"events": [{"text": text}, {"usage": {"input": 12, "output": 4}}, {"finish": "stop"}]})
-}
-
-fn json_lines(out: &Output) -> Vec<Value> {
-    String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
-}
-
-fn unit<'a>(lines: &'a [Value], ty: &str) -> Option<&'a Value> {
-    lines.iter().filter(|l| l["kind"] == "control").map(|l| &l["unit"]).find(|u| u["type"] == ty)
-}
-
-fn code(out: &Output) -> i32 {
-    out.status.code().unwrap_or(-1)
-}
 
 /// One model per wire family, each on its own mock lane.
 const FAMILIES: [(&str, &str); 5] = [
@@ -454,6 +398,9 @@ fn an_antigravity_credential_selects_code_assist_and_a_level_its_tier() {
         (json!("echo-gemini-medium"), json!("antigravity"))
     );
     assert_eq!(first["request"]["contents"][0]["parts"][0]["text"], "Capital of France?");
+    // The project the backend named for the account (#46), on every request of each turn.
+    assert_eq!((&first["project"], &second["project"]), (&json!("broca-mock-project"), &json!("broca-mock-project")));
+    assert_eq!(rig.mock.setup_requests("ca").len(), 2, "one loadCodeAssist per CLI turn (a process each)");
     assert_eq!(second["model"], "echo-gemini-high");
     assert_eq!(second["request"]["generationConfig"]["thinkingConfig"]["thinkingLevel"], "high");
 

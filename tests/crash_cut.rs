@@ -133,7 +133,7 @@ fn run_started(run_id: &str, sub: Option<&str>) -> Record {
 }
 
 fn step_started(run_id: &str, step: u64) -> Record {
-    Record::StepStarted { run_id: run_id.into(), step, at_ms: 1_000 + step }
+    Record::StepStarted { run_id: run_id.into(), step, at_ms: 1_000 + step, code_assist_project: None }
 }
 
 fn assistant(run_id: &str, step: u64, calls: &[String]) -> Message {

@@ -27,6 +27,9 @@ usage: broca-run [OPTIONS] [PROMPT | -]
                            {access_key_id, secret_access_key, session_token?, region?}: Bedrock
                            requests signed with SigV4); names the dev-tools handle read
                            (<M>:<provider>) and overrides broca.jsonc auth_methods
+  --code-assist-project P  the Google Cloud project Code Assist (antigravity) turns name when the
+                           backend names none for the account (a Workspace account); default:
+                           broca.jsonc code_assist.project, else GOOGLE_CLOUD_PROJECT
   --subc FILE              a subc connection file (else BROCA_LIVE_SUBC or SUBC_SOCKET): tools,
                            the catalog (fetched when the LKG is missing or stale) and, without
                            --auth-bearer or --base-url, the model's credential by its dev-tools
@@ -73,6 +76,8 @@ pub struct Args {
     pub auth_bearer: Option<String>,
     /// `--auth-method`: the model's provider authenticates this way.
     pub auth_method: Option<broca::catalog::route::AuthMethod>,
+    /// `--code-assist-project`.
+    pub code_assist_project: Option<String>,
     pub subc: Option<PathBuf>,
     /// `(module, preset)` per `--tool-provider`.
     pub tool_providers: Vec<(String, Option<String>)>,
@@ -111,6 +116,7 @@ pub fn parse(argv: impl Iterator<Item = String>) -> Result<Parsed, String> {
         base_url: None,
         auth_bearer: None,
         auth_method: None,
+        code_assist_project: None,
         subc: None,
         tool_providers: Vec::new(),
         max_steps: None,
@@ -149,6 +155,7 @@ pub fn parse(argv: impl Iterator<Item = String>) -> Result<Parsed, String> {
                 })?;
                 a.auth_method = Some(method);
             }
+            "--code-assist-project" => a.code_assist_project = Some(value("--code-assist-project")?),
             "--subc" => a.subc = Some(PathBuf::from(value("--subc")?)),
             "--tool-provider" => {
                 let v = value("--tool-provider")?;

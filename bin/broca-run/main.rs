@@ -187,8 +187,17 @@ fn run(mut args: Args) -> u8 {
         out.emit(Output::Control(units));
     }
     let commands = watch_sigint();
-    let opts =
-        LoopOptions { idle_timeout: Duration::from_millis(args.idle_timeout_ms), bearer, ..LoopOptions::default() };
+    let code_assist_project = args
+        .code_assist_project
+        .clone()
+        .or_else(|| admission.config.code_assist_project.clone())
+        .or_else(|| ["GOOGLE_CLOUD_PROJECT", "GOOGLE_CLOUD_PROJECT_ID"].iter().find_map(|v| non_empty_env(v)));
+    let opts = LoopOptions {
+        idle_timeout: Duration::from_millis(args.idle_timeout_ms),
+        bearer,
+        code_assist_project,
+        ..LoopOptions::default()
+    };
     let tools: Arc<dyn ToolDispatcher> = match plane {
         Some(plane) => plane,
         None => Arc::new(NoTools),
@@ -213,6 +222,11 @@ fn run(mut args: Args) -> u8 {
 /// The rules this turn is admitted by: the module's own ([`Admission`]), over the state root's
 /// LKG catalog and `broca.jsonc`.
 /// The provider of a `provider/model` id.
+/// A variable's value, unless unset or empty.
+fn non_empty_env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
 fn provider_of(model: &str) -> Option<&str> {
     model.split_once('/').map(|(provider, _)| provider)
 }

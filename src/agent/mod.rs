@@ -138,6 +138,9 @@ pub struct LoopOptions {
     /// Where calls that may be held are registered before they are sent (`None`: this process
     /// does not declare held replies, and no call can be held).
     pub held: Option<std::sync::Arc<dyn tools::CallRegistry>>,
+    /// The Google Cloud project Code Assist runs name when the backend names none for the
+    /// account (a Workspace account; `broca.jsonc` `code_assist.project`).
+    pub code_assist_project: Option<String>,
 }
 
 impl Default for LoopOptions {
@@ -151,6 +154,7 @@ impl Default for LoopOptions {
             cache_clocks: Default::default(),
             tool_wait: Duration::from_secs(120),
             step_hints: None,
+            code_assist_project: None,
             held: None,
         }
     }

@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 
 mod admit;
 mod attempt_record;
+mod code_assist;
 mod credential;
 mod held;
 mod stops;
@@ -328,6 +329,11 @@ impl<C> Driver<'_, C> {
                 }
                 return self.finish(FinishReason::Interrupted, None);
             }
+            match self.ensure_code_assist()? {
+                Some(StepEnd::Paused(error)) => return self.pause(PauseReason::AuthRequired, Some(error)),
+                Some(StepEnd::Ended(reason, error)) => return self.finish(reason, error),
+                _ => {}
+            }
             let (step, step_open) = {
                 let e = self.lineage.state().last.as_ref().expect("drive has an episode");
                 debug_assert!(matches!(e.status, EpisodeStatus::Open));
@@ -353,6 +359,7 @@ impl<C> Driver<'_, C> {
                     run_id: self.run_id.clone(),
                     step: step + 1,
                     at_ms: self.lineage.now_ms(),
+                    code_assist_project: self.project_to_record(),
                 })?;
                 self.commit()?;
                 crate::failpoint!("step.after_started");

@@ -309,7 +309,7 @@ pub const OAUTH_DEFAULT_THINKING_BUDGET: u64 = 1024;
 /// `thinking.budget_tokens`"). A default gives way; a variant the caller named is refused
 /// instead (`BudgetExceedsOutput`). [`yield_default_thinking`] drops it under a forced tool.
 fn oauth_default_thinking(max_output_tokens: Option<u64>) -> serde_json::Value {
-    if !max_output_tokens.is_some_and(|cap| cap > OAUTH_DEFAULT_THINKING_BUDGET) {
+    if max_output_tokens.is_none_or(|cap| cap <= OAUTH_DEFAULT_THINKING_BUDGET) {
         return serde_json::Value::Null;
     }
     serde_json::json!({"thinking": {"type": "enabled", "budget_tokens": OAUTH_DEFAULT_THINKING_BUDGET}})
@@ -356,6 +356,7 @@ fn config_of(
         plan: None,
         tool_choice: None,
         service_tier: None,
+        code_assist: None,
     }
 }
 

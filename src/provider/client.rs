@@ -29,6 +29,7 @@ use parking_lot::{Condvar, Mutex};
 
 use crossbeam_channel::{bounded, Receiver, Sender};
 
+use super::code_assist::{self, Project, ProjectCache};
 use super::config::RenderConfig;
 use super::event::StreamEvent;
 use super::telemetry::Telemetry;
@@ -97,6 +98,26 @@ pub trait ModelClient: Send + Sync {
         let _ = call;
         Err(ProviderError::permanent("warm_unsupported_client", "this model client sends no warm requests"))
     }
+
+    /// Finds the Code Assist project of a lookup's credential (`super::code_assist`). Returns
+    /// at once; the answer arrives on the channel, so the loop can still hear a cancel. A
+    /// client that cannot reach the backend this way refuses it.
+    fn code_assist_project(&self, lookup: ProjectLookup) -> Receiver<Result<Project, ProviderError>> {
+        let _ = lookup;
+        let (tx, rx) = bounded(1);
+        let message = "this model client does not find Code Assist projects";
+        let _ = tx.send(Err(ProviderError::permanent("code_assist_unsupported_client", message)));
+        rx
+    }
+}
+
+/// What finding a Code Assist project needs: the run's route and credential, the project the
+/// operator configured, and the run's cancel flag (checked between onboarding polls).
+pub struct ProjectLookup {
+    pub config: RenderConfig,
+    pub bearer: Option<String>,
+    pub configured: Option<String>,
+    pub cancel: Arc<AtomicBool>,
 }
 
 /// The real client: ureq, one helper thread per attempt in flight (reused from a
@@ -111,6 +132,8 @@ pub struct HttpClient {
     extra_roots: Vec<rustls::pki_types::CertificateDer<'static>>,
     tls: std::sync::OnceLock<Option<Arc<rustls::ClientConfig>>>,
     streamers: crate::pool::Pool,
+    /// Code Assist projects found, per credential.
+    projects: Arc<ProjectCache>,
 }
 
 /// One agent and what tells when its pooled connections may be reused.
@@ -192,6 +215,7 @@ impl HttpClient {
             extra_roots: extra.to_vec(),
             tls: std::sync::OnceLock::new(),
             streamers: crate::pool::Pool::new("broca-stream", STREAMER_THREADS),
+            projects: Default::default(),
         }
     }
 
@@ -312,6 +336,35 @@ impl ModelClient for HttpClient {
         super::warm::decode_answer(&body, &headers)
     }
 
+    fn code_assist_project(&self, lookup: ProjectLookup) -> Receiver<Result<Project, ProviderError>> {
+        let (tx, rx) = bounded(1);
+        let secret = lookup.bearer.clone().unwrap_or_default();
+        if let Some(found) = self.projects.get(&secret, lookup.configured.as_deref()) {
+            let _ = tx.send(Ok(found));
+            return rx;
+        }
+        let slot = self.slot(origin(&lookup.config.base_url), code_assist::SETUP_TIMEOUT);
+        let projects = Arc::clone(&self.projects);
+        let spawned = self.streamers.run(move || {
+            let exchange = SetupExchange { agent: &slot.agent, lookup: &lookup };
+            let cancel = Arc::clone(&lookup.cancel);
+            let mut sleep = |d: Duration| sleep_unless(d, &cancel);
+            let found = code_assist::resolve(&exchange, lookup.configured.as_deref(), &mut sleep);
+            if let Ok(project) = &found {
+                projects.put(&secret, lookup.configured.as_deref(), project.clone());
+            }
+            let _ = tx.send(found);
+        });
+        match spawned {
+            Ok(()) => rx,
+            Err(e) => {
+                let (tx, rx) = bounded(1);
+                let _ = tx.send(Err(transport_error(format!("cannot start the Code Assist setup thread: {e}"))));
+                rx
+            }
+        }
+    }
+
     fn start(&self, attempt: Attempt) -> Receiver<AttemptEvent> {
         let (tx, rx) = bounded(EVENT_QUEUE);
         let slot = self.slot(origin(&attempt.config.base_url), attempt.read_timeout);
@@ -345,6 +398,64 @@ fn request(
     let url = super::wire(config.family).url(config);
     let headers = super::auth::request_headers(config, &url, credential, accept, body)?;
     Ok(headers.iter().fold(agent.post(&url), |req, (name, value)| req.header(name, value)))
+}
+
+/// Code Assist's setup calls on an agent, with the run's route headers and credential.
+struct SetupExchange<'a> {
+    agent: &'a ureq::Agent,
+    lookup: &'a ProjectLookup,
+}
+
+impl SetupExchange<'_> {
+    fn headers(&self, url: &str, body: &[u8]) -> Result<Vec<(String, String)>, ProviderError> {
+        let credential = (self.lookup.bearer.as_deref(), None);
+        super::auth::request_headers(&self.lookup.config, url, credential, "application/json", body)
+    }
+}
+
+impl code_assist::Exchange for SetupExchange<'_> {
+    fn post(&self, path: &str, body: &serde_json::Value) -> Result<(u16, Vec<u8>), ProviderError> {
+        let url = format!("{}{path}", self.lookup.config.base_url);
+        let bytes = serde_json::to_vec(body).expect("a JSON value serializes");
+        let headers = self.headers(&url, &bytes)?;
+        let req = headers.iter().fold(self.agent.post(&url), |req, (name, value)| req.header(name, value));
+        read_answer(req.send(&bytes[..]))
+    }
+
+    fn get(&self, path: &str) -> Result<(u16, Vec<u8>), ProviderError> {
+        let url = format!("{}{path}", self.lookup.config.base_url);
+        let headers = self.headers(&url, b"")?;
+        let req = headers
+            .iter()
+            .filter(|(name, _)| name != "content-type")
+            .fold(self.agent.get(&url), |req, (name, value)| req.header(name, value));
+        read_answer(req.call())
+    }
+}
+
+/// A whole (bounded) answer's status and body, or the transport's failure.
+fn read_answer(sent: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Result<(u16, Vec<u8>), ProviderError> {
+    let resp = sent.map_err(|e| transport_error(e.to_string()))?;
+    let status = resp.status().as_u16();
+    let mut body = Vec::new();
+    resp.into_body()
+        .into_reader()
+        .take(code_assist::ANSWER_MAX)
+        .read_to_end(&mut body)
+        .map_err(|e| transport_error(format!("the answer broke: {e}")))?;
+    Ok((status, body))
+}
+
+/// Sleeps `d` in short naps; false as soon as `cancel` is set.
+fn sleep_unless(d: Duration, cancel: &AtomicBool) -> bool {
+    let deadline = Instant::now() + d;
+    while Instant::now() < deadline {
+        if cancel.load(Ordering::Relaxed) {
+            return false;
+        }
+        std::thread::sleep(deadline.saturating_duration_since(Instant::now()).min(Duration::from_millis(50)));
+    }
+    !cancel.load(Ordering::Relaxed)
 }
 
 /// Whether an answer is a refusal: what ureq 2 returned as `Error::Status` (4xx and 5xx).

@@ -92,11 +92,22 @@ pub fn body(config: &RenderConfig, transcript: &[Message]) -> Value {
 /// The Code Assist path after the backend's base URL.
 pub const CODE_ASSIST_PATH: &str = "/v1internal:streamGenerateContent?alt=sse";
 
-/// Code Assist's body: the Gemini request in its envelope, `{model: <backend tier id>,
-/// userAgent: "antigravity", request}`. No `requestId` (request bytes stay deterministic) and
-/// no `project` (broca does not run the `loadCodeAssist` onboarding that finds one).
+/// Code Assist's body: the Gemini request in its envelope, `{model: <backend tier id>, project,
+/// user_prompt_id, userAgent: "antigravity", request: {…, session_id}}` (gemini-cli
+/// `converter.ts` `toGenerateContentRequest`; the project and ids are the loop's,
+/// `provider::code_assist`, absent only where no run set them, e.g. a request golden). No
+/// per-attempt `requestId`: the bytes of a step stay the same across its retries.
 pub fn code_assist_body(config: &RenderConfig, transcript: &[Message]) -> Value {
-    json!({"model": config.wire_model, "userAgent": "antigravity", "request": body(config, transcript)})
+    let mut request = body(config, transcript);
+    let mut envelope = json!({"model": config.wire_model});
+    if let Some(ids) = &config.code_assist {
+        envelope["project"] = json!(ids.project);
+        envelope["user_prompt_id"] = json!(ids.user_prompt_id);
+        request["session_id"] = json!(ids.session_id);
+    }
+    envelope["userAgent"] = json!("antigravity");
+    envelope["request"] = request;
+    envelope
 }
 
 /// [`merge_variant`] inside Code Assist's envelope.

@@ -9,6 +9,7 @@ pub mod bedrock;
 pub mod cache;
 mod chat_chunk;
 pub mod client;
+pub mod code_assist;
 mod common;
 /// The frozen config as the providers render it (it lives in the records layer, `crate::frozen`).
 pub mod config {

@@ -292,6 +292,12 @@ pub(super) fn config(family: Family, provider: &str, wire_model: &str) -> Render
         plan: None,
         tool_choice: None,
         service_tier: None,
+        // What the loop sets on a Code Assist run (`provider::code_assist`).
+        code_assist: (family == Family::GoogleCodeAssist).then(|| crate::frozen::CodeAssistIds {
+            project: "broca-mock-project".into(),
+            user_prompt_id: "run-1".into(),
+            session_id: "s-1".into(),
+        }),
     }
 }
 

@@ -363,6 +363,10 @@ impl WireFamily for GoogleCodeAssist {
     fn path(&self) -> &'static str {
         gemini::CODE_ASSIST_PATH
     }
+    /// The Antigravity client's identity, which the backend checks (`code_assist::CLIENT_HEADERS`).
+    fn headers(&self) -> &'static [(&'static str, &'static str)] {
+        super::code_assist::CLIENT_HEADERS
+    }
     fn body(&self, config: &RenderConfig, transcript: &[Message]) -> Value {
         gemini::code_assist_body(config, transcript)
     }

@@ -67,6 +67,12 @@ fn config(family: Family, system: bool, tools: Vec<ToolSpec>) -> FrozenConfig {
         plan: None,
         tool_choice: None,
         service_tier: None,
+        // What the loop sets on a Code Assist run (`provider::code_assist`).
+        code_assist: (family == Family::GoogleCodeAssist).then(|| broca::frozen::CodeAssistIds {
+            project: "broca-mock-project".into(),
+            user_prompt_id: "run-1".into(),
+            session_id: "s-1".into(),
+        }),
     }
 }
 

@@ -109,6 +109,11 @@ struct Lane {
     warms: VecDeque<super::script::WarmScript>,
     /// Provider rules the lane's requests may break (the scripts' `allow_rules`).
     allowed_rules: std::collections::BTreeSet<String>,
+    /// The Code Assist account behind the lane (the script's `code_assist`; default: set up).
+    code_assist: super::code_assist::AccountState,
+    /// Its setup requests (`loadCodeAssist`, `onboardUser`, operation reads), kept apart from
+    /// `requests` so a lane's model requests stay in their own order.
+    setup_requests: VecDeque<RecordedRequest>,
 }
 
 /// All lanes, behind one lock held only for queue operations (never across I/O).
@@ -126,6 +131,34 @@ impl Lanes {
         lane.allowed_rules.extend(script.allow_rules);
         if script.authorization.is_some() {
             lane.authorization = script.authorization;
+        }
+        if let Some(account) = script.code_assist {
+            lane.code_assist = super::code_assist::AccountState::new(account);
+        }
+    }
+
+    /// Records a Code Assist setup request and answers it (`super::code_assist`).
+    pub(crate) fn code_assist_setup(&self, lane: &str, rest: &str, request: RecordedRequest) -> super::http::Reply {
+        let mut lanes = self.lanes.lock();
+        let lane = lanes.entry(lane.to_string()).or_default();
+        let reply = super::code_assist::answer(&mut lane.code_assist, &request.method, rest, &request.body);
+        if lane.setup_requests.len() == MAX_RECORDED_PER_LANE {
+            lane.setup_requests.pop_front();
+        }
+        lane.setup_requests.push_back(request);
+        reply
+    }
+
+    pub(crate) fn setup_requests(&self, lane: &str) -> Vec<RecordedRequest> {
+        self.lanes.lock().get(lane).map(|l| l.setup_requests.iter().cloned().collect()).unwrap_or_default()
+    }
+
+    /// The backend's refusal of a Code Assist request naming `project` on this lane, if any.
+    pub(crate) fn code_assist_refusal(&self, lane: &str, project: Option<&str>) -> Option<super::http::Reply> {
+        let lanes = self.lanes.lock();
+        match lanes.get(lane) {
+            Some(l) => super::code_assist::refuse_project(&l.code_assist, project),
+            None => super::code_assist::refuse_project(&Default::default(), project),
         }
     }
 

@@ -19,13 +19,15 @@
 //! | `POST /v1/chat/completions` | `default` | OpenAI Chat |
 //! | `POST /v1/responses` | `default` | OpenAI Responses (the ChatGPT/Codex backend when the request carries the Codex client's `originator` header) |
 //! | `POST /v1/models/<model>:streamGenerateContent?alt=sse` | `default` | Gemini |
-//! | `POST /v1/v1internal:streamGenerateContent?alt=sse` | `default` | Google Code Assist |
+//! | `POST /v1/v1internal:streamGenerateContent?alt=sse` | `default` | Google Code Assist (it must name the lane's account's project) |
+//! | `POST /v1/v1internal:loadCodeAssist`, `…:onboardUser`, `GET /v1/v1internal/operations/<id>` | `default` | Code Assist's account setup, per the script's `code_assist` account ([`code_assist`]) |
 //! | `POST /v1/model/<percent-encoded id>/converse-stream` | `default` | Bedrock Converse (an AWS event stream) |
 //! | `POST /lane/<name>/v1/<same>` | `<name>` | by the rest of the path |
 //! | `POST /v1/systemone`, `POST /client/v4/accounts/<id>/ai/run/@cf/cloudflare/<model>` | none | the classifier providers TypeSafe and Workers AI: answers scripted per `state`, counted, held; control under `/_mock/classify/` ([`classify`]) |
 //!
 //! Every request under a lane prefix is recorded ([`RecordedRequest`]: method, target, headers,
-//! body bytes and their SHA-256, family) *before* it is answered. Each model request then pops
+//! body bytes and their SHA-256, family) *before* it is answered (Code Assist's setup requests
+//! apart, [`MockServer::setup_requests`]). Each model request then pops
 //! one scripted response from the lane's FIFO; an empty FIFO answers a default reply: the text
 //! `Hello from broca-mock.` in three deltas, usage, finish `stop`. Other paths under a lane are
 //! recorded and answered 404 (405 for a model path with another method).
@@ -147,6 +149,7 @@
 //! dropped ones. At most [`MAX_CONNECTIONS`] connections are served at once (503 beyond).
 
 pub mod classify;
+mod code_assist;
 mod control;
 mod http;
 mod lanes;
@@ -336,6 +339,12 @@ impl MockServer {
         self.shared.lanes.requests(lane)
     }
 
+    /// The lane's Code Assist setup requests (`loadCodeAssist`, `onboardUser`, operation
+    /// reads), in order; not among [`MockServer::requests`].
+    pub fn setup_requests(&self, lane: &str) -> Vec<RecordedRequest> {
+        self.shared.lanes.setup_requests(lane)
+    }
+
     /// Requests dropped from the lane's record by the cap.
     pub fn dropped_requests(&self, lane: &str) -> u64 {
         self.shared.lanes.dropped(lane)
@@ -506,6 +515,7 @@ fn serve_request(shared: &Shared, conn: &mut Conn, request: Request, keep: bool)
     let is_model = family.is_some() && request.method == "POST";
     let model = model_of(&request);
     let authorized = shared.lanes.authorized(&lane, request.header("authorization"));
+    let setup = code_assist::is_setup_path(rest).then(|| rest.to_owned());
     let Request { method, target, headers, body } = request;
     let parsed = if is_model { serde_json::from_slice::<serde_json::Value>(&body).ok() } else { None };
     // Strict mode: the provider's rules, checked on what was received (then recorded as is).
@@ -513,6 +523,13 @@ fn serve_request(shared: &Shared, conn: &mut Conn, request: Request, keep: bool)
         (Some(family), Some(body)) => rules::check_value(family, &target, &headers, body),
         _ => Vec::new(),
     };
+    if let Some(rest) = setup {
+        let request = RecordedRequest::new(&method, &target, headers, body, None);
+        let reply = shared.lanes.code_assist_setup(&lane, &rest, request);
+        let reply = if authorized { reply } else { code_assist::unauthenticated() };
+        http::write_reply(conn, &reply, keep)?;
+        return Ok(keep);
+    }
     shared.lanes.record(&lane, RecordedRequest::new(&method, &target, headers, body, family));
     let Some(family) = family.filter(|_| is_model) else {
         let status = if family.is_some() { 405 } else { 404 };
@@ -531,6 +548,14 @@ fn serve_request(shared: &Shared, conn: &mut Conn, request: Request, keep: bool)
         reply.body = refusal.body;
         http::write_reply(conn, &reply, keep)?;
         return Ok(keep);
+    }
+    if family == Family::GoogleCodeAssist && authorized {
+        let project = parsed.as_ref().and_then(|b| b.get("project")).and_then(|p| p.as_str());
+        if let Some(reply) = shared.lanes.code_assist_refusal(&lane, project) {
+            log::warn!("broca-mock: lane {lane}: a Code Assist request names project {project:?}; 403");
+            http::write_reply(conn, &reply, keep)?;
+            return Ok(keep);
+        }
     }
     let warm_body = parsed.as_ref().filter(|b| family == Family::AnthropicMessages && warm::is_warm(b));
     if let (true, Some(body)) = (authorized, warm_body) {

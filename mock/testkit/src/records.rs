@@ -24,7 +24,7 @@ pub fn run_started(run_id: &str, submission_id: Option<&str>, prompt: &str) -> R
 }
 
 pub fn step_started(run_id: &str, step: u64) -> Record {
-    Record::StepStarted { run_id: run_id.into(), step, at_ms: 1_700_000_000_000 + step }
+    Record::StepStarted { run_id: run_id.into(), step, at_ms: 1_700_000_000_000 + step, code_assist_project: None }
 }
 
 /// A model step answering `text`, calling the tools named in `calls` (`(id, name)`).

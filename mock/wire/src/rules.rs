@@ -352,7 +352,7 @@ const FUNCTION_REF: &str = "Gemini API reference, Function calling > FunctionDec
 
 /// One Google table's rows: the same checks under Gemini and Code Assist.
 macro_rules! google_rules {
-    ($name:ident, $prefix:literal, $family:expr) => {
+    ($name:ident, $prefix:literal, $family:expr $(, $extra:expr)*) => {
         pub static $name: &[Rule] = &[
             row(
                 concat!($prefix, ".contents_non_empty"),
@@ -410,12 +410,30 @@ macro_rules! google_rules {
                 "Gemini API reference, Schema; Google's 400 `Invalid JSON payload received. Unknown name \"additionalProperties\" at 'tools[0].function_declarations[0].parameters': Cannot find field.`",
                 g_parameters_subset,
             ),
+            $($extra,)*
         ];
     };
 }
 
 google_rules!(GEMINI, "gemini", GEM);
-google_rules!(CODE_ASSIST, "code_assist", CA);
+google_rules!(
+    CODE_ASSIST,
+    "code_assist",
+    CA,
+    Rule {
+        id: "code_assist.project_required",
+        family: CA,
+        status: 403,
+        what: "the envelope names the account's Google Cloud `project` (found with `loadCodeAssist`/`onboardUser`)",
+        source: "gemini-cli `code_assist/converter.ts` `toGenerateContentRequest` and `setup.ts` `setupUser`; the backend's 403 `Permission denied on resource project …` (cline/cline#4526)",
+        check: ca_project,
+    }
+);
+
+fn ca_project(r: &RequestView) -> Option<String> {
+    let project = r.body.get("project").and_then(Value::as_str).unwrap_or_default();
+    project.is_empty().then(|| "Permission denied on resource project .".into())
+}
 
 pub static BEDROCK: &[Rule] = &[
     row(
@@ -532,7 +550,12 @@ pub fn refusal(family: Family, violation: &Violation) -> Refusal {
         }
         Family::OpenaiChatgptResponses => json!({"detail": message}),
         Family::GoogleGenerateContent | Family::GoogleCodeAssist => {
-            json!({"error": {"code": status, "message": message, "status": "INVALID_ARGUMENT"}})
+            let kind = match status {
+                401 => "UNAUTHENTICATED",
+                403 => "PERMISSION_DENIED",
+                _ => "INVALID_ARGUMENT",
+            };
+            json!({"error": {"code": status, "message": message, "status": kind}})
         }
         Family::AwsBedrockConverse => {
             headers.push(("x-amzn-ErrorType".to_string(), "ValidationException".to_string()));

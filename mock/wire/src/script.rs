@@ -33,6 +33,46 @@ pub struct Script {
     /// allowed, not as a violation. An unknown id is refused.
     #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "known_rules")]
     pub allow_rules: Vec<String>,
+    /// The Google account behind the lane's Code Assist requests (`loadCodeAssist`,
+    /// `onboardUser`, the project a request must name); absent: a set-up account whose project
+    /// is [`CodeAssistAccount::DEFAULT_PROJECT`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code_assist: Option<CodeAssistAccount>,
+}
+
+/// A Code Assist account as the backend sees it (gemini-cli `setup.ts` meets each of these).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CodeAssistAccount {
+    pub state: CodeAssistState,
+    /// The account's project (`standard`), or the managed one onboarding assigns (`free`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    /// How many reads of the onboarding operation it takes to see it `done` (0: `onboardUser`
+    /// answers it done at once).
+    #[serde(default)]
+    pub onboard_polls: u32,
+}
+
+impl CodeAssistAccount {
+    pub const DEFAULT_PROJECT: &'static str = "broca-mock-project";
+
+    pub fn project(&self) -> &str {
+        self.project.as_deref().unwrap_or(Self::DEFAULT_PROJECT)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CodeAssistState {
+    /// Set up (`currentTier`), `loadCodeAssist` names its project.
+    Standard,
+    /// Set up without a project (a Workspace account): the caller must name one.
+    Workspace,
+    /// Not set up: onboarded to the free tier, whose project Google manages.
+    Free,
+    /// Set up, no project, and ineligible (`ineligibleTiers` says why).
+    Ineligible,
 }
 
 fn known_rules<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {

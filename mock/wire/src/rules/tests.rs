@@ -77,7 +77,7 @@ fn base(family: Family) -> Value {
                     "tags": {"type": "ARRAY", "items": {"type": "STRING", "enum": ["a"]}}}}}]}]
         }),
         Family::GoogleCodeAssist => {
-            json!({"model": "gemini-3.8-flash-high", "request": base(Family::GoogleGenerateContent)})
+            json!({"model": "gemini-3.8-flash-high", "project": "p-1", "request": base(Family::GoogleGenerateContent)})
         }
         Family::AwsBedrockConverse => json!({
             "system": [{"text": "Be brief."}, {"cachePoint": {"type": "default"}}],
@@ -130,6 +130,11 @@ fn cases() -> Vec<Case> {
     let ok = base;
     let mut out = vec![
         // Anthropic Messages.
+        case(
+            "code_assist.project_required",
+            with(GoogleCodeAssist, |v| drop(v.as_object_mut().unwrap().remove("project"))),
+            ok(GoogleCodeAssist),
+        ),
         case("anthropic.model_required", with(a, |v| drop(v.as_object_mut().unwrap().remove("model"))), ok(a)),
         case(
             "anthropic.max_tokens_required",
