@@ -29,6 +29,8 @@ use broca::subc::{self, BindRequest};
 use broca::tools::ToolPlane;
 use broca::wal::{self, ScannedFrame};
 
+#[path = "broca/doctor.rs"]
+mod doctor;
 #[path = "broca/session_cli.rs"]
 mod session_cli;
 
@@ -48,6 +50,8 @@ usage:
                                  (state live, moved or absent; its tree; a move's epoch)
   broca session export|import|locate ...
                                  move a session between hosts (`broca session --help`)
+  broca doctor [--json]          prove each configured provider credential with one cheap
+                                 request, a line each (`broca doctor --help`)
   broca fold [--older-than SECS]  fold closed WALs untouched for SECS (default 0) into the
                                  archive trees now, as the module's sweep does (spec §20)
   broca unfold PROJECT_ROOT HARNESS SESSION
@@ -90,6 +94,7 @@ fn main() -> ExitCode {
             println!("{}", session_cli::USAGE);
             return ExitCode::SUCCESS;
         }
+        ["doctor", rest @ ..] => return doctor::main(rest),
         ["session", verb, rest @ ..] if ["export", "import", "locate"].contains(verb) => {
             return session_cli::main(&words[1..]);
         }

@@ -7,6 +7,7 @@ pub mod catalog;
 pub mod classify;
 pub mod clock;
 pub mod config;
+pub mod doctor;
 pub mod failpoint;
 pub mod fanout;
 pub mod federation;

@@ -243,6 +243,11 @@ impl Catalog {
         self.models.get(key)
     }
 
+    /// The rows of one provider, in model-id order.
+    pub fn provider_rows<'a>(&'a self, provider: &'a str) -> impl Iterator<Item = &'a ModelRow> + 'a {
+        self.models.values().filter(move |row| row.provider == provider)
+    }
+
     pub fn len(&self) -> usize {
         self.models.len()
     }

@@ -62,6 +62,11 @@ impl Handles {
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
+
+    /// The credential ids, in order.
+    pub fn ids(&self) -> impl Iterator<Item = &str> {
+        self.entries.keys().map(String::as_str)
+    }
 }
 
 /// What loading the file gave: the map (empty when the file was refused) and the warning that

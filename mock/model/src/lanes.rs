@@ -111,6 +111,8 @@ struct Lane {
     allowed_rules: std::collections::BTreeSet<String>,
     /// The Code Assist account behind the lane (the script's `code_assist`; default: set up).
     code_assist: super::code_assist::AccountState,
+    /// The region of the lane's Bedrock endpoint (the script's `aws_region`).
+    aws_region: Option<String>,
     /// Its setup requests (`loadCodeAssist`, `onboardUser`, operation reads), kept apart from
     /// `requests` so a lane's model requests stay in their own order.
     setup_requests: VecDeque<RecordedRequest>,
@@ -132,6 +134,9 @@ impl Lanes {
         if script.authorization.is_some() {
             lane.authorization = script.authorization;
         }
+        if script.aws_region.is_some() {
+            lane.aws_region = script.aws_region;
+        }
         if let Some(account) = script.code_assist {
             lane.code_assist = super::code_assist::AccountState::new(account);
         }
@@ -147,6 +152,11 @@ impl Lanes {
         }
         lane.setup_requests.push_back(request);
         reply
+    }
+
+    /// The region a lane's Bedrock requests must be signed for, if the script named one.
+    pub(crate) fn aws_region(&self, lane: &str) -> Option<String> {
+        self.lanes.lock().get(lane).and_then(|l| l.aws_region.clone())
     }
 
     pub(crate) fn setup_requests(&self, lane: &str) -> Vec<RecordedRequest> {

@@ -549,6 +549,12 @@ fn serve_request(shared: &Shared, conn: &mut Conn, request: Request, keep: bool)
         http::write_reply(conn, &reply, keep)?;
         return Ok(keep);
     }
+    if let (Family::AwsBedrockConverse, Some(region)) = (family, shared.lanes.aws_region(&lane)) {
+        if let Some(reply) = wrong_region(&recorded_authorization(shared, &lane), &region) {
+            http::write_reply(conn, &reply, keep)?;
+            return Ok(keep);
+        }
+    }
     if family == Family::GoogleCodeAssist && authorized {
         let project = parsed.as_ref().and_then(|b| b.get("project")).and_then(|p| p.as_str());
         if let Some(reply) = shared.lanes.code_assist_refusal(&lane, project) {
@@ -583,6 +589,28 @@ fn serve_request(shared: &Shared, conn: &mut Conn, request: Request, keep: bool)
         _ => None,
     };
     answer(shared, conn, family, (model, served_tier), id, response, keep)
+}
+
+/// The `Authorization` of the lane's newest recorded request (the one being answered).
+fn recorded_authorization(shared: &Shared, lane: &str) -> Option<String> {
+    shared.lanes.requests(lane).last().and_then(|r| r.header("authorization").map(str::to_owned))
+}
+
+/// AWS's refusal of a request whose SigV4 credential scope
+/// (`Credential=<key>/<date>/<region>/<service>/aws4_request`) names a region other than the
+/// endpoint's; a request without a signature is not judged here.
+fn wrong_region(authorization: &Option<String>, region: &str) -> Option<Reply> {
+    let scope = authorization.as_deref()?.strip_prefix("AWS4-HMAC-SHA256 Credential=")?;
+    let signed_for = scope.split('/').nth(2)?;
+    (signed_for != region).then(|| {
+        let mut reply =
+            Reply::json(403, &serde_json::json!({"message": "Credential should be scoped to a valid region. "}));
+        reply.headers.push((
+            "x-amzn-ErrorType".into(),
+            "InvalidSignatureException:http://internal.amazon.com/coral/com.amazon.coral.service/".into(),
+        ));
+        reply
+    })
 }
 
 /// The file strict mode's per-request lines go to when [`MockOptions::rules_log`] is unset.

@@ -38,6 +38,12 @@ pub struct Script {
     /// is [`CodeAssistAccount::DEFAULT_PROJECT`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code_assist: Option<CodeAssistAccount>,
+    /// The AWS region of the lane's Bedrock endpoint: a SigV4-signed request whose credential
+    /// scope names another region is refused 403 `InvalidSignatureException`, "Credential
+    /// should be scoped to a valid region." (as AWS answers a request signed for the wrong
+    /// region).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aws_region: Option<String>,
 }
 
 /// A Code Assist account as the backend sees it (gemini-cli `setup.ts` meets each of these).

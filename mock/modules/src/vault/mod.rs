@@ -8,13 +8,13 @@
 //!
 //! ```json
 //! {"credentials": {"apikey:mock": {"secret": "sk-mock-1", "record_version": 1,
-//!    "account_id": "acct-1", "state": "ready", "principals": ["broca"]}},
+//!    "account_id": "acct-1", "expires_at_ms": null, "state": "ready", "principals": ["broca"]}},
 //!  "handles": {"ckh_dev": "apikey:mock"}}
 //! ```
 //!
 //! - `credential.get_scoped {credential_id, min_ttl_ms?}`: a record granted to the route's
 //!   principal (`reserved:<module id>`, listed in `principals` by module id; a `direct` route
-//!   has none) answers `{result: {payload, record_version, expires_at_ms: null, account_id?}}`;
+//!   has none) answers `{result: {payload, record_version, expires_at_ms, account_id?}}`;
 //!   unknown or not granted answers `{result: {error: {class: "permanent", code: "not_found"}}}`;
 //!   `state: "needs_reauth"` answers class `auth_required`, code `needs_reauth`; `state:
 //!   "locked"` answers class `transient`, code `vault_locked` (a vault that is not unlocked yet).
@@ -57,6 +57,9 @@ struct Record {
     record_version: u64,
     #[serde(default)]
     account_id: Option<String>,
+    /// When the record's token expires (an OAuth token's), as the vault reports it.
+    #[serde(default)]
+    expires_at_ms: Option<i64>,
     #[serde(default = "ready")]
     state: String,
     #[serde(default)]
@@ -120,7 +123,7 @@ impl Vault {
             Some(r) if r.state == "needs_reauth" => (refusal("auth_required", "needs_reauth"), "needs_reauth", None),
             Some(r) if r.state == "locked" => (refusal("transient", "vault_locked"), "vault_locked", None),
             Some(r) => {
-                let mut result = json!({"payload": r.secret, "record_version": r.record_version, "expires_at_ms": null, "credential_id": id});
+                let mut result = json!({"payload": r.secret, "record_version": r.record_version, "expires_at_ms": r.expires_at_ms, "credential_id": id});
                 if let Some(account) = &r.account_id {
                     result["account_id"] = json!(account);
                 }
