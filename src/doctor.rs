@@ -262,19 +262,18 @@ impl Doctor<'_> {
             read_timeout: CHECK_TIMEOUT,
             cancel: Arc::clone(&cancel),
         });
-        let outcome = loop {
-            match rx.recv_timeout(CHECK_TIMEOUT) {
-                Ok(AttemptEvent::Stream { events, .. }) => {
-                    let error = events.into_iter().find_map(|e| match e {
-                        crate::provider::event::StreamEvent::Error { error } => Some(error),
-                        _ => None,
-                    });
-                    break error.map_or(Ok(()), Err);
-                }
-                Ok(AttemptEvent::End { .. }) => break Ok(()),
-                Ok(AttemptEvent::Http { error, .. } | AttemptEvent::Failed { error, .. }) => break Err(error),
-                Err(_) => break Err(timeout()),
+        // The first thing the provider says decides: a stream is a working credential.
+        let outcome = match rx.recv_timeout(CHECK_TIMEOUT) {
+            Ok(AttemptEvent::Stream { events, .. }) => {
+                let error = events.into_iter().find_map(|e| match e {
+                    crate::provider::event::StreamEvent::Error { error } => Some(error),
+                    _ => None,
+                });
+                error.map_or(Ok(()), Err)
             }
+            Ok(AttemptEvent::End { .. }) => Ok(()),
+            Ok(AttemptEvent::Http { error, .. } | AttemptEvent::Failed { error, .. }) => Err(error),
+            Err(_) => Err(timeout()),
         };
         cancel.store(true, std::sync::atomic::Ordering::Relaxed);
         outcome
