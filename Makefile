@@ -140,8 +140,9 @@ conformance-classifier: mock-bin
 mcp-check:
 	@CARGO="$(CARGO)" scripts/mcp-check
 
-# One broca-run turn on a real provider through your running subc daemon, with a dev-tools
-# handle (README "Real providers"). Skipped (passes, saying so) unless BROCA_LIVE_TESTS=1.
+# A two-step tool loop on a real provider in every wire family you have a credential for, through
+# your running subc daemon with dev-tools handles (README "Real providers"; `broca doctor` checks
+# the credentials first). Skipped (passes, saying so) unless BROCA_LIVE_TESTS=1.
 live:
 	$(CARGO) test --locked --test live -- --nocapture
 
