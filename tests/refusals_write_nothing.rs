@@ -76,6 +76,16 @@ fn send_cases() -> Vec<Case> {
         both("route_decision_id.empty", with(json!({"route_decision_id": ""})), invalid),
         both("seed_from.lineage", with(json!({"seed_from": {"lineage": "x"}})), invalid),
         both("max_steps.zero", with(json!({"stop_when": {"max_steps": 0}})), invalid),
+        // What broca does not serve is refused by name, never accepted and dropped (#47).
+        both(
+            "send.budget_nudges_unserved",
+            with(json!({"budget": {"nudges": [{"at_tool_calls": 3, "text": "wrap up"}]}})),
+            invalid,
+        ),
+        both("send.budget_finalize_unserved", with(json!({"budget": {"finalize_at_tool_calls": 9}})), invalid),
+        both("send.stop_when_list_unserved", with(json!({"stop_when": [{"max_steps": 3}]})), invalid),
+        both("send.stop_when_member_unserved", with(json!({"stop_when": {"max_steps": 3, "max_tokens": 9}})), invalid),
+        both("send.generation_member_unserved", with(json!({"generation": {"temperature": 0.2}})), invalid),
         both("cache.ttl", with(json!({"cache": {"ttl": "1y"}})), invalid),
         // A lifetime the route cannot honour (#28, `provider::cache::unsupported`).
         both("send.cache_ttl_unhonoured", with(json!({"cache": {"ttl": "5m"}})), "open_failed"),

@@ -177,9 +177,14 @@ fn positive(params: &Value, pointer: &str, field: &str) -> Result<Option<u64>, R
 
 /// An object whose members are all in `known`; the first other member is refused by its path.
 fn closed(v: &Value, field: &str, known: &[&str]) -> Result<(), Refusal> {
+    closed_with(v, field, known, "unknown member")
+}
+
+/// [`closed`], saying `why` of a member it refuses.
+fn closed_with(v: &Value, field: &str, known: &[&str], why: &str) -> Result<(), Refusal> {
     let map = v.as_object().ok_or_else(|| invalid_params(field, "an object is required"))?;
     match map.keys().find(|k| !known.contains(&k.as_str())) {
-        Some(k) => Err(invalid_params(&format!("{field}.{k}"), "unknown member")),
+        Some(k) => Err(invalid_params(&format!("{field}.{k}"), why)),
         None => Ok(()),
     }
 }
@@ -259,16 +264,31 @@ pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
         None => None,
         Some(c) => Some(cache(c)?),
     };
-    if let Some(sw) = obj.get("stop_when") {
-        if !sw.is_object() && !sw.is_array() {
-            return Err(invalid_params("stop_when", "an object or a list of stop conditions is required"));
+    // Only what broca serves is accepted: `stop_when.max_steps` and `generation.max_output_tokens`.
+    // Any other member (or a legacy stop-condition list that names a condition) is refused by
+    // name, never accepted and dropped (llm-runner §9.3.1: "honours it or refuses
+    // `invalid_params` naming the field, never silently ignores it").
+    match obj.get("stop_when") {
+        None => {}
+        Some(sw @ Value::Object(_)) => {
+            closed_with(sw, "stop_when", &["max_steps"], "broca serves only stop_when.max_steps")?
         }
+        Some(Value::Array(list)) if list.is_empty() => {}
+        Some(Value::Array(_)) => {
+            return Err(invalid_params(
+                "stop_when",
+                "broca serves only the object {max_steps}, not a list of stop conditions",
+            ))
+        }
+        Some(_) => return Err(invalid_params("stop_when", "an object {max_steps} is required")),
     }
     let max_steps = positive(params, "/stop_when/max_steps", "stop_when.max_steps")?;
-    if let Some(g) = obj.get("generation") {
-        if !g.is_object() {
-            return Err(invalid_params("generation", "an object is required"));
+    match obj.get("generation") {
+        None => {}
+        Some(g @ Value::Object(_)) => {
+            closed_with(g, "generation", &["max_output_tokens"], "broca serves only generation.max_output_tokens")?
         }
+        Some(_) => return Err(invalid_params("generation", "an object is required")),
     }
     let max_output_tokens = positive(params, "/generation/max_output_tokens", "generation.max_output_tokens")?;
     let max_input_tokens = match obj.get("budget") {
@@ -431,13 +451,24 @@ fn cache_member<T: serde::de::DeserializeOwned>(c: &Value, name: &str, expected:
     }
 }
 
-/// `budget` is closed; a cap-only budget needs no reminder fields.
+/// `budget` is closed to the members llm-runner §9.3 names; a cap-only budget needs no reminder
+/// fields. Broca serves the cap; the tool-call reminders (`nudges`) and the forced finish
+/// (`finalize_at_tool_calls`, `finalize_text`) are refused by name when given, after the
+/// closed-member checks, never accepted and dropped.
 fn budget(b: &Value) -> Result<Option<u64>, Refusal> {
-    closed(b, "budget", &["max_input_tokens", "nudges"])?;
+    closed(b, "budget", &["max_input_tokens", "nudges", "finalize_at_tool_calls", "finalize_text"])?;
     if let Some(nudges) = b.get("nudges") {
         let list = nudges.as_array().ok_or_else(|| invalid_params("budget.nudges", "a list is required"))?;
         for (i, n) in list.iter().enumerate() {
             closed(n, &format!("budget.nudges[{i}]"), &["at_tool_calls", "text"])?;
+        }
+        if !list.is_empty() {
+            return Err(invalid_params("budget.nudges", "broca does not serve tool-call reminders"));
+        }
+    }
+    for member in ["finalize_at_tool_calls", "finalize_text"] {
+        if b.get(member).is_some() {
+            return Err(invalid_params(&format!("budget.{member}"), "broca does not serve a forced finish"));
         }
     }
     match b.get("max_input_tokens") {
@@ -631,6 +662,14 @@ mod tests {
             (json!({"budget": {"max_input_tokens": 0}}), "budget.max_input_tokens"),
             (json!({"budget": {"max_input_tokens": 5, "extra": 1}}), "budget.extra"),
             (json!({"budget": {"nudges": [{"at_tool_calls": 3, "color": "red"}]}}), "budget.nudges[0].color"),
+            // Served members or nothing: never accepted and dropped (#47).
+            (json!({"budget": {"nudges": [{"at_tool_calls": 3, "text": "wrap up"}]}}), "budget.nudges"),
+            (json!({"budget": {"finalize_at_tool_calls": 9}}), "budget.finalize_at_tool_calls"),
+            (json!({"budget": {"finalize_text": "done"}}), "budget.finalize_text"),
+            (json!({"stop_when": {"max_steps": 3, "max_tokens": 9}}), "stop_when.max_tokens"),
+            (json!({"stop_when": [{"max_steps": 3}]}), "stop_when"),
+            (json!({"stop_when": "never"}), "stop_when"),
+            (json!({"generation": {"temperature": 0.2}}), "generation.temperature"),
             (json!({"context_management": "auto"}), "context_management"),
             (json!({"on_restart": "later"}), "on_restart"),
             (json!({"conversation_key": "has space"}), "conversation_key"),

@@ -81,7 +81,7 @@ fn sends() -> Vec<Value> {
         json!({
             "prompt": "read a.txt", "model": model, "send_id": "g-1", "title": "golden", "system": "be brief",
             "conversation_key": "golden-key", "stop_when": {"max_steps": 6}, "generation": {"max_output_tokens": 256},
-            "budget": {"max_input_tokens": 100000, "nudges": [{"at_tool_calls": 3, "text": "wrap up"}]},
+            "budget": {"max_input_tokens": 100000},
             "on_restart": "resume",
             "tools": [{"name": "slow", "description": "reads slowly", "input_schema": {"type": "object"}, "reply": {"max_ms": 5000}}, {"name": "missing"}]
         }),
