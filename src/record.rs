@@ -604,6 +604,16 @@ impl Record {
     /// When this record was durable activity of its session (llm-runner §9.1: a send, a step or
     /// a terminal), as recorded. Records broca writes on its own initiative (cache warms) and
     /// records without a time are not activity.
+    /// The title a record carries (`run_started`, `queued`, `steered`; spec §4 `title`).
+    pub fn title(&self) -> Option<&str> {
+        match self {
+            Record::RunStarted(r) => r.title.as_deref(),
+            Record::Queued { request, .. } => request.title.as_deref(),
+            Record::Steered { title, .. } => title.as_deref(),
+            _ => None,
+        }
+    }
+
     pub fn activity_ms(&self) -> Option<u64> {
         match self {
             Record::RunStarted(r) => Some(r.started_at_ms),

@@ -271,6 +271,10 @@ pub struct Replay {
     /// The session was exported to another host (`moved_out`): this copy is read-only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moved_out: Option<crate::record::MovedOut>,
+    /// The newest title any record carried (`run_started`, `queued` or `steered`; spec §4
+    /// `session.send.title`): `session.head.title`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_title: Option<String>,
 }
 
 /// A model attempt as `session.warm` needs it: whose request it sent, the digest of those
@@ -461,6 +465,9 @@ impl Replay {
         self.last_seq = seq;
         if let Some(at) = record.activity_ms() {
             self.last_activity_ms = Some(self.last_activity_ms.map_or(at, |last| last.max(at)));
+        }
+        if let Some(title) = record.title() {
+            self.last_title = Some(title.to_owned());
         }
         match record {
             Record::RunStarted(r) => self.start_run(seq, r, sink),

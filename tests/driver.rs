@@ -275,6 +275,30 @@ fn cancel_answers_ack_or_not_active_and_a_boundary_request_is_durable_and_idempo
     rig.wait_state(&run_b, "cancelled");
 }
 
+/// `session.head.title` is the newest title any record carries: a queued send's, while the run
+/// it waits behind (with an older title) is still active (spec §4 `title`, #47).
+#[test]
+fn head_title_is_the_newest_across_started_queued_and_steered_records() {
+    let rig = rig(Duration::from_secs(5));
+    rig.script(json!({"responses": [slow("looking", 600), {"events": [{"text": "ok"}, {"finish": "stop"}]}]}));
+    let mut first = keyed("one", "ht-1");
+    first["title"] = json!("first task");
+    rig.call("session.send", first).unwrap();
+    rig.wait_requests(1);
+    let head = |rig: &Rig| rig.call("session.head", json!({})).unwrap()["title"].clone();
+    assert_eq!(head(&rig), json!("first task"));
+    let mut second = keyed("two", "ht-2");
+    second["title"] = json!("second task");
+    let queued = rig.call("session.send", second).unwrap();
+    assert_eq!(head(&rig), json!("second task"), "the queued send's title, before its run starts");
+    let untitled = rig.call("session.send", keyed("three", "ht-3")).unwrap();
+    assert_eq!(head(&rig), json!("second task"), "a send without a title keeps the newest one");
+    let run = format!("run-{}", untitled["submission_id"].as_str().unwrap());
+    rig.wait_state(&run, "completed");
+    assert!(queued["submission_id"].is_string());
+    assert_eq!(head(&rig), json!("second task"));
+}
+
 #[test]
 fn status_result_and_send_status_answer_from_durable_state() {
     let rig = rig(Duration::from_secs(5));

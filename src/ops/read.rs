@@ -309,7 +309,7 @@ pub(super) fn session_head(ops: &Ops, route: &super::Route, version: u64) -> Res
             .usage_since
             .clone()
             .map(|since| SessionUsage { usage: page.state.session_usage.clone(), since }),
-        title: last.and_then(|e| e.title.clone()),
+        title: page.state.last_title.clone().or_else(|| last.and_then(|e| e.title.clone())),
         sender: super::owners::sender_grant(last.map(|e| e.owner.as_ref()), &route.caller),
         cache: ops.registry.cache_clocks().get(&lineage_id).map(|c| HeadCache {
             last_sent_at_ms: c.last_sent_at_ms,
