@@ -132,6 +132,20 @@ pub struct Episode {
     /// The Code Assist project this run's steps name (its first `StepStarted` that named one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code_assist_project: Option<String>,
+    /// When each `(provider, model, variant)` of this run first answered (its first
+    /// `ModelStepFinished.at_ms`): the time its usage fact is priced at (spec §17b).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub priced_at: Vec<PricedAt>,
+}
+
+/// When a run's usage of one `(provider, model, variant)` was first billed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PricedAt {
+    pub provider: String,
+    pub model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
+    pub at_ms: u64,
 }
 
 /// How the last episode stands: what opening the lineage must do with it.
@@ -205,6 +219,8 @@ pub enum RunState {
         undelivered_steers: Vec<String>,
         /// The normalized finish of the run's last model step, when it reported one.
         finish: Option<String>,
+        /// When each model's usage was first billed (`Episode::priced_at`).
+        priced_at: Vec<PricedAt>,
     },
 }
 
@@ -508,6 +524,11 @@ impl Replay {
                 e.step_open = false;
                 e.final_step_finish_reason = Some(finish_reason.clone());
                 e.usage.add_step(provider, model, variant.as_deref(), usage);
+                let seen = |p: &PricedAt| p.provider == *provider && p.model == *model && p.variant == *variant;
+                if let (Some(at_ms), false) = (at_ms, e.priced_at.iter().any(seen)) {
+                    let (provider, model, variant) = (provider.clone(), model.clone(), variant.clone());
+                    e.priced_at.push(PricedAt { provider, model, variant, at_ms: *at_ms });
+                }
                 e.usage.record_tier(&mut e.tiers, service_tier_applied.as_deref(), service_tier_served.as_deref());
                 e.last_assistant = Some(ordinal);
                 self.session_usage.add_step(provider, model, variant.as_deref(), usage);
@@ -589,6 +610,7 @@ impl Replay {
             owner: r.owner.clone(),
             account_id: r.auth_selection.as_ref().and_then(|a| a.account_id.clone()),
             code_assist_project: None,
+            priced_at: Vec::new(),
         });
         self.lower_input_cap(r.config.input_cap());
         let state = RunState::Active {
@@ -660,6 +682,7 @@ impl Replay {
                     detail: detail.clone(),
                     undelivered_steers: undelivered_steers.clone(),
                     finish: final_step_finish_reason.clone(),
+                    priced_at: e.priced_at.clone(),
                 };
                 (run_id, state)
             }

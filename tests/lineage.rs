@@ -208,6 +208,62 @@ fn retract_is_decided_against_consumption() {
     assert_eq!(l.durable_seq(), seq);
 }
 
+/// A fact says when its usage was billed (spec §17b): `pricing_at_ms`, the first answer of
+/// that model in the run, with `pricing_at_precision` `step`; a run whose records carry no
+/// answer time reads `degraded` with no time (#47).
+#[test]
+fn export_facts_carry_their_pricing_time_or_read_degraded() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = shared(dir.path());
+    let mut l = shared.open_lineage(&key()).unwrap();
+    episode(&mut l, "run-1", None);
+    let timed = |step: u64, at_ms: u64, calls: &[(&str, &str)]| match model_step("run-2", step, "x", calls) {
+        Record::ModelStepFinished { run_id, step, finish_reason, usage, message, provider, model, variant, .. } => {
+            Record::ModelStepFinished {
+                run_id,
+                step,
+                finish_reason,
+                usage,
+                message,
+                provider,
+                model,
+                variant,
+                at_ms: Some(at_ms),
+                service_tier_applied: None,
+                service_tier_served: None,
+            }
+        }
+        _ => unreachable!(),
+    };
+    for rec in [
+        run_started("run-2", None, "again"),
+        step_started("run-2", 1),
+        timed(1, 1_700_000_000_111, &[("c1", "read")]),
+        intent("run-2", 1, "c1", "read"),
+        tool_result("run-2", 1, "c1", "text"),
+        step_started("run-2", 2),
+        timed(2, 1_700_000_000_999, &[]),
+    ] {
+        l.append(&rec).unwrap();
+        l.commit().unwrap();
+    }
+    l.finish_run("run-2", FinishReason::Completed, None, vec![]).unwrap();
+    l.commit().unwrap();
+    shared.settle();
+    let db = rusqlite::Connection::open(dir.path().join("run-index.db")).unwrap();
+    let mut stmt =
+        db.prepare("SELECT run_id, pricing_at_ms, pricing_at_precision FROM export_facts ORDER BY export_seq").unwrap();
+    let facts: Vec<(String, Option<i64>, String)> =
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).unwrap().map(Result::unwrap).collect();
+    assert_eq!(
+        facts,
+        [
+            ("run-1".to_string(), None, "degraded".to_string()),
+            ("run-2".to_string(), Some(1_700_000_000_111), "step".to_string())
+        ]
+    );
+}
+
 #[test]
 fn export_facts_are_insert_once_and_readable_read_only_while_broca_writes() {
     let dir = tempfile::tempdir().unwrap();

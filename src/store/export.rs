@@ -2,6 +2,12 @@
 //! terminal gives one fact per `(run, provider, model, variant)`; a `session.warm` gives one
 //! fact of its own, marked `warm = 1`, whose id is taken over its record's WAL sequence so the
 //! run's ordinary facts keep their ids (§4a "Records").
+//!
+//! `pricing_at_ms` is when a fact's usage was billed, the time a consumer's price table is read
+//! at; `pricing_at_precision` says what it is: `step` (the run's first answered step of that
+//! model), `request` (a warm's send start), `answer` (a classifier item's answer), or
+//! `degraded` (no time: a run without a step of that model, or records that predate answer
+//! times).
 
 use rusqlite::{params, Connection};
 
@@ -33,8 +39,9 @@ pub(super) fn insert_warm_fact(
     tx.prepare_cached(
         "INSERT OR IGNORE INTO export_facts (fact_id, kind, lineage, session, harness, project_root, run_id, provider, model, variant,
             steps, unreported_steps, input_tokens, cached_input_tokens, cache_write_tokens, output_tokens, reasoning_tokens,
-            terminal_reason, occurred_at_ms, occurred_at_precision, recorded_at_ms, warm)
-         VALUES (?1, 'session', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 0, ?10, ?11, ?12, ?13, ?14, ?15, 'warm', ?16, 'terminal', ?17, 1)",
+            terminal_reason, occurred_at_ms, occurred_at_precision, recorded_at_ms, warm, pricing_at_ms, pricing_at_precision)
+         VALUES (?1, 'session', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 0, ?10, ?11, ?12, ?13, ?14, ?15, 'warm', ?16, 'terminal', ?17, 1,
+            ?16, CASE WHEN ?16 IS NULL THEN 'degraded' ELSE 'request' END)",
     )?
     .execute(params![
         format!("{lineage}:warm:{seq}"),
@@ -66,15 +73,23 @@ pub(super) fn insert_facts(
     lineage: &str,
     run_id: &str,
     reason: &str,
-    usage: &crate::message::RunUsage,
+    (usage, priced_at): (&crate::message::RunUsage, &[crate::replay::PricedAt]),
     (at_ms, recorded_at_ms): (u64, u64),
 ) -> Result<(), StoreError> {
     let mut stmt = tx.prepare_cached(
         "INSERT OR IGNORE INTO export_facts (fact_id, kind, lineage, session, harness, project_root, run_id, provider, model, variant,
             steps, unreported_steps, input_tokens, cached_input_tokens, cache_write_tokens, output_tokens, reasoning_tokens,
-            terminal_reason, occurred_at_ms, occurred_at_precision, recorded_at_ms)
-         VALUES (?1, 'session', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, 'terminal', ?19)",
+            terminal_reason, occurred_at_ms, occurred_at_precision, recorded_at_ms, pricing_at_ms, pricing_at_precision)
+         VALUES (?1, 'session', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, 'terminal', ?19, ?20,
+            CASE WHEN ?20 IS NULL THEN 'degraded' ELSE 'step' END)",
     )?;
+    // A model's usage is priced when it first answered in the run; a fact without a step (or
+    // from records that predate answer times) has no pricing time and reads `degraded`.
+    let priced = |provider: &str, model: &str, variant: Option<&str>| {
+        let found =
+            priced_at.iter().find(|p| p.provider == provider && p.model == model && p.variant.as_deref() == variant);
+        found.map(|p| p.at_ms as i64)
+    };
     let occurred = (at_ms > 0).then_some(at_ms as i64);
     let opt = |v: Option<u64>| v.map(|v| v as i64);
     let mut put = |provider: Option<&str>,
@@ -104,7 +119,8 @@ pub(super) fn insert_facts(
             opt(t.reasoning_tokens),
             reason,
             occurred,
-            recorded_at_ms as i64
+            recorded_at_ms as i64,
+            provider.zip(model).and_then(|(p, m)| priced(p, m, variant))
         ])
     };
     if usage.by_model.is_empty() {
@@ -147,10 +163,18 @@ impl SystemOneFact {
     }
 }
 
-/// Adds the columns sessionless facts carry to a table an older layout created (a read when
-/// they exist: opening writes nothing then).
+/// Adds the columns sessionless facts and pricing times need to a table an older layout
+/// created (a read when they exist: opening writes nothing then). Facts written before carry
+/// no pricing time and read `degraded`.
 pub(super) fn add_system_one_columns(conn: &Connection) -> Result<(), StoreError> {
-    for (column, ty) in [("batch_id", "TEXT"), ("item_index", "INTEGER"), ("agent_id", "TEXT"), ("flow_id", "TEXT")] {
+    for (column, ty) in [
+        ("batch_id", "TEXT"),
+        ("item_index", "INTEGER"),
+        ("agent_id", "TEXT"),
+        ("flow_id", "TEXT"),
+        ("pricing_at_ms", "INTEGER"),
+        ("pricing_at_precision", "TEXT NOT NULL DEFAULT 'degraded'"),
+    ] {
         let has = conn.prepare("SELECT 1 FROM pragma_table_info('export_facts') WHERE name = ?1")?.exists([column])?;
         if !has {
             conn.execute_batch(&format!("ALTER TABLE export_facts ADD COLUMN {column} {ty}"))?;
@@ -168,8 +192,9 @@ pub(super) fn insert_system_one_facts(
     let mut stmt = tx.prepare_cached(
         "INSERT OR IGNORE INTO export_facts (fact_id, kind, lineage, session, harness, project_root, run_id, provider, model,
             steps, unreported_steps, input_tokens, output_tokens, terminal_reason, occurred_at_ms, occurred_at_precision,
-            recorded_at_ms, batch_id, item_index, agent_id, flow_id)
-         VALUES (?1, 'system_one', '', '', '', '', ?2, ?3, ?4, 1, ?5, ?6, ?7, 'answered', ?8, 'terminal', ?9, ?10, ?11, ?12, ?13)",
+            recorded_at_ms, batch_id, item_index, agent_id, flow_id, pricing_at_ms, pricing_at_precision)
+         VALUES (?1, 'system_one', '', '', '', '', ?2, ?3, ?4, 1, ?5, ?6, ?7, 'answered', ?8, 'terminal', ?9, ?10, ?11, ?12, ?13,
+            ?8, 'answer')",
     )?;
     let mut added = 0;
     for f in facts {

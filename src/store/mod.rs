@@ -129,7 +129,9 @@ CREATE TABLE IF NOT EXISTS export_facts (
     occurred_at_ms INTEGER,
     occurred_at_precision TEXT NOT NULL,
     recorded_at_ms INTEGER NOT NULL,
-    warm INTEGER NOT NULL DEFAULT 0
+    warm INTEGER NOT NULL DEFAULT 0,
+    pricing_at_ms INTEGER,
+    pricing_at_precision TEXT NOT NULL DEFAULT 'degraded'
 );
 CREATE TABLE IF NOT EXISTS export_meta (
     key TEXT PRIMARY KEY,
@@ -722,9 +724,9 @@ impl FlushAt<'_> {
             undelivered,
             finish
         ])?;
-        if let RunState::Finished { reason, usage, at_ms, .. } = state {
+        if let RunState::Finished { reason, usage, at_ms, priced_at, .. } = state {
             let times = (*at_ms, self.recorded_at_ms);
-            export::insert_facts(tx, key, &self.lineage, run_id, reason.as_str(), usage, times)?;
+            export::insert_facts(tx, key, &self.lineage, run_id, reason.as_str(), (usage, priced_at), times)?;
         }
         Ok(())
     }
