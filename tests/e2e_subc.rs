@@ -356,10 +356,10 @@ async fn exercise_probe(consumer: &SubcConsumer, conn_file: &Path, seen: &Receiv
     // One byte more is replaced by the module's generic refusal; the route stays usable.
     match call("big").await {
         Err(CallError::Module(body)) => {
-            assert_eq!(body.code, "frame_too_large");
+            assert_eq!(body.code, "response_too_large");
             assert!(body.message.starts_with("module reply of 4194305 bytes"), "{body:?}");
         }
-        other => panic!("expected frame_too_large, got {other:?}"),
+        other => panic!("expected response_too_large, got {other:?}"),
     }
     // A second terminal for one request is dropped; the client sees the first and the route's
     // credit is released exactly once.

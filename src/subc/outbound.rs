@@ -6,7 +6,7 @@
 //!
 //! Invariants:
 //! - no frame larger than `MAX_DELIVERED_FRAME_LEN` (header included) is ever queued: an
-//!   oversized terminal (Response, Error, StreamEnd) is replaced by the generic `frame_too_large`
+//!   oversized terminal (Response, Error, StreamEnd) is replaced by the generic `response_too_large`
 //!   Error so the request still ends and its credit is released; an oversized StreamData or Push
 //!   is refused to the caller, who must end the stream with its own typed error;
 //! - bytes queued and not yet written are counted in `Shared::queued_bytes`; StreamData and Push
@@ -32,7 +32,7 @@ use crate::wire::Refusal;
 pub const STREAM_BUDGET_BYTES: usize = 16 * 1024 * 1024;
 
 /// The code of the generic refusal that replaces an oversized terminal frame.
-pub const FRAME_TOO_LARGE: &str = crate::wire::RefusalCode::FrameTooLarge.as_str();
+pub const RESPONSE_TOO_LARGE: &str = crate::wire::RefusalCode::ResponseTooLarge.as_str();
 
 /// What the io thread receives from [`Outbound`].
 pub(crate) enum Out {
@@ -64,7 +64,7 @@ pub enum SendError {
     /// The connection has ended.
     Closed,
     /// The frame would exceed the delivered-frame limit. With `answered`, the request was ended
-    /// with the generic `frame_too_large` Error in its place.
+    /// with the generic `response_too_large` Error in its place.
     TooLarge { too_large: TooLarge, answered: bool },
     /// Too many stream bytes are waiting for the socket; detach the stream.
     Backpressure { queued_bytes: usize, limit: usize },
@@ -74,7 +74,9 @@ impl std::fmt::Display for SendError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Closed => write!(f, "the module connection is closed"),
-            Self::TooLarge { too_large, answered: true } => write!(f, "{too_large}; answered with {FRAME_TOO_LARGE}"),
+            Self::TooLarge { too_large, answered: true } => {
+                write!(f, "{too_large}; answered with {RESPONSE_TOO_LARGE}")
+            }
             Self::TooLarge { too_large, answered: false } => write!(f, "{too_large}"),
             Self::Backpressure { queued_bytes, limit } => {
                 write!(f, "{queued_bytes} stream bytes already wait for the socket (limit {limit})")
@@ -192,9 +194,9 @@ impl Outbound {
 
     fn terminal(&self, route: Route, corr: u64, ty: FrameType, flags: Flags, body: Vec<u8>) -> Result<(), SendError> {
         if let Err(too_large) = frame::check_delivered(body.len()) {
-            log::warn!(target: "broca::subc", "{ty:?} for {route} corr {corr} is {too_large}; answering {FRAME_TOO_LARGE}");
+            log::warn!(target: "broca::subc", "{ty:?} for {route} corr {corr} is {too_large}; answering {RESPONSE_TOO_LARGE}");
             let error = ErrorBody::new(
-                FRAME_TOO_LARGE,
+                RESPONSE_TOO_LARGE,
                 format!(
                     "module reply of {} bytes exceeds the frame limit of {} bytes",
                     too_large.frame_bytes, too_large.limit
@@ -275,7 +277,7 @@ mod tests {
         let f = next_frame(&rx);
         assert_eq!((f.header.ty, f.header.channel, f.header.epoch, f.header.corr), (FrameType::Error, 2, 1, 9));
         let e: ErrorBody = serde_json::from_slice(&f.body).unwrap();
-        assert_eq!(e.code, FRAME_TOO_LARGE);
+        assert_eq!(e.code, RESPONSE_TOO_LARGE);
         assert_eq!(e.detail.unwrap()["byte_limit"], 4_194_304);
         // A body at exactly the limit goes out unchanged.
         out.reply(route, 10, vec![b'y'; MAX_DELIVERED_FRAME_LEN - frame::HEADER_LEN]).unwrap();

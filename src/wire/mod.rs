@@ -104,8 +104,10 @@ pub enum RefusalCode {
     VariantUnsupported,
     /// The session's WAL was written by a newer broca.
     WalNewerWriter,
-    /// An outbound frame exceeds the transport limit (subc layer).
-    FrameTooLarge,
+    /// A reply exceeds the transport limit and names no message to refuse it by (spec §4:
+    /// "the adapter's generic `response_too_large` refusal"; subc-protocol's own
+    /// `frame_too_large` is the daemon's code for frames it refuses, never broca's).
+    ResponseTooLarge,
     /// A bind carries no daemon-stamped principal (subc layer).
     NotAuthorized,
     /// A control request is malformed (subc layer).
@@ -223,7 +225,7 @@ impl RefusalCode {
             RefusalCode::UnknownSend => "unknown_send",
             RefusalCode::VariantUnsupported => "variant_unsupported",
             RefusalCode::WalNewerWriter => "wal_newer_writer",
-            RefusalCode::FrameTooLarge => "frame_too_large",
+            RefusalCode::ResponseTooLarge => "response_too_large",
             RefusalCode::NotAuthorized => "not_authorized",
             RefusalCode::InvalidRequest => "invalid_request",
             RefusalCode::CallModeUnsupported => "call_mode_unsupported",
