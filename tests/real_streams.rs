@@ -450,6 +450,13 @@ fn anthropic() -> Vec<Case> {
             )])
             .usage([Some(849), Some(0), Some(0), Some(47), None])
             .finish("tool_calls", "tool_use"),
+        // server_tool_use and bash_code_execution_tool_result blocks run on Anthropic's side: no
+        // client call. message_delta revises every count (cache write 3068 → 3337, read 0 →
+        // 6289) and reports thinking_tokens 0.
+        fixture("anthropic_messages/a05-cache-read-write-server-tools.chunks.txt")
+            .parts([text("The sum of the squares of the numbers 1 through 12 is **650**.")])
+            .usage([Some(6), Some(6289), Some(3337), Some(198), Some(0)])
+            .finish("stop", "end_turn"),
         // message_delta's input_tokens (61) replaces message_start's (43).
         fixture("anthropic_messages/a06-message-delta-revises-input.chunks.txt")
             .parts([text("pong")])
@@ -473,6 +480,20 @@ fn anthropic() -> Vec<Case> {
             ])
             .usage([Some(43), Some(0), Some(0), Some(282), None])
             .finish("stop", "end_turn"),
+        // Three text blocks between server web_search blocks stay three parts; pause_turn is
+        // "other" in the role's table; thinking_tokens 261 of the 943 output tokens.
+        fixture("anthropic_messages/a09-pause-turn-web-search.sse")
+            .parts([
+                Reasoning(
+                    long(1051, "The user wants me to run a series of web", "ne at a time as requested. Let me start."),
+                    Some(long(1688, "EuwJCm4IDxgCKkBjID0+egpRzHnlwt9pXf871ag+", "XzlDIuXJNkt36aLg5h/n+3fwB2JU3RNwqNCIGAE=")),
+                ),
+                text("I'll run these searches one at a time as requested. Let me start:"),
+                text("Let me continue with the remaining searches you requested:"),
+                text("Now continuing with the remaining searches:"),
+            ])
+            .usage([Some(404500), Some(0), Some(0), Some(943), Some(261)])
+            .finish("other", "pause_turn"),
         // mcp_tool_use / mcp_tool_result run on Anthropic's side; input_tokens 589 → 1250.
         fixture("anthropic_messages/a10-mcp-server-tool.chunks.txt")
             .parts([text(
