@@ -562,6 +562,13 @@ fn openai_chat() -> Vec<Case> {
                 None,
             )])
             .error(ErrorClass::Permanent, "tool_use_failed"),
+        // total_tokens 513 = 291 + 26 + 196: xAI's completion_tokens leaves the 196 reasoning
+        // tokens out, so output is 222 (reasoning stays inside output).
+        fixture("openai_chat/c09-xai-tool-call-reasoning-usage.chunks.txt")
+            .parts([Reasoning(exact("First, the user is"), None)])
+            .calls([Call("call_55117580", "weather", r#"{"location":"San Francisco"}"#)])
+            .usage([Some(1), Some(290), None, Some(222), Some(196)])
+            .finish("tool_calls", "tool_calls"),
         // Anthropic's OpenAI-compatible endpoint numbers the first call 1; no usage chunk. The
         // capture's last line, `data: [DONE]`, has no blank line after it: by the SSE
         // specification an event the stream ends inside is discarded, so the terminator is never

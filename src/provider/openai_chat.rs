@@ -270,16 +270,27 @@ impl ChatDecoder {
 
 /// Usage as Chat reports it: `prompt_tokens` INCLUDES cached and cache-write tokens. DeepSeek's
 /// `prompt_cache_hit_tokens` stands in for `cached_tokens` when that is absent.
+///
+/// `completion_tokens` includes the reasoning tokens on OpenAI, but not on every compatible: xAI
+/// counts them apart, its `total_tokens` being prompt + completion + reasoning
+/// (`testdata/real-streams/openai_chat/c09`: 291 + 26 + 196 = 513). When the total says so, the
+/// reasoning is added to the output, where broca's usage keeps it.
 fn usage(u: &Value) -> StepUsage {
     let cached =
         u64_at(u, &["prompt_tokens_details", "cached_tokens"]).or_else(|| u64_at(u, &["prompt_cache_hit_tokens"]));
-    usage_from_total(
-        u64_at(u, &["prompt_tokens"]),
-        cached,
-        u64_at(u, &["prompt_tokens_details", "cache_write_tokens"]),
-        u64_at(u, &["completion_tokens"]),
-        u64_at(u, &["completion_tokens_details", "reasoning_tokens"]),
-    )
+    let prompt = u64_at(u, &["prompt_tokens"]);
+    let completion = u64_at(u, &["completion_tokens"]);
+    let reasoning = u64_at(u, &["completion_tokens_details", "reasoning_tokens"]);
+    let total = u64_at(u, &["total_tokens"]);
+    let output = match (prompt, completion, reasoning, total) {
+        (Some(p), Some(c), Some(r), Some(t))
+            if r > 0 && p.checked_add(c).and_then(|pc| pc.checked_add(r)) == Some(t) =>
+        {
+            Some(c + r)
+        }
+        _ => completion,
+    };
+    usage_from_total(prompt, cached, u64_at(u, &["prompt_tokens_details", "cache_write_tokens"]), output, reasoning)
 }
 
 impl StreamDecoder for ChatDecoder {
