@@ -562,6 +562,12 @@ fn openai_chat() -> Vec<Case> {
                 None,
             )])
             .error(ErrorClass::Permanent, "tool_use_failed"),
+        // OpenRouter reports finish `length`, then an error chunk whose numeric code is the HTTP
+        // status (OpenRouter's error docs): 400 is permanent, not a transient failure to retry.
+        fixture("openai_chat/c08-openrouter-error-chunk.sse")
+            .parts([Reasoning(exact("We need to respond to a greeting. The user"), None)])
+            .finish("length", "length")
+            .error(ErrorClass::Permanent, "400"),
         // total_tokens 513 = 291 + 26 + 196: xAI's completion_tokens leaves the 196 reasoning
         // tokens out, so output is 222 (reasoning stays inside output).
         fixture("openai_chat/c09-xai-tool-call-reasoning-usage.chunks.txt")

@@ -27,7 +27,7 @@ use super::common::{
     tool_output, u64_at, usage_from_total, with_description,
 };
 use super::config::{RenderConfig, ToolSpec};
-use super::errors::stream_error;
+use super::errors::stream_error_with_status;
 use super::event::{DecodeError, EventClass, StreamDecoder, StreamEvent};
 use super::sse::SseEvent;
 use crate::message::{Message, Part, Role, StepUsage};
@@ -307,7 +307,9 @@ impl StreamDecoder for ChatDecoder {
         let data = data_object(event)?;
         if let Some(err) = data.get("error").filter(|e| !e.is_null()) {
             let message = str_at(err, &["message"]).or(err.as_str());
-            out.push(stream_error(str_at(err, &["code"]), str_at(err, &["type"]), message));
+            // OpenRouter's code is the HTTP status, a number (`testdata/real-streams/openai_chat/c08`).
+            let status = u64_at(err, &["code"]);
+            out.push(stream_error_with_status(str_at(err, &["code"]), str_at(err, &["type"]), status, message));
             self.finished = true;
             return Ok(class("error", false, false));
         }
