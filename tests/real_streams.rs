@@ -773,6 +773,16 @@ fn gemini() -> Vec<Case> {
             .calls([Call("call_QUVVadTSNJ6_qtsPvN7J8Q0_0", "get_country", "{}")])
             .usage([Some(29), None, None, Some(212), Some(202)])
             .finish("tool_calls", "STOP"),
+        // totalTokenCount 772 = 17 prompt + 102 tool-use prompt + 241 candidates + 412 thoughts:
+        // the search results fed back to the model are input too.
+        fixture("google_generate_content/g07-search-grounding-tooluse-tokens.sse")
+            .parts([Text(long(
+                926,
+                "### Weather in San Francisco is Mild and",
+                " of rain remains low throughout the day.",
+            ))])
+            .usage([Some(119), None, None, Some(653), Some(412)])
+            .finish("stop", "STOP"),
         fixture("google_generate_content/g08-finish-safety.response.json")
             .usage([Some(14), None, None, None, None])
             .finish("content_filter", "SAFETY"),

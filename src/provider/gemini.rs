@@ -33,8 +33,10 @@
 //! is one chunk with `promptFeedback.blockReason` and no candidates: a `content_filter` finish.
 //!
 //! Usage: `promptTokenCount` includes `cachedContentTokenCount` (implicit caching); fresh input
-//! is the difference. `candidatesTokenCount` excludes `thoughtsTokenCount`; output is their sum,
-//! reasoning the thoughts.
+//! is the difference, plus `toolUsePromptTokenCount` (the tool-use prompt, e.g. search results
+//! fed back to the model, counted apart: `totalTokenCount` is prompt + tool-use prompt +
+//! candidates + thoughts). `candidatesTokenCount` excludes `thoughtsTokenCount`; output is their
+//! sum, reasoning the thoughts.
 //!
 //! Finish reasons by the role's own table (llm-runner §6.6): `STOP` → stop (tool_calls when the
 //! answer called a tool), `MAX_TOKENS` → length, the safety family → content_filter,
@@ -222,7 +224,12 @@ pub fn normalize_finish_reason(raw: &str, called: bool) -> String {
 }
 
 fn usage(u: &Value) -> StepUsage {
-    let prompt = u64_at(u, &["promptTokenCount"]);
+    // The tool-use prompt is input the model read (`testdata/real-streams/google_generate_content/
+    // g07`: 772 total = 17 prompt + 102 tool-use prompt + 241 candidates + 412 thoughts).
+    let prompt = match (u64_at(u, &["promptTokenCount"]), u64_at(u, &["toolUsePromptTokenCount"])) {
+        (None, None) => None,
+        (p, t) => Some(p.unwrap_or(0).saturating_add(t.unwrap_or(0))),
+    };
     let cached = u64_at(u, &["cachedContentTokenCount"]);
     let candidates = u64_at(u, &["candidatesTokenCount"]);
     let thoughts = u64_at(u, &["thoughtsTokenCount"]);
