@@ -16,6 +16,12 @@
 //! reasoning is inside output), the finish reason (normalized as the role's table says, with the
 //! raw value), and an in-stream error's class. A failure names the fixture and every field that
 //! differs.
+//!
+//! `real_streams/synthetic.rs` adds the shapes providers document that no fixture shows, each
+//! case written from the document it names.
+
+#[path = "real_streams/synthetic.rs"]
+mod synthetic;
 
 use std::path::PathBuf;
 
@@ -211,7 +217,7 @@ pub enum Source {
 
 /// One case: a stream and what it means.
 pub struct Case {
-    pub name: &'static str,
+    pub name: String,
     pub family: Family,
     pub source: Source,
     pub parts: Vec<Part>,
@@ -233,9 +239,9 @@ pub fn fixture(path: &'static str) -> Case {
 }
 
 impl Case {
-    pub fn new(name: &'static str, family: Family, source: Source) -> Case {
+    pub fn new(name: impl Into<String>, family: Family, source: Source) -> Case {
         Case {
-            name,
+            name: name.into(),
             family,
             source,
             parts: Vec::new(),
@@ -354,7 +360,7 @@ pub fn check_all(cases: Vec<Case>) {
         }
     }
     let failures: Vec<(&str, Vec<String>)> =
-        cases.iter().map(|c| (c.name, c.check())).filter(|(_, f)| !f.is_empty()).collect();
+        cases.iter().map(|c| (c.name.as_str(), c.check())).filter(|(_, f)| !f.is_empty()).collect();
     let named: Vec<&str> = failures.iter().map(|(name, _)| *name).collect();
     let details: Vec<String> = failures.into_iter().flat_map(|(_, f)| f).collect();
     assert!(named.is_empty(), "{} of {} cases fail: {named:?}\n{}", named.len(), cases.len(), details.join("\n"));
@@ -418,7 +424,7 @@ pub fn text(s: &'static str) -> Part {
 fn every_fixture_has_its_source_and_one_case() {
     let cases: Vec<Case> =
         [anthropic(), openai_chat(), openai_responses(), gemini(), bedrock()].into_iter().flatten().collect();
-    let mut named: Vec<&str> = cases.iter().map(|c| c.name).collect();
+    let mut named: Vec<&str> = cases.iter().map(|c| c.name.as_str()).collect();
     named.sort_unstable();
     let mut fixtures = Vec::new();
     let mut sources = Vec::new();
