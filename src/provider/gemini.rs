@@ -50,7 +50,7 @@ use serde_json::{json, Value};
 
 use super::common::{class, data_object, replays_reasoning, str_at, tool_output, u64_at, with_description};
 use super::config::{RenderConfig, ToolSpec};
-use super::errors::stream_error;
+use super::errors::stream_error_with_status;
 use super::event::{DecodeError, EventClass, StreamDecoder, StreamEvent};
 use super::sse::SseEvent;
 use crate::message::{Message, Part, Role, StepUsage};
@@ -333,8 +333,11 @@ impl GeminiDecoder {
     /// One `GenerateContentResponse` (or error document).
     fn response(&mut self, data: &Value, out: &mut Vec<StreamEvent>) -> EventClass {
         if let Some(error) = data.get("error") {
+            // `status` names the error; `code` is its HTTP status, which classifies a status the
+            // names do not (FAILED_PRECONDITION is a 400: permanent).
             let status = str_at(error, &["status"]);
-            out.push(stream_error(status, None, str_at(error, &["message"])));
+            let http = u64_at(error, &["code"]);
+            out.push(stream_error_with_status(status, None, http, str_at(error, &["message"])));
             self.finished = true;
             return class("error", false, false);
         }

@@ -349,6 +349,15 @@ fn gemini() -> Vec<Case> {
         .parts([text("Partial")])
         .usage([Some(200), Some(800), None, Some(42), Some(30)])
         .error(ErrorClass::Transient, "RESOURCE_EXHAUSTED"),
+        synthetic(
+            "gemini: FAILED_PRECONDITION mid-stream",
+            Family::GoogleGenerateContent,
+            "ai.google.dev/gemini-api/docs/troubleshooting",
+            error(r#"{"code":400,"message":"User location is not supported for the API use.","status":"FAILED_PRECONDITION"}"#),
+        )
+        .parts([text("Partial")])
+        .usage([Some(200), Some(800), None, Some(42), Some(30)])
+        .error(ErrorClass::Permanent, "FAILED_PRECONDITION"),
     ]
 }
 
