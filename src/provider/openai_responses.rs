@@ -219,11 +219,15 @@ impl ResponsesDecoder {
         ResponsesDecoder::default()
     }
 
+    /// The call an event belongs to. `output_index` names an item on every event of it, while
+    /// item ids are not stable everywhere: GitHub Copilot's endpoint gives each event of one item
+    /// a new `item_id` (`testdata/real-streams/openai_responses/r05`). So the id decides only
+    /// where an event or the call has no `output_index`.
     fn find_call(&self, data: &Value, item_id: Option<&str>) -> Option<usize> {
         let output_index = u64_at(data, &["output_index"]);
-        self.calls.iter().position(|c| match item_id {
-            Some(id) if !c.item_id.is_empty() => c.item_id == id,
-            _ => output_index.is_some() && c.output_index == output_index,
+        self.calls.iter().position(|c| match (output_index, c.output_index) {
+            (Some(at), Some(call_at)) => at == call_at,
+            _ => item_id.is_some_and(|id| !id.is_empty() && c.item_id == id),
         })
     }
 
@@ -271,11 +275,15 @@ impl ResponsesDecoder {
         }
     }
 
-    /// A reasoning-summary delta, prefixed with a blank line when it opens a later summary part.
+    /// A reasoning-summary delta, prefixed with a blank line when it opens a later summary part
+    /// of the same item (named by `output_index`, else its id: see [`Self::find_call`]).
     fn summary_delta(&mut self, data: &Value, out: &mut Vec<StreamEvent>) -> bool {
         let Some(delta) = str_at(data, &["delta"]).filter(|d| !d.is_empty()) else { return false };
-        let at =
-            (str_at(data, &["item_id"]).unwrap_or_default().to_string(), u64_at(data, &["summary_index"]).unwrap_or(0));
+        let item = match u64_at(data, &["output_index"]) {
+            Some(at) => format!("#{at}"),
+            None => str_at(data, &["item_id"]).unwrap_or_default().to_string(),
+        };
+        let at = (item, u64_at(data, &["summary_index"]).unwrap_or(0));
         let separate = matches!(&self.summary_at, Some((item, index)) if *item == at.0 && *index != at.1);
         self.summary_at = Some(at);
         let text = if separate { format!("\n\n{delta}") } else { delta.to_string() };

@@ -6,7 +6,7 @@ use broca::frozen::Family;
 use broca::provider::eventstream::encode;
 use broca::record::ErrorClass;
 
-use super::{check_all, text, Call, Case, Source};
+use super::{check_all, exact, text, Call, Case, Reasoning, Source};
 
 /// SSE events, each `(event name, data)`; an empty name writes no `event:` line.
 fn sse(events: &[(&str, &str)]) -> Vec<u8> {
@@ -239,6 +239,8 @@ fn openai_responses() -> Vec<Case> {
             r#"{{"type":"response.incomplete","response":{{"id":"resp_s","object":"response","status":"incomplete","incomplete_details":{{"reason":"{reason}"}},{usage}}}}}"#
         )
     };
+    let completed =
+        format!(r#"{{"type":"response.completed","response":{{"id":"resp_s","status":"completed",{usage}}}}}"#);
     let named = |datas: &[&str]| {
         let events: Vec<(String, &str)> = datas
             .iter()
@@ -281,6 +283,33 @@ fn openai_responses() -> Vec<Case> {
             ]),
         )
         .error(ErrorClass::Transient, "server_error"),
+        // GitHub Copilot's endpoint gives each event of one item a new `item_id` (fixture r05, on
+        // reasoning and message items); the same rotation on a function call and on two summary
+        // parts. `output_index` names the item throughout.
+        synthetic(
+            "openai_responses: rotating item ids on a function call and summary parts",
+            Family::OpenaiResponses,
+            "platform.openai.com/docs/api-reference/responses-streaming (output_index); fixture r05",
+            named(&[
+                created,
+                r#"{"type":"response.output_item.added","output_index":0,"item":{"id":"id-1","type":"reasoning","summary":[]}}"#,
+                r#"{"type":"response.reasoning_summary_part.added","item_id":"id-2","output_index":0,"summary_index":0,"part":{"type":"summary_text","text":""}}"#,
+                r#"{"type":"response.reasoning_summary_text.delta","item_id":"id-3","output_index":0,"summary_index":0,"delta":"**One**"}"#,
+                r#"{"type":"response.reasoning_summary_part.added","item_id":"id-4","output_index":0,"summary_index":1,"part":{"type":"summary_text","text":""}}"#,
+                r#"{"type":"response.reasoning_summary_text.delta","item_id":"id-5","output_index":0,"summary_index":1,"delta":"**Two**"}"#,
+                r#"{"type":"response.output_item.done","output_index":0,"item":{"id":"id-6","type":"reasoning","summary":[]}}"#,
+                r#"{"type":"response.output_item.added","output_index":1,"item":{"id":"id-7","type":"function_call","call_id":"call_R","name":"get_capital","arguments":"","status":"in_progress"}}"#,
+                r#"{"type":"response.function_call_arguments.delta","item_id":"id-8","output_index":1,"delta":"{\"country\":"}"#,
+                r#"{"type":"response.function_call_arguments.delta","item_id":"id-9","output_index":1,"delta":"\"France\"}"}"#,
+                r#"{"type":"response.function_call_arguments.done","item_id":"id-10","output_index":1,"arguments":"{\"country\":\"France\"}"}"#,
+                r#"{"type":"response.output_item.done","output_index":1,"item":{"id":"id-11","type":"function_call","call_id":"call_R","name":"get_capital","arguments":"{\"country\":\"France\"}","status":"completed"}}"#,
+                &completed,
+            ]),
+        )
+        .parts([Reasoning(exact("**One**\n\n**Two**"), None)])
+        .calls([Call("call_R", "get_capital", r#"{"country":"France"}"#)])
+        .usage([Some(20), Some(0), None, Some(9), Some(0)])
+        .finish("tool_calls", "completed"),
     ]
 }
 
