@@ -283,6 +283,25 @@ fn openai_responses() -> Vec<Case> {
             ]),
         )
         .error(ErrorClass::Transient, "server_error"),
+        // Two message items (a commentary message, then the final answer) stay two text parts;
+        // an event type this reader does not know is skipped.
+        synthetic(
+            "openai_responses: two message items, an unknown event",
+            Family::OpenaiResponses,
+            RESPONSES_STREAMING,
+            named(&[
+                created,
+                &message_added(0, "msg_1"),
+                &text_delta(0, "msg_1", "Let me look."),
+                r#"{"type":"response.future_event","sequence_number":3}"#,
+                &message_added(1, "msg_2"),
+                &text_delta(1, "msg_2", "It is 3."),
+                &completed,
+            ]),
+        )
+        .parts([text("Let me look."), text("It is 3.")])
+        .usage([Some(20), Some(0), None, Some(9), Some(0)])
+        .finish("stop", "completed"),
         // GitHub Copilot's endpoint gives each event of one item a new `item_id` (fixture r05, on
         // reasoning and message items); the same rotation on a function call and on two summary
         // parts. `output_index` names the item throughout.
