@@ -432,6 +432,31 @@ fn bedrock() -> Vec<Case> {
         exception("internalServerException").error(ErrorClass::Transient, "internalServerException"),
         exception("serviceUnavailableException").error(ErrorClass::Transient, "serviceUnavailableException"),
         exception("validationException").error(ErrorClass::Permanent, "validationException"),
+        // Two text blocks stay two parts, an empty text delta adds nothing, an event type this
+        // reader does not know is skipped; metadata.usage with the cache counts (inputTokens
+        // excludes them: the prompt-caching guide).
+        synthetic(
+            "bedrock: two text blocks, an unknown event, cache usage",
+            Family::AwsBedrockConverse,
+            CONVERSE_STREAM,
+            eventstream(&[
+                start,
+                delta,
+                ("contentBlockDelta", r#"{"contentBlockIndex":0,"delta":{"text":""}}"#),
+                ("contentBlockStop", r#"{"contentBlockIndex":0}"#),
+                ("futureEvent", r#"{"x":1}"#),
+                ("contentBlockDelta", r#"{"contentBlockIndex":1,"delta":{"text":"Done."}}"#),
+                ("contentBlockStop", r#"{"contentBlockIndex":1}"#),
+                ("messageStop", r#"{"stopReason":"end_turn"}"#),
+                (
+                    "metadata",
+                    r#"{"usage":{"inputTokens":12,"outputTokens":5,"cacheReadInputTokens":1000,"cacheWriteInputTokens":200,"totalTokens":1217},"metrics":{"latencyMs":9}}"#,
+                ),
+            ]),
+        )
+        .parts([text("Starting"), text("Done.")])
+        .usage([Some(12), Some(1000), Some(200), Some(5), None])
+        .finish("stop", "end_turn"),
         // stopReason guardrail_intervened is the role's content_filter (PF-42).
         synthetic(
             "bedrock: guardrail_intervened",
