@@ -124,14 +124,16 @@ pub fn normalize_stop_reason(raw: &str) -> &'static str {
 }
 
 /// Usage as Messages reports it: `input_tokens` already excludes cache reads
-/// (`cache_read_input_tokens`) and writes (`cache_creation_input_tokens`).
+/// (`cache_read_input_tokens`) and writes (`cache_creation_input_tokens`); the reasoning inside
+/// `output_tokens` is `output_tokens_details.thinking_tokens` (the SDK's `OutputTokensDetails`;
+/// real streams send it in `message_delta`, `testdata/real-streams/anthropic_messages/a05`, `a09`).
 pub(crate) fn usage(u: &Value) -> StepUsage {
     StepUsage {
         input_tokens: u64_at(u, &["input_tokens"]),
         cached_input_tokens: u64_at(u, &["cache_read_input_tokens"]),
         cache_write_tokens: u64_at(u, &["cache_creation_input_tokens"]),
         output_tokens: u64_at(u, &["output_tokens"]),
-        reasoning_tokens: u64_at(u, &["output_tokens_details", "reasoning_tokens"]),
+        reasoning_tokens: u64_at(u, &["output_tokens_details", "thinking_tokens"]),
     }
 }
 

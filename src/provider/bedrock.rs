@@ -234,6 +234,8 @@ fn usage(u: &Value) -> StepUsage {
 pub struct BedrockDecoder {
     /// Content block index → call index.
     calls: HashMap<u64, usize>,
+    /// The content block the last text delta belonged to.
+    text_block: Option<u64>,
     finished: bool,
 }
 
@@ -246,6 +248,13 @@ impl BedrockDecoder {
         let Some(delta) = data.get("delta") else { return false };
         let block = data.get("contentBlockIndex").and_then(Value::as_u64).unwrap_or(0);
         if let Some(text) = str_at(delta, &["text"]).filter(|t| !t.is_empty()) {
+            // Each content block is a text part of its own, as in Anthropic's stream: Converse
+            // sends no start event for a text block, so a text delta of another block than the
+            // last text's starts the part.
+            if self.text_block.is_some_and(|last| last != block) {
+                out.push(StreamEvent::TextPartStart);
+            }
+            self.text_block = Some(block);
             out.push(StreamEvent::TextDelta { text: text.to_owned() });
             return true;
         }

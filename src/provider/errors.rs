@@ -84,12 +84,32 @@ fn named_class(code: Option<&str>, kind: Option<&str>, message: &str) -> Option<
 /// whose code and type are both unknown is `transient`: a failure after the provider accepted the
 /// request is most often its own, and the retry budget bounds the cost of being wrong.
 pub(crate) fn stream_error(code: Option<&str>, kind: Option<&str>, message: Option<&str>) -> StreamEvent {
+    stream_error_with_status(code, kind, None, message)
+}
+
+/// [`stream_error`] for an error that also carries the HTTP status it stands for, as a number
+/// where a code belongs: OpenRouter's mid-stream `{"error": {"code": 400, …}}` (its error docs:
+/// the code is the HTTP status), Google's `{"error": {"code": 503, "status": …}}`. When the names
+/// classify nothing, the status does, as [`classify_http_error`] classifies it; the status is
+/// the provider code when nothing else names the error.
+pub(crate) fn stream_error_with_status(
+    code: Option<&str>,
+    kind: Option<&str>,
+    status: Option<u64>,
+    message: Option<&str>,
+) -> StreamEvent {
     let message = message.filter(|m| !m.is_empty()).unwrap_or("the provider reported an error mid-stream");
-    let class = named_class(code, kind, message).unwrap_or(ErrorClass::Transient);
+    let by_status = || match status? {
+        401 => Some(ErrorClass::AuthRequired),
+        408 | 409 | 429 | 500..=599 => Some(ErrorClass::Transient),
+        400..=499 => Some(ErrorClass::Permanent),
+        _ => None,
+    };
+    let class = named_class(code, kind, message).or_else(by_status).unwrap_or(ErrorClass::Transient);
     StreamEvent::Error {
         error: ProviderError {
             class,
-            provider_code: code.or(kind).map(String::from),
+            provider_code: code.or(kind).map(String::from).or_else(|| status.map(|s| s.to_string())),
             message: message.to_string(),
             http_status: None,
         },

@@ -14,8 +14,9 @@ pub enum StreamEvent {
     /// Assistant text.
     TextDelta { text: String },
     /// A new text part begins: the family's stream separates text blocks (Anthropic's
-    /// `content_block_start` of a text block), so the next `TextDelta` starts a part of its own
-    /// even right after another text part.
+    /// `content_block_start` of a text block; a Responses or Bedrock text delta of another message
+    /// item, content part or content block than the last), so the next `TextDelta` starts a part
+    /// of its own even right after another text part.
     TextPartStart,
     /// Reasoning (thinking / reasoning summary) text.
     ReasoningDelta { text: String },

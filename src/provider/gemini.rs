@@ -33,8 +33,10 @@
 //! is one chunk with `promptFeedback.blockReason` and no candidates: a `content_filter` finish.
 //!
 //! Usage: `promptTokenCount` includes `cachedContentTokenCount` (implicit caching); fresh input
-//! is the difference. `candidatesTokenCount` excludes `thoughtsTokenCount`; output is their sum,
-//! reasoning the thoughts.
+//! is the difference, plus `toolUsePromptTokenCount` (the tool-use prompt, e.g. search results
+//! fed back to the model, counted apart: `totalTokenCount` is prompt + tool-use prompt +
+//! candidates + thoughts). `candidatesTokenCount` excludes `thoughtsTokenCount`; output is their
+//! sum, reasoning the thoughts.
 //!
 //! Finish reasons by the role's own table (llm-runner §6.6): `STOP` → stop (tool_calls when the
 //! answer called a tool), `MAX_TOKENS` → length, the safety family → content_filter,
@@ -48,7 +50,7 @@ use serde_json::{json, Value};
 
 use super::common::{class, data_object, replays_reasoning, str_at, tool_output, u64_at, with_description};
 use super::config::{RenderConfig, ToolSpec};
-use super::errors::stream_error;
+use super::errors::stream_error_with_status;
 use super::event::{DecodeError, EventClass, StreamDecoder, StreamEvent};
 use super::sse::SseEvent;
 use crate::message::{Message, Part, Role, StepUsage};
@@ -222,7 +224,12 @@ pub fn normalize_finish_reason(raw: &str, called: bool) -> String {
 }
 
 fn usage(u: &Value) -> StepUsage {
-    let prompt = u64_at(u, &["promptTokenCount"]);
+    // The tool-use prompt is input the model read (`testdata/real-streams/google_generate_content/
+    // g07`: 772 total = 17 prompt + 102 tool-use prompt + 241 candidates + 412 thoughts).
+    let prompt = match (u64_at(u, &["promptTokenCount"]), u64_at(u, &["toolUsePromptTokenCount"])) {
+        (None, None) => None,
+        (p, t) => Some(p.unwrap_or(0).saturating_add(t.unwrap_or(0))),
+    };
     let cached = u64_at(u, &["cachedContentTokenCount"]);
     let candidates = u64_at(u, &["candidatesTokenCount"]);
     let thoughts = u64_at(u, &["thoughtsTokenCount"]);
@@ -326,8 +333,11 @@ impl GeminiDecoder {
     /// One `GenerateContentResponse` (or error document).
     fn response(&mut self, data: &Value, out: &mut Vec<StreamEvent>) -> EventClass {
         if let Some(error) = data.get("error") {
+            // `status` names the error; `code` is its HTTP status, which classifies a status the
+            // names do not (FAILED_PRECONDITION is a 400: permanent).
             let status = str_at(error, &["status"]);
-            out.push(stream_error(status, None, str_at(error, &["message"])));
+            let http = u64_at(error, &["code"]);
+            out.push(stream_error_with_status(status, None, http, str_at(error, &["message"])));
             self.finished = true;
             return class("error", false, false);
         }

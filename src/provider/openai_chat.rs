@@ -27,7 +27,7 @@ use super::common::{
     tool_output, u64_at, usage_from_total, with_description,
 };
 use super::config::{RenderConfig, ToolSpec};
-use super::errors::stream_error;
+use super::errors::stream_error_with_status;
 use super::event::{DecodeError, EventClass, StreamDecoder, StreamEvent};
 use super::sse::SseEvent;
 use crate::message::{Message, Part, Role, StepUsage};
@@ -270,16 +270,27 @@ impl ChatDecoder {
 
 /// Usage as Chat reports it: `prompt_tokens` INCLUDES cached and cache-write tokens. DeepSeek's
 /// `prompt_cache_hit_tokens` stands in for `cached_tokens` when that is absent.
+///
+/// `completion_tokens` includes the reasoning tokens on OpenAI, but not on every compatible: xAI
+/// counts them apart, its `total_tokens` being prompt + completion + reasoning
+/// (`testdata/real-streams/openai_chat/c09`: 291 + 26 + 196 = 513). When the total says so, the
+/// reasoning is added to the output, where broca's usage keeps it.
 fn usage(u: &Value) -> StepUsage {
     let cached =
         u64_at(u, &["prompt_tokens_details", "cached_tokens"]).or_else(|| u64_at(u, &["prompt_cache_hit_tokens"]));
-    usage_from_total(
-        u64_at(u, &["prompt_tokens"]),
-        cached,
-        u64_at(u, &["prompt_tokens_details", "cache_write_tokens"]),
-        u64_at(u, &["completion_tokens"]),
-        u64_at(u, &["completion_tokens_details", "reasoning_tokens"]),
-    )
+    let prompt = u64_at(u, &["prompt_tokens"]);
+    let completion = u64_at(u, &["completion_tokens"]);
+    let reasoning = u64_at(u, &["completion_tokens_details", "reasoning_tokens"]);
+    let total = u64_at(u, &["total_tokens"]);
+    let output = match (prompt, completion, reasoning, total) {
+        (Some(p), Some(c), Some(r), Some(t))
+            if r > 0 && p.checked_add(c).and_then(|pc| pc.checked_add(r)) == Some(t) =>
+        {
+            Some(c + r)
+        }
+        _ => completion,
+    };
+    usage_from_total(prompt, cached, u64_at(u, &["prompt_tokens_details", "cache_write_tokens"]), output, reasoning)
 }
 
 impl StreamDecoder for ChatDecoder {
@@ -296,7 +307,9 @@ impl StreamDecoder for ChatDecoder {
         let data = data_object(event)?;
         if let Some(err) = data.get("error").filter(|e| !e.is_null()) {
             let message = str_at(err, &["message"]).or(err.as_str());
-            out.push(stream_error(str_at(err, &["code"]), str_at(err, &["type"]), message));
+            // OpenRouter's code is the HTTP status, a number (`testdata/real-streams/openai_chat/c08`).
+            let status = u64_at(err, &["code"]);
+            out.push(stream_error_with_status(str_at(err, &["code"]), str_at(err, &["type"]), status, message));
             self.finished = true;
             return Ok(class("error", false, false));
         }

@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 
 use super::common::{
     arguments_text, class, data_object, data_url, event_type, finish, is_done, push_text, reasoning_delta,
-    replays_reasoning, str_at, text_delta, tool_output, u64_at, usage_from_total, with_description,
+    replays_reasoning, str_at, tool_output, u64_at, usage_from_total, with_description,
 };
 use super::config::{RenderConfig, ToolSpec};
 use super::errors::stream_error;
@@ -187,6 +187,15 @@ pub fn normalize_incomplete_reason(raw: &str) -> &'static str {
     }
 }
 
+/// The output item an event belongs to: its `output_index`, else its `item_id` (ids are not
+/// stable on every endpoint: see [`ResponsesDecoder::find_call`]).
+fn item_key(data: &Value) -> String {
+    match u64_at(data, &["output_index"]) {
+        Some(at) => format!("#{at}"),
+        None => str_at(data, &["item_id"]).unwrap_or_default().to_string(),
+    }
+}
+
 /// One `function_call` output item seen in the stream.
 #[derive(Debug)]
 struct Call {
@@ -212,6 +221,8 @@ pub struct ResponsesDecoder {
     refused: bool,
     errored: bool,
     finished: bool,
+    /// The (output item, content part) the last text delta belonged to.
+    text_at: Option<(String, u64)>,
 }
 
 impl ResponsesDecoder {
@@ -219,11 +230,15 @@ impl ResponsesDecoder {
         ResponsesDecoder::default()
     }
 
+    /// The call an event belongs to. `output_index` names an item on every event of it, while
+    /// item ids are not stable everywhere: GitHub Copilot's endpoint gives each event of one item
+    /// a new `item_id` (`testdata/real-streams/openai_responses/r05`). So the id decides only
+    /// where an event or the call has no `output_index`.
     fn find_call(&self, data: &Value, item_id: Option<&str>) -> Option<usize> {
         let output_index = u64_at(data, &["output_index"]);
-        self.calls.iter().position(|c| match item_id {
-            Some(id) if !c.item_id.is_empty() => c.item_id == id,
-            _ => output_index.is_some() && c.output_index == output_index,
+        self.calls.iter().position(|c| match (output_index, c.output_index) {
+            (Some(at), Some(call_at)) => at == call_at,
+            _ => item_id.is_some_and(|id| !id.is_empty() && c.item_id == id),
         })
     }
 
@@ -271,15 +286,30 @@ impl ResponsesDecoder {
         }
     }
 
-    /// A reasoning-summary delta, prefixed with a blank line when it opens a later summary part.
+    /// A reasoning-summary delta, prefixed with a blank line when it opens a later summary part
+    /// of the same item (named by `output_index`, else its id: see [`Self::find_call`]).
     fn summary_delta(&mut self, data: &Value, out: &mut Vec<StreamEvent>) -> bool {
         let Some(delta) = str_at(data, &["delta"]).filter(|d| !d.is_empty()) else { return false };
-        let at =
-            (str_at(data, &["item_id"]).unwrap_or_default().to_string(), u64_at(data, &["summary_index"]).unwrap_or(0));
+        let at = (item_key(data), u64_at(data, &["summary_index"]).unwrap_or(0));
         let separate = matches!(&self.summary_at, Some((item, index)) if *item == at.0 && *index != at.1);
         self.summary_at = Some(at);
         let text = if separate { format!("\n\n{delta}") } else { delta.to_string() };
         out.push(StreamEvent::ReasoningDelta { text });
+        true
+    }
+
+    /// A text (or refusal) delta. Each message item's content part is a text part of its own: a
+    /// delta of another part than the last text's starts one (`TextPartStart`), so a commentary
+    /// message (`phase: commentary`, as in real stream r02) and the final answer after it are not
+    /// run together.
+    fn text(&mut self, data: &Value, out: &mut Vec<StreamEvent>) -> bool {
+        let Some(delta) = str_at(data, &["delta"]).filter(|d| !d.is_empty()) else { return false };
+        let at = (item_key(data), u64_at(data, &["content_index"]).unwrap_or(0));
+        if self.text_at.as_ref().is_some_and(|last| *last != at) {
+            out.push(StreamEvent::TextPartStart);
+        }
+        self.text_at = Some(at);
+        out.push(StreamEvent::TextDelta { text: delta.to_string() });
         true
     }
 
@@ -366,9 +396,9 @@ impl StreamDecoder for ResponsesDecoder {
                 self.item_done(&data, out);
                 (false, false)
             }
-            "response.output_text.delta" => (push_text(out, str_at(&data, &["delta"]), text_delta), false),
+            "response.output_text.delta" => (self.text(&data, out), false),
             "response.refusal.delta" => {
-                let content = push_text(out, str_at(&data, &["delta"]), text_delta);
+                let content = self.text(&data, out);
                 self.refused |= content;
                 (content, false)
             }
