@@ -80,11 +80,14 @@ ops! {
 }
 
 /// broca's own management ops, outside the role's op list (`crate::moves`, DESIGN §8): moving a
-/// session between hosts. The manifest declares them; `role.describe` does not list them.
-pub const SESSION_EXPORT: &str = "session.export";
-pub const SESSION_ADOPT: &str = "session.adopt";
-pub const SESSION_LOCATE: &str = "session.locate";
-pub const MOVE_OPS: [&str; 3] = [SESSION_EXPORT, SESSION_ADOPT, SESSION_LOCATE];
+/// session between hosts. The manifest declares them; `role.describe` does not list them. They
+/// live under `move.` so they cannot be taken for llm-runner's ops: the contract's
+/// `session.adopt` (§9.5, taking over a person-started session) is another operation, which broca
+/// does not serve (#47).
+pub const MOVE_EXPORT: &str = "move.export";
+pub const MOVE_ADOPT: &str = "move.adopt";
+pub const MOVE_LOCATE: &str = "move.locate";
+pub const MOVE_OPS: [&str; 3] = [MOVE_EXPORT, MOVE_ADOPT, MOVE_LOCATE];
 
 impl Op {
     /// The op whose method name is `method`.

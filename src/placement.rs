@@ -9,7 +9,7 @@
 //! (ties by name). A NEW session goes to the first-ranked host; adding or removing a host
 //! changes the first rank of about 1/n of the addresses (rendezvous hashing).
 //!
-//! **The authority** is the hosts' own answer (`session.locate`): a session live on one host is
+//! **The authority** is the hosts' own answer (`move.locate`): a session live on one host is
 //! served there, whatever the rule says (it may have been placed before the host list changed,
 //! or moved). Nothing is ever silently forked: a session live on two hosts, tombstoned
 //! somewhere and adopted nowhere (a move in transit), or possibly held by a host that did not
@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 /// The tag the scores are taken under (changing it re-places every new session).
 const TAG: &[u8] = b"broca-placement/v1";
 
-/// What a host says of a session (`session.locate`'s `state`).
+/// What a host says of a session (`move.locate`'s `state`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Held {
     Live,
@@ -32,7 +32,7 @@ pub enum Held {
 }
 
 impl Held {
-    /// `session.locate`'s answer body, read.
+    /// `move.locate`'s answer body, read.
     pub fn from_answer(answer: &serde_json::Value) -> Option<Held> {
         match answer.get("state")?.as_str()? {
             // A folded session is that host's: a read or send unfolds it there. Reading it as
@@ -132,7 +132,7 @@ fn score(addr: &str, host: &str) -> u64 {
     u64::from_be_bytes(first)
 }
 
-/// Places the session at `addr`: asks every host (`probe`: its `session.locate` answer, or why
+/// Places the session at `addr`: asks every host (`probe`: its `move.locate` answer, or why
 /// it gave none) and decides as the module doc says.
 pub fn place(
     addr: &str,

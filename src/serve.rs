@@ -40,6 +40,8 @@ pub struct Metrics {
     session_reads: AtomicU64,
     /// `classify.run` calls (classifier routes; not a session op).
     classify_runs: AtomicU64,
+    /// The move ops' calls, in [`crate::op::MOVE_OPS`] order.
+    moves: [AtomicU64; crate::op::MOVE_OPS.len()],
 }
 
 impl Metrics {
@@ -56,6 +58,9 @@ impl Metrics {
         let mut management: BTreeMap<&str, u64> =
             Op::ALL.iter().map(|op| (op.name(), self.ops[op.index()].load(Ordering::Relaxed))).collect();
         management.insert(cortexkit_role_classifier::ops::CLASSIFY_RUN, self.classify_runs.load(Ordering::Relaxed));
+        for (name, count) in crate::op::MOVE_OPS.iter().zip(&self.moves) {
+            management.insert(name, count.load(Ordering::Relaxed));
+        }
         let load = |g: &AtomicU64| g.load(Ordering::Relaxed);
         json!({
             "management_ops": management,
@@ -410,11 +415,18 @@ fn session_of(bind: &BindRequest) -> SessionKey {
 }
 
 impl Server {
-    /// A move op (`crate::moves`): on an op worker, like every session op.
+    /// A move op (`crate::moves`): on an op worker, like every session op; counted in
+    /// `management_ops` unless its authorization refused it (spec §4).
     fn move_op(&mut self, route: Route, corr: u64, bound: crate::ops::Route, method: String, params: Value) {
-        let (ops, out) = (Arc::clone(&self.ops), self.outbound.clone());
+        let (ops, out, metrics) = (Arc::clone(&self.ops), self.outbound.clone(), Arc::clone(&self.metrics));
         let job = move || {
-            let _ = match crate::moves::serve(&ops, &bound, &method, &params) {
+            let answer = crate::moves::serve(&ops, &bound, &method, &params);
+            if !matches!(&answer, Err(r) if r.code == RefusalCode::NotAuthorized) {
+                if let Some(i) = crate::op::MOVE_OPS.iter().position(|m| *m == method) {
+                    metrics.moves[i].fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            let _ = match answer {
                 Ok(answer) => out.reply(route, corr, json!({"result": answer}).to_string().into_bytes()),
                 Err(refusal) => out.refuse(route, corr, &refusal),
             };

@@ -145,6 +145,31 @@ fn forged_archives_are_refused(h: &Harness) {
     assert!(!s.wal_path().exists(), "nothing adopted");
 }
 
+/// The move ops have names of their own (#47): llm-runner's `session.adopt` (§9.5, taking over
+/// a person-started session) is another operation, which broca does not serve, so it is
+/// refused `unknown_method`, as is the old `session.export`; the move ops are counted in
+/// `health.check`'s `management_ops` (a stranger's refused call is not).
+fn move_ops_have_names_of_their_own(h: &Harness) {
+    let s = h.session("moves", "named", None);
+    h.install(json!({"responses": [reply("one")]}));
+    finished(h, MOVER, &s, "hello");
+    let counted = || {
+        let health = h.block_on(h.client().consumer().supervisor_health_probe(support::MODULE_ID)).unwrap();
+        health.metrics.expect("health metrics")["management_ops"].clone()
+    };
+    let before = counted();
+    for old in ["session.adopt", "session.export", "session.locate"] {
+        let refused = via(h, MOVER, &s, old, json!({"send_id": "x", "plan": {}})).unwrap_err();
+        assert_eq!(refused["code"], "unknown_method", "{old}: {refused}");
+    }
+    assert_eq!(via(h, MOVER, &s, moves::LOCATE, json!({})).unwrap()["state"], "live");
+    assert_eq!(via(h, STRANGER, &s, moves::EXPORT, json!({})).unwrap_err()["code"], "not_authorized");
+    let after = counted();
+    assert_eq!(after["move.locate"].as_u64(), before["move.locate"].as_u64().map(|n| n + 1), "{after}");
+    assert_eq!(after["move.export"], before["move.export"], "a refused authorization is not counted");
+    assert!(after.get("session.adopt").is_none() && after["move.adopt"].is_u64(), "{after}");
+}
+
 #[test]
 fn moves_through_the_daemon() {
     let relay = |id: &str| {
@@ -154,7 +179,8 @@ fn moves_through_the_daemon() {
     };
     let h = Harness::start_with(Options { modules: vec![relay(MOVER), relay(STRANGER)], ..Options::default() });
     support::wait_modules_ready(&h, &[MOVER, STRANGER]);
-    let checks: [support::Check; 3] = [
+    let checks: [support::Check; 4] = [
+        ("move ops have names of their own", move_ops_have_names_of_their_own),
         ("exports write only broca's own files", exports_write_only_broca_s_own_files),
         ("adopts read only archives", adopts_read_only_archives),
         ("forged archives are refused", forged_archives_are_refused),

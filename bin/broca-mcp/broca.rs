@@ -131,7 +131,7 @@ impl Broca {
         Ok(placed.host().to_owned())
     }
 
-    /// `session.locate` on `host`, on a route of its own.
+    /// `move.locate` on `host`, on a route of its own.
     fn locate(&self, c: &Consumer, key: &SessionRef, host: &str) -> Result<broca::placement::Held, String> {
         let route = self.open_on(c, key, host).map_err(|f| match f {
             Failure::Refused(body) => format!("{}: {}", body.code, body.message),

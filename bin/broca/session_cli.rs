@@ -190,7 +190,7 @@ fn call_retrying(args: &Args, key: &SessionKey, method: &str, params: Value, mod
     }
 }
 
-/// `session.export`, then the archive copied out of the exchange directory to `to`.
+/// `move.export`, then the archive copied out of the exchange directory to `to`.
 fn export(args: &Args, key: &SessionKey, to: Option<&Path>, module: &str) -> Result<Value, Failure> {
     let mut answer = call_retrying(args, key, EXPORT, json!({}), module)?;
     let name = answer.get("archive").and_then(Value::as_str).unwrap_or_default().to_owned();
@@ -235,7 +235,7 @@ fn exchange_dir(args: &Args) -> Result<PathBuf, Failure> {
     exchange::of(&root).map_err(|e| (EXIT_REFUSED, format!("broca's exchange directory: {e}")))
 }
 
-/// Every host's `session.locate` and the placement decision.
+/// Every host's `move.locate` and the placement decision.
 fn locate(args: &Args, key: &SessionKey) -> Result<Value, Failure> {
     let consumer = connect(args)?;
     let hosts = if args.hosts.is_empty() {

@@ -36,7 +36,7 @@ pub enum SessionCommand {
     WarmDone(Box<super::warm::WarmDone>),
     /// A held call's late result, from its provider's puller (spec §19).
     LateResult { call_key: String, outcome: crate::held::LateOutcome, answer: Answer<crate::held::LateAck> },
-    /// `session.export`'s tombstone (`crate::moves`), written only between runs.
+    /// `move.export`'s tombstone (`crate::moves`), written only between runs.
     Export { answer: Answer<crate::record::MovedOut> },
     /// Close the actor now if nothing is running or queued (an adopt needs the lease).
     Close,

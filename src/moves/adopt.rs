@@ -1,4 +1,4 @@
-//! `session.adopt {archive}`: take a session an archive in the exchange directory carries.
+//! `move.adopt {archive}`: take a session an archive in the exchange directory carries.
 //! In this order, and nothing written before the last check: who asks (on this host, its
 //! key-holder or an attested module), the named file (a regular file read through a bound,
 //! never through a symlink), its seal under this host's move key, the archive's digests, every

@@ -1,5 +1,5 @@
-//! The session archive a move carries between hosts (`session.export` writes it,
-//! `session.adopt` reads it): sealed with the hosts' move key, and never trusted before the
+//! The session archive a move carries between hosts (`move.export` writes it,
+//! `move.adopt` reads it): sealed with the hosts' move key, and never trusted before the
 //! seal checks out (#44).
 //!
 //! ```text

@@ -1,6 +1,6 @@
 //! The exchange directory (`<state root>/exchange/`, 0700): the only place a move reads or
-//! writes an archive. Moves never take a caller's path (#44): `session.export` writes the
-//! archive under a name broca chooses, `session.adopt` names a file in this directory, and the
+//! writes an archive. Moves never take a caller's path (#44): `move.export` writes the
+//! archive under a name broca chooses, `move.adopt` names a file in this directory, and the
 //! operator's CLI copies archives in and out with the operator's own rights.
 //!
 //! Invariants:
@@ -53,7 +53,7 @@ pub fn check_name(name: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// The name `session.export` gives the archive of the session at `addr` tombstoned at `epoch`:
+/// The name `move.export` gives the archive of the session at `addr` tombstoned at `epoch`:
 /// the same for every repeat of that export.
 pub fn export_name(addr: &str, epoch: u64) -> String {
     format!("{addr}.e{epoch}{SUFFIX}")

@@ -1,4 +1,4 @@
-//! `session.export {}`: tombstone the session on this host (its actor, between runs), then
+//! `move.export {}`: tombstone the session on this host (its actor, between runs), then
 //! write the archive of everything before the tombstone, sealed with the move key, into the
 //! exchange directory under a name broca chooses (`<addr>.e<epoch>.archive`). Every check (who
 //! asks, the exchange directory, the key, the session's size) comes before the tombstone.

@@ -1,6 +1,6 @@
 //! The move key (`<state root>/move.key`): the secret that makes an archive prove where it came
-//! from (#44). `session.export` seals each archive with HMAC-SHA256 under it and
-//! `session.adopt` trusts nothing in an archive before its seal checks out under its own key, so
+//! from (#44). `move.export` seals each archive with HMAC-SHA256 under it and
+//! `move.adopt` trusts nothing in an archive before its seal checks out under its own key, so
 //! only hosts that share the key exchange sessions; an archive written by anyone else (forged,
 //! edited, or from a host outside the group) is refused `archive_invalid {reason: "unverified"}`.
 //!

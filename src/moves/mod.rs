@@ -1,5 +1,5 @@
-//! Moving a session between hosts (DESIGN §8): `session.export` on the host that owns it,
-//! `session.adopt` on the host that takes it, `session.locate` to ask a host where a session
+//! Moving a session between hosts (DESIGN §8): `move.export` on the host that owns it,
+//! `move.adopt` on the host that takes it, `move.locate` to ask a host where a session
 //! stands. The CLI is `broca session export|import|locate`.
 //!
 //! Moves never take a caller's path and never trust an archive broca's hosts did not seal
@@ -46,7 +46,7 @@ use crate::wire::{invalid_params, Refusal, RefusalCode};
 pub const MOVE_WAIT_MS: u64 = 30_000;
 
 /// The management ops this module serves (broca extensions outside the llm-runner role).
-pub use crate::op::{MOVE_OPS as OPS, SESSION_ADOPT as ADOPT, SESSION_EXPORT as EXPORT, SESSION_LOCATE as LOCATE};
+pub use crate::op::{MOVE_ADOPT as ADOPT, MOVE_EXPORT as EXPORT, MOVE_LOCATE as LOCATE, MOVE_OPS as OPS};
 
 /// Serves one of [`OPS`] (blocking: call it from a worker). Authorization before params.
 pub fn serve(ops: &Ops, route: &Route, method: &str, params: &Value) -> Result<Value, Refusal> {
@@ -70,14 +70,14 @@ pub fn serve(ops: &Ops, route: &Route, method: &str, params: &Value) -> Result<V
     }
 }
 
-/// `session.locate`: whether this host holds the session live, holds its tombstone (moved
+/// `move.locate`: whether this host holds the session live, holds its tombstone (moved
 /// out, with the epoch the move left at), or holds nothing of it. A read: any caller.
 fn locate(ops: &Ops, route: &Route) -> Result<Value, Refusal> {
     where_is(ops.registry.shared(), &route.key)
 }
 
 /// Where this host holds the session: `{state: "live" | "folded" | "moved" | "absent", session_ref,
-/// tree?, epoch?}` (`session.locate`, and `broca session ROOT HARNESS SESSION`).
+/// tree?, epoch?}` (`move.locate`, and `broca session ROOT HARNESS SESSION`).
 pub fn where_is(shared: &crate::lineage::Shared, key: &crate::session_key::SessionKey) -> Result<Value, Refusal> {
     if !shared.root.wal_path(key).exists() {
         // Folded: say so without unfolding it (a read would).

@@ -32,7 +32,7 @@ pub fn manifest(module_id: &str) -> ModuleManifest {
     // Moving sessions between hosts (DESIGN §8): broca's own, outside the role's op list.
     operations.extend(crate::op::MOVE_OPS.iter().map(|name| ManagementOperation {
         name: (*name).to_owned(),
-        kind: if *name == crate::op::SESSION_LOCATE {
+        kind: if *name == crate::op::MOVE_LOCATE {
             ManagementOperationKind::Query
         } else {
             ManagementOperationKind::Mutate

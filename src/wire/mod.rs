@@ -188,11 +188,11 @@ pub enum RefusalCode {
     SessionMoved,
     /// A move op names a session this host holds no record of (`detail {session_ref}`).
     SessionNotFound,
-    /// `session.adopt`: this host holds a copy the archive does not continue.
+    /// `move.adopt`: this host holds a copy the archive does not continue.
     SessionExists,
-    /// `session.adopt`: the archive does not check out (`detail {field, reason}`).
+    /// `move.adopt`: the archive does not check out (`detail {field, reason}`).
     ArchiveInvalid,
-    /// `session.export`: the session's WAL is larger than a move carries (`detail {class:
+    /// `move.export`: the session's WAL is larger than a move carries (`detail {class:
     /// "permanent", limit, wal_bytes}`); nothing was written.
     SessionTooLarge,
     /// The run index proves the session has history no WAL here covers (spec §15; `detail

@@ -3,7 +3,7 @@
 //! probability in both brocas, `BROCA_FAILPOINTS`) and at random moments between steps.
 //!
 //! Load: one thread per session sends to wherever `broca::placement` finds the session (each
-//! host's own `session.locate` answer), recording what each send was answered. Moves: the CLI
+//! host's own `move.locate` answer), recording what each send was answered. Moves: the CLI
 //! (`broca session export` on the owner's daemon, `broca session import` on the other's),
 //! repeated until each answers, as an operator would after a crash.
 //!

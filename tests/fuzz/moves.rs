@@ -1,4 +1,4 @@
-//! The move ops (#44): the archive decoder and `session.export`/`adopt`/`locate`'s params.
+//! The move ops (#44): the archive decoder and `move.export`/`adopt`/`locate`'s params.
 //!
 //! - `moves.archive`: a sealed archive of a real session's WAL is mutated as bytes (never
 //!   adopted: the seal fails), and its body mutated then sealed again under the host's key (so
