@@ -183,6 +183,31 @@ fn credentials_from_the_vault() {
     let reports = ops(&vault_log(&log), "credential.report_auth_failure");
     assert_eq!(reports, 1, "one report, no loop");
 
+    // 2b. A paused run resumes only on the account admission froze (spec "Graceful restart",
+    //     #47): the vault now names another account for the credential, so the resume ends the
+    //     run interrupted, naming both accounts, and nothing more is sent.
+    const SECRET_3: &str = "sk-vault-secret-three-5d0e";
+    h.mock.install(
+        "default",
+        mock::Script::from_json(&json!({"authorization": format!("Bearer {SECRET_3}")}).to_string()).unwrap(),
+    );
+    let s5 = h.session(HARNESS, &h.unique("account"), None);
+    let mut params = support::send_params("before the account changed");
+    params["send_id"] = json!("send-account-1");
+    let run = run_id(&s5.ok("session.send", params.clone()));
+    assert_eq!(s5.wait_run(&run, "paused")["reason"], "auth_required");
+    let mut moved = vault_file(SECRET_3, 3, "ready", &["broca"]);
+    moved["credentials"][CREDENTIAL]["account_id"] = json!("acct-mock-2");
+    write_vault(&file, &moved);
+    let sent = h.mock.requests("default").len();
+    assert_eq!(run_id(&s5.ok("session.send", params)), run);
+    let ended = s5.wait_run(&run, "interrupted");
+    assert_eq!(ended["error"]["provider_code"], "resume_refused", "{ended}");
+    let message = ended["error"]["message"].as_str().unwrap();
+    assert!(message.contains("acct-mock-2") && message.contains("acct-mock-1"), "{message}");
+    assert_eq!(h.mock.requests("default").len(), sent, "nothing sent on the other account");
+    write_vault(&file, &vault_file(SECRET_2, 2, "ready", &["broca"]));
+
     // 3. needs_reauth pauses; not_found ends the run with a named permanent error.
     write_vault(&file, &vault_file(SECRET_2, 2, "needs_reauth", &["broca"]));
     let s3 = h.session(HARNESS, &h.unique("reauth"), None);

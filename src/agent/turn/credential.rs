@@ -41,6 +41,9 @@ impl<C> Driver<'_, C> {
                         self.run_id,
                         credential.record_version
                     );
+                    if let Some(end) = self.account_changed(&id, &credential) {
+                        return Ok(Some(end));
+                    }
                     self.credential = Some(credential);
                     return Ok(None);
                 }
@@ -91,6 +94,22 @@ impl<C> Driver<'_, C> {
             return Ok(Some(end));
         }
         unreachable!("the vault read loop returns")
+    }
+
+    /// A run continues only on the account admission froze (spec "Graceful restart": "its
+    /// recorded account must match the served account"): a credential that now names another
+    /// account ends the run `interrupted`, `resume_refused`, naming both (never the secret).
+    fn account_changed(&self, id: &str, credential: &crate::vault::Credential) -> Option<StepEnd> {
+        let recorded = self.lineage.state().last.as_ref().and_then(|e| e.account_id.as_deref())?;
+        if credential.account_id.as_deref() == Some(recorded) {
+            return None;
+        }
+        let now = credential.account_id.as_deref().unwrap_or("no account");
+        let message = format!(
+            "the run could not be resumed: credential '{id}' now names account {now}, not {recorded} the run was admitted with"
+        );
+        log::warn!("run {}: {message}", self.run_id);
+        Some(StepEnd::Ended(FinishReason::Interrupted, Some(ProviderError::permanent("resume_refused", message))))
     }
 
     /// A provider's error with every credential the run holds cut out of its text (providers
