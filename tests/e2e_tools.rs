@@ -33,6 +33,10 @@ const SCENARIOS: &[Scenario] = &[
     ("admission refuses unreachable providers and admits optional ones absent", unreachable_and_optional),
     ("two providers offering one name are refused tool_name_collision", name_collision),
     ("system text from a plan goes before the send's own system prompt", system_text_items),
+    (
+        "an absent optional provider takes its paired text and composition entry",
+        absent_optional_provider_takes_its_text,
+    ),
     ("a provider that restarts mid-session is reached again on a new route", provider_restart),
     ("broca-run --subc --tool-provider runs a turn with the provider's tools", cli_turn_with_tools),
 ];
@@ -312,6 +316,48 @@ fn unreachable_and_optional(h: &Harness, _log: &Path) {
     let baseline = s.ok("session.baseline", json!({}));
     let absent = &baseline["baseline"]["absent_items"];
     assert_eq!(absent[0]["provider"], "no-such-module", "{baseline}");
+}
+
+/// An absent optional provider takes its paired system text and its composition entry with it
+/// (spec §4, fetch-plan-optional-tools/v1, #47): the launch is admitted, the absences name
+/// `tool` and `system_text`, the surviving text is fetched again against the admitted
+/// composition, and the baseline carries that composition's digest.
+fn absent_optional_provider_takes_its_text(h: &Harness, log: &Path) {
+    let s = h.session(HARNESS, &h.unique("optional-text"), None);
+    h.install(json!({"responses": [text_step("fine")]}));
+    let composition = json!({TOOLS: {"role": "tools"}, "no-such-module": {"role": "gone"}});
+    let admitted = json!({TOOLS: {"role": "tools"}});
+    let digest = |v: &Value| cortexkit_role_tool_provider::catalog::composition_digest(v).unwrap();
+    let plan = json!({
+        "tool_items": [{"provider": TOOLS, "preset": "default", "params": {}},
+                       {"provider": "no-such-module", "preset": "default", "params": {}, "optional": true}],
+        "system_text_items": [{"provider": TOOLS, "preset": "default", "params": {}},
+                              {"provider": "no-such-module", "preset": "default", "params": {}}],
+        "composition": composition,
+        "composition_digest": digest(&composition),
+    });
+    let reply = s.ok("session.send", plan_send("hi", plan));
+    s.wait_run(&run_id(&reply), "completed");
+    let baseline = s.ok("session.baseline", json!({}));
+    let absent: Vec<(Value, Value)> = baseline["baseline"]["absent_items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| (a["provider"].clone(), a["kind"].clone()))
+        .collect();
+    assert_eq!(absent, [(json!("no-such-module"), json!("tool")), (json!("no-such-module"), json!("system_text"))]);
+    assert_eq!(baseline["baseline"]["composition_digest"], json!(digest(&admitted)), "{baseline}");
+    let texts: Vec<Option<String>> = counts(log)
+        .entries
+        .iter()
+        .filter_map(|e| match e {
+            call_log::Entry::Role(r) if r.system_text => Some(r.composition_digest.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(texts.last(), Some(&Some(digest(&admitted))), "the surviving text was fetched again: {texts:?}");
+    let request = h.mock.requests("default").last().unwrap().body_json().unwrap().to_string();
+    assert!(request.contains("broca-mock system text (default)"), "the surviving text is rendered: {request}");
 }
 
 fn system_text_items(h: &Harness, _log: &Path) {

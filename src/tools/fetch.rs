@@ -113,10 +113,14 @@ pub fn fetch(plane: &ToolPlane, lineage: &str, plan: &Plan) -> Result<FetchedPla
                 spawn(scope, move || fetch_item(plane, lineage, plan, item, deadline))
             })
             .collect();
+        let composition = plan.composition.as_ref();
         let texts: Vec<_> = plan
             .system_text_items
             .iter()
-            .map(|item| spawn(scope, move || fetch_text(plane, lineage, plan, item, started + PLAN_FETCH_WITHIN)))
+            .map(|item| {
+                let deadline = started + PLAN_FETCH_WITHIN;
+                spawn(scope, move || fetch_text(plane, lineage, plan, item, composition, deadline))
+            })
             .collect();
         let join = |h: std::io::Result<std::thread::ScopedJoinHandle<'_, Result<Fetched, Fault>>>| match h {
             Ok(h) => h.join().unwrap_or_else(|_| Err(Fault::Invalid("the fetch panicked".into()))),
@@ -126,6 +130,41 @@ pub fn fetch(plane: &ToolPlane, lineage: &str, plan: &Plan) -> Result<FetchedPla
         let texts: Vec<Result<Fetched, Fault>> = texts.into_iter().map(join).collect();
         (tools, texts)
     });
+    let absent_providers: Vec<&str> = plan
+        .tool_items
+        .iter()
+        .zip(&results)
+        .filter(|(item, r)| item.optional && r.is_err())
+        .map(|(item, _)| item.provider.as_str())
+        .collect();
+    // An absent optional provider takes its composition entry and its paired text with it; the
+    // surviving texts are fetched again against the admitted composition (spec §4,
+    // fetch-plan-optional-tools/v1). With nothing absent, the one round stands.
+    let admitted = admitted_composition(plan, &absent_providers);
+    let texts = match &admitted {
+        None => texts,
+        Some(composition) => std::thread::scope(|scope| {
+            let handles: Vec<_> = plan
+                .system_text_items
+                .iter()
+                .map(|item| {
+                    let deadline = started + PLAN_FETCH_WITHIN;
+                    let paired_absent = absent_providers.contains(&item.provider.as_str());
+                    (!paired_absent).then(|| {
+                        spawn(scope, move || fetch_text(plane, lineage, plan, item, composition.as_ref(), deadline))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| match h {
+                    None => Err(Fault::Unavailable("its provider is absent".into())),
+                    Some(Ok(h)) => h.join().unwrap_or_else(|_| Err(Fault::Invalid("the fetch panicked".into()))),
+                    Some(Err(e)) => Err(Fault::Unavailable(format!("no thread for the fetch: {e}"))),
+                })
+                .collect()
+        }),
+    };
     let mut items = Vec::new();
     let mut absent = Vec::new();
     let mut tools: Vec<ToolSpec> = Vec::new();
@@ -155,6 +194,12 @@ pub fn fetch(plane: &ToolPlane, lineage: &str, plan: &Plan) -> Result<FetchedPla
     let mut text_items = Vec::new();
     let mut text = Vec::new();
     for (item, result) in plan.system_text_items.iter().zip(texts) {
+        if let Some(tool) = absent.iter().find(|a| a.kind == "tool" && a.provider == item.provider) {
+            // Its provider's tools are absent, so its text is too: one absence entry of its own.
+            let entry = AbsentItem { kind: "system_text".into(), ..tool.clone() };
+            absent.push(entry);
+            continue;
+        }
         let fetched = result.map_err(|fault| fault.refusal(&item.provider))?;
         let offered: Vec<&str> =
             offered_by.iter().filter(|(_, p)| *p == item.provider).map(|(n, _)| n.as_str()).collect();
@@ -166,7 +211,11 @@ pub fn fetch(plane: &ToolPlane, lineage: &str, plan: &Plan) -> Result<FetchedPla
         identity: plan.identity.clone(),
         items,
         absent,
-        composition_digest: plan.composition_digest.clone(),
+        // The baseline names what was admitted: without an absent provider's entry.
+        composition_digest: match &admitted {
+            Some(composition) => composition.as_ref().map(|c| crate::wire::plan::digest(&json!(c))),
+            None => plan.composition_digest.clone(),
+        },
         texts: text_items,
         system_text: (!text.is_empty()).then(|| text.join("\n\n")),
         output_refs: plan.tool_items.iter().any(|i| i.output_refs)
@@ -175,12 +224,25 @@ pub fn fetch(plane: &ToolPlane, lineage: &str, plan: &Plan) -> Result<FetchedPla
     Ok(FetchedPlan { manifest, tools })
 }
 
-/// `role.describe`, then `tool.catalog` asking for one system-text item.
+/// The composition admitted when `absent` providers are left out: `None` when none is (the
+/// plan's stands), else the plan's composition without their entries (`Some(None)`: the plan
+/// has no composition).
+fn admitted_composition(plan: &Plan, absent: &[&str]) -> Option<Option<serde_json::Map<String, Value>>> {
+    if absent.is_empty() {
+        return None;
+    }
+    Some(plan.composition.as_ref().map(|c| {
+        c.iter().filter(|(k, _)| !absent.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect()
+    }))
+}
+
+/// `role.describe`, then `tool.catalog` asking for one system-text item against `composition`.
 fn fetch_text(
     plane: &ToolPlane,
     lineage: &str,
     plan: &Plan,
     item: &SystemTextItem,
+    composition: Option<&serde_json::Map<String, Value>>,
     deadline: Instant,
 ) -> Result<Fetched, Fault> {
     describe_provider(plane, lineage, &item.provider, deadline)?;
@@ -189,7 +251,7 @@ fn fetch_text(
     if let Some(preset) = plan.tool_items.iter().find(|t| t.provider == item.provider).and_then(|t| t.preset.as_ref()) {
         request["preset"] = json!(preset);
     }
-    if let Some(composition) = &plan.composition {
+    if let Some(composition) = composition {
         request["composition"] = json!(composition);
     }
     Ok(Fetched { answer: catalog_op(plane, lineage, &item.provider, request, deadline)? })

@@ -114,6 +114,12 @@ pub struct RoleEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preset: Option<String>,
     pub scoped: bool,
+    /// The composition a `tool.catalog` asked against, as its JCS digest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub composition_digest: Option<String>,
+    /// Whether the request asked for a system-text item.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub system_text: bool,
 }
 
 /// How a call ended.

@@ -30,6 +30,11 @@ pub(super) fn role_op(shared: &Shared, route: Route, corr: u64, bound: &Bound, r
         op: request.name.clone(),
         preset: request.arguments.get("preset").and_then(Value::as_str).map(str::to_owned),
         scoped: bound.scope.is_some(),
+        composition_digest: request
+            .arguments
+            .get("composition")
+            .and_then(|c| cortexkit_role_tool_provider::catalog::composition_digest(c).ok()),
+        system_text: request.arguments.get("system_text").is_some(),
     });
     if let Err(e) = shared.log.record(&entry) {
         log::error!("cannot record {} in the call log: {e}", request.name);
