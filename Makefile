@@ -110,7 +110,7 @@ e2e:
 # provider, kills by real SIGKILLs at broca's fail points (tests/conformance.rs). Failed cases
 # with their messages and skipped cases with the capabilities they need go to stderr; the whole
 # report to target/tmp/conformance-report.txt. The last line is the suite's own count:
-# `CONFORMANCE passed=<n> failed=<n> skipped=<n> not_applicable=<n> real_kills=<n> verdict=<v>`,
+# `CONFORMANCE passed=<n> failed=<n> skipped=<n> not_applicable=<n> real_kills=<n> held_calls=<n> verdict=<v>`,
 # after a `DEVIATIONS ...` line sorting the failures against the listed deviations
 # (tests/conformance/report.rs). The exit status is the verdict's; with
 # BROCA_CONFORMANCE_ACCEPT_DEVIATIONS=1 (CI) a failure of listed deviations alone exits 0.

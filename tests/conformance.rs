@@ -6,7 +6,7 @@
 //! runs nothing. It ends with one line taken from the suite's own report:
 //!
 //! ```text
-//! CONFORMANCE passed=<n> failed=<n> skipped=<n> not_applicable=<n> real_kills=<n> verdict=<passed|failed>
+//! CONFORMANCE passed=<n> failed=<n> skipped=<n> not_applicable=<n> real_kills=<n> held_calls=<n> verdict=<passed|failed>
 //! ```
 //!
 //! Before it, stderr names every failed case with its message and every skipped case with the
