@@ -40,6 +40,7 @@ const SCENARIOS: &[Scenario] = &[
     ("session class, context management and cache are decided at admission", admission_policy),
     ("many drivers, a SIGKILL and a respawn lose and duplicate nothing", stress_with_restart),
     ("a restart-paused run is resumed at boot under the same run id", restart_pause_resumes_at_boot),
+    ("a restart resume is refused when a tool route is gone", restart_resume_needs_its_tool_routes),
     ("unknown send members are tolerated and logged once per key", unknown_members_logged_once),
     ("a retained session expires, is deleted and a later send starts fresh", retention_expires_and_deletes),
     ("an Anthropic tool loop reads its prefix from the provider cache from its second step", prompt_cache_reads),
@@ -447,16 +448,15 @@ fn all_sent_landed(s: &Session, outcomes: &[(usize, Vec<(String, bool)>)], index
     outcomes.iter().filter(|(i, _)| *i == index).flat_map(|(_, sent)| sent).all(|(m, r)| *r || users.contains(m))
 }
 
-/// A run whose WAL shows it paused for a restart (as a drain leaves it) is resumed by the next
-/// process's boot recovery: same run id, same send id, the next step runs.
-fn restart_pause_resumes_at_boot(h: &Harness) {
-    let s = h.session(HARNESS, "restart-pause", None);
-    // (The lane may still hold answers an earlier scenario did not use: texts are not checked.)
-    let a = s.ok("session.send", with(keyed("long job", "rp-1"), "on_restart", json!("resume")));
-    let run_a = a["run_id"].as_str().unwrap().to_string();
-    s.wait_run(&run_a, "completed");
-    // Kill broca, then leave the session as a drain would have: the next episode paused for a
-    // restart at its step-entry boundary (written here while no broca holds it).
+/// Kills broca and leaves `s` as a drain would have: a new episode `run_b` (send `send_id`,
+/// frozen `config` changed by `edit`) paused for a restart at its step-entry boundary, written
+/// while no broca holds it. Returns the killed process's pid, for `wait_respawn`.
+fn plant_restart_pause(
+    h: &Harness,
+    s: &Session,
+    (run_b, send_id): (&str, &str),
+    edit: impl FnOnce(&mut broca::frozen::FrozenConfig),
+) -> i32 {
     let old = h.kill_broca();
     let shared = broca::lineage::Shared::open(broca::state_root::StateRoot::at(&h.state_root()).unwrap()).unwrap();
     let mut l = loop {
@@ -465,17 +465,18 @@ fn restart_pause_resumes_at_boot(h: &Harness) {
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
     };
-    let config = l.state().last.as_ref().unwrap().config.clone();
-    let run_b = "run-sub-00000000000000000000000000restart".to_string();
+    let mut frozen = l.state().last.as_ref().unwrap().config.config().unwrap().clone();
+    edit(&mut frozen);
+    let config = broca::record::Frozen::new(frozen);
     let request = broca::record::RequestIdentity {
-        send_id: Some("rp-2".into()),
+        send_id: Some(send_id.into()),
         config: Some(config.clone()),
         ..Default::default()
     };
     let sub = run_b.trim_start_matches("run-").to_string();
     l.enqueue(&sub, broca::message::Message::user_text("resume me"), request).unwrap();
     let started = broca::record::RunStarted {
-        run_id: run_b.clone(),
+        run_id: run_b.into(),
         submission_id: Some(sub),
         origin: Default::default(),
         config,
@@ -487,7 +488,7 @@ fn restart_pause_resumes_at_boot(h: &Harness) {
     };
     l.append(&broca::record::Record::RunStarted(Box::new(started))).unwrap();
     l.append(&broca::record::Record::RunPaused {
-        run_id: run_b.clone(),
+        run_id: run_b.into(),
         reason: broca::record::PauseReason::Restart,
         error: None,
     })
@@ -495,7 +496,19 @@ fn restart_pause_resumes_at_boot(h: &Harness) {
     l.commit().unwrap();
     drop(l);
     shared.settle();
-    drop(shared);
+    old
+}
+
+/// A run whose WAL shows it paused for a restart (as a drain leaves it) is resumed by the next
+/// process's boot recovery: same run id, same send id, the next step runs.
+fn restart_pause_resumes_at_boot(h: &Harness) {
+    let s = h.session(HARNESS, "restart-pause", None);
+    // (The lane may still hold answers an earlier scenario did not use: texts are not checked.)
+    let a = s.ok("session.send", with(keyed("long job", "rp-1"), "on_restart", json!("resume")));
+    let run_a = a["run_id"].as_str().unwrap().to_string();
+    s.wait_run(&run_a, "completed");
+    let run_b = "run-sub-00000000000000000000000000restart".to_string();
+    let old = plant_restart_pause(h, &s, (&run_b, "rp-2"), |_| {});
     h.wait_respawn(old);
     let status = s.wait_run(&run_b, "completed");
     assert_eq!(status["run_id"], run_b);
@@ -504,6 +517,28 @@ fn restart_pause_resumes_at_boot(h: &Harness) {
     assert_eq!(texts.len(), 4, "{texts:?}");
     assert_eq!(texts[2], "user:resume me");
     assert!(texts[3].starts_with("assistant:"), "the resumed run took its next step: {texts:?}");
+}
+
+/// A restart resume re-checks its tool routes (spec "Graceful restart", #47): a run whose frozen
+/// tools name a provider the daemon no longer serves is sealed interrupted, `resume_refused`,
+/// naming the provider; its model is never called.
+fn restart_resume_needs_its_tool_routes(h: &Harness) {
+    let s = h.session(HARNESS, "restart-routes", None);
+    let a = s.ok("session.send", with(keyed("first", "rr-1"), "on_restart", json!("resume")));
+    s.wait_run(a["run_id"].as_str().unwrap(), "completed");
+    let run_b = "run-sub-0000000000000000000000000000routes".to_string();
+    let old = plant_restart_pause(h, &s, (&run_b, "rr-2"), |c| {
+        let mut tool: broca::frozen::ToolSpec =
+            serde_json::from_value(json!({"name": "gone", "input_schema": {"type": "object"}})).unwrap();
+        tool.module = Some("no-such-provider".into());
+        c.tools = vec![tool];
+    });
+    let requests = h.mock.requests("default").len();
+    h.wait_respawn(old);
+    let status = s.wait_run(&run_b, "interrupted");
+    assert_eq!(status["error"]["provider_code"], "resume_refused", "{status}");
+    assert!(status["error"]["message"].as_str().unwrap().contains("\"no-such-provider\" is not reachable"), "{status}");
+    assert_eq!(h.mock.requests("default").len(), requests, "the model was not called");
 }
 
 /// An idle `session.send` answers `{state: "active", run_id}`; `run.status` reaches `completed`.
@@ -565,7 +600,9 @@ fn sessions_bind_root_and_harness(h: &Harness) {
 
 #[test]
 fn driver_surface() {
-    let h = Harness::start();
+    // Its scenarios kill broca four times (more than the daemon's default crash budget).
+    let restart = json!({"max_restarts": 20, "window_secs": 600, "backoff_ms": 50, "max_backoff_ms": 200});
+    let h = Harness::start_with(support::Options { restart: Some(restart), ..support::Options::default() });
     for (name, scenario) in SCENARIOS {
         eprintln!("scenario: {name}");
         if let Err(panic) = catch_unwind(AssertUnwindSafe(|| scenario(&h))) {

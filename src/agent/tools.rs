@@ -130,6 +130,13 @@ pub trait ToolDispatcher: Send + Sync {
     fn answer_locally(&self, _call: &ToolCall) -> Option<ToolOutcome> {
         None
     }
+
+    /// Whether `module`'s route for the session `lineage` answers before `deadline` (a restart
+    /// resume re-checks its tool routes, spec "Graceful restart"); `Err` says why not. Default:
+    /// reachable (a dispatcher with no routes to check).
+    fn reachable(&self, _module: &str, _lineage: &str, _deadline: Instant) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// The dispatcher of a run with no tool providers: every call is an error result the model can

@@ -130,11 +130,11 @@ pub fn drive_with<C>(
     out: &mut dyn FnMut(Output),
 ) -> Result<TurnOutcome, LineageError> {
     let (run_id, paused) = match lineage.state().resolution() {
-        Resolution::Resume { run_id } => (run_id, false),
-        Resolution::Paused { run_id, .. } => (run_id, true),
+        Resolution::Resume { run_id } => (run_id, None),
+        Resolution::Paused { run_id, reason } => (run_id, Some(reason)),
         other => return Err(LineageError::Refused(format!("no run to drive: the lineage is {other:?}"))),
     };
-    if paused {
+    if paused.is_some() {
         let units = lineage.append_commit(&Record::RunResumed { run_id: run_id.clone() })?.1;
         out(Output::Control(units));
     }
@@ -177,7 +177,33 @@ pub fn drive_with<C>(
         attempt_started_ms: 0,
         hints: Default::default(),
     };
+    if paused == Some(PauseReason::Restart) {
+        if let Some(why) = d.tool_routes_missing() {
+            let message = format!("the restart-paused run could not be resumed: {why}");
+            return d.finish(FinishReason::Interrupted, Some(ProviderError::permanent("resume_refused", message)));
+        }
+    }
     d.run()
+}
+
+/// How long a restart resume waits for each of its tool providers' routes.
+const RESUME_ROUTE_WAIT: Duration = Duration::from_secs(5);
+
+impl<C> Driver<'_, C> {
+    /// A restart resume continues only while every tool provider its frozen tools name can be
+    /// reached (spec "Graceful restart": "tool routes must be available"): the first that
+    /// cannot, and why.
+    fn tool_routes_missing(&self) -> Option<String> {
+        let mut modules: Vec<&str> = self.config.tools.iter().filter_map(|t| t.module.as_deref()).collect();
+        modules.sort_unstable();
+        modules.dedup();
+        let lineage = self.lineage.addr();
+        modules.into_iter().find_map(|module| {
+            let deadline = Instant::now() + RESUME_ROUTE_WAIT;
+            let reached = self.tools.reachable(module, lineage, deadline);
+            reached.err().map(|e| format!("tool provider {module:?} is not reachable: {e}"))
+        })
+    }
 }
 
 impl<C> Driver<'_, C> {

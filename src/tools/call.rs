@@ -18,6 +18,11 @@ use crate::subc::consumer::{CallError, PendingCall};
 const CANCEL_POLL: Duration = Duration::from_millis(20);
 
 impl ToolDispatcher for ToolPlane {
+    /// `role.describe` on the provider's route: any answer means the route is there.
+    fn reachable(&self, module: &str, lineage: &str, deadline: Instant) -> Result<(), String> {
+        self.role_op(module, lineage, "role.describe", json!({}), deadline).map(drop).map_err(|e| e.to_string())
+    }
+
     fn call(&self, call: &ToolCall, deadline: Instant, cancel: &Cancel) -> ToolOutcome {
         let Some(target) = &call.target else {
             // A send's own tool: nothing serves it.
