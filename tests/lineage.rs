@@ -217,24 +217,7 @@ fn export_facts_carry_their_pricing_time_or_read_degraded() {
     let shared = shared(dir.path());
     let mut l = shared.open_lineage(&key()).unwrap();
     episode(&mut l, "run-1", None);
-    let timed = |step: u64, at_ms: u64, calls: &[(&str, &str)]| match model_step("run-2", step, "x", calls) {
-        Record::ModelStepFinished { run_id, step, finish_reason, usage, message, provider, model, variant, .. } => {
-            Record::ModelStepFinished {
-                run_id,
-                step,
-                finish_reason,
-                usage,
-                message,
-                provider,
-                model,
-                variant,
-                at_ms: Some(at_ms),
-                service_tier_applied: None,
-                service_tier_served: None,
-            }
-        }
-        _ => unreachable!(),
-    };
+    let timed = |step, at_ms, calls: &[(&str, &str)]| model_step_at("run-2", step, "x", calls, Some(at_ms));
     for rec in [
         run_started("run-2", None, "again"),
         step_started("run-2", 1),

@@ -29,6 +29,11 @@ pub fn step_started(run_id: &str, step: u64) -> Record {
 
 /// A model step answering `text`, calling the tools named in `calls` (`(id, name)`).
 pub fn model_step(run_id: &str, step: u64, text: &str, calls: &[(&str, &str)]) -> Record {
+    model_step_at(run_id, step, text, calls, None)
+}
+
+/// [`model_step`] answered at `at_ms` (the assistant message's `written_at`).
+pub fn model_step_at(run_id: &str, step: u64, text: &str, calls: &[(&str, &str)], at_ms: Option<u64>) -> Record {
     let mut content = vec![Part::Text { text: text.into() }];
     for (id, name) in calls {
         content.push(Part::ToolCall {
@@ -46,7 +51,7 @@ pub fn model_step(run_id: &str, step: u64, text: &str, calls: &[(&str, &str)]) -
         provider: "mock".into(),
         model: "mock-model".into(),
         variant: None,
-        at_ms: None,
+        at_ms,
         service_tier_applied: None,
         service_tier_served: None,
     }
