@@ -303,7 +303,7 @@ fn answer<T: for<'de> Deserialize<'de>>((status, body): (u16, Vec<u8>), what: &s
             http_status: Some(status),
         });
     }
-    let mut error = crate::provider::wire(crate::frozen::Family::GoogleCodeAssist).classify_error(status, &body);
+    let mut error = super::errors::classify_http_error(crate::frozen::Family::GoogleCodeAssist, status, &body);
     error.message = format!("{what}: {}", error.message);
     Err(error)
 }
