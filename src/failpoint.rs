@@ -32,6 +32,7 @@
 //! | `tool.after_intent_fsync` | `agent::turn` `tool_batch` | the batch's intents durable, no request handed to the consumer |
 //! | `tool.after_request_sent` | `subc::consumer::writer` | a request (or CANCEL) frame written to the daemon socket, no reply read |
 //! | `tool.after_reply` | `agent::turn` `tool_batch` | a call's outcome back on the loop, its result not appended |
+//! | `send.after_admitted` | `actor::decide` `send` | a send's `Queued` + `RunStarted` (its message, `send_id` and frozen plan) durable, no reply sent, no step started (the conformance suite's `crash_at_Admitted` and `crash_at_SendRecorded`) |
 //! | `step.after_started` | `agent::turn` `run` | `StepStarted` durable, the model request not sent |
 //! | `step.mid_stream` | `agent::turn` `attempt` | a model stream chunk received, the step not finished |
 //! | `run.after_finished_before_index` | `agent::turn` `finish_with` | `RunFinished` durable, its run-index row only queued |

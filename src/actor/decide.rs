@@ -222,6 +222,7 @@ fn deliver(
                 credentials,
                 first_owner,
             )?);
+            crate::failpoint!("send.after_admitted");
             let first = lineage.state().episodes == 1;
             let mut reply = SendReply::active(run_id, Some(submission_id));
             reply.baseline = first.then(|| config.baseline());

@@ -27,17 +27,16 @@ const REACH: Duration = Duration::from_secs(120);
 const POINTS: &[(&str, &str, &str)] = &[
     (
         points::ADMITTED,
-        "step.after_started@1",
+        "send.after_admitted@1",
         "broca admits a send with one commit, its RunStarted holding the frozen plan and the send's \
-         message; the fail point fires after the next commit (the content-free StepStarted \
-         barrier), before any model request",
+         message; the fail point fires right after that commit, before the reply and before any \
+         step or model request",
     ),
     (
         points::SEND_RECORDED,
-        "step.after_started@1",
-        "the send's message and send_id are durable in that same RunStarted; the fail point fires \
-         after the StepStarted barrier that follows, before the model request, so the send's reply \
-         may or may not have gone out",
+        "send.after_admitted@1",
+        "the send's message and send_id are durable in that same RunStarted (one commit holds both \
+         states in broca); the fail point fires right after it, before the send's reply goes out",
     ),
     (
         points::DISPATCH_INTENT,
