@@ -31,14 +31,13 @@
 //!   whole reads (60,000 bytes) of `session.output_ref_read` of a reference the session's last
 //!   reply makes to the output of its last tool call (as `refs-bench` reads one, in process).
 //! - `depth.warm_us.<n>` / `depth.warm_bare_request_us.<n>`: `session.warm` (p50) after one real
-//!   Anthropic send on the session, and the same warm body POSTed by a bare ureq client to the
-//!   same mock (the provider's share, which grows with the body).
+//!   Anthropic send on the session (which makes it n + 2 messages), and the same warm body
+//!   POSTed by a bare ureq client to the same mock (the provider's share, which grows with it).
 //! - `depth.open_ms.<n>`: `Shared::open_lineage` of the closed session (lease, checkpoint,
 //!   replay of the tail; p50 of reopens), as an actor opens it.
 //! - `depth.rss_kib.<n>`: RSS growth of a fresh process (a module over the state root, one small
 //!   session already open) when the session's actor opens and sits idle (`Registry::open`).
 
-#[path = "quick.rs"]
 mod quick;
 
 use std::io::Read;
