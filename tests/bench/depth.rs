@@ -22,7 +22,7 @@
 //!   the history, so its cost is spread over the run) on a session of n messages, less a bare
 //!   ureq client's time posting the same request bodies (recorded from a warm-up run on a
 //!   session written the same way) to the same mock and reading each whole stream; median of
-//!   [`rounds`] paired rounds, each on a freshly written session.
+//!   [`rounds`] paired rounds (21, 5 at 10,000 messages), each on a freshly written session.
 //! - `depth.render_us.<family>.<n>`: rendering the request of one step of a session of n
 //!   messages as the loop does (`RenderCache::render_appended`, the cache holding the request
 //!   before the step's two new messages; a family rendered whole renders everything); p50.
@@ -72,9 +72,12 @@ fn depths() -> Vec<usize> {
     }
 }
 
-/// Paired rounds per family and depth (`BROCA_BENCH_DEPTH_ROUNDS` overrides).
-fn rounds() -> usize {
-    std::env::var("BROCA_BENCH_DEPTH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(quick::n(5, 1)).max(1)
+/// Paired rounds per family at `n` messages (`BROCA_BENCH_DEPTH_ROUNDS` overrides): many where a
+/// round takes milliseconds (a burst of load on a shared machine then moves the median less;
+/// the 10-message figure is every ratio's denominator), 5 at 10,000 messages.
+fn rounds(n: usize) -> usize {
+    let default = quick::n(if n <= 1_000 { 21 } else { 5 }, 1);
+    std::env::var("BROCA_BENCH_DEPTH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(default).max(1)
 }
 
 /// Steps of each measured run.
@@ -108,7 +111,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
         Some("--help" | "-h") => {
-            println!("usage: depth-bench            every depth figure\n       depth-bench rss ROOT WARM SESSION   (internal) open two sessions' actors, print the second's RSS in KiB");
+            println!("usage: depth-bench              every depth figure\n       depth-bench FAMILY...    only these families' figures (e.g. under a profiler)\n       depth-bench rss ROOT SMALL SESSION   (internal) open two sessions' actors, print the second's RSS growth in KiB");
             return;
         }
         Some("rss") => {
@@ -117,6 +120,11 @@ fn main() {
         }
         _ => {}
     }
+    let only = &args[1..];
+    if let Some(unknown) = only.iter().find(|a| !FAMILIES.iter().any(|(f, _, _)| f.as_str() == a.as_str())) {
+        eprintln!("depth-bench: {unknown:?} is no family (see --help)");
+        std::process::exit(2);
+    }
     let base = std::env::var_os("BROCA_BENCH_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
     std::fs::create_dir_all(&base).expect("bench dir");
     let dir = tempfile::Builder::new().prefix("depth-bench-").tempdir_in(&base).expect("bench dir");
@@ -124,6 +132,9 @@ fn main() {
     report("depth.raw_fsync_us", raw, "us");
     report("depth.step_budget_us", 2.0 * raw + 300.0, "us");
     for (family, model, auth) in FAMILIES {
+        if !only.is_empty() && !only.iter().any(|a| a == family.as_str()) {
+            continue;
+        }
         for &n in &depths() {
             let started = Instant::now();
             let (overhead, render) = family_figures(dir.path(), family, model, auth, n);
@@ -132,7 +143,7 @@ fn main() {
             eprintln!("depth-bench: {} at {n} messages in {:.1} s", family.as_str(), started.elapsed().as_secs_f64());
         }
     }
-    for &n in &depths() {
+    for &n in depths().iter().filter(|_| only.is_empty()) {
         let started = Instant::now();
         session_figures(dir.path(), n);
         eprintln!("depth-bench: the session figures at {n} messages in {:.1} s", started.elapsed().as_secs_f64());
@@ -313,7 +324,7 @@ fn family_figures(dir: &Path, family: Family, model: &str, auth: AuthMethod, n: 
     let headers = broca::provider::wire(family).headers();
     let agent = ureq::Agent::config_builder().proxy(None).max_redirects(5).build().new_agent();
     let mut overheads = Vec::new();
-    for round in 0..rounds() {
+    for round in 0..rounds(n) {
         mock.install("bare", loop_script(steps));
         let start = Instant::now();
         for body in &bodies {
