@@ -144,6 +144,10 @@ fn report_loop(dir: &Path, raw: f64) {
         report("cli.start_ms", c.start_ms, "ms");
         report("cli.true_ms", c.true_ms, "ms");
         report("cli.start_ratio_to_true", c.start_ms / c.true_ms, "x");
+        // A one-step turn's own cost: the whole turn less a bare client's (#50).
+        report("cli.turn_us", c.turn_us, "us");
+        report("cli.bare_turn_us", c.bare_turn_us, "us");
+        report("cli.turn_overhead_us", c.turn_us - c.bare_turn_us, "us");
         if let Some(n) = c.turn_fsyncs {
             report("cli.turn_fsyncs", n, "fsyncs");
         }

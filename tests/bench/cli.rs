@@ -23,6 +23,11 @@ pub struct CliFigures {
     /// the run index's occasional checkpoint at close counts its share), counted by strace
     /// (None without strace).
     pub turn_fsyncs: Option<f64>,
+    /// Median wall time of a whole continued one-step turn, spawn to exit.
+    pub turn_us: f64,
+    /// Median wall time of a bare client's turn on the same mock: spawning `true`, then one
+    /// request on a new connection, its whole stream read.
+    pub bare_turn_us: f64,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -63,11 +68,27 @@ pub fn measure(dir: &Path) -> Option<CliFigures> {
     };
     // The first turn creates the session; every later one continues it.
     turn(None, &[])?;
-    let mut starts = Vec::new();
+    let (mut starts, mut whole) = (Vec::new(), Vec::new());
     for _ in 0..turns() {
         let spawned = turn(None, &[])?;
+        whole.push(spawned.elapsed().as_secs_f64() * 1e6);
         let first_byte = mock.last_request_at()?;
         starts.push(first_byte.saturating_duration_since(spawned).as_secs_f64() * 1e3);
+    }
+    let url = format!("{}/chat/completions", mock.base_url(None));
+    let body = br#"{"model":"echo-chat","messages":[{"role":"user","content":"hello"}],"stream":true}"#;
+    let bare: Vec<f64> = (0..turns())
+        .filter_map(|_| {
+            let t = Instant::now();
+            Command::new("true").status().ok()?.success().then_some(())?;
+            let agent = ureq::Agent::new_with_defaults();
+            let resp = agent.post(&url).header("content-type", "application/json").send(&body[..]).ok()?;
+            std::io::Read::read_to_end(&mut resp.into_body().into_reader(), &mut Vec::new()).ok()?;
+            Some(t.elapsed().as_secs_f64() * 1e6)
+        })
+        .collect();
+    if bare.is_empty() {
+        return None;
     }
     let trues: Vec<f64> = (0..turns())
         .filter_map(|_| {
@@ -81,7 +102,13 @@ pub fn measure(dir: &Path) -> Option<CliFigures> {
     }
     let trace = dir.join("cli-turn.strace");
     let turn_fsyncs = strace_fsyncs(&trace, |args| turn(Some("strace"), args));
-    Some(CliFigures { start_ms: median(starts), true_ms: median(trues), turn_fsyncs })
+    Some(CliFigures {
+        start_ms: median(starts),
+        true_ms: median(trues),
+        turn_fsyncs,
+        turn_us: median(whole),
+        bare_turn_us: median(bare),
+    })
 }
 
 /// Runs [`turns`] turns under `strace -f` tracing fsync and fdatasync; the calls per turn.
