@@ -194,7 +194,8 @@ impl ModuleBuilder {
         let shared = Arc::new(Shared::open_clocked(self.root, self.storage, self.clock)?);
         let held = match (&self.plane, self.held) {
             (Some(plane), true) => {
-                let intake = crate::held::intake::Intake::open(shared.root.path())
+                let held_floor = shared.floor.features().iter().any(|f| f == crate::record::FEATURE_PROVIDER_HELD);
+                let intake = crate::held::intake::Intake::open(shared.root.path(), held_floor)
                     .map_err(|e| LineageError::Refused(format!("the held-call intake store: {e}")))?;
                 let registry_slot: Arc<std::sync::OnceLock<std::sync::Weak<Registry>>> = Arc::default();
                 let slot = Arc::clone(&registry_slot);

@@ -368,7 +368,7 @@ mod tests {
     #[test]
     fn a_late_result_is_delivered_only_from_its_module_for_its_custodian() {
         let dir = tempfile::tempdir().unwrap();
-        let intake = Arc::new(Intake::open(dir.path()).unwrap());
+        let intake = Arc::new(Intake::open(dir.path(), false).unwrap());
         let reg = Registration {
             call_key: "l:1".into(),
             key: SessionKey::new("/p", "h", "s"),
