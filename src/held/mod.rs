@@ -10,6 +10,8 @@
 //!   projection of the WAL: the WAL's `tool_call_provider_held` records are the truth.
 //! - [`fence`]: what held calls ask of retention — when a retained session may be deleted, and
 //!   which intake rows its deletion takes.
+//! - [`rebuild`]: a recreated intake store registered again from the live WALs, and the boot
+//!   prune of tombstoned lineages.
 //! - [`puller`]: one thread per provider module that pulls `late_results` while the module
 //!   needs its feed, hands each entry to the session's actor, and acks only after the result is
 //!   durable in the session's WAL.
