@@ -43,16 +43,18 @@ impl Module {
     }
 }
 
-/// Boot of the held-call runtime, off the startup path: every session with a registration is
-/// opened (its open-time recovery runs), then each module still needing its feed gets its
-/// puller. A recreated intake store is first rebuilt from the sessions' WALs.
+/// Boot of the held-call runtime, off the startup path (spec §19 "At boot…"): a recreated
+/// intake store is first rebuilt from the live WALs, tombstoned lineages are pruned from the
+/// intake without opening an actor, every remaining session with a registration is opened (its
+/// open-time recovery runs), then each module still needing its feed gets its puller.
 pub fn start_held(held: Option<Arc<Pullers>>, registry: Arc<Registry>) {
     {
         let Some(pullers) = held else { return };
         let spawned = std::thread::Builder::new().name("broca-held-boot".into()).spawn(move || {
             if pullers.intake().needs_rebuild() {
-                crate::held::rebuild::from_sessions(registry.shared(), pullers.intake());
+                crate::held::rebuild::from_wals(registry.shared(), pullers.intake());
             }
+            crate::held::rebuild::prune_tombstoned(registry.shared(), pullers.intake());
             let rows = pullers.intake().registrations().unwrap_or_default();
             let mut opened = std::collections::HashSet::new();
             for row in rows {
@@ -194,7 +196,8 @@ impl ModuleBuilder {
         let shared = Arc::new(Shared::open_clocked(self.root, self.storage, self.clock)?);
         let held = match (&self.plane, self.held) {
             (Some(plane), true) => {
-                let intake = crate::held::intake::Intake::open(shared.root.path())
+                let held_floor = shared.floor.features().iter().any(|f| f == crate::record::FEATURE_PROVIDER_HELD);
+                let intake = crate::held::intake::Intake::open(shared.root.path(), held_floor)
                     .map_err(|e| LineageError::Refused(format!("the held-call intake store: {e}")))?;
                 let registry_slot: Arc<std::sync::OnceLock<std::sync::Weak<Registry>>> = Arc::default();
                 let slot = Arc::clone(&registry_slot);

@@ -18,7 +18,7 @@ mod held;
 mod moved;
 mod warm;
 pub use facts::{AccountDecision, AttemptTelemetry, AuthSelection, BudgetDetail, EventTypeCount};
-pub use held::{ToolCallProviderHeld, FEATURE_PROVIDER_HELD};
+pub use held::{HeldSession, ToolCallProviderHeld, FEATURE_PROVIDER_HELD};
 pub use moved::MovedOut;
 pub use warm::CacheWarmed;
 

@@ -12,7 +12,16 @@
 //!    expired record's incarnation, and the history version a later record starts at) is
 //!    written and fsynced;
 //! 2. the store's rows of the session go (transcript, runs, sends and the checkpoint, one
-//!    transaction), then the WAL file, then the directory is fsynced.
+//!    transaction), then its held-call intake rows (registrations and receipts, one
+//!    transaction; the module feed rows stay), then the WAL file, then the directory is
+//!    fsynced.
+//!
+//! Held calls fence the first step (spec §19, [`crate::held::fence`]): no tombstone is written
+//! while the session's WAL shows a held call without its result or the intake registers a call
+//! of it, while the intake store is missing on a root that used held intake or is unreadable,
+//! or while `late-results-rebuild-required` is set. A fenced session keeps its record (reads
+//! answer `expired` all the same; a send is refused, [`Settled::Fenced`]); a root that never
+//! enabled held intake expires as before.
 //!
 //! Invariant: a deletion is pending exactly when a live WAL carries the incarnation its
 //! tombstone names; [`Expiry::settle`] finishes it (the sweep and every lineage open call it),
@@ -28,12 +37,14 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::held::fence::{self, Fence};
+use crate::record::FEATURE_PROVIDER_HELD;
 use crate::record::{Record, KNOWN_FEATURES};
 use crate::replay::{Replay, Resolution};
 use crate::state_root::{Placement, StateRoot};
 use crate::store::writer::StoreWriter;
 use crate::store::{Store, StoreError};
-use crate::wal::{self, Lease, LeaseError, Storage, WalError};
+use crate::wal::{self, FeatureFloor, Lease, LeaseError, Storage, WalError};
 
 /// The content-free record that a session expired. Holds identifiers and times only.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -60,6 +71,9 @@ pub enum RetentionError {
     Lease(LeaseError),
     /// A record of the WAL does not decode or replay: the session is left alone.
     Unreadable(String),
+    /// The held-call intake store refused to let go of the session's rows; the deletion stays
+    /// pending (its tombstone names the WAL) and is finished later.
+    Intake(crate::held::intake::IntakeError),
 }
 
 impl std::fmt::Display for RetentionError {
@@ -70,6 +84,7 @@ impl std::fmt::Display for RetentionError {
             RetentionError::Store(e) => write!(f, "retention: {e}"),
             RetentionError::Lease(e) => write!(f, "retention: {e}"),
             RetentionError::Unreadable(why) => write!(f, "retention: the wal is unreadable: {why}"),
+            RetentionError::Intake(e) => write!(f, "retention: the held-call intake: {e}"),
         }
     }
 }
@@ -149,45 +164,65 @@ fn replay_of(storage: &dyn Storage, path: &Path) -> Result<(String, Replay), Ret
     Ok((header.incarnation_string(), replay))
 }
 
+/// What settling a session's retention came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Settled {
+    /// Its expired record is deleted (now, or by a deletion its tombstone began).
+    Deleted,
+    /// Nothing to do: no retained record, or its expiry has not come.
+    Live,
+    /// Its record expired at `expired_at_ms` but held calls fence its deletion: it stays,
+    /// reads answer `expired`, and a send is refused until the fence lifts.
+    Fenced { expired_at_ms: u64, fence: Fence },
+}
+
 /// Expires and deletes retained sessions of one state root.
 pub struct Expiry<'a> {
     pub root: &'a StateRoot,
     pub storage: &'a dyn Storage,
     pub store: &'a Store,
     pub writer: &'a StoreWriter,
+    /// The WAL feature floor: whether held records were ever written under this root.
+    pub floor: &'a FeatureFloor,
 }
 
 impl Expiry<'_> {
     /// Under the session's lease, with no writer open: finishes a deletion its tombstone began,
-    /// or expires the session if its time has come (tombstone first, then deletion). Returns
-    /// whether the session's record is gone. A session outside `wal-ephemeral/` is untouched.
-    pub fn settle(&self, addr: &str, now: u64) -> Result<bool, RetentionError> {
+    /// or expires the session if its time has come and held calls do not fence it (tombstone
+    /// first, then deletion). A session outside `wal-ephemeral/` is untouched.
+    pub fn settle(&self, addr: &str, now: u64) -> Result<Settled, RetentionError> {
         let path = ephemeral_wal(self.root, addr);
         if !path.exists() {
-            return Ok(false);
+            return Ok(Settled::Live);
         }
         let tombstone = tombstone(self.root, addr);
         let incarnation = wal::read_header_of(self.storage, &path, KNOWN_FEATURES)?.incarnation_string();
         if tombstone.as_ref().is_some_and(|t| t.incarnation == incarnation) {
             log::info!("retention: finishing the deletion of expired session {addr}");
             self.delete(addr, &path)?;
-            return Ok(true);
+            return Ok(Settled::Deleted);
         }
         let (_, replay) = replay_of(self.storage, &path)?;
-        let Some(expired_at_ms) = expiry_of(&replay).filter(|&at| now >= at) else { return Ok(false) };
+        let Some(expired_at_ms) = expiry_of(&replay).filter(|&at| now >= at) else { return Ok(Settled::Live) };
+        let held_floor = self.floor.features().iter().any(|f| f == FEATURE_PROVIDER_HELD);
+        if let Err(fence) = fence::check(self.root.path(), addr, !replay.held_calls().is_empty(), held_floor) {
+            return Ok(Settled::Fenced { expired_at_ms, fence });
+        }
         let generation = tombstone.map_or(1, |t| t.generation + 1);
         write_tombstone(&tombstone_path(self.root, addr), &Tombstone { expired_at_ms, incarnation, generation })?;
         crate::failpoint!("retention.after_tombstone");
         self.delete(addr, &path)?;
         log::info!("retention: session {addr} expired at {expired_at_ms} and is deleted");
-        Ok(true)
+        Ok(Settled::Deleted)
     }
 
     /// Deletes the store's rows of the session (rows a closed writer still had queued land
-    /// first, so none comes back), then its WAL.
+    /// first, so none comes back), then its held-call intake rows, then its WAL: the WAL goes
+    /// last, so a deletion cut anywhere is still pending and is finished whole.
     fn delete(&self, addr: &str, path: &Path) -> Result<(), RetentionError> {
         self.writer.settle();
         self.store.forget_lineage(addr).map_err(RetentionError::Store)?;
+        fence::forget(self.root.path(), addr).map_err(RetentionError::Intake)?;
         std::fs::remove_file(path).map_err(|source| RetentionError::Io { path: path.to_path_buf(), source })?;
         wal::sync_dir(path.parent().unwrap_or(Path::new(".")))?;
         Ok(())
@@ -203,15 +238,24 @@ struct Seen {
     modified: Option<std::time::SystemTime>,
     expiry: Option<u64>,
     pending: bool,
+    /// The WAL did not read: counted unreadable, and read again only once it changes or
+    /// `fenced`'s instant passed.
+    unreadable: bool,
+    /// Held calls fenced its deletion at the last try, or its WAL did not read (the reason's
+    /// code, for logging once): not tried again before the instant.
+    fenced: Option<(std::time::Instant, &'static str)>,
 }
 
 /// The retention sweep (one thread, every [`crate::limits::RETENTION_SWEEP_MS`]): sessions in
 /// `wal-ephemeral/` whose expiry has come, or whose deletion a crash interrupted, are settled
-/// under their lease. Its memory is bounded by the directory: one [`Seen`] per live file,
-/// pruned every pass.
+/// under their lease. Its memory is bounded by the directory: one [`Seen`] per live file and
+/// at most one unreadable mark per live file, pruned every pass.
 #[derive(Default)]
 pub struct Sweep {
     seen: std::collections::HashMap<String, Seen>,
+    /// Sessions retention could not read at its last look or try: their WAL, or the intake
+    /// store an expired session's deletion must consult (spec §19).
+    unreadable: std::collections::HashSet<String>,
 }
 
 impl Sweep {
@@ -227,34 +271,90 @@ impl Sweep {
             live.insert(addr.to_owned());
             let Ok(meta) = entry.metadata() else { continue };
             let (len, modified) = (meta.len(), meta.modified().ok());
-            let seen = match self.seen.get(addr) {
-                Some(s) if s.len == len && s.modified == modified => *s,
-                _ => match look(expiry, addr, &entry.path()) {
-                    Ok((expiry, pending)) => {
-                        let seen = Seen { len, modified, expiry, pending };
-                        self.seen.insert(addr.to_owned(), seen);
-                        seen
-                    }
-                    Err(e) => {
-                        log::warn!("retention: cannot read session {addr}; left for the next sweep: {e}");
-                        continue;
-                    }
-                },
+            let recheck = std::time::Duration::from_millis(crate::limits::RETENTION_FENCE_RECHECK_MS);
+            let last = self.seen.get(addr).copied();
+            // An unreadable WAL is read again when it changes, or after the recheck interval.
+            let stale = |s: &Seen| s.unreadable && s.fenced.is_none_or(|(until, _)| std::time::Instant::now() >= until);
+            let seen = match last {
+                Some(s) if s.len == len && s.modified == modified && !stale(&s) => s,
+                _ => {
+                    let seen = match look(expiry, addr, &entry.path()) {
+                        Ok((expiry, pending)) => {
+                            Seen { len, modified, expiry, pending, unreadable: false, fenced: None }
+                        }
+                        Err(e) => {
+                            if !last.is_some_and(|s| s.unreadable) {
+                                log::warn!("retention: cannot read session {addr}; it is kept: {e}");
+                            }
+                            let fenced = Some((std::time::Instant::now() + recheck, "wal_unreadable"));
+                            Seen { len, modified, expiry: None, pending: false, unreadable: true, fenced }
+                        }
+                    };
+                    self.seen.insert(addr.to_owned(), seen);
+                    // What a fresh look learned replaces the last mark; a cached one keeps it.
+                    self.mark(addr, seen.unreadable);
+                    seen
+                }
             };
-            if !seen.pending && seen.expiry.is_none_or(|at| now < at) {
+            if seen.unreadable {
+                continue;
+            }
+            let due = seen.pending || seen.expiry.is_some_and(|at| now >= at);
+            if !due || seen.fenced.is_some_and(|(until, _)| std::time::Instant::now() < until) {
                 continue;
             }
             match expiry.settle_leased(addr, now) {
-                Ok(true) => deleted += 1,
-                Ok(false) => {}
+                Ok(Settled::Deleted) => {
+                    deleted += 1;
+                    self.mark(addr, false);
+                }
+                Ok(Settled::Live) => self.mark(addr, false),
+                Ok(Settled::Fenced { expired_at_ms, fence }) => {
+                    if seen.fenced.is_none_or(|(_, code)| code != fence.code()) {
+                        log::info!("retention: session {addr} expired at {expired_at_ms} and is kept: {fence}");
+                    }
+                    self.mark(addr, matches!(fence, Fence::StoreUnreadable(_)));
+                    let fenced = Some((std::time::Instant::now() + recheck, fence.code()));
+                    self.seen.insert(addr.to_owned(), Seen { fenced, ..seen });
+                    continue;
+                }
                 // An open actor holds the lease: it closes at expiry, and the next pass deletes.
                 Err(RetentionError::Lease(LeaseError::Busy { .. } | LeaseError::Stale { .. })) => {}
-                Err(e) => log::warn!("retention: session {addr} left for the next sweep: {e}"),
+                // A begun deletion the intake store holds up: tried again as a fenced one is.
+                Err(e @ RetentionError::Intake(_)) => {
+                    if seen.fenced.is_none() {
+                        log::warn!("retention: the deletion of session {addr} waits: {e}");
+                    }
+                    self.mark(addr, true);
+                    let fenced = Some((std::time::Instant::now() + recheck, "late_results_unreadable"));
+                    self.seen.insert(addr.to_owned(), Seen { fenced, ..seen });
+                    continue;
+                }
+                Err(e) => {
+                    log::warn!("retention: session {addr} left for the next sweep: {e}");
+                    self.mark(addr, matches!(e, RetentionError::Unreadable(_) | RetentionError::Wal(_)));
+                }
             }
             self.seen.remove(addr);
         }
         self.seen.retain(|addr, _| live.contains(addr));
+        self.unreadable.retain(|addr| live.contains(addr));
         deleted
+    }
+
+    /// Retention's unreadable-session total (`health.check`: `retention.unreadable_sessions`):
+    /// the sessions of `wal-ephemeral/` whose WAL did not read at the last look, or whose
+    /// expired record's deletion an unreadable intake store holds back.
+    pub fn unreadable_sessions(&self) -> usize {
+        self.unreadable.len()
+    }
+
+    fn mark(&mut self, addr: &str, unreadable: bool) {
+        if unreadable {
+            self.unreadable.insert(addr.to_owned());
+        } else {
+            self.unreadable.remove(addr);
+        }
     }
 }
 
@@ -267,7 +367,7 @@ fn look(expiry: &Expiry<'_>, addr: &str, path: &Path) -> Result<(Option<u64>, bo
 }
 
 impl Expiry<'_> {
-    fn settle_leased(&self, addr: &str, now: u64) -> Result<bool, RetentionError> {
+    fn settle_leased(&self, addr: &str, now: u64) -> Result<Settled, RetentionError> {
         let _lease = Lease::acquire(&self.root.lease_path_of(addr)).map_err(RetentionError::Lease)?;
         self.settle(addr, now)
     }

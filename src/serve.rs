@@ -71,6 +71,9 @@ impl Metrics {
             "opening": load(&gauges.opening),
             "closing": load(&gauges.closing),
             "reverse_requests_refused": reverse_refused,
+            // Spec §19 names the total without naming the metric: the sessions retention
+            // cannot read (their WAL, or the intake store their deletion must consult).
+            "retention": {"unreadable_sessions": load(&gauges.retention_unreadable_sessions)},
         })
     }
 }

@@ -5,6 +5,15 @@
 //! outside by a control file in the provider's late-results directory, and every count is read
 //! at the provider (its call log and its entry log), outside broca.
 //!
+//! Held calls under retention (spec §19, issue #47): a retained session's deletion waits for its
+//! held calls to settle, then takes its lineage's intake rows and leaves the module's feed; a
+//! later entry for it is an acked no-op and no `tool.withdraw` is sent. Boot prunes a tombstoned
+//! lineage from the intake without opening it; an unreadable intake store keeps an expired
+//! session and counts it in `health.check`'s `retention.unreadable_sessions` (pinned); a held run
+//! resumes after both `late-results.db` and `run-index.db` were lost, because the rebuild scans
+//! the WALs, and the rebuild marker then keeps retention fenced. These run after the others: the
+//! last ones leave the state root with the rebuild marker set.
+//!
 //! Then a kill campaign (`held_kill_campaign`): sessions with held calls while broca is
 //! SIGKILLed at every held fail point (after a call's registration, after its held record,
 //! before and after a late result's delivery) and at random moments, with releases at random
@@ -24,6 +33,7 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use broca::limits;
 use serde_json::{json, Value};
 use support::{Harness, Options, Session};
 
@@ -196,6 +206,10 @@ const SCENARIOS: &[Scenario] = &[
     ("a cancel ends a held run; its late result is then a no-op", cancel_while_held),
     ("a held run survives broca's SIGKILL and takes its late result after", restart_while_held),
     ("a provider restart re-reads its feed from the start under a new incarnation", provider_restart),
+    ("retention deletes a held session once its calls settled, with its intake rows", retention_takes_the_intake_rows),
+    ("boot prunes a tombstoned lineage from the intake without opening it", boot_prunes_a_tombstoned_lineage),
+    ("an unreadable intake store keeps an expired session and counts it in health", unreadable_intake_fences_retention),
+    ("a held run resumes after both databases were lost: the rebuild scans the WALs", rebuild_scans_the_wals),
 ];
 
 fn late_result_resumes(h: &Harness, p: &Provider) {
@@ -374,6 +388,243 @@ fn provider_restart(h: &Harness, p: &Provider) {
     s.wait_run(&run, "completed");
     assert_eq!(tool_results(&s)[0].1["text"], "approved after the provider restarted");
     assert_eq!(count_kind(&records(&s), "tool_result"), 1);
+}
+
+/// `late-results.db` under broca's state root, read-only (broca writes it meanwhile).
+fn intake_db(h: &Harness) -> rusqlite::Connection {
+    let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY;
+    let conn = rusqlite::Connection::open_with_flags(h.state_root().join("late-results.db"), flags).unwrap();
+    conn.busy_timeout(Duration::from_secs(5)).unwrap();
+    conn
+}
+
+/// The intake's rows of `lineage` (its address): `(registrations, receipts)`, a receipt counted
+/// by its lineage or by a call key of the lineage (`<lineage>:<seq>`).
+fn intake_rows(h: &Harness, lineage: &str) -> (i64, i64) {
+    let conn = intake_db(h);
+    let count = |sql: &str| conn.query_row(sql, [lineage], |r| r.get::<_, i64>(0)).unwrap();
+    (
+        count("SELECT count(*) FROM registrations WHERE lineage = ?1"),
+        count("SELECT count(*) FROM receipts WHERE lineage = ?1 OR substr(call_key, 1, length(?1) + 1) = ?1 || ':'"),
+    )
+}
+
+/// `module`'s feed row (its cursor as last acked), if the intake has one.
+fn feed_row(h: &Harness, module: &str) -> Option<(String, i64)> {
+    use rusqlite::OptionalExtension;
+    intake_db(h)
+        .query_row("SELECT incarnation, seq FROM feeds WHERE module = ?1", [module], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()
+        .unwrap()
+}
+
+/// broca's `health.check` metrics, through the daemon's supervisor probe.
+fn health(h: &Harness) -> Value {
+    let probe = h.block_on(h.client().consumer().supervisor_health_probe(support::MODULE_ID)).unwrap();
+    probe.metrics.expect("health metrics")
+}
+
+/// Waits until `done` holds (at most [`WAIT`]).
+fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let until = Instant::now() + WAIT;
+    while !done() {
+        assert!(Instant::now() < until, "{what} did not happen within {WAIT:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The seq of `call_key`'s entry in the provider's log, once it is there.
+fn entry_seq(p: &Provider, call_key: &str) -> u64 {
+    let until = Instant::now() + WAIT;
+    loop {
+        if let Some(i) = p.entries().iter().position(|e| e["call_key"] == call_key) {
+            return i as u64 + 1;
+        }
+        assert!(Instant::now() < until, "the release of {call_key} never became an entry");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A plan send whose session is kept one second after its last activity.
+fn retained_plan_send(prompt: &str) -> Value {
+    let mut p = plan_send(prompt);
+    p["retention"] = json!(1);
+    p
+}
+
+/// A keeper session's held call, so the provider's feed stays pulled while another session has
+/// none registered (broca pulls a module only while a call to it is registered). The model's
+/// script is one FIFO: the keeper's answer after its release is installed by the caller.
+fn hold_the_feed(h: &Harness, p: &Provider) -> (Session, String, String) {
+    let keeper = h.session(HARNESS, &h.unique("keeper"), None);
+    let tag = h.unique("keeper");
+    h.install(json!({"responses": [call_step(&[("k1", "approve", json!({"tag": tag}))])]}));
+    let run = run_id(&keeper.ok("session.send", plan_send("hold the feed open")));
+    let key = p.wait_held(&tag);
+    wait_held_pause(&keeper, &run);
+    (keeper, run, key)
+}
+
+/// H-30, H-31, H-33 (spec §19): a retained session with two held calls is not deleted while
+/// paused; one late result is delivered (its receipt taken), the run is cancelled (the other
+/// call's registration settles), and once idle past its retention the session is deleted with
+/// every intake row of its lineage, while the module's feed row stays. The other call's late
+/// entry then comes for a deleted lineage: acked as a no-op, nothing written, no row left, and
+/// broca never sent `tool.withdraw`.
+fn retention_takes_the_intake_rows(h: &Harness, p: &Provider) {
+    let (keeper, keeper_run, keeper_key) = hold_the_feed(h, p);
+    let s = h.session(HARNESS, &h.unique("retained"), None);
+    let lineage = s.key().addr();
+    let (t1, t2) = (h.unique("first"), h.unique("second"));
+    h.install(json!({"responses": [call_step(&[("c1", "approve", json!({"tag": t1})), ("c2", "approve", json!({"tag": t2}))])]}));
+    let run = run_id(&s.ok("session.send", retained_plan_send("two approvals, kept a second")));
+    let (k1, k2) = (p.wait_held(&t1), p.wait_held(&t2));
+    wait_held_pause(&s, &run);
+    let wal = s.wal_path();
+    assert!(wal.starts_with(h.state_root().join("wal-ephemeral")), "{}", wal.display());
+    assert_eq!(intake_rows(h, &lineage), (2, 0), "both calls are registered");
+    p.release(&k1, json!({"kind": "result", "text": "the first, approved"}));
+    wait_until("the first late result's delivery", || intake_rows(h, &lineage) == (1, 1));
+    // Paused on the second call well past its retention: kept (a paused run never expires).
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(wal.exists(), "a session paused on a held call was deleted");
+    assert_eq!(s.ok("run.cancel", json!({"run_id": run})), json!("ack"));
+    s.wait_run(&run, "cancelled");
+    wait_until("the expired session's deletion", || !wal.exists());
+    assert_eq!(intake_rows(h, &lineage), (0, 0), "the deletion left intake rows of its lineage behind");
+    let feed = feed_row(h, TOOLS).expect("the module's feed row survives the deletion");
+    // The second call's entry, for a lineage that is gone: acked as a no-op, nothing written.
+    p.release(&k2, json!({"kind": "result", "text": "too late"}));
+    let seq = entry_seq(p, &k2);
+    wait_until("the no-op entry's ack", || p.acked() >= seq);
+    assert!(!wal.exists(), "a late entry recreated the deleted session");
+    assert_eq!(s.refused("session.head", json!({})).0, "expired");
+    assert_eq!(intake_rows(h, &lineage), (0, 0), "the no-op entry left a row");
+    // broca saves its cursor once the provider took the ack.
+    wait_until("the cursor moving past the no-op", || feed_row(h, TOOLS).is_some_and(|c| c.1 >= seq as i64));
+    assert_eq!(feed_row(h, TOOLS).unwrap().0, feed.0, "the same feed row, moved on");
+    let counts = call_log::read(&p.log).unwrap();
+    assert_eq!(counts.role_ops.get("tool.withdraw"), None, "deletion sends no tool.withdraw");
+    h.install(json!({"responses": [text_step("kept")]}));
+    p.release(&keeper_key, json!({"kind": "result", "text": "kept long enough"}));
+    keeper.wait_run(&keeper_run, "completed");
+}
+
+/// H-25: rows of a tombstoned lineage (what an older build or a cut deletion left) are pruned at
+/// boot without opening an actor for it; nothing of the session comes back.
+fn boot_prunes_a_tombstoned_lineage(h: &Harness, _p: &Provider) {
+    let s = h.session(HARNESS, &h.unique("tombstoned"), None);
+    h.install(json!({"responses": [text_step("kept a second")]}));
+    let mut send = support::send_params("kept a second");
+    send["retention"] = json!(1);
+    s.wait_run(&run_id(&s.ok("session.send", send)), "completed");
+    let wal = s.wal_path();
+    wait_until("the expired session's deletion", || !wal.exists());
+    let (key, lineage) = (s.key(), s.key().addr());
+    let old = h.kill_broca();
+    {
+        let conn = rusqlite::Connection::open(h.state_root().join("late-results.db")).unwrap();
+        conn.execute(
+            "INSERT INTO registrations (call_key, lineage, project_root, harness, session, run_id, tool_call_id, module, registered_ms) VALUES (?1, ?2, ?3, ?4, ?5, 'run-gone', 'c1', ?6, 1)",
+            rusqlite::params![format!("{lineage}:9"), lineage, key.project_root, key.harness, key.session, TOOLS],
+        )
+        .unwrap();
+        conn.execute(
+            "INSERT INTO receipts (provider, custodian, call_key, event_id, lineage) VALUES (?1, 'reserved:broca', ?2, 'e-gone', ?3)",
+            rusqlite::params![TOOLS, format!("{lineage}:7"), lineage],
+        )
+        .unwrap();
+    }
+    // Boot opens every other session still registered (H-26), and only those.
+    let others: i64 = {
+        let conn = intake_db(h);
+        let sql = "SELECT count(DISTINCT lineage) FROM registrations WHERE lineage <> ?1";
+        conn.query_row(sql, [&lineage], |r| r.get(0)).unwrap()
+    };
+    h.wait_respawn(old);
+    let opens = || health(h)["actor_opens"].as_i64().unwrap();
+    wait_until("boot opening the registered sessions", || opens() >= others);
+    // The registration goes either way (a puller finds its session has no WAL): by then boot
+    // has decided whether to open the session.
+    wait_until("the tombstoned lineage's registration leaving", || intake_rows(h, &lineage).0 == 0);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(opens(), others, "boot opened an actor for a tombstoned lineage");
+    assert_eq!(intake_rows(h, &lineage), (0, 0), "the tombstoned lineage's receipt was not pruned");
+    assert!(!wal.exists());
+    assert_eq!(s.refused("session.head", json!({})).0, "expired");
+}
+
+/// H-34: an intake store that cannot be read keeps an expired session (its reads answer
+/// `expired`) and counts it in `health.check`'s `retention.unreadable_sessions` (pinned). Put
+/// back by a restart (the store recreated over held history, the rebuild marker set), the
+/// session stays fenced (H-37) and the total falls back to 0.
+fn unreadable_intake_fences_retention(h: &Harness, _p: &Provider) {
+    let db = h.state_root().join("late-results.db");
+    // Replaced under the running broca (whose intake connection keeps the old file).
+    let garbage = h.state_root().join("late-results.db.garbage");
+    fs::write(&garbage, b"this is not an SQLite database, and never was one").unwrap();
+    fs::rename(&garbage, &db).unwrap();
+    let s = h.session(HARNESS, &h.unique("fenced"), None);
+    h.install(json!({"responses": [text_step("kept a second")]}));
+    let mut send = support::send_params("kept a second");
+    send["retention"] = json!(1);
+    let run = run_id(&s.ok("session.send", send));
+    s.wait_run(&run, "completed");
+    let wal = s.wal_path();
+    wait_until("the unreadable store's count", || health(h)["retention"]["unreadable_sessions"] == json!(1));
+    std::thread::sleep(Duration::from_millis(limits::RETENTION_DELETE_WITHIN_MS));
+    assert!(wal.exists(), "an expired session was deleted under an unreadable intake store");
+    assert_eq!(s.refused("session.read", json!({})).0, "expired");
+    pin::assert_golden("health.retention_unreadable.json", &health(h)["retention"].to_string(), None);
+    let old = h.kill_broca();
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = fs::remove_file(h.state_root().join(format!("late-results.db{suffix}")));
+    }
+    h.wait_respawn(old);
+    wait_until("the total falls back", || health(h)["retention"]["unreadable_sessions"] == json!(0));
+    assert!(h.state_root().join("late-results-rebuild-required").exists(), "the store was recreated over history");
+    std::thread::sleep(Duration::from_millis(limits::RETENTION_DELETE_WITHIN_MS));
+    assert!(wal.exists(), "the rebuild marker must keep retention fenced");
+    let (code, body) = s.refused("session.send", support::send_params("revive it"));
+    assert_eq!((code.as_str(), &body["detail"]["fence"]), ("open_failed", &json!("late_results_rebuild_required")));
+}
+
+/// H-27: broca is killed while a run is paused on a held call, and both `late-results.db` and
+/// `run-index.db` are lost; the call is released meanwhile. At boot the rebuild finds the call by
+/// scanning the live WALs (decoding only those holding a provider-held frame), registers it
+/// under the session its held record names, and the run takes its late result, once.
+fn rebuild_scans_the_wals(h: &Harness, p: &Provider) {
+    let s = h.session(HARNESS, &h.unique("rebuilt"), None);
+    let tag = h.unique("rebuilt");
+    h.install(
+        json!({"responses": [call_step(&[("c1", "approve", json!({"tag": tag}))]), text_step("after the rebuild")]}),
+    );
+    let run = run_id(&s.ok("session.send", plan_send("approve across a lost intake")));
+    let key = p.wait_held(&tag);
+    wait_held_pause(&s, &run);
+    let old = h.kill_broca();
+    for db in ["late-results.db", "run-index.db"] {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = fs::remove_file(h.state_root().join(format!("{db}{suffix}")));
+        }
+    }
+    p.release(&key, json!({"kind": "result", "text": "approved while both databases were lost"}));
+    let log_before = h.broca_log().len();
+    h.wait_respawn(old);
+    s.wait_run(&run, "completed");
+    assert_eq!(p.runs("approve", &tag), 1, "never sent again");
+    assert_eq!(count_kind(&records(&s), "tool_result"), 1, "delivered exactly once");
+    assert_eq!(tool_results(&s)[0].1["text"], "approved while both databases were lost");
+    let log = h.broca_log()[log_before..].to_owned();
+    let line =
+        log.lines().find(|l| l.contains("the intake was rebuilt from the live WALs")).expect("the rebuild's log line");
+    let number = |after: &str| -> usize {
+        let at = line.find(after).unwrap_or_else(|| panic!("{after:?} in {line}"));
+        line[..at].trim_end().rsplit(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+    };
+    let (wals, decoded) = (number(" WAL(s)"), number(" holding a provider-held frame"));
+    assert!(decoded >= 1 && decoded < wals, "only WALs with a held frame are decoded: {line}");
+    assert!(h.state_root().join("late-results-rebuild-required").exists());
 }
 
 /// The pid of the broca-mock module writing `log` (its path is on its command line).

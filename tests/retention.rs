@@ -5,6 +5,13 @@
 //! version), a run that never expires while it is active, and a deletion a crash interrupted
 //! after the tombstone, finished by the next open. The same expiry runs through the real
 //! daemon in `e2e_driver` and in the published suite (`make conformance`).
+//!
+//! Held calls under retention (spec §19, `src/held/fence.rs`): an intake registration of the
+//! session, a lost intake store on a root that used held intake, an unreadable one (counted in
+//! the sweep's unreadable-session total) and the rebuild marker each keep an expired session
+//! from being deleted; a send to it is refused (pinned) and writes nothing; once the fence
+//! lifts, the deletion takes the lineage's registrations and receipts and leaves the module's
+//! feed row. Through the real daemon, with a real provider holding calls, in `e2e_held`.
 
 mod inproc;
 use broca_mock::mock;
@@ -15,7 +22,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use broca::clock::{Clock, ManualClock};
+use broca::held::intake::{Intake, Registration, REBUILD_MARKER, REGISTERED_MARKER};
 use broca::limits::RETENTION_MAX_SECONDS;
+use broca::retention::Sweep;
+use broca::session_key::SessionKey;
+use cortexkit_role_tool_provider::late_results::IntakeKey;
 use inproc::{key, reply_script, Rig};
 use pin::assert_golden;
 use serde_json::{json, Value};
@@ -105,7 +116,7 @@ fn retention_refusals_name_retention_and_write_nothing() {
 }
 
 /// Waits until `done` holds, for at most `within`.
-fn wait_for(within: Duration, what: &str, done: impl Fn() -> bool) {
+fn wait_for(within: Duration, what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + within;
     while !done() {
         assert!(Instant::now() < deadline, "{what} did not happen within {within:?}");
@@ -138,6 +149,11 @@ fn an_idle_retained_session_expires_is_deleted_and_a_later_send_starts_fresh() {
     clock.advance(Duration::from_millis(1));
     wait_for(Duration::from_secs(5), "deletion", || !ephemeral_wal(rig).exists());
     assert_eq!(store_rows(rig), 0, "the store rows went with the WAL");
+    // A root that never enabled held intake expires as before, and retention creates no
+    // intake file (spec §19, H-36).
+    for file in ["late-results.db", REGISTERED_MARKER, REBUILD_MARKER] {
+        assert!(!rig.dir.path().join(file).exists(), "retention created {file}");
+    }
     for (method, params) in [
         ("session.read", json!({})),
         ("session.head", json!({})),
@@ -209,4 +225,135 @@ fn a_deletion_cut_after_its_tombstone_is_finished_by_the_next_open() {
     let page = rig.call("session.read", json!({})).unwrap();
     assert_eq!(page["messages"].as_array().unwrap().len(), 2, "only the fresh record: {page}");
     assert!(!page.to_string().contains("\"cut\""));
+}
+
+/// A clocked rig holding one retained session (retention 1 s) whose run finished and whose
+/// expiry has passed; its actor has closed, so only a sweep settles it.
+fn expired_session() -> (Rig, Arc<ManualClock>) {
+    let (rig, clock) = clocked();
+    answers(&rig, "ok", 0);
+    finish(&rig, &rig.call("session.send", retained("kept a second", Some(1))).unwrap());
+    clock.advance(Duration::from_secs(2));
+    rig.wait_closed(&key());
+    (rig, clock)
+}
+
+fn sweep_once(rig: &Rig, clock: &ManualClock, sweep: &mut Sweep) -> usize {
+    sweep.pass(&rig.ops.registry.shared().expiry(), clock.now_ms())
+}
+
+const TOOLS: &str = "mock-tools";
+
+fn receipt(call_key: &str) -> IntakeKey {
+    IntakeKey {
+        provider: TOOLS.into(),
+        custodian: "reserved:broca".into(),
+        call_key: call_key.into(),
+        event_id: format!("event-{call_key}"),
+    }
+}
+
+#[test]
+fn a_held_call_registration_fences_deletion_until_pruned_and_deletion_takes_the_lineage_s_intake_rows() {
+    let (owned, clock) = expired_session();
+    let rig = &owned;
+    let lineage = key().addr();
+    let intake = Intake::open(rig.dir.path(), false).unwrap();
+    let call = format!("{lineage}:5");
+    let reg = Registration {
+        call_key: call.clone(),
+        key: key(),
+        run_id: "run-x".into(),
+        tool_call_id: "c1".into(),
+        module: TOOLS.into(),
+    };
+    intake.register(std::slice::from_ref(&reg), 1).unwrap();
+    intake.receive(&receipt(&format!("{lineage}:3")), &lineage).unwrap();
+    intake.set_cursor(TOOLS, Some(("incarnation-1", 7))).unwrap();
+    let other = SessionKey::new("/tmp", "ops-test", "another").addr();
+    intake.receive(&receipt(&format!("{other}:3")), &other).unwrap();
+
+    // H-33: a registration of the session keeps its expired record.
+    assert_eq!(sweep_once(rig, &clock, &mut Sweep::default()), 0);
+    assert!(ephemeral_wal(rig).exists(), "an expired session with a registered held call was deleted");
+    let e = rig.call("session.read", json!({})).unwrap_err();
+    assert_eq!(e.code.as_str(), "expired", "reads answer expired all the same");
+    // A send neither revives the expired record nor starts a fresh one over it.
+    let wal = std::fs::read(ephemeral_wal(rig)).unwrap();
+    let e = rig.call("session.send", inproc::send("revive it")).unwrap_err();
+    assert_eq!(field(&e).0, "open_failed");
+    assert_eq!((detail(&e, "reason"), detail(&e, "fence")), (json!("retention_fenced"), json!("held_call_registered")));
+    assert_golden("send.retention_fenced.json", &e.to_json(), None);
+    assert_eq!(std::fs::read(ephemeral_wal(rig)).unwrap(), wal, "the refused send wrote nothing");
+    rig.wait_closed(&key());
+
+    // The call's terminal is durable: its registration is pruned (H-24); now it may go, and its
+    // deletion takes the lineage's registrations and receipts, never the module's feed (H-31).
+    intake.prune(std::slice::from_ref(&call)).unwrap();
+    assert_eq!(sweep_once(rig, &clock, &mut Sweep::default()), 1);
+    assert!(!ephemeral_wal(rig).exists());
+    assert!(!intake.received(&receipt(&format!("{lineage}:3"))).unwrap(), "the lineage's receipt stayed");
+    assert_eq!(intake.lineages().unwrap(), vec![other.clone()], "only the other lineage's rows stay");
+    assert_eq!(intake.cursor(TOOLS).unwrap(), Some(("incarnation-1".into(), 7)), "the feed row survives");
+    assert!(intake.received(&receipt(&format!("{other}:3"))).unwrap());
+    // A later send starts a fresh record.
+    finish(rig, &rig.call("session.send", inproc::send("fresh")).unwrap());
+    assert_eq!(rig.call("session.read", json!({})).unwrap()["history_version"], json!(2));
+}
+
+#[test]
+fn a_lost_intake_store_or_the_rebuild_marker_fences_retention_on_a_root_that_used_held_intake() {
+    // H-34: the store lost after registration history, or under a held feature floor; H-37:
+    // the rebuild marker, whatever the store holds.
+    for case in ["registered marker", "held feature floor", "rebuild marker"] {
+        let (owned, clock) = expired_session();
+        let (rig, root) = (&owned, owned.dir.path());
+        match case {
+            "registered marker" => std::fs::write(root.join(REGISTERED_MARKER), b"").unwrap(),
+            "held feature floor" => rig.ops.registry.shared().floor.raise(&["provider-held/v1"]).unwrap(),
+            _ => {
+                drop(Intake::open(root, false).unwrap());
+                std::fs::write(root.join(REBUILD_MARKER), b"").unwrap();
+            }
+        }
+        let mut sweep = Sweep::default();
+        assert_eq!(sweep_once(rig, &clock, &mut sweep), 0, "{case}");
+        assert!(ephemeral_wal(rig).exists(), "{case}: the expired session was deleted");
+        assert_eq!(sweep.unreadable_sessions(), 0, "{case}: nothing is unreadable");
+        if case != "rebuild marker" {
+            assert!(!root.join("late-results.db").exists(), "{case}: retention created the store");
+        }
+        let e = rig.call("session.send", inproc::send("revive it")).unwrap_err();
+        let want = if case == "rebuild marker" {
+            ("late_results_rebuild_required", "permanent")
+        } else {
+            ("late_results_missing", "transient")
+        };
+        assert_eq!((detail(&e, "fence"), detail(&e, "class")), (json!(want.0), json!(want.1)), "{case}");
+    }
+}
+
+#[test]
+fn an_unreadable_intake_store_fences_retention_and_counts_the_session_unreadable() {
+    let (owned, clock) = expired_session();
+    let (rig, root) = (&owned, owned.dir.path());
+    std::fs::write(root.join("late-results.db"), b"this is not an SQLite database file, not at all").unwrap();
+    // A retained WAL this build cannot read counts too (its expiry cannot be told).
+    let junk = rig.dir.path().join("wal-ephemeral").join(format!("{}.wal", SessionKey::new("/j", "h", "s").addr()));
+    std::fs::write(&junk, b"not a WAL").unwrap();
+    let mut sweep = Sweep::default();
+    assert_eq!(sweep_once(rig, &clock, &mut sweep), 0);
+    assert!(ephemeral_wal(rig).exists(), "deleted under an unreadable intake store");
+    assert_eq!(sweep.unreadable_sessions(), 2, "both sessions count in the unreadable-session total");
+    std::fs::remove_file(&junk).unwrap();
+    sweep_once(rig, &clock, &mut sweep);
+    assert_eq!(sweep.unreadable_sessions(), 1, "the session kept by the unreadable store still counts");
+    // Gone, on a root with no other trace of held intake: ordinary expiry again (H-36), and the
+    // total falls back (the fenced session is tried again after its recheck interval).
+    std::fs::remove_file(root.join("late-results.db")).unwrap();
+    wait_for(Duration::from_secs(5), "deletion", || {
+        sweep_once(rig, &clock, &mut sweep);
+        !ephemeral_wal(rig).exists()
+    });
+    assert_eq!(sweep.unreadable_sessions(), 0);
 }

@@ -45,6 +45,13 @@ pub fn send(
     units: &mut Units,
 ) -> Result<SendReply, Refusal> {
     owner_admits(lineage, Op::SessionSend, &checked.caller)?;
+    if let Some(fence) = lineage.deletion_fenced() {
+        // The record expired and held calls keep it from being deleted (spec §19): a send may
+        // neither revive it nor start a fresh record over it, and a keyed retry reads nothing
+        // of it.
+        let at = crate::retention::expiry_of(lineage.state()).unwrap_or_default();
+        return Err(crate::ops::expiry::deletion_fenced(at, fence));
+    }
     if let Some(send_id) = send.send_id.clone() {
         if let Some(row) = recorded_send(store, lineage, &send_id)? {
             if let Some(field) = differing_field(&row.request.identity, &send.identity) {

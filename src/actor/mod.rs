@@ -100,6 +100,9 @@ pub struct Gauges {
     pub opening: AtomicU64,
     pub closing: AtomicU64,
     pub runs_in_flight: AtomicU64,
+    /// Retention's unreadable-session total at the sweep's last pass
+    /// (`crate::retention::Sweep::unreadable_sessions`).
+    pub retention_unreadable_sessions: AtomicU64,
 }
 
 /// One open session counted in [`Gauges::open_sessions`]: given back when dropped (its actor
@@ -309,6 +312,8 @@ impl Registry {
                 if deleted > 0 {
                     log::info!("retention: deleted {deleted} expired session(s)");
                 }
+                let unreadable = u64::try_from(sweep.unreadable_sessions()).unwrap_or(u64::MAX);
+                registry.gauges.retention_unreadable_sessions.store(unreadable, Ordering::Relaxed);
                 drop(registry);
                 std::thread::sleep(every);
             }
@@ -456,7 +461,7 @@ impl Registry {
                     close_asked = true;
                     continue;
                 }
-                if matches!(cmd, SessionCommand::Send { .. }) && expired(&lineage) {
+                if matches!(cmd, SessionCommand::Send { .. }) && expired_deletable(&lineage) {
                     // The send starts a fresh record: this actor closes, and the next open
                     // deletes the expired one first (`crate::retention`).
                     drop(publish);
@@ -498,7 +503,7 @@ impl Registry {
             match rx.recv_timeout(wait) {
                 Ok(SessionCommand::Close) => close_asked = true,
                 Ok(cmd) => {
-                    if matches!(cmd, SessionCommand::Send { .. }) && expired(&lineage) {
+                    if matches!(cmd, SessionCommand::Send { .. }) && expired_deletable(&lineage) {
                         drop(publish);
                         return self.close_expired(lineage, &rx, slot, cmd);
                     }
@@ -668,6 +673,13 @@ impl Registry {
 /// Whether the session's record is past its retention now (`crate::retention::expiry_of`).
 fn expired(lineage: &Lineage) -> bool {
     crate::retention::expiry_of(lineage.state()).is_some_and(|at| lineage.now_ms() >= at)
+}
+
+/// Whether a send to the session is for a fresh record: its record expired, and this writer
+/// did not find the deletion fenced when it opened (a fenced one refuses the send instead of
+/// reopening round and round, `decide::send`).
+fn expired_deletable(lineage: &Lineage) -> bool {
+    expired(lineage) && lineage.deletion_fenced().is_none()
 }
 
 /// Whether the session's last run has not finished (running or paused).

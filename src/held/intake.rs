@@ -108,11 +108,13 @@ pub struct Intake {
 
 impl Intake {
     /// Opens (or creates) `late-results.db` under `root`. A missing or unreadable database is
-    /// recreated; when held intake was used before, the rebuild marker is set and
+    /// recreated; when held intake was used before (the registered marker, or `held_floor`: the
+    /// WAL feature floor names `provider-held/v1`), the rebuild marker is set and
     /// [`Intake::needs_rebuild`] says so.
-    pub fn open(root: &Path) -> Result<Intake, IntakeError> {
+    pub fn open(root: &Path, held_floor: bool) -> Result<Intake, IntakeError> {
         let path = root.join(FILE);
         let registered = root.join(REGISTERED_MARKER).exists();
+        let history = registered || held_floor;
         let existed = path.exists();
         let conn = match Self::connect(&path) {
             Ok(c) => c,
@@ -122,7 +124,7 @@ impl Intake {
                 Self::connect(&path)?
             }
         };
-        let rebuilt = registered && (!existed || !conn_has_tables(&conn));
+        let rebuilt = history && (!existed || !conn_has_tables(&conn));
         if rebuilt {
             write_marker(root, REBUILD_MARKER)?;
         }
@@ -264,23 +266,79 @@ impl Intake {
         Ok(())
     }
 
-    /// Retention deleted the session: its registrations and receipts go; module feeds stay.
+    /// The session's record is gone (retention deleted it): its registrations and receipts go;
+    /// module feeds stay ([`forget_lineage_tx`]).
     pub fn forget_lineage(&self, lineage: &str) -> Result<(), IntakeError> {
         let mut conn = self.conn.lock();
-        let tx = conn.transaction()?;
-        tx.execute("DELETE FROM registrations WHERE lineage = ?1", [lineage])?;
-        tx.execute("DELETE FROM receipts WHERE lineage = ?1", [lineage])?;
-        tx.commit()?;
-        Ok(())
+        forget_lineage_tx(&mut conn, lineage)
     }
 
-    /// Whether the session has registrations (retention must not delete it).
-    pub fn has_lineage(&self, lineage: &str) -> Result<bool, IntakeError> {
+    /// Every lineage the store holds a registration or a receipt of (boot: which are
+    /// tombstoned).
+    pub fn lineages(&self) -> Result<Vec<String>, IntakeError> {
         let conn = self.conn.lock();
+        let mut stmt = conn.prepare("SELECT lineage FROM registrations UNION SELECT lineage FROM receipts")?;
+        let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+}
+
+/// Removes a lineage's registrations and receipts in one transaction, leaving the module feed
+/// rows (cursor, owed ack) other sessions still need (spec §19).
+fn forget_lineage_tx(conn: &mut Connection, lineage: &str) -> Result<(), IntakeError> {
+    let tx = conn.transaction()?;
+    tx.execute("DELETE FROM registrations WHERE lineage = ?1", [lineage])?;
+    tx.execute("DELETE FROM receipts WHERE lineage = ?1", [lineage])?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// What the intake store under a state root says of one lineage, read without creating or
+/// repairing anything (retention reads it; only the held-call runtime recreates a store).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Holding {
+    /// There is no `late-results.db`.
+    NoStore,
+    /// The store holds this many registrations of the lineage.
+    Registrations(u64),
+    /// The store exists and cannot be read (not a database, no tables, an I/O error).
+    Unreadable(String),
+}
+
+/// The lineage's registrations in the store under `root` ([`Holding`]). Opened without
+/// `CREATE`, and read-write only so that a closed store's `-wal`/`-shm` files, which a reader of
+/// a WAL-mode database needs, are removed again when it closes (a read-only connection would
+/// leave them behind).
+pub fn holding(root: &Path, lineage: &str) -> Holding {
+    let path = root.join(FILE);
+    if !path.exists() {
+        return Holding::NoStore;
+    }
+    let read = || -> Result<u64, rusqlite::Error> {
+        let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = Connection::open_with_flags(&path, flags)?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
         let n: i64 =
             conn.query_row("SELECT count(*) FROM registrations WHERE lineage = ?1", [lineage], |r| r.get(0))?;
-        Ok(n > 0)
+        Ok(u64::try_from(n).unwrap_or(0))
+    };
+    match read() {
+        Ok(n) => Holding::Registrations(n),
+        Err(e) => Holding::Unreadable(e.to_string()),
     }
+}
+
+/// Removes the lineage's registrations and receipts from the store under `root` (module feed
+/// rows stay). A state root without a store holds none: nothing is created.
+pub fn forget_lineage_at(root: &Path, lineage: &str) -> Result<(), IntakeError> {
+    let path = root.join(FILE);
+    if !path.exists() {
+        return Ok(());
+    }
+    let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let mut conn = Connection::open_with_flags(&path, flags)?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    forget_lineage_tx(&mut conn, lineage)
 }
 
 fn registration_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Registration> {
@@ -325,7 +383,7 @@ mod tests {
     #[test]
     fn registrations_receipts_and_cursors_survive_a_reopen() {
         let dir = tempfile::tempdir().unwrap();
-        let intake = Intake::open(dir.path()).unwrap();
+        let intake = Intake::open(dir.path(), false).unwrap();
         assert!(!dir.path().join(REGISTERED_MARKER).exists());
         intake.register(&[reg("l:1", "tools"), reg("l:2", "tools")], 5).unwrap();
         assert!(dir.path().join(REGISTERED_MARKER).exists(), "the marker precedes the first registration");
@@ -335,7 +393,7 @@ mod tests {
         intake.set_cursor("tools", Some(("inc", 3))).unwrap();
         intake.prune(&["l:2".into()]).unwrap();
         drop(intake);
-        let again = Intake::open(dir.path()).unwrap();
+        let again = Intake::open(dir.path(), false).unwrap();
         assert!(!again.needs_rebuild());
         assert_eq!(again.registration("l:1").unwrap(), Some(reg("l:1", "tools")));
         assert_eq!(again.registration("l:2").unwrap(), None);
@@ -349,11 +407,46 @@ mod tests {
     #[test]
     fn a_lost_database_with_held_history_is_marked_for_rebuild() {
         let dir = tempfile::tempdir().unwrap();
-        Intake::open(dir.path()).unwrap().register(&[reg("l:1", "tools")], 5).unwrap();
+        Intake::open(dir.path(), false).unwrap().register(&[reg("l:1", "tools")], 5).unwrap();
         std::fs::remove_file(dir.path().join(FILE)).unwrap();
-        let again = Intake::open(dir.path()).unwrap();
+        let again = Intake::open(dir.path(), false).unwrap();
         assert!(again.needs_rebuild() && dir.path().join(REBUILD_MARKER).exists());
         let fresh = tempfile::tempdir().unwrap();
-        assert!(!Intake::open(fresh.path()).unwrap().needs_rebuild(), "no history, nothing to rebuild");
+        assert!(!Intake::open(fresh.path(), false).unwrap().needs_rebuild(), "no history, nothing to rebuild");
+        // A WAL feature floor naming provider-held/v1 is held history too (a WAL with held
+        // frames may have come without its registrations, e.g. by a move).
+        let floored = tempfile::tempdir().unwrap();
+        assert!(Intake::open(floored.path(), true).unwrap().needs_rebuild());
+        assert!(floored.path().join(REBUILD_MARKER).exists());
+    }
+
+    #[test]
+    fn retention_reads_a_lineage_without_creating_or_repairing_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let lineage = SessionKey::new("/p", "h", "s").addr();
+        assert_eq!(holding(dir.path(), &lineage), Holding::NoStore);
+        forget_lineage_at(dir.path(), &lineage).unwrap();
+        assert!(!dir.path().join(FILE).exists(), "reading or forgetting creates no store");
+        let intake = Intake::open(dir.path(), false).unwrap();
+        intake.register(&[reg("l:1", "tools")], 5).unwrap();
+        let key =
+            IntakeKey { provider: "tools".into(), custodian: "c".into(), call_key: "l:1".into(), event_id: "e".into() };
+        intake.receive(&key, &lineage).unwrap();
+        intake.set_cursor("tools", Some(("inc", 3))).unwrap();
+        assert_eq!(holding(dir.path(), &lineage), Holding::Registrations(1));
+        assert_eq!(holding(dir.path(), "other"), Holding::Registrations(0));
+        assert_eq!(intake.lineages().unwrap(), vec![lineage.clone()]);
+        forget_lineage_at(dir.path(), &lineage).unwrap();
+        assert_eq!(holding(dir.path(), &lineage), Holding::Registrations(0));
+        assert!(!intake.received(&key).unwrap() && intake.lineages().unwrap().is_empty());
+        assert_eq!(intake.cursor("tools").unwrap(), Some(("inc".into(), 3)), "the feed row stays");
+        drop(intake);
+        // Closed (its -wal and -shm files gone), the store still reads, and leaves none behind.
+        assert!(!dir.path().join(format!("{FILE}-shm")).exists());
+        assert_eq!(holding(dir.path(), &lineage), Holding::Registrations(0));
+        assert!(!dir.path().join(format!("{FILE}-shm")).exists() && !dir.path().join(format!("{FILE}-wal")).exists());
+        std::fs::write(dir.path().join(FILE), b"not a database, not at all, no").unwrap();
+        assert!(matches!(holding(dir.path(), &lineage), Holding::Unreadable(_)));
+        assert!(forget_lineage_at(dir.path(), &lineage).is_err());
     }
 }

@@ -8,6 +8,10 @@
 //! - [`intake`]: `late-results.db`, the intake store — which dispatched calls may be answered
 //!   late (registrations), which entries were taken (receipts), each module's feed cursor. A
 //!   projection of the WAL: the WAL's `tool_call_provider_held` records are the truth.
+//! - [`fence`]: what held calls ask of retention — when a retained session may be deleted, and
+//!   which intake rows its deletion takes.
+//! - [`rebuild`]: a recreated intake store registered again from the live WALs, and the boot
+//!   prune of tombstoned lineages.
 //! - [`puller`]: one thread per provider module that pulls `late_results` while the module
 //!   needs its feed, hands each entry to the session's actor, and acks only after the result is
 //!   durable in the session's WAL.
@@ -18,6 +22,7 @@
 //!   result yet), and acked only after that write is durable;
 //! - a held call is never sent to its provider again.
 
+pub mod fence;
 pub mod intake;
 pub mod puller;
 pub mod rebuild;

@@ -269,10 +269,12 @@ impl Pullers {
         // another module's (or carrier's) registration.
         let terminal = outcome.is_some() && registration.is_some();
         let (ack, lineage) = match (registration, outcome) {
-            (Some(reg), Some(outcome)) => ((self.deliver)(&reg, outcome), reg.key.addr()),
-            (reg, _) => (LateAck::NoOp, reg.map(|r| r.key.addr()).unwrap_or_default()),
+            (Some(reg), Some(outcome)) => ((self.deliver)(&reg, outcome), Some(reg.key.addr())),
+            (reg, _) => (LateAck::NoOp, reg.map(|r| r.key.addr())),
         };
-        if ack != LateAck::NotYet {
+        // An entry no registration names (its call settled, or its session deleted) leaves no
+        // receipt: read again it is the same no-op, and a deleted lineage keeps no row here.
+        if let (Some(lineage), true) = (lineage, ack != LateAck::NotYet) {
             self.intake.receive(&key, &lineage).map_err(|e| e.to_string())?;
             if terminal {
                 // The call's terminal is durable (delivered now, or recorded before).
@@ -368,7 +370,7 @@ mod tests {
     #[test]
     fn a_late_result_is_delivered_only_from_its_module_for_its_custodian() {
         let dir = tempfile::tempdir().unwrap();
-        let intake = Arc::new(Intake::open(dir.path()).unwrap());
+        let intake = Arc::new(Intake::open(dir.path(), false).unwrap());
         let reg = Registration {
             call_key: "l:1".into(),
             key: SessionKey::new("/p", "h", "s"),

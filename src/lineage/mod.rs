@@ -212,6 +212,9 @@ pub struct Lineage {
     end: WriterEnd,
     /// New sends are refused busy until then (`fence_sends_until`).
     sends_fenced_until_ms: u64,
+    /// The record had expired when this writer opened it, and held calls fenced its deletion
+    /// (`crate::retention::Settled::Fenced`): sends are refused rather than revive it.
+    deletion_fenced: Option<crate::held::fence::Fence>,
     _lease: Lease,
 }
 
@@ -233,12 +236,17 @@ impl Lineage {
         // about: it goes, and this send starts the session afresh.
         wal::discard_unfinished(storage, &root.wal_path(key))?;
         // A retained session past its expiry (or with a deletion a crash interrupted) is
-        // deleted before anything reads it: a send to it starts a fresh record.
-        shared.expiry().settle(&key.addr(), shared.clock.now_ms()).map_err(|e| match e {
+        // deleted before anything reads it: a send to it starts a fresh record. One whose
+        // deletion held calls fence stays as it is, and this writer refuses sends to it.
+        let settled = shared.expiry().settle(&key.addr(), shared.clock.now_ms()).map_err(|e| match e {
             // A WAL this build cannot read is refused as any open refuses it.
             crate::retention::RetentionError::Wal(e) => LineageError::Wal(e),
             other => LineageError::Retention(other),
         })?;
+        let deletion_fenced = match settled {
+            crate::retention::Settled::Fenced { fence, .. } => Some(fence),
+            _ => None,
+        };
         let end = shared.ends.writer(&key.addr());
         // Readers of this session wait while it opens: the scan may cut a torn tail.
         let mut opening = end.opening();
@@ -301,6 +309,7 @@ impl Lineage {
             clock: Arc::clone(&shared.clock),
             end,
             sends_fenced_until_ms: 0,
+            deletion_fenced,
             _lease: lease,
         };
         lineage.seal_orphan(failure.as_deref())?;
@@ -563,6 +572,12 @@ impl Lineage {
     /// How long new sends are still kept out (0: not fenced).
     pub fn sends_fenced_for_ms(&self) -> u64 {
         self.sends_fenced_until_ms.saturating_sub(self.clock.now_ms())
+    }
+
+    /// Why the expired record this writer opened could not be deleted first (held calls fence
+    /// its deletion, spec §19), if so.
+    pub fn deletion_fenced(&self) -> Option<&crate::held::fence::Fence> {
+        self.deletion_fenced.as_ref()
     }
 
     pub fn open_report(&self) -> &OpenReport {

@@ -70,6 +70,7 @@ impl Shared {
             storage: self.storage.as_ref(),
             store: &self.store,
             writer: &self.writer,
+            floor: &self.floor,
         }
     }
 

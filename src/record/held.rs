@@ -27,4 +27,30 @@ pub struct ToolCallProviderHeld {
     pub reason: String,
     /// When broca took the held reply.
     pub held_at_ms: u64,
+    /// The session the call belongs to, so the intake can be rebuilt from the WALs alone (a WAL
+    /// header names only its lineage's hash, spec §19 H-27). Absent in records written before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<HeldSession>,
+}
+
+/// A held call's session: its bind triple.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldSession {
+    pub project_root: String,
+    pub harness: String,
+    pub session: String,
+}
+
+impl HeldSession {
+    pub fn of(key: &crate::session_key::SessionKey) -> HeldSession {
+        HeldSession {
+            project_root: key.project_root.clone(),
+            harness: key.harness.clone(),
+            session: key.session.clone(),
+        }
+    }
+
+    pub fn key(&self) -> crate::session_key::SessionKey {
+        crate::session_key::SessionKey::new(&self.project_root, &self.harness, &self.session)
+    }
 }

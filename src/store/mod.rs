@@ -427,12 +427,17 @@ impl Store {
         })
     }
 
-    /// Every session whose last run is not finished (running or paused) as the store last saw
-    /// it: where held calls can wait (the held-call intake's rebuild reads these).
-    pub fn unfinished_sessions(&self) -> Result<Vec<SessionKey>, StoreError> {
-        self.sessions_where(|replay| {
-            matches!(replay.resolution(), Resolution::Resume { .. } | Resolution::Paused { .. })
-        })
+    /// The bind triple of the lineage at `addr`, as its row records it (`None`: no row). The
+    /// held-call intake's rebuild names a WAL it found this way when the WAL's held records do
+    /// not name their session (records written before they did).
+    pub fn key_of(&self, addr: &str) -> Result<Option<SessionKey>, StoreError> {
+        let conn = self.reader()?;
+        let row = conn
+            .query_row("SELECT project_root, harness, session FROM lineages WHERE lineage = ?1", [addr], |r| {
+                Ok(SessionKey::new(&r.get::<_, String>(0)?, &r.get::<_, String>(1)?, &r.get::<_, String>(2)?))
+            })
+            .optional()?;
+        Ok(row)
     }
 
     /// The sessions whose stored replay state `wanted` picks (unreadable states are skipped).

@@ -156,6 +156,8 @@ pub struct ScannedFrame<'a> {
     pub len: u64,
     pub seq: u64,
     pub epoch: u64,
+    /// The must-understand features the frame requires (all known to the reader).
+    pub features: &'a [&'a str],
     pub payload: &'a [u8],
 }
 
@@ -317,6 +319,7 @@ fn scan<E: From<WalError>>(
                     len: len as u64,
                     seq: frame.seq,
                     epoch: frame.epoch,
+                    features: &frame.features,
                     payload: frame.payload,
                 })?;
             }

@@ -37,6 +37,7 @@ impl<C> Driver<'_, C> {
             provider: provider.clone(),
             reason: reason.to_owned(),
             held_at_ms: self.lineage.now_ms(),
+            session: Some(crate::record::HeldSession::of(self.lineage.key())),
         };
         self.lineage.append(&Record::ToolCallProviderHeld(Box::new(held)))?;
         self.commit()?;
