@@ -13,6 +13,7 @@ pub mod fanout;
 pub mod federation;
 pub mod frozen;
 pub mod held;
+pub mod intake;
 pub mod limits;
 pub mod lineage;
 pub mod message;

@@ -16,7 +16,7 @@
 //!    transaction; the module feed rows stay), then the WAL file, then the directory is
 //!    fsynced.
 //!
-//! Held calls fence the first step (spec §19, [`crate::held::fence`]): no tombstone is written
+//! Held calls fence the first step (spec §19, [`crate::intake::fence`]): no tombstone is written
 //! while the session's WAL shows a held call without its result or the intake registers a call
 //! of it, while the intake store is missing on a root that used held intake or is unreadable,
 //! or while `late-results-rebuild-required` is set. A fenced session keeps its record (reads
@@ -37,7 +37,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::held::fence::{self, Fence};
+use crate::intake::fence::{self, Fence};
 use crate::record::FEATURE_PROVIDER_HELD;
 use crate::record::{Record, KNOWN_FEATURES};
 use crate::replay::{Replay, Resolution};
@@ -73,7 +73,7 @@ pub enum RetentionError {
     Unreadable(String),
     /// The held-call intake store refused to let go of the session's rows; the deletion stays
     /// pending (its tombstone names the WAL) and is finished later.
-    Intake(crate::held::intake::IntakeError),
+    Intake(crate::intake::IntakeError),
 }
 
 impl std::fmt::Display for RetentionError {

@@ -560,9 +560,14 @@ fn boot_prunes_a_tombstoned_lineage(h: &Harness, _p: &Provider) {
 /// session stays fenced (H-37) and the total falls back to 0.
 fn unreadable_intake_fences_retention(h: &Harness, _p: &Provider) {
     let db = h.state_root().join("late-results.db");
-    // Replaced under the running broca (whose intake connection keeps the old file).
+    // Replaced under the running broca (whose intake connection keeps the old file), with the
+    // old store's write-ahead log and index gone too: a log left beside the garbage can still
+    // hold a valid first page, which SQLite would read over the garbage's header.
     let garbage = h.state_root().join("late-results.db.garbage");
     fs::write(&garbage, b"this is not an SQLite database, and never was one").unwrap();
+    for suffix in ["-wal", "-shm"] {
+        let _ = fs::remove_file(h.state_root().join(format!("late-results.db{suffix}")));
+    }
     fs::rename(&garbage, &db).unwrap();
     let s = h.session(HARNESS, &h.unique("fenced"), None);
     h.install(json!({"responses": [text_step("kept a second")]}));

@@ -50,7 +50,7 @@ pub fn send(
         // neither revive it nor start a fresh record over it, and a keyed retry reads nothing
         // of it.
         let at = crate::retention::expiry_of(lineage.state()).unwrap_or_default();
-        return Err(crate::ops::expiry::deletion_fenced(at, fence));
+        return Err(deletion_fenced(at, fence));
     }
     if let Some(send_id) = send.send_id.clone() {
         if let Some(row) = recorded_send(store, lineage, &send_id)? {
@@ -360,4 +360,24 @@ pub fn run_paused(run_id: &str, reason: &str) -> Refusal {
         message,
         Some(crate::detail!("kind" => "run_paused", "run_id" => run_id, "reason" => reason)),
     )
+}
+
+/// The refusal of a send to a record that expired at `expired_at_ms` and that `fence` keeps
+/// from being deleted (spec §19): `open_failed` (no fresh record can start over it yet), with
+/// `detail {class, reason: "retention_fenced", fence, expired_at_ms}`; `class` is `permanent`
+/// only for a fence this runtime never lifts.
+fn deletion_fenced(expired_at_ms: u64, fence: &crate::intake::fence::Fence) -> Refusal {
+    let message = format!(
+        "open failed: the session's record expired under its retention (detail.expired_at_ms) and held calls keep \
+         it from being deleted ({}); a send starts a fresh record once it is",
+        fence.code()
+    );
+    let class = if fence.permanent() { "permanent" } else { "transient" };
+    let detail = crate::detail!(
+        "class" => class,
+        "reason" => "retention_fenced",
+        "fence" => fence.code(),
+        "expired_at_ms" => expired_at_ms
+    );
+    Refusal::new(crate::wire::RefusalCode::OpenFailed, message, Some(detail))
 }

@@ -22,8 +22,8 @@
 //!   result yet), and acked only after that write is durable;
 //! - a held call is never sent to its provider again.
 
-pub mod fence;
-pub mod intake;
+pub use crate::intake;
+pub use crate::intake::fence;
 pub mod puller;
 pub mod rebuild;
 

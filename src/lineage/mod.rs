@@ -214,7 +214,7 @@ pub struct Lineage {
     sends_fenced_until_ms: u64,
     /// The record had expired when this writer opened it, and held calls fenced its deletion
     /// (`crate::retention::Settled::Fenced`): sends are refused rather than revive it.
-    deletion_fenced: Option<crate::held::fence::Fence>,
+    deletion_fenced: Option<crate::intake::fence::Fence>,
     _lease: Lease,
 }
 
@@ -576,7 +576,7 @@ impl Lineage {
 
     /// Why the expired record this writer opened could not be deleted first (held calls fence
     /// its deletion, spec §19), if so.
-    pub fn deletion_fenced(&self) -> Option<&crate::held::fence::Fence> {
+    pub fn deletion_fenced(&self) -> Option<&crate::intake::fence::Fence> {
         self.deletion_fenced.as_ref()
     }
 

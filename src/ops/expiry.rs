@@ -18,26 +18,6 @@ pub fn expired(expired_at_ms: u64) -> Refusal {
     Refusal::new(RefusalCode::Expired, message, Some(crate::detail!("expired_at_ms" => expired_at_ms)))
 }
 
-/// The refusal of a send to a record that expired at `expired_at_ms` and that `fence` keeps
-/// from being deleted (spec §19): `open_failed` (no fresh record can start over it yet), with
-/// `detail {class, reason: "retention_fenced", fence, expired_at_ms}`; `class` is `permanent`
-/// only for a fence this runtime never lifts.
-pub fn deletion_fenced(expired_at_ms: u64, fence: &crate::held::fence::Fence) -> Refusal {
-    let message = format!(
-        "open failed: the session's record expired under its retention (detail.expired_at_ms) and held calls keep \
-         it from being deleted ({}); a send starts a fresh record once it is",
-        fence.code()
-    );
-    let class = if fence.permanent() { "permanent" } else { "transient" };
-    let detail = crate::detail!(
-        "class" => class,
-        "reason" => "retention_fenced",
-        "fence" => fence.code(),
-        "expired_at_ms" => expired_at_ms
-    );
-    Refusal::new(RefusalCode::OpenFailed, message, Some(detail))
-}
-
 /// The session's history version, or `expired` when its record expired.
 pub fn record_version(ops: &Ops, key: &SessionKey) -> Result<u64, Refusal> {
     let shared = ops.registry.shared();

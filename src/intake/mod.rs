@@ -1,4 +1,5 @@
-//! `late-results.db` (spec §19, §20): the intake store of held calls, under the state root and
+//! `late-results.db` (spec §19, §20): the intake store of held calls (`crate::held` runs it;
+//! it imports nothing above `session_key`, so retention and the lineage may read it too), under the state root and
 //! outside the backup catalog. A projection of the WAL: losing it loses nothing a rebuild from
 //! the sessions cannot restore.
 //!
@@ -13,6 +14,8 @@
 //! registration, so losing the database cannot erase that held intake was ever used;
 //! `late-results-rebuild-required` is set when a missing database had that history (spec: it is
 //! never cleared by this runtime).
+
+pub mod fence;
 
 use std::path::{Path, PathBuf};
 

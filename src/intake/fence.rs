@@ -22,7 +22,7 @@
 
 use std::path::Path;
 
-use super::intake::{self, Holding, REBUILD_MARKER, REGISTERED_MARKER};
+use super::{Holding, REBUILD_MARKER, REGISTERED_MARKER};
 
 /// Why retention may not start deleting a session now. Each keeps the session's record (its
 /// reads answer `expired` all the same); only [`Fence::RebuildRequired`] is permanent on this
@@ -84,7 +84,7 @@ pub fn check(root: &Path, lineage: &str, held_open: bool, held_floor: bool) -> R
     if root.join(REBUILD_MARKER).exists() {
         return Err(Fence::RebuildRequired);
     }
-    match intake::holding(root, lineage) {
+    match super::holding(root, lineage) {
         Holding::NoStore if root.join(REGISTERED_MARKER).exists() || held_floor => Err(Fence::StoreMissing),
         // A root that never enabled held intake (H-36).
         Holding::NoStore | Holding::Registrations(0) => Ok(()),
@@ -95,14 +95,14 @@ pub fn check(root: &Path, lineage: &str, held_open: bool, held_floor: bool) -> R
 
 /// What a deletion takes from the intake, once its tombstone is durable: the lineage's
 /// registrations and receipts (never a module's feed row). Nothing when there is no store.
-pub fn forget(root: &Path, lineage: &str) -> Result<(), intake::IntakeError> {
-    intake::forget_lineage_at(root, lineage)
+pub fn forget(root: &Path, lineage: &str) -> Result<(), super::IntakeError> {
+    super::forget_lineage_at(root, lineage)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::held::intake::{Intake, Registration};
+    use crate::intake::{Intake, Registration};
     use crate::session_key::SessionKey;
 
     #[test]
@@ -115,7 +115,7 @@ mod tests {
         assert_eq!(check(root, &lineage, false, false), Ok(()));
         assert_eq!(check(root, &lineage, true, false), Err(Fence::HeldOpen));
         assert_eq!(check(root, &lineage, false, true), Err(Fence::StoreMissing));
-        assert!(!root.join(intake::FILE).exists());
+        assert!(!root.join(crate::intake::FILE).exists());
         let store = Intake::open(root, false).unwrap();
         assert_eq!(check(root, &lineage, false, false), Ok(()), "a readable store without rows");
         let reg = Registration {
@@ -132,12 +132,12 @@ mod tests {
         assert_eq!(check(root, &lineage, false, false), Ok(()));
         drop(store);
         // H-34: the store lost after a registration.
-        std::fs::remove_file(root.join(intake::FILE)).unwrap();
+        std::fs::remove_file(root.join(crate::intake::FILE)).unwrap();
         assert_eq!(check(root, &lineage, false, false), Err(Fence::StoreMissing));
-        std::fs::write(root.join(intake::FILE), b"garbage, not an sqlite database file").unwrap();
+        std::fs::write(root.join(crate::intake::FILE), b"garbage, not an sqlite database file").unwrap();
         assert!(matches!(check(root, &lineage, false, false), Err(Fence::StoreUnreadable(_))));
         // H-37: the rebuild marker fences whatever the store says.
-        std::fs::remove_file(root.join(intake::FILE)).unwrap();
+        std::fs::remove_file(root.join(crate::intake::FILE)).unwrap();
         Intake::open(root, false).unwrap();
         assert!(root.join(REBUILD_MARKER).exists());
         assert_eq!(check(root, &lineage, false, false), Err(Fence::RebuildRequired));
