@@ -68,7 +68,7 @@ pub const RETENTION_DELETE_WITHIN_MS: u64 = 2_000;
 /// How often the retention sweep looks at the sessions of `wal-ephemeral/` with no open actor.
 pub const RETENTION_SWEEP_MS: u64 = 250;
 /// How often the sweep tries again to delete an expired session whose deletion held calls
-/// fence (`crate::held::fence`): each try replays its WAL and reads the intake store. A fenced
+/// fence (`crate::intake::fence`): each try replays its WAL and reads the intake store. A fenced
 /// session is not bound by [`RETENTION_DELETE_WITHIN_MS`] (spec §19 blocks its deletion).
 pub const RETENTION_FENCE_RECHECK_MS: u64 = 1_000;
 /// How long opening a session waits for a lease this process itself holds (the retention
