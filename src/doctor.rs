@@ -64,6 +64,8 @@ pub enum Problem {
     UnknownCredential,
     /// The vault did not give the credential.
     VaultRefused,
+    /// The state root holds no readable catalog (no LKG yet).
+    NoCatalog,
     /// The catalog routes no model of the provider with this method.
     NoModel,
     /// The vault's record says the token expired.
@@ -184,6 +186,11 @@ impl Doctor<'_> {
                 return check.failed(Problem::VaultRefused, e, advice);
             }
         };
+        if let Err(e) = self.catalog {
+            let advice =
+                "let broca fetch the catalog through the daemon first: run the module, or one `broca-run --subc` turn";
+            return check.failed(Problem::NoCatalog, e.to_string(), advice);
+        }
         let Some(mut config) = self.route(target) else {
             let advice = "the catalog lists no chat model of this provider that this kind of credential can reach";
             return check.failed(

@@ -179,6 +179,13 @@ fn doctor_proves_each_credential_and_names_what_is_wrong() {
     let sent = &rig.h.mock.requests("sub")[0];
     assert_eq!(sent.header("chatgpt-account-id"), Some("acct-1"));
 
+    // A state root without a catalog says so, for every credential (`--state-root` again wins).
+    let bare = rig.dir.path().join("no-catalog");
+    std::fs::create_dir_all(&bare).unwrap();
+    let out = rig.doctor(&["apikey:t-chat"], &[], &["--state-root", bare.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(line_of(&lines(&out), "apikey:t-chat").contains("no_catalog"), "{:?}", lines(&out));
+
     // With the project configured, the Code Assist credential works too: every command exits 0.
     std::fs::write(rig.dir.path().join("root/broca.jsonc"), r#"{"code_assist": {"project": "team-proj"}}"#).unwrap();
     let out = rig.doctor(&["antigravity:t-google"], &base, &[]);
