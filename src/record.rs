@@ -13,10 +13,12 @@ use serde_json::Value;
 use crate::frozen::FrozenConfig;
 use crate::message::{Message, RunUsage, StepUsage};
 
+mod error;
 mod facts;
 mod held;
 mod moved;
 mod warm;
+pub use error::{ErrorClass, ProviderError};
 pub use facts::{AccountDecision, AttemptTelemetry, AuthSelection, BudgetDetail, EventTypeCount};
 pub use held::{HeldSession, ToolCallProviderHeld, FEATURE_PROVIDER_HELD};
 pub use moved::MovedOut;
@@ -130,27 +132,6 @@ pub fn pause_name(reason: PauseReason) -> &'static str {
     }
 }
 
-/// Error classes of the role.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorClass {
-    Transient,
-    Permanent,
-    AuthRequired,
-    ContextOverflow,
-}
-
-/// A typed provider (or process) error persisted on a run.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProviderError {
-    pub class: ErrorClass,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub provider_code: Option<String>,
-    pub message: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub http_status: Option<u16>,
-}
-
 /// Whether a stored tool result was refused before its call ran: its recorded `refused` fact.
 /// A record written before that fact existed (`refused` absent) is read by the shape broca
 /// then gave such results: an error output naming a module, with `nothing_sent` or a refusal
@@ -173,40 +154,6 @@ pub fn refused_before_run(refused: Option<bool>, output: &Value) -> bool {
 pub const ORPHAN_PROVIDER_CODE: &str = "previous_process_ended_unsealed";
 /// The provider code of a run sealed after its WAL latched an I/O failure.
 pub const STORAGE_FAILED_CODE: &str = "wal_io_failed";
-
-impl ProviderError {
-    /// A permanent error broca itself decided (no provider status).
-    pub fn permanent(code: &str, message: impl Into<String>) -> ProviderError {
-        ProviderError {
-            class: ErrorClass::Permanent,
-            provider_code: Some(code.into()),
-            message: message.into(),
-            http_status: None,
-        }
-    }
-
-    /// The diagnostic a run is sealed with when its WAL latched an I/O failure in this process
-    /// (the run could not be ended then; it is sealed when the session reopens).
-    pub fn storage_failed(cause: &str) -> ProviderError {
-        ProviderError {
-            class: ErrorClass::Transient,
-            provider_code: Some(STORAGE_FAILED_CODE.into()),
-            message: format!("the session's WAL failed while this run was going ({cause}); it was sealed on reopen"),
-            http_status: None,
-        }
-    }
-
-    /// The diagnostic an orphaned run is sealed with.
-    pub fn previous_process_ended() -> ProviderError {
-        ProviderError {
-            class: ErrorClass::Transient,
-            provider_code: Some(ORPHAN_PROVIDER_CODE.into()),
-            message: "the previous broca process ended without sealing this run: host crash, kill, or power loss"
-                .into(),
-            http_status: None,
-        }
-    }
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

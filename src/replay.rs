@@ -88,6 +88,9 @@ impl BatchCall {
     }
 }
 
+mod priced;
+pub use priced::PricedAt;
+
 /// The last episode of a lineage.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Episode {
@@ -136,16 +139,6 @@ pub struct Episode {
     /// `ModelStepFinished.at_ms`): the time its usage fact is priced at (spec §17b).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub priced_at: Vec<PricedAt>,
-}
-
-/// When a run's usage of one `(provider, model, variant)` was first billed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PricedAt {
-    pub provider: String,
-    pub model: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub variant: Option<String>,
-    pub at_ms: u64,
 }
 
 /// How the last episode stands: what opening the lineage must do with it.

@@ -10,9 +10,11 @@ use sha2::{Digest, Sha256};
 
 mod admit;
 mod attempt_record;
+mod backoff;
 mod code_assist;
 mod credential;
 mod held;
+mod resume;
 mod stops;
 
 pub use admit::{admit, admit_owned, admit_unreadable};
@@ -184,26 +186,6 @@ pub fn drive_with<C>(
         }
     }
     d.run()
-}
-
-/// How long a restart resume waits for each of its tool providers' routes.
-const RESUME_ROUTE_WAIT: Duration = Duration::from_secs(5);
-
-impl<C> Driver<'_, C> {
-    /// A restart resume continues only while every tool provider its frozen tools name can be
-    /// reached (spec "Graceful restart": "tool routes must be available"): the first that
-    /// cannot, and why.
-    fn tool_routes_missing(&self) -> Option<String> {
-        let mut modules: Vec<&str> = self.config.tools.iter().filter_map(|t| t.module.as_deref()).collect();
-        modules.sort_unstable();
-        modules.dedup();
-        let lineage = self.lineage.addr();
-        modules.into_iter().find_map(|module| {
-            let deadline = Instant::now() + RESUME_ROUTE_WAIT;
-            let reached = self.tools.reachable(module, lineage, deadline);
-            reached.err().map(|e| format!("tool provider {module:?} is not reachable: {e}"))
-        })
-    }
 }
 
 impl<C> Driver<'_, C> {
@@ -547,30 +529,6 @@ impl<C> Driver<'_, C> {
             }
         }
         unreachable!("the attempt loop returns")
-    }
-
-    fn backoff(&self, attempt: u32, retry_after: Option<Duration>) -> Duration {
-        let p = &self.opts.retry;
-        let exp = p.base_backoff.saturating_mul(1u32 << attempt.min(16));
-        exp.max(retry_after.unwrap_or_default()).min(p.max_backoff)
-    }
-
-    /// Sleeps for a backoff, answering commands. Returns true when cancelled now.
-    fn wait_backoff(&mut self, backoff: Duration) -> Result<bool, LineageError> {
-        let deadline = Instant::now() + backoff;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Ok(false);
-            }
-            let commands = self.commands.clone();
-            select! {
-                recv(commands) -> cmd => if self.command(cmd)? == Some(CancelAt::Now) {
-                    return Ok(true);
-                },
-                default(left) => return Ok(false),
-            }
-        }
     }
 
     /// Runs one attempt, streaming display events out as they arrive; fills `request_sha` with
