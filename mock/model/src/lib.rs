@@ -785,20 +785,7 @@ fn family_of(rest: &str) -> Option<Family> {
 fn bedrock_model(rest: &str) -> Option<String> {
     let encoded =
         rest.strip_prefix("/model/")?.strip_suffix(broca::provider::wire(Family::AwsBedrockConverse).path())?;
-    let bytes = encoded.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok().filter(|m| !m.is_empty() && !m.contains('/'))
+    rules::percent_decode(encoded).filter(|m| !m.is_empty() && !m.contains('/'))
 }
 
 /// The model a Gemini path names: `/models/<model>:streamGenerateContent`.

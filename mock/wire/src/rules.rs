@@ -577,7 +577,8 @@ fn path_model(path: &str) -> Option<String> {
     percent_decode(encoded).filter(|m| !m.is_empty())
 }
 
-fn percent_decode(s: &str) -> Option<String> {
+/// `s` with its `%XX` escapes decoded (a Bedrock model id in a path), or `None` when malformed.
+pub fn percent_decode(s: &str) -> Option<String> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
