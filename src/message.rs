@@ -55,6 +55,16 @@ pub struct Message {
     pub content: Vec<Part>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<Value>,
+    /// How a `delivery_order` send went out (llm-runner §9.7), on the entry it became: the
+    /// mode, and for `tool_result` the call key of the result it rode with. Stored with the
+    /// message so readers and a resumed run see what was sent; served in the read envelope,
+    /// never inside the message, and never rendered to a provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivered_as: Option<cortexkit_role_llm_runner::delivery_order::EntryDelivery>,
+    /// The plan-named module that sent this user message (llm-runner §9.7), absent for the
+    /// owner's: shown on its display row only, never in a read body nor to a provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sender: Option<String>,
 }
 
 /// The text a tool result's `output` shows as: a text output's text, else its `message`, else
@@ -69,11 +79,23 @@ pub fn tool_result_content(output: &Value) -> String {
 
 impl Message {
     pub fn user_text(text: impl Into<String>) -> Message {
-        Message { role: Role::User, content: vec![Part::Text { text: text.into() }], origin: None }
+        Message {
+            role: Role::User,
+            content: vec![Part::Text { text: text.into() }],
+            origin: None,
+            delivered_as: None,
+            sender: None,
+        }
     }
 
     pub fn assistant_text(text: impl Into<String>) -> Message {
-        Message { role: Role::Assistant, content: vec![Part::Text { text: text.into() }], origin: None }
+        Message {
+            role: Role::Assistant,
+            content: vec![Part::Text { text: text.into() }],
+            origin: None,
+            delivered_as: None,
+            sender: None,
+        }
     }
 
     /// The text parts joined, as `run.result` reports an assistant's answer.

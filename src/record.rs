@@ -10,6 +10,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use cortexkit_role_llm_runner::delivery_order::Mode;
+
 use crate::frozen::FrozenConfig;
 use crate::message::{Message, RunUsage, StepUsage};
 
@@ -51,8 +53,12 @@ pub const FEATURE_TOOL_CHOICE: &str = "tool-choice/v1";
 pub const FEATURE_SERVICE_TIER: &str = "service-tier/v1";
 /// The feature a `MovedOut` tombstone requires (a session exported to another host).
 pub const FEATURE_SESSION_MOVE: &str = "session-move/v1";
+/// The feature a `Queued` carrying a delivery list, and a `Dropped`, require (llm-runner §9.7):
+/// a reader that ignored the list would start a run from a send that must never start one.
+pub const FEATURE_DELIVERY_ORDER: &str = "delivery-order/v1";
 /// Every must-understand feature this build reads.
 pub const KNOWN_FEATURES: &[&str] = &[
+    FEATURE_DELIVERY_ORDER,
     FEATURE_OWNER_MACHINE,
     FEATURE_SESSION_MOVE,
     FEATURE_TOOL_CHOICE,
@@ -189,12 +195,49 @@ pub struct RequestIdentity {
     pub identity: std::collections::BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
+    /// A `delivery_order` send's list, replacing `delivery` (llm-runner §9.7): delivered at the
+    /// first boundary where one of its modes is possible, never starting a run without
+    /// `idle_start`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<Vec<Mode>>,
+    /// The list's replacement key: a later send from the same sender with the same key
+    /// supersedes this one while it waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedupe_key: Option<String>,
+    /// When the list send, still undelivered, is dropped (`expired`), ms since the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at_ms: Option<u64>,
 }
 
 impl RequestIdentity {
     /// The delivery mode, `queue` when absent.
     pub fn delivery(&self) -> Delivery {
         self.delivery.unwrap_or_default()
+    }
+
+    /// Whether this send may start a run of its own: a legacy send always, a list only with
+    /// `idle_start`.
+    pub fn may_start(&self) -> bool {
+        self.order.as_ref().is_none_or(|modes| modes.contains(&Mode::IdleStart))
+    }
+}
+
+/// Why a waiting `delivery_order` send ended undelivered (llm-runner §9.7).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DropReason {
+    /// A later send from the same sender with the same `dedupe_key` replaced it.
+    Superseded,
+    /// Its `expires_at_ms` passed before any boundary could deliver it.
+    Expired,
+}
+
+impl DropReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::Superseded => "superseded",
+            DropReason::Expired => "expired",
+        }
     }
 }
 
@@ -505,6 +548,11 @@ pub enum Record {
     Retracted {
         submission_id: String,
     },
+    /// A waiting `delivery_order` send ended undelivered: superseded or expired.
+    Dropped {
+        submission_id: String,
+        reason: DropReason,
+    },
     /// A queued submission delivered into the running run at a step boundary.
     Steered {
         run_id: String,
@@ -543,7 +591,14 @@ impl Record {
                 features
             }
             Record::MovedOut(_) => vec![FEATURE_SESSION_MOVE],
-            Record::Queued { request, .. } => request.config.as_ref().map_or_else(Vec::new, Frozen::features),
+            Record::Queued { request, .. } => {
+                let mut features = request.config.as_ref().map_or_else(Vec::new, Frozen::features);
+                if request.order.is_some() {
+                    features.push(FEATURE_DELIVERY_ORDER);
+                }
+                features
+            }
+            Record::Dropped { .. } => vec![FEATURE_DELIVERY_ORDER],
             _ => Vec::new(),
         }
     }
@@ -576,6 +631,7 @@ impl Record {
             | Record::RunResumed { .. }
             | Record::Queued { .. }
             | Record::Retracted { .. }
+            | Record::Dropped { .. }
             | Record::Steered { .. }
             | Record::CacheWarmed(_)
             | Record::MovedOut(_)
@@ -633,6 +689,7 @@ impl Record {
             | Record::Steered { run_id, .. } => Some(run_id),
             Record::Queued { .. }
             | Record::Retracted { .. }
+            | Record::Dropped { .. }
             | Record::CacheWarmed(_)
             | Record::MovedOut(_)
             | Record::Unknown(_) => None,
@@ -728,7 +785,7 @@ mod tests {
     #[test]
     fn the_known_kinds_are_the_record_enum_s_variants() {
         let known = kinds::known();
-        assert_eq!(known.len(), 16, "{known:?}");
+        assert_eq!(known.len(), 17, "{known:?}");
         for kind in ["run_started", "tool_result", "steered", "cache_warmed", "moved_out"] {
             assert!(Record::is_known_type(kind), "{kind}");
         }

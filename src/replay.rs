@@ -188,6 +188,8 @@ pub enum SendFate {
         run_id: String,
     },
     Retracted,
+    /// A waiting `delivery_order` send ended undelivered.
+    Dropped(crate::record::DropReason),
 }
 
 /// A run's lifecycle state as the run index keeps it.
@@ -335,7 +337,14 @@ impl Replay {
     /// The pending send that starts the next episode: an interrupt first, else the oldest send
     /// (a steer whose run is no longer open is a plain send by then).
     pub fn next_to_start(&self) -> Option<&Pending> {
-        self.queue.iter().find(|p| p.request.delivery() == Delivery::Interrupt).or_else(|| self.queue.front())
+        let interrupt = self.queue.iter().find(|p| p.request.delivery() == Delivery::Interrupt);
+        interrupt.or_else(|| self.queue.iter().find(|p| p.request.may_start()))
+    }
+
+    /// How many pending sends may start a run of their own (a `delivery_order` list without
+    /// `idle_start` waits for a run instead).
+    pub fn startable(&self) -> usize {
+        self.queue.iter().filter(|p| p.request.may_start()).count()
     }
 
     /// Pending steers joining the open run `run_id`, in FIFO order.
@@ -457,6 +466,10 @@ impl Replay {
                 // unfinished step then recorded no message the steer could precede).
                 Self::batch_resolved(self.episode_for(run_id, false)?)
             }
+            Record::Dropped { submission_id, .. } => match self.pending(submission_id) {
+                Some(p) if p.request.order.is_some() => Ok(()),
+                _ => Err(format!("dropped {submission_id} is not a pending list send")),
+            },
             Record::Retracted { .. } | Record::CacheWarmed(_) | Record::Unknown(_) => Ok(()),
             Record::MovedOut(_) => match &self.last {
                 Some(e) if !matches!(e.status, EpisodeStatus::Finished { .. }) => {
@@ -561,7 +574,7 @@ impl Replay {
             Record::RunPaused { .. } | Record::RunResumed { .. } | Record::RunFinished { .. } => {
                 self.change_run_state(seq, record, sink)
             }
-            Record::Queued { .. } | Record::Retracted { .. } | Record::Steered { .. } => {
+            Record::Queued { .. } | Record::Retracted { .. } | Record::Dropped { .. } | Record::Steered { .. } => {
                 self.change_queue(seq, record, sink)
             }
             // A warm changes no state; billing reads it.
@@ -704,6 +717,10 @@ impl Replay {
                 self.queue.retain(|p| &p.submission_id != submission_id);
                 sink(Effect::Send { submission_id: submission_id.clone(), fate: SendFate::Retracted, seq });
             }
+            Record::Dropped { submission_id, reason } => {
+                self.queue.retain(|p| &p.submission_id != submission_id);
+                sink(Effect::Send { submission_id: submission_id.clone(), fate: SendFate::Dropped(*reason), seq });
+            }
             Record::Steered { run_id, submission_id, message, .. } => {
                 let admitted = self.pending(submission_id).map(|p| p.request.received_at_ms).filter(|&t| t > 0);
                 self.queue.retain(|p| &p.submission_id != submission_id);
@@ -749,7 +766,12 @@ impl Replay {
             })
             .collect();
         if !content.is_empty() {
-            self.push_message(seq, Message { role: Role::Tool, content, origin: None }, written_at, sink);
+            self.push_message(
+                seq,
+                Message { role: Role::Tool, content, origin: None, delivered_as: None, sender: None },
+                written_at,
+                sink,
+            );
         }
     }
 
@@ -789,7 +811,7 @@ impl Replay {
                 Some(Part::ToolResult { tool_call_id: c.tool_call_id.clone(), output, is_error })
             })
             .collect();
-        Some(Message { role: Role::Tool, content, origin: None })
+        Some(Message { role: Role::Tool, content, origin: None, delivered_as: None, sender: None })
     }
 }
 

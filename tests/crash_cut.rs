@@ -141,7 +141,7 @@ fn assistant(run_id: &str, step: u64, calls: &[String]) -> Message {
     for c in calls {
         content.push(Part::ToolCall { tool_call_id: c.clone(), tool_name: "echo".into(), input: json!({"call": c}) });
     }
-    Message { role: Role::Assistant, content, origin: None }
+    Message { role: Role::Assistant, content, origin: None, delivered_as: None, sender: None }
 }
 
 fn model_step(run_id: &str, step: u64, calls: &[String]) -> Record {
@@ -222,6 +222,8 @@ fn episode_messages(run_id: &str) -> Vec<Message> {
             role: Role::Tool,
             content: vec![Part::ToolResult { tool_call_id: c1, output: ok_output(), is_error: false }],
             origin: None,
+            delivered_as: None,
+            sender: None,
         },
         assistant(run_id, 2, &[]),
     ]

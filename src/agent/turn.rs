@@ -52,7 +52,7 @@ pub struct TurnOutcome {
 
 /// How one step's model call ended.
 enum StepEnd {
-    Answered { message: Message, finish: (String, String), usage: StepUsage, served_tier: Option<String> },
+    Answered { message: Box<Message>, finish: (String, String), usage: StepUsage, served_tier: Option<String> },
     Paused(ProviderError),
     Ended(FinishReason, Option<ProviderError>),
 }
@@ -234,7 +234,13 @@ impl<C> Driver<'_, C> {
         if e.is_none_or(|e| (e.step_open && !at_finish) || e.batch.iter().any(|c| c.result.is_none())) {
             return Ok(());
         }
-        let delivered = self.lineage.deliver_steers(&self.run_id)?;
+        // At a step entry list sends go out too, by their first possible mode; at the run's
+        // end only the steers acknowledged into it.
+        let delivered = if at_finish {
+            self.lineage.deliver_steers(&self.run_id)?
+        } else {
+            self.lineage.deliver_at_step(&self.run_id)?
+        };
         self.history.extend(delivered);
         Ok(())
     }
@@ -377,6 +383,7 @@ impl<C> Driver<'_, C> {
                 StepEnd::Paused(error) => return self.pause(PauseReason::AuthRequired, Some(error)),
                 StepEnd::Ended(reason, error) => return self.finish(reason, error),
                 StepEnd::Answered { message, finish, usage, served_tier } => {
+                    let message = *message;
                     let calls = tool_calls(&message);
                     self.lineage.append(&Record::ModelStepFinished {
                         run_id: self.run_id.clone(),
@@ -478,7 +485,12 @@ impl<C> Driver<'_, C> {
                     self.record_attempt((step, attempt, body.len()), "ok", None, &telemetry, answer)?;
                     let origin = json!({"provider_module_id": self.config.provider, "model_id": self.config.model});
                     let served_tier = asm.served_tier.clone();
-                    return Ok(StepEnd::Answered { message: asm.into_message(origin), finish, usage, served_tier });
+                    return Ok(StepEnd::Answered {
+                        message: Box::new(asm.into_message(origin)),
+                        finish,
+                        usage,
+                        served_tier,
+                    });
                 }
                 AttemptEnd::Cancelled(t) => {
                     ("cancelled", Some(StepEnd::Ended(FinishReason::Cancelled, None)), None, t, None)
@@ -773,7 +785,7 @@ impl<C> Driver<'_, C> {
         if held {
             return Ok(BatchEnd::Held);
         }
-        self.history.push(Message { role: Role::Tool, content: parts, origin: None });
+        self.history.push(Message { role: Role::Tool, content: parts, origin: None, delivered_as: None, sender: None });
         Ok(BatchEnd::Done { indeterminate: timed_out || indeterminate })
     }
 }

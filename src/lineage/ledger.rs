@@ -10,7 +10,7 @@ use crate::record::{AuthSelection, BudgetDetail, FinishReason, PauseReason, Prov
 use crate::replay::Resolution;
 use crate::replay::{Effect, EpisodeStatus, RunState, SendFate};
 use crate::store::{Fate, SendLookup, SendRow, Store, StoreError};
-use crate::wire::answers::SendReply;
+use crate::wire::answers::{SendReply, SendState};
 
 /// A send's row with the tail applied.
 pub fn send(
@@ -24,7 +24,9 @@ pub fn send(
         Effect::Send { submission_id, fate: SendFate::Queued(request), .. } => {
             let hit = match by {
                 SendLookup::Submission(id) => submission_id == id,
-                SendLookup::SendId(id) => request.send_id.as_deref() == Some(id),
+                SendLookup::SendId { send_id, principal } => {
+                    request.send_id.as_deref() == Some(send_id) && request.principal.as_deref() == principal
+                }
             };
             hit.then(|| SendRow {
                 submission_id: submission_id.clone(),
@@ -48,6 +50,7 @@ pub fn send(
             SendFate::Started { run_id } => (row.fate, row.run_id) = (Fate::Started, Some(run_id.clone())),
             SendFate::Delivered { run_id } => (row.fate, row.run_id) = (Fate::Delivered, Some(run_id.clone())),
             SendFate::Retracted => (row.fate, row.run_id) = (Fate::Retracted, None),
+            SendFate::Dropped(reason) => (row.fate, row.run_id) = (Fate::dropped(*reason), None),
         }
     }
     Ok(Some(row))
@@ -200,10 +203,16 @@ pub fn fate(store: &Store, lineage: &str, page: &TranscriptPage, row: &SendRow) 
             if answer.state == crate::wire::answers::SendState::Active {
                 answer.submission_id = Some(row.submission_id.clone());
             }
+            // A list send that started its run went out as `idle_start`: its receipt says so.
+            if row.request.order.is_some() {
+                answer = answer.started_turn(run_id.as_str());
+            }
             Ok(answer)
         }
         (Fate::Delivered, Some(run_id)) => Ok(run_state(run_id)?.delivered_into(run_id.as_str())),
         (Fate::Retracted, _) => Ok(SendReply::retracted(row.submission_id.as_str())),
+        (Fate::Superseded, _) => Ok(SendReply::ended(SendState::Superseded)),
+        (Fate::Expired, _) => Ok(SendReply::ended(SendState::Expired)),
         _ => {
             // Still queued. A steer waiting for its run's next boundary answers that run.
             let target = row.request.target_run.as_deref().filter(|_| row.request.delivery() == Delivery::Steer);

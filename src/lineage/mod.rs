@@ -12,6 +12,7 @@ pub mod ends;
 pub mod fold;
 mod held;
 pub mod ledger;
+mod listed;
 pub mod projection;
 pub mod read;
 pub mod reader;

@@ -144,7 +144,8 @@ pub fn unit_count(record: &Record, tool_message: bool) -> usize {
         | Record::RunPaused { .. }
         | Record::RunResumed { .. }
         | Record::Queued { .. }
-        | Record::Retracted { .. } => 1,
+        | Record::Retracted { .. }
+        | Record::Dropped { .. } => 1,
     };
     own + if tool_message { 2 } else { 0 }
 }
@@ -240,7 +241,9 @@ fn record_units(record: &Record, context: &Context) -> Vec<(Unit, Option<LiveEve
         Record::Queued { submission_id, .. } => {
             vec![(Unit::SubmissionQueued { submission_id: submission_id.clone() }, None)]
         }
-        Record::Retracted { submission_id } => {
+        // A dropped list send leaves the queue as a retracted one does (observers see it
+        // gone; its send state says why).
+        Record::Retracted { submission_id } | Record::Dropped { submission_id, .. } => {
             vec![(Unit::SubmissionRetracted { submission_id: submission_id.clone() }, None)]
         }
         Record::Steered { run_id, submission_id, message, .. } => message_units(

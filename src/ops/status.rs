@@ -102,7 +102,7 @@ pub(super) fn status_of(ops: &Ops, key: &SessionKey, run_id: Option<String>) -> 
                     }
                     body
                 }
-                (Fate::Retracted, _) => RunStatus::bare(None, RunState::Retracted),
+                (Fate::Retracted | Fate::Superseded | Fate::Expired, _) => RunStatus::bare(None, RunState::Retracted),
                 _ => RunStatus::bare(None, RunState::Pending),
             });
         }
@@ -156,7 +156,8 @@ pub(super) fn run_result(ops: &Ops, key: &SessionKey, request: ResultRequest) ->
 
 /// `send.status {send_id}` (alias `session.send_status`): what an identical re-send would be
 /// answered, computed from durable state, writing nothing.
-pub(super) fn send_status(ops: &Ops, key: &SessionKey, request: SendStatusRequest) -> Result<Value, Refusal> {
+pub(super) fn send_status(ops: &Ops, route: &super::Route, request: SendStatusRequest) -> Result<Value, Refusal> {
+    let key = &route.key;
     let send_id = request.send_id;
     let unknown = || {
         let message = format!("no send with send_id {send_id:?} is recorded for this session");
@@ -165,8 +166,17 @@ pub(super) fn send_status(ops: &Ops, key: &SessionKey, request: SendStatusReques
     let Some(page) = snapshot(ops, key)? else { return Err(unknown()) };
     let store = &ops.registry.shared().store;
     let addr = key.addr();
-    let row = ledger::send(store, &addr, &page, SendLookup::SendId(&send_id)).map_err(|e| e.refusal())?;
-    let Some(row) = row else { return Err(unknown()) };
+    // The caller's own namespace (a successor's predecessor's first), llm-runner §9.7.
+    let sender = crate::actor::senders::reader_of(&page.state, &route.caller);
+    let mut found = None;
+    for namespace in crate::actor::senders::namespaces(&page.state, &sender) {
+        let lookup = SendLookup::SendId { send_id: &send_id, principal: namespace.as_deref() };
+        found = ledger::send(store, &addr, &page, lookup).map_err(|e| e.refusal())?;
+        if found.is_some() {
+            break;
+        }
+    }
+    let Some(row) = found else { return Err(unknown()) };
     let mut reply = ledger::fate(store, &addr, &page, &row).map_err(|e| e.refusal())?;
     reply.baseline = ledger::first_baseline(&page, &row);
     Ok(super::body(reply))

@@ -332,7 +332,7 @@ fn read_tool() -> ToolSpec {
 }
 
 fn msg(role: Role, content: Vec<Part>) -> Message {
-    Message { role, content, origin: None }
+    Message { role, content, origin: None, delivered_as: None, sender: None }
 }
 
 fn multi_step_transcript() -> Vec<Message> {

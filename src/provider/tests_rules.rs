@@ -45,7 +45,13 @@ fn provider_specific_http_errors_classify_by_what_they_mean() {
 #[test]
 fn a_system_message_is_a_developer_item_on_the_chatgpt_backend_only() {
     use crate::message::{Message, Part, Role};
-    let system = Message { role: Role::System, content: vec![Part::Text { text: "be brief".into() }], origin: None };
+    let system = Message {
+        role: Role::System,
+        content: vec![Part::Text { text: "be brief".into() }],
+        origin: None,
+        delivered_as: None,
+        sender: None,
+    };
     let transcript = [Message::user_text("hi"), system, Message::user_text("again")];
     let roles = |family: Family| -> Vec<String> {
         let body: Value =
@@ -70,6 +76,8 @@ fn bedrock_converse_follows_its_model_rules() {
             input: json!({"path": "a"}),
         }],
         origin: None,
+        delivered_as: None,
+        sender: None,
     };
     let result = Message {
         role: Role::Tool,
@@ -79,6 +87,8 @@ fn bedrock_converse_follows_its_model_rules() {
             is_error: false,
         }],
         origin: None,
+        delivered_as: None,
+        sender: None,
     };
     let transcript = [Message::user_text("size of a?"), call, result, Message::user_text("thanks")];
     let body = |model: &str, tools: Vec<ToolSpec>| -> Value {

@@ -156,6 +156,8 @@ mod tests {
                     Part::ToolCall { tool_call_id: "t1".into(), tool_name: "ls".into(), input: json!({}) },
                 ],
                 origin: None,
+                delivered_as: None,
+                sender: None,
             },
             Message {
                 role: Role::Tool,
@@ -165,8 +167,10 @@ mod tests {
                     is_error: false,
                 }],
                 origin: None,
+                delivered_as: None,
+                sender: None,
             },
-            Message { role: Role::Assistant, content: reply, origin: None },
+            Message { role: Role::Assistant, content: reply, origin: None, delivered_as: None, sender: None },
         ]
     }
 

@@ -107,7 +107,13 @@ pub fn tagged(history: &[Message]) -> Vec<Message> {
                     _ => p.clone(),
                 })
                 .collect();
-            Message { role: m.role, content, origin: m.origin.clone() }
+            Message {
+                role: m.role,
+                content,
+                origin: m.origin.clone(),
+                delivered_as: m.delivered_as.clone(),
+                sender: m.sender.clone(),
+            }
         })
         .collect()
 }
@@ -223,12 +229,22 @@ mod tests {
                 role: Role::Assistant,
                 content: vec![Part::Text { text: "reading".into() }, call("a"), call("b")],
                 origin: None,
+                delivered_as: None,
+                sender: None,
             },
-            Message { role: Role::Tool, content: vec![result("a", "A"), result("b", "B")], origin: None },
+            Message {
+                role: Role::Tool,
+                content: vec![result("a", "A"), result("b", "B")],
+                origin: None,
+                delivered_as: None,
+                sender: None,
+            },
             Message {
                 role: Role::Assistant,
                 content: vec![Part::Text { text: String::new() }, call("c")],
                 origin: None,
+                delivered_as: None,
+                sender: None,
             },
         ]
     }
@@ -243,7 +259,13 @@ mod tests {
     fn a_number_once_shown_never_changes_as_the_transcript_grows() {
         let mut h = history();
         let before = numbers(&h);
-        h.push(Message { role: Role::Tool, content: vec![result("c", "C")], origin: None });
+        h.push(Message {
+            role: Role::Tool,
+            content: vec![result("c", "C")],
+            origin: None,
+            delivered_as: None,
+            sender: None,
+        });
         h.push(Message::assistant_text("done"));
         let after = numbers(&h);
         assert_eq!(&after[..3], &before[..3]);
@@ -272,10 +294,28 @@ mod tests {
     #[test]
     fn a_reused_call_id_is_paired_by_position() {
         let mut h = history();
-        h.push(Message { role: Role::Tool, content: vec![result("c", "C")], origin: None });
-        h.push(Message { role: Role::Assistant, content: vec![call("a")], origin: None });
+        h.push(Message {
+            role: Role::Tool,
+            content: vec![result("c", "C")],
+            origin: None,
+            delivered_as: None,
+            sender: None,
+        });
+        h.push(Message {
+            role: Role::Assistant,
+            content: vec![call("a")],
+            origin: None,
+            delivered_as: None,
+            sender: None,
+        });
         assert_eq!(numbers(&h)[5], vec![None], "the second `a` has no result yet");
-        h.push(Message { role: Role::Tool, content: vec![result("a", "A2")], origin: None });
+        h.push(Message {
+            role: Role::Tool,
+            content: vec![result("a", "A2")],
+            origin: None,
+            delivered_as: None,
+            sender: None,
+        });
         assert_eq!(numbers(&h)[5], vec![Some(6)]);
         let t = tagged(&h);
         let shown = |m: &Message| match &m.content[0] {

@@ -196,7 +196,12 @@ pub struct RunRow {
 #[derive(Clone, Copy, Debug)]
 pub enum SendLookup<'a> {
     Submission(&'a str),
-    SendId(&'a str),
+    /// The newest send under `send_id` in one sender's namespace (`principal`: a plan-named
+    /// sender's module; `None`: the owner's).
+    SendId {
+        send_id: &'a str,
+        principal: Option<&'a str>,
+    },
 }
 
 /// Where a durably queued send stands (the ledger's `fate` column).
@@ -209,6 +214,10 @@ pub enum Fate {
     /// Delivered into a running run as a steer.
     Delivered,
     Retracted,
+    /// A waiting `delivery_order` send another with its `dedupe_key` replaced.
+    Superseded,
+    /// A waiting `delivery_order` send past its `expires_at_ms`.
+    Expired,
 }
 
 impl Fate {
@@ -218,11 +227,23 @@ impl Fate {
             Fate::Started => "started",
             Fate::Delivered => "delivered",
             Fate::Retracted => "retracted",
+            Fate::Superseded => "superseded",
+            Fate::Expired => "expired",
+        }
+    }
+
+    /// The fate of a list send dropped for `reason`.
+    pub fn dropped(reason: crate::record::DropReason) -> Fate {
+        match reason {
+            crate::record::DropReason::Superseded => Fate::Superseded,
+            crate::record::DropReason::Expired => Fate::Expired,
         }
     }
 
     fn parse(s: &str) -> Option<Fate> {
-        [Fate::Pending, Fate::Started, Fate::Delivered, Fate::Retracted].into_iter().find(|f| f.as_str() == s)
+        [Fate::Pending, Fate::Started, Fate::Delivered, Fate::Retracted, Fate::Superseded, Fate::Expired]
+            .into_iter()
+            .find(|f| f.as_str() == s)
     }
 }
 
@@ -625,19 +646,24 @@ impl Store {
 
     /// The ledger row of a send, by its submission id or (the newest) by its send id.
     pub fn send(&self, lineage: &str, by: SendLookup<'_>) -> Result<Option<SendRow>, StoreError> {
-        let (sql, key) = match by {
-            SendLookup::Submission(id) => {
-                ("SELECT submission_id, request, fate, run_id FROM sends WHERE lineage = ?1 AND submission_id = ?2", id)
-            }
-            SendLookup::SendId(id) => (
-                "SELECT submission_id, request, fate, run_id FROM sends WHERE lineage = ?1 AND send_id = ?2
-                 ORDER BY queued_seq DESC LIMIT 1",
+        // A sender's namespace is the `principal` its requests record (absent for the owner's).
+        let (sql, key, principal) = match by {
+            SendLookup::Submission(id) => (
+                "SELECT submission_id, request, fate, run_id FROM sends WHERE lineage = ?1 AND submission_id = ?2
+                 AND ?3 IS NULL",
                 id,
+                None,
+            ),
+            SendLookup::SendId { send_id, principal } => (
+                "SELECT submission_id, request, fate, run_id FROM sends WHERE lineage = ?1 AND send_id = ?2
+                 AND json_extract(request, '$.principal') IS ?3 ORDER BY queued_seq DESC LIMIT 1",
+                send_id,
+                principal,
             ),
         };
         let conn = self.reader()?;
         let row = conn
-            .query_row(sql, params![lineage, key], |r| {
+            .query_row(sql, params![lineage, key, principal], |r| {
                 Ok((
                     r.get::<_, String>(0)?,
                     r.get::<_, String>(1)?,
@@ -751,6 +777,7 @@ impl FlushAt<'_> {
             SendFate::Started { run_id } => (Fate::Started, Some(run_id)),
             SendFate::Delivered { run_id } => (Fate::Delivered, Some(run_id)),
             SendFate::Retracted => (Fate::Retracted, None),
+            SendFate::Dropped(reason) => (Fate::dropped(*reason), None),
         };
         tx.prepare_cached("UPDATE sends SET fate = ?3, run_id = ?4 WHERE lineage = ?1 AND submission_id = ?2")?
             .execute(params![lineage, submission_id, fate.as_str(), run_id])?;

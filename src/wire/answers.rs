@@ -14,6 +14,10 @@ pub enum SendState {
     Paused,
     Finished,
     Retracted,
+    /// A waiting `delivery_order` send replaced under its `dedupe_key` (terminal).
+    Superseded,
+    /// A waiting `delivery_order` send past its `expires_at_ms` (terminal).
+    Expired,
 }
 
 /// A steer's delivery: `{as: "step", ref: <run_id>}`.
@@ -71,6 +75,11 @@ impl SendReply {
         SendReply { submission_id: Some(submission_id.into()), ..Self::bare(SendState::Pending) }
     }
 
+    /// A terminal state with no run (`superseded`, `expired`).
+    pub fn ended(state: SendState) -> SendReply {
+        Self::bare(state)
+    }
+
     pub fn retracted(submission_id: impl Into<String>) -> SendReply {
         SendReply { submission_id: Some(submission_id.into()), ..Self::bare(SendState::Retracted) }
     }
@@ -87,6 +96,12 @@ impl SendReply {
 
     pub fn finished(run_id: impl Into<String>, reason: FinishReason) -> SendReply {
         SendReply { run_id: Some(run_id.into()), reason: Some(reason.as_str()), ..Self::bare(SendState::Finished) }
+    }
+
+    /// This `delivery_order` send started `run_id` (`idle_start`): `{as: "turn", ref: run_id}`.
+    pub fn started_turn(mut self, run_id: impl Into<String>) -> SendReply {
+        self.delivered = Some(Delivered { as_: "turn", reference: run_id.into() });
+        self
     }
 
     /// This send was delivered as a steer into `run_id`.

@@ -413,6 +413,7 @@ fn write_refs_session(shared: &Shared, key: &SessionKey, mut config: FrozenConfi
         texts: Vec::new(),
         system_text: None,
         output_refs: true,
+        senders: Vec::new(),
     });
     config.tools = vec![logs_tool()];
     let frozen = Frozen::new(config);

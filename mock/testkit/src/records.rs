@@ -47,7 +47,7 @@ pub fn model_step_at(run_id: &str, step: u64, text: &str, calls: &[(&str, &str)]
         step,
         finish_reason: if calls.is_empty() { "stop" } else { "tool_calls" }.into(),
         usage: StepUsage { input_tokens: Some(10), output_tokens: Some(5), ..Default::default() },
-        message: Message { role: Role::Assistant, content, origin: None },
+        message: Message { role: Role::Assistant, content, origin: None, delivered_as: None, sender: None },
         provider: "mock".into(),
         model: "mock-model".into(),
         variant: None,
