@@ -297,6 +297,10 @@ pub struct PlanManifest {
     /// (`§N§ `, compaction A3) and its replies get reference sets.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub output_refs: bool,
+    /// The plan's senders (llm-runner §9.7), frozen with it: who besides the owner may send,
+    /// with which grants and templates.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub senders: Vec<cortexkit_role_llm_runner::delivery_order::PlanSender>,
 }
 
 /// A fetched system-text item.

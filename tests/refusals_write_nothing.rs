@@ -104,6 +104,32 @@ fn send_cases() -> Vec<Case> {
         both("send.client_message_id_undeclared", with(json!({"client_message_id": "c-1"})), invalid),
         both("send.directives_undeclared", with(json!({"directives": ["wake"]})), invalid),
         both("params.array", json!([1, 2]), invalid),
+        // `delivery_order` (llm-runner §9.7): a malformed list, a list of only undeclared modes,
+        // list members without a list, a template beside a prompt or that does not render, and
+        // a malformed plan `senders` list.
+        both("send.delivery_list_malformed", with(json!({"delivery": ["steer", "steer"]})), invalid),
+        both("send.delivery_unsupported", with(json!({"delivery": ["turn_system"]})), "delivery_unsupported"),
+        both("send.dedupe_key_without_list", with(json!({"delivery": "steer", "dedupe_key": "k"})), invalid),
+        both(
+            "send.template_beside_prompt",
+            with(json!({"delivery": ["steer"], "template": {"id": "t", "digest": "d", "slots": {}}})),
+            invalid,
+        ),
+        both(
+            "send.template_unknown",
+            json!({"model": model(), "delivery": ["steer"], "template": {"id": "t", "digest": "d", "slots": {}}}),
+            invalid,
+        ),
+        both(
+            "send.plan_senders_malformed",
+            with(json!({"plan": {"senders": [{"module": "m"}, {"module": "m"}]}})),
+            invalid,
+        ),
+        both(
+            "send.plan_succeeds_self",
+            with(json!({"plan": {"senders": [{"module": "m", "succeeds": "m"}]}})),
+            invalid,
+        ),
         Case {
             name: "model.inherit_on_fresh",
             params: json!({"prompt": "x", "delivery": "steer"}),

@@ -23,13 +23,14 @@ use crate::message::Message;
 use crate::op::Op;
 use crate::owner::Caller;
 use crate::provider::config::RenderConfig;
-use crate::record::{CancelAt, Delivery, FinishReason, Frozen, PauseReason, Record, RequestIdentity};
+use crate::record::{CancelAt, Delivery, DropReason, FinishReason, Frozen, PauseReason, Record, RequestIdentity};
 use crate::replay::Resolution;
 use crate::store::{Fate, SendLookup, SendRow, Store};
 use crate::tools::fetch::FetchedPlan;
 use crate::wire::answers::{CancelReply, RetractMiss, RetractReply, SendReply};
 use crate::wire::send::{differing_field, SendParams};
 use crate::wire::{Refusal, RefusalCode};
+use cortexkit_role_llm_runner::delivery_order::{EntryDelivery, Mode};
 
 /// Units a decision made durable.
 pub type Units = Vec<ControlUnit>;
@@ -40,11 +41,11 @@ pub fn send(
     admission: &Admission,
     store: &Store,
     lineage: &mut Lineage,
-    send: SendParams,
+    mut send: SendParams,
     checked: Checked,
     units: &mut Units,
 ) -> Result<SendReply, Refusal> {
-    owner_admits(lineage, Op::SessionSend, &checked.caller)?;
+    let sender = super::senders::admit(lineage, &send, &checked.caller)?;
     if let Some(fence) = lineage.deletion_fenced() {
         // The record expired and held calls keep it from being deleted (spec §19): a send may
         // neither revive it nor start a fresh record over it, and a keyed retry reads nothing
@@ -53,7 +54,7 @@ pub fn send(
         return Err(deletion_fenced(at, fence));
     }
     if let Some(send_id) = send.send_id.clone() {
-        if let Some(row) = recorded_send(store, lineage, &send_id)? {
+        if let Some(row) = recorded_send(store, lineage, &send_id, &sender)? {
             if let Some(field) = differing_field(&row.request.identity, &send.identity) {
                 let message = format!("send_id {send_id:?} was already used by a send with a different {field}");
                 return Err(Refusal::new(RefusalCode::SendIdReuse, message, Some(crate::detail!("field" => field))));
@@ -73,8 +74,13 @@ pub fn send(
     if fenced > 0 {
         return Err(super::moving::moving(fenced));
     }
-    if send.model.is_none() && send.delivery == Delivery::Queue {
+    // A list send inherits the session's model whatever its modes: it joins or starts a run
+    // of the session as the owner's would.
+    if send.model.is_none() && send.delivery == Delivery::Queue && send.order.is_none() {
         return Err(inherit_refused());
+    }
+    if let Some(text) = super::senders::render(lineage, send.order.as_ref(), &sender)? {
+        send.prompt = text;
     }
     let state = lineage.state();
     let queue_limit = admission.config.limits.queued_sends_per_session;
@@ -126,7 +132,15 @@ pub fn send(
         config.tools = if send.tools.as_ref().is_some_and(Vec::is_empty) { Vec::new() } else { tools };
     }
     let first_owner = checked.caller.as_owner();
-    deliver(lineage, send, config, admission.credentials.as_ref(), first_owner.as_ref(), units).map_err(|e| e.refusal())
+    let from = Admitted { sender, first_owner: first_owner.as_ref(), credentials: admission.credentials.as_ref() };
+    deliver(lineage, send, config, from, units).map_err(|e| e.refusal())
+}
+
+/// Who an admitted send is from, and what its run (if it starts one) is admitted with.
+struct Admitted<'a> {
+    sender: super::senders::Sender,
+    first_owner: Option<&'a crate::owner::Owner>,
+    credentials: Option<&'a crate::vault::Credentials>,
 }
 
 /// The owner check against the session's durable state (`crate::owner`): anyone before the
@@ -182,10 +196,10 @@ fn deliver(
     lineage: &mut Lineage,
     send: SendParams,
     config: RenderConfig,
-    credentials: Option<&crate::vault::Credentials>,
-    first_owner: Option<&crate::owner::Owner>,
+    from: Admitted<'_>,
     units: &mut Units,
 ) -> Result<SendReply, LineageError> {
+    let Admitted { sender, first_owner, credentials } = from;
     let submission_id = format!("sub-{}", uuid::Uuid::new_v4().simple());
     let running = match lineage.state().resolution() {
         Resolution::Resume { run_id } => Some((run_id, None)),
@@ -196,7 +210,7 @@ fn deliver(
     let delivery = if running.is_some() { send.delivery } else { Delivery::Queue };
     let request = RequestIdentity {
         send_id: send.send_id.clone(),
-        principal: None,
+        principal: sender.principal(),
         harness: Some(lineage.key().harness.clone()),
         received_at_ms: lineage.now_ms(),
         config: Some(Frozen::new(config.clone())),
@@ -207,11 +221,35 @@ fn deliver(
         },
         identity: send.identity.clone(),
         title: send.title.clone(),
+        order: send.order.as_ref().map(|o| o.modes.clone()),
+        dedupe_key: send.order.as_ref().and_then(|o| o.dedupe_key.clone()),
+        expires_at_ms: send.order.as_ref().and_then(|o| o.expires_at_ms),
     };
-    let message = Message::user_text(send.prompt.clone());
+    let mut message = Message::user_text(send.prompt.clone());
+    message.sender = sender.principal();
+    for replaced in super::senders::superseded(lineage, send.order.as_ref(), &sender) {
+        lineage.append(&Record::Dropped { submission_id: replaced, reason: DropReason::Superseded })?;
+    }
     lineage.append(&Record::Queued { submission_id: submission_id.clone(), message: message.clone(), request })?;
+    if let Some(order) = &send.order {
+        // A list is delivered at its first boundary where one of its modes is possible: on an
+        // idle session (no older send waiting to start) that is now, through `idle_start`;
+        // otherwise the next step boundary or run end decides (`Lineage::deliver_listed`).
+        let idle_start =
+            running.is_none() && super::senders::starts_now(&order.modes) && lineage.state().startable() == 1;
+        if !idle_start {
+            units.extend(lineage.commit()?);
+            return Ok(SendReply::pending(submission_id));
+        }
+        if cortexkit_role_llm_runner::delivery_order::expired(order.expires_at_ms, lineage.now_ms()) {
+            lineage.append(&Record::Dropped { submission_id, reason: DropReason::Expired })?;
+            units.extend(lineage.commit()?);
+            return Ok(SendReply::ended(crate::wire::answers::SendState::Expired));
+        }
+        message.delivered_as = Some(EntryDelivery::new(Mode::IdleStart));
+    }
     match (running, delivery) {
-        (None, _) if lineage.state().queue.len() > 1 => {
+        (None, _) if lineage.state().startable() > 1 => {
             // Older sends still wait (the actor drains them in order): this one queues too.
             units.extend(lineage.commit()?);
             Ok(SendReply::pending(submission_id))
@@ -231,7 +269,10 @@ fn deliver(
             )?);
             crate::failpoint!("send.after_admitted");
             let first = lineage.state().episodes == 1;
-            let mut reply = SendReply::active(run_id, Some(submission_id));
+            let mut reply = SendReply::active(run_id.as_str(), Some(submission_id));
+            if send.order.is_some() {
+                reply = reply.started_turn(run_id);
+            }
             reply.baseline = first.then(|| config.baseline());
             Ok(reply)
         }
@@ -255,8 +296,36 @@ fn deliver(
 /// a pending send is in the replay state; anything older is in the store, which holds every
 /// committed send once the run-index writer has caught up (each commit that changes a send
 /// hands its rows to the writer; `settle` waits for them).
-fn recorded_send(store: &Store, lineage: &Lineage, send_id: &str) -> Result<Option<SendRow>, Refusal> {
-    let pending = lineage.state().queue.iter().rev().find(|p| p.request.send_id.as_deref() == Some(send_id));
+fn recorded_send(
+    store: &Store,
+    lineage: &Lineage,
+    send_id: &str,
+    sender: &super::senders::Sender,
+) -> Result<Option<SendRow>, Refusal> {
+    // A sender's namespace first; a successor checks its predecessor's before its own
+    // (llm-runner §9.7 `sender_succession`): a record there decides, a mismatch included.
+    for namespace in super::senders::namespaces(lineage.state(), sender) {
+        if let Some(row) = recorded_send_of(store, lineage, send_id, namespace.as_deref())? {
+            return Ok(Some(row));
+        }
+    }
+    Ok(None)
+}
+
+/// [`recorded_send`] in one sender's namespace (`None`: the owner's).
+fn recorded_send_of(
+    store: &Store,
+    lineage: &Lineage,
+    send_id: &str,
+    principal: Option<&str>,
+) -> Result<Option<SendRow>, Refusal> {
+    let lookup = SendLookup::SendId { send_id, principal };
+    let pending = lineage
+        .state()
+        .queue
+        .iter()
+        .rev()
+        .find(|p| p.request.send_id.as_deref() == Some(send_id) && p.request.principal.as_deref() == principal);
     if let Some(p) = pending {
         let row = SendRow {
             submission_id: p.submission_id.clone(),
@@ -270,10 +339,10 @@ fn recorded_send(store: &Store, lineage: &Lineage, send_id: &str) -> Result<Opti
     if !lineage.store_current() {
         // The store stopped at an older checkpoint: read its rows plus the WAL tail after it.
         let page = lineage.transcript(u64::MAX, 0).map_err(|e| e.refusal())?;
-        return ledger::send(store, &addr, &page, SendLookup::SendId(send_id)).map_err(|e| e.refusal());
+        return ledger::send(store, &addr, &page, lookup).map_err(|e| e.refusal());
     }
     lineage.settle();
-    store.send(&addr, SendLookup::SendId(send_id)).map_err(|e| e.refusal())
+    store.send(&addr, lookup).map_err(|e| e.refusal())
 }
 
 /// The answer a keyed re-send gets: its recorded fate, never a second run. An auth-paused

@@ -27,6 +27,7 @@ pub mod decide;
 mod late;
 pub mod moving;
 pub mod policy;
+pub mod senders;
 mod tier;
 pub mod warm;
 
@@ -624,7 +625,18 @@ impl Registry {
             }
             Resolution::Paused { .. } => return Ok(false),
             Resolution::Empty | Resolution::Idle { .. } => {
-                let Some(next) = lineage.state().next_to_start().cloned() else { return Ok(false) };
+                // The idle boundary: waiting list sends past their time are dropped first.
+                if lineage.drop_expired()? > 0 {
+                    publish(Output::Control(lineage.commit()?));
+                }
+                let Some(mut next) = lineage.state().next_to_start().cloned() else { return Ok(false) };
+                if next.request.order.is_some() {
+                    // A list starts its run through `idle_start`, and its entry says so.
+                    let went = cortexkit_role_llm_runner::delivery_order::EntryDelivery::new(
+                        cortexkit_role_llm_runner::delivery_order::Mode::IdleStart,
+                    );
+                    next.message.delivered_as = Some(went);
+                }
                 crate::failpoint!("queue.between_queued_and_started");
                 let run_id = format!("run-{}", next.submission_id);
                 let config: RenderConfig = match next.request.config.as_ref().and_then(Frozen::config) {

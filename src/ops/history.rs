@@ -200,6 +200,9 @@ pub fn row(message: &Message, limits: Option<&Limits>) -> DisplayRow {
         })
         .collect();
     let mut row = DisplayRow::new(role_name(message.role), parts);
+    if let Some(sender) = &message.sender {
+        row = row.with_sender(sender.as_str());
+    }
     if let Some(origin) = &message.origin {
         let provider = origin.get("provider_module_id").and_then(Value::as_str);
         let model = origin.get("model_id").and_then(Value::as_str);

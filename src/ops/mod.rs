@@ -140,7 +140,7 @@ impl Ops {
             }
             Some(Op::RunResult) => reply(ResultRequest::decode(&params).and_then(|r| status::run_result(self, key, r))),
             Some(Op::SendStatus | Op::SessionSendStatus) => {
-                reply(SendStatusRequest::decode(&params).and_then(|r| status::send_status(self, key, r)))
+                reply(SendStatusRequest::decode(&params).and_then(|r| status::send_status(self, route, r)))
             }
             Some(Op::RunToolCalls) => {
                 reply(ToolCallsRequest::decode(&params).and_then(|r| calls::run_tool_calls(self, key, r)))
@@ -195,6 +195,8 @@ pub const GROUPS: &[&str] = {
         cap::RETENTION,
         cap::OUTPUT_REFS,
         cap::SERVICE_TIER,
+        cap::DELIVERY_ORDER,
+        cap::SENDER_SUCCESSION,
         "fetch-plan-optional-tools/v1",
     ]
 };
@@ -212,6 +214,7 @@ pub fn describe(config: &crate::config::BrocaConfig) -> Value {
         env!("CARGO_PKG_VERSION"),
     )
     .with_capabilities(GROUPS.iter().map(|g| (*g).to_owned()).collect())
+    .with_delivery_order_modes(crate::wire::delivery::DECLARED_MODES.iter().map(|m| m.as_str().to_owned()).collect())
     .with_run_cancel(vec!["now".into(), "step_boundary".into()])
     .with_session_capabilities_from(cortexkit_role_llm_runner::capabilities::source::ADMISSION)
     .with_max_bytes(read::MAX_BYTES, read::MAX_BYTES)

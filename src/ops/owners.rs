@@ -3,7 +3,7 @@
 //! own grant from the same rule. The session's actor checks sends, retracts and cancels again
 //! against its durable state, so an owner recorded after this check still decides.
 
-use cortexkit_role_llm_runner::delivery_order::Mode;
+use cortexkit_role_llm_runner::delivery_order::{Mode, PlanSender};
 use cortexkit_role_llm_runner::read::HeadSender;
 
 use super::{Ops, Route};
@@ -22,6 +22,14 @@ pub(super) fn authorize(ops: &Ops, route: &Route, op: Option<Op>) -> Result<(), 
     let Some(reader) = Reader::open(ops.registry.shared(), &route.key) else { return Ok(()) };
     let Some(first) = first_run_started(&reader).map_err(|e| e.refusal())? else { return Ok(()) };
     if owner::admits(first.owner.as_ref(), &route.caller) {
+        return Ok(());
+    }
+    // A module the session's plan names as a sender may send (its grants are the actor's to
+    // check against the durable plan).
+    let senders = crate::actor::senders::plan_senders(first.config.config());
+    let named =
+        crate::actor::senders::caller_module(&route.caller).is_some_and(|m| senders.iter().any(|s| s.module == m));
+    if op == Op::SessionSend && named {
         return Ok(());
     }
     Err(crate::wire::scope_owner_mismatch(op.name(), &route.caller))
@@ -50,14 +58,20 @@ pub(crate) fn first_run_started(reader: &Reader) -> Result<Option<Box<RunStarted
 /// owner's) gets every delivery mode broca declares and interruption; anyone else no grant.
 /// `episode_owner` is `None` before the first episode (every caller's send is admitted then),
 /// else the owner the session recorded.
-pub(super) fn sender_grant(episode_owner: Option<Option<&Owner>>, caller: &Caller) -> Option<HeadSender> {
-    if episode_owner.is_some_and(|owner| !owner::admits(owner, caller)) {
-        return None;
-    }
-    let modes = [Mode::ToolResult, Mode::TurnSystem, Mode::Steer, Mode::IdleStart]
+pub(super) fn sender_grant(
+    episode_owner: Option<Option<&Owner>>,
+    senders: &[PlanSender],
+    caller: &Caller,
+) -> Option<HeadSender> {
+    let declared = [Mode::ToolResult, Mode::TurnSystem, Mode::Steer, Mode::IdleStart]
         .into_iter()
-        .filter(|m| m.is_declared(super::GROUPS))
-        .map(|m| m.as_str().to_owned())
-        .collect();
-    Some(HeadSender::for_owner(modes))
+        .filter(|m| m.is_declared(super::GROUPS) && crate::wire::delivery::DECLARED_MODES.contains(m));
+    if episode_owner.is_none_or(|owner| owner::admits(owner, caller)) {
+        return Some(HeadSender::for_owner(declared.map(|m| m.as_str().to_owned()).collect()));
+    }
+    // A plan-named sender: the modes its entry grants (`idle_start` only when granted).
+    let module = crate::actor::senders::caller_module(caller)?;
+    let entry = senders.iter().find(|s| s.module == module)?;
+    let modes = declared.filter(|m| *m != Mode::IdleStart || entry.idle_start).map(|m| m.as_str().to_owned());
+    Some(HeadSender::new(modes.collect(), entry.interrupt))
 }

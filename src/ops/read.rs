@@ -110,6 +110,7 @@ pub(super) fn session_read(ops: &Ops, key: &SessionKey, request: ReadRequest, ve
                 tool_calls: calls.remove(&e.ordinal),
                 role: role_name(e.message.role),
                 written_at: e.written_at,
+                delivered_as: e.message.delivered_as.as_ref(),
             }
         })
         .collect();
@@ -251,7 +252,7 @@ pub(super) fn session_head(ops: &Ops, route: &super::Route, version: u64) -> Res
             usage: None,
             title: None,
             lineage_id: None,
-            sender: super::owners::sender_grant(None, &route.caller),
+            sender: super::owners::sender_grant(None, &[], &route.caller),
             cache: None,
         }));
     };
@@ -310,7 +311,11 @@ pub(super) fn session_head(ops: &Ops, route: &super::Route, version: u64) -> Res
             .clone()
             .map(|since| SessionUsage { usage: page.state.session_usage.clone(), since }),
         title: page.state.last_title.clone().or_else(|| last.and_then(|e| e.title.clone())),
-        sender: super::owners::sender_grant(last.map(|e| e.owner.as_ref()), &route.caller),
+        sender: super::owners::sender_grant(
+            last.map(|e| e.owner.as_ref()),
+            crate::actor::senders::plan_senders(last.and_then(|e| e.config.config())),
+            &route.caller,
+        ),
         cache: ops.registry.cache_clocks().get(&lineage_id).map(|c| HeadCache {
             last_sent_at_ms: c.last_sent_at_ms,
             ttl_ms: c.ttl_ms,

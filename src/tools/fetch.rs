@@ -220,6 +220,7 @@ pub fn fetch(plane: &ToolPlane, lineage: &str, plan: &Plan) -> Result<FetchedPla
         system_text: (!text.is_empty()).then(|| text.join("\n\n")),
         output_refs: plan.tool_items.iter().any(|i| i.output_refs)
             || plan.system_text_items.iter().any(|i| i.output_refs),
+        senders: plan.senders.clone(),
     };
     Ok(FetchedPlan { manifest, tools })
 }

@@ -10,6 +10,7 @@
 //!   spec writes them (a plain JSON map would sort them).
 
 pub mod answers;
+pub mod delivery;
 pub mod history;
 pub mod plan;
 pub mod read;
@@ -198,6 +199,12 @@ pub enum RefusalCode {
     /// The run index proves the session has history no WAL here covers (spec §15; `detail
     /// {class: "permanent", session_ref}`, never a path).
     HistoryUnreachable,
+    /// A `delivery_order` list none of whose modes this runner declares (`detail {delivery}`,
+    /// the list as sent; llm-runner §9.7).
+    DeliveryUnsupported,
+    /// A template send whose `part_tag` slot names a part the session does not show (`detail
+    /// {slot}`; llm-runner §9.7).
+    TemplatePartGone,
 }
 
 impl RefusalCode {
@@ -268,6 +275,8 @@ impl RefusalCode {
             RefusalCode::ArchiveInvalid => "archive_invalid",
             RefusalCode::SessionTooLarge => "session_too_large",
             RefusalCode::HistoryUnreachable => "history_unreachable",
+            RefusalCode::DeliveryUnsupported => "delivery_unsupported",
+            RefusalCode::TemplatePartGone => "template_part_gone",
         }
     }
 }

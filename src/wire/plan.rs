@@ -13,6 +13,7 @@
 //! - the plan's identity is the SHA-256 of its canonical (JCS) bytes as sent: `plan_drift`
 //!   compares identities, never content.
 
+use cortexkit_role_llm_runner::{capabilities, delivery_order, delivery_order::PlanSender, sender_succession};
 use cortexkit_role_tool_provider::catalog;
 use serde_json::{Map, Value};
 
@@ -30,6 +31,9 @@ pub struct Plan {
     pub composition_digest: Option<String>,
     /// SHA-256 (lowercase hex) of the plan's JCS bytes.
     pub identity: String,
+    /// The modules besides the owner whose sends the session admits, with their grants and
+    /// templates (llm-runner §9.7 `senders`).
+    pub senders: Vec<PlanSender>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -123,7 +127,23 @@ pub fn decode(plan: &Value) -> Result<Plan, Refusal> {
     if let Some(w) = providers.windows(2).find(|w| w[0] == w[1]) {
         return Err(invalid_params(&format!("plan.{key}"), &format!("provider {:?} is named twice", w[0])));
     }
-    Ok(Plan { tool_items, system_text_items, composition, composition_digest, identity: digest(plan) })
+    let senders = senders(obj)?;
+    Ok(Plan { tool_items, system_text_items, composition, composition_digest, identity: digest(plan), senders })
+}
+
+/// `senders` (llm-runner §9.7): each succession checked first (`plan.senders[<i>].succeeds`),
+/// then the list (`plan.senders`: a module twice, a template's placeholders and slots apart, an
+/// unknown member or slot type).
+fn senders(obj: &Map<String, Value>) -> Result<Vec<PlanSender>, Refusal> {
+    // The groups these checks ask about, both declared (`ops::GROUPS`).
+    let groups = [capabilities::DELIVERY_ORDER, capabilities::SENDER_SUCCESSION];
+    if obj.get("senders").and_then(Value::as_array).is_some_and(|s| s.len() > MAX_PLAN_ITEMS) {
+        return Err(invalid_params("plan.senders", &format!("at most {MAX_PLAN_ITEMS} senders")));
+    }
+    sender_succession::check_plan(obj, &groups)
+        .map_err(|field| invalid_params(&field, "a module other than the sender's own, named by one sender only"))?;
+    delivery_order::check_plan(obj, &groups).map_err(|field| invalid_params(field, "malformed senders"))?;
+    delivery_order::plan_senders(obj).map_err(|field| invalid_params(field, "malformed senders"))
 }
 
 /// SHA-256 (lowercase hex) of a value's JCS bytes (RFC 8785), as tool-provider computes a

@@ -34,6 +34,7 @@ pub struct ReadToolCall {
 pub struct ReadEntry<'a> {
     pub ordinal: u64,
     pub mid: String,
+    #[serde(serialize_with = "message_body")]
     pub message: &'a Message,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub run: Option<RunAttribution>,
@@ -43,6 +44,23 @@ pub struct ReadEntry<'a> {
     pub role: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub written_at: Option<u64>,
+    /// How a `delivery_order` send went out (llm-runner §4.2, §9.7): in the envelope, taken
+    /// from the stored message, whose served body leaves it out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delivered_as: Option<&'a cortexkit_role_llm_runner::delivery_order::EntryDelivery>,
+}
+
+/// A stored message as a read serves it: its role, content and origin, never its delivery
+/// (that is the entry's `delivered_as`).
+fn message_body<S: serde::Serializer>(message: &&Message, s: S) -> Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    struct Body<'m> {
+        role: &'m crate::message::Role,
+        content: &'m [crate::message::Part],
+        #[serde(skip_serializing_if = "Option::is_none")]
+        origin: &'m Option<serde_json::Value>,
+    }
+    Body { role: &message.role, content: &message.content, origin: &message.origin }.serialize(s)
 }
 
 /// A tool of the session's latest run, as `include_tools` serves it.

@@ -39,6 +39,9 @@ const READ: &[&str] = &[
     "tool_choice",
     "work_class",
     "context_limit",
+    "dedupe_key",
+    "expires_at_ms",
+    "template",
 ];
 
 /// Members that ask for a capability group of llm-runner/v1 this build does not declare, with
@@ -56,6 +59,8 @@ const UNDECLARED: &[(&str, &str)] = &[
 const IDENTITY: &[&str] = &[
     "prompt",
     "delivery",
+    "dedupe_key",
+    "template",
     "model",
     "model.variant",
     "system",
@@ -97,6 +102,8 @@ pub struct SendParams {
     pub send_id: Option<String>,
     pub title: Option<String>,
     pub delivery: Delivery,
+    /// A `delivery_order` list with its members (llm-runner §9.7); `delivery` is then `queue`.
+    pub order: Option<cortexkit_role_llm_runner::delivery_order::DeliveryOrder>,
     pub model: Option<ModelChoice>,
     pub session_class: Option<String>,
     pub retention: Option<u64>,
@@ -229,22 +236,16 @@ pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
             return Err(invalid_params("session", "does not match the route's bound session"));
         }
     }
-    let prompt = match obj.get("prompt") {
-        Some(Value::String(p)) if !p.trim().is_empty() => p.clone(),
-        _ => return Err(invalid_params("prompt", "a non-empty string is required")),
-    };
+    let sent_delivery = super::delivery::parse(obj)?;
+    // A template send's text is rendered on the session's actor, from its frozen plan.
+    let prompt = super::delivery::prompt(obj, &sent_delivery)?.unwrap_or_default();
     prompt_fits(&prompt)?;
     let send_id = match obj.get("send_id") {
         None => None,
         Some(Value::String(s)) if !s.is_empty() && s.len() <= 256 => Some(s.clone()),
         Some(_) => return Err(invalid_params("send_id", "a string of 1-256 bytes is required")),
     };
-    let delivery = match obj.get("delivery").map(Value::as_str) {
-        None | Some(Some("queue")) => Delivery::Queue,
-        Some(Some("steer")) => Delivery::Steer,
-        Some(Some("interrupt")) => Delivery::Interrupt,
-        Some(_) => return Err(invalid_params("delivery", "\"queue\", \"steer\" or \"interrupt\"")),
-    };
+    let delivery = sent_delivery.legacy();
     let model = match obj.get("model") {
         None => None,
         Some(m) => Some(model(m, &key.harness)?),
@@ -372,6 +373,7 @@ pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
         send_id,
         title,
         delivery,
+        order: sent_delivery.order().cloned(),
         model,
         session_class,
         retention,
@@ -562,7 +564,11 @@ fn identity(obj: &Map<String, Value>, delivery: Delivery) -> BTreeMap<String, St
     };
     for field in IDENTITY {
         match *field {
-            "delivery" => put(field, &Value::String(delivery.as_str().into())),
+            // A list is its own identity; a string (or none) the mode it means.
+            "delivery" => match obj.get("delivery") {
+                Some(list @ Value::Array(_)) => put(field, list),
+                _ => put(field, &Value::String(delivery.as_str().into())),
+            },
             "model" => {
                 if let Some(m) = obj.get("model") {
                     put(field, &serde_json::json!([m.get("provider"), m.get("model")]));

@@ -43,6 +43,14 @@ pub fn deletion_finished(root: &Path, session: &str) -> Result<bool, String> {
     Ok(rows == 0)
 }
 
+/// Now on `instance_root`'s broca clock: the wall clock plus the instance's offset.
+pub fn now_ms(instance_root: &Path) -> u64 {
+    let offset: u64 =
+        std::fs::read_to_string(clock_file(instance_root)).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0);
+    let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    u64::try_from(wall.as_millis()).unwrap_or(u64::MAX).saturating_add(offset)
+}
+
 /// The file holding an instance's clock offset (decimal milliseconds).
 pub fn clock_file(instance_root: &Path) -> PathBuf {
     instance_root.join("clock-offset-ms")

@@ -31,6 +31,11 @@ pub const TOOLS: &str = "mock-tools";
 /// their ids are their attested principals (`reserved:<id>`).
 pub const OWNER: &str = "conformance-owner";
 pub const STRANGER: &str = "conformance-stranger";
+/// The two modules a plan names in `senders` (the delivery-order and sender cases).
+pub const SENDER_A: &str = "conformance-sender-a";
+pub const SENDER_B: &str = "conformance-sender-b";
+/// Every relay module a route may go through, as its attested principal.
+pub const RELAYS: [&str; 4] = [OWNER, STRANGER, SENDER_A, SENDER_B];
 /// The longest wait for a rig to come up, or to stop after SIGTERM.
 const BOOT: Duration = Duration::from_secs(60);
 const STOP: Duration = Duration::from_secs(30);
@@ -129,6 +134,10 @@ impl Rig {
                     "enabled": true, "reserved": true},
             STRANGER: {"program": config.broca_mock, "args": ["relay"], "env": {"CK_LOG": "warn"},
                        "enabled": true, "reserved": true},
+            SENDER_A: {"program": config.broca_mock, "args": ["relay"], "env": {"CK_LOG": "warn"},
+                       "enabled": true, "reserved": true},
+            SENDER_B: {"program": config.broca_mock, "args": ["relay"], "env": {"CK_LOG": "warn"},
+                       "enabled": true, "reserved": true},
         });
         let table = json!({"version": 1, "modules": modules});
         let table_path = dir.join("config/cortexkit/subc.jsonc");
@@ -173,13 +182,13 @@ impl Rig {
         loop {
             if let Ok(list) = consumer.catalog_list().await {
                 let ready = |id: &str| list.modules.iter().any(|m| m.module_id == id && m.ready);
-                if [BROCA, TOOLS, OWNER, STRANGER].into_iter().all(ready) {
+                if [BROCA, TOOLS].into_iter().chain(RELAYS).all(ready) {
                     return Ok(rig);
                 }
             }
             if Instant::now() > until {
                 return Err(format!(
-                    "broca, {TOOLS}, {OWNER} and {STRANGER} did not register in {}: {}",
+                    "broca, {TOOLS} and the relays {RELAYS:?} did not register in {}: {}",
                     dir.display(),
                     rig.tail()
                 ));

@@ -13,8 +13,8 @@ use cortexkit_role_llm_runner_conformance::harness::{
     Harness, HarnessError, KillPoint, KillReport, PointDeclaration, RouteStamp, Trigger,
 };
 use cortexkit_role_llm_runner_conformance::{
-    AttributionFixture, Capability, LlmRunnerSubject, ModelRequestObservation, Script, ScriptedLateEntry,
-    ToolResultLimitObservation, ToolResultObservation,
+    AttributionFixture, Capability, LlmRunnerSubject, ModelRequestObservation, PlanSenderIdentity, Script,
+    ScriptedLateEntry, ToolResultLimitObservation, ToolResultObservation,
 };
 use serde_json::{json, Map, Value};
 use subc_client_rs::SubcConsumer;
@@ -102,6 +102,8 @@ pub struct Subject {
     last_parts: Mutex<Vec<(String, Value)>>,
     /// Sessions started by `output_refs_fields`, which run on [`BLOCKS_MODEL`].
     block_sessions: Mutex<BTreeSet<String>>,
+    /// The instance a route was last opened on: `delivery_clock_now_ms` reads its clock.
+    last_root: Mutex<Option<PathBuf>>,
 }
 
 impl Subject {
@@ -121,6 +123,7 @@ impl Subject {
             instances: Mutex::default(),
             last_parts: Mutex::default(),
             block_sessions: Mutex::default(),
+            last_root: Mutex::default(),
         }
     }
 
@@ -132,6 +135,11 @@ impl Subject {
         let rig = Rig::start(&self.config, root, None).await.map_err(HarnessError::new)?;
         Ok(Handle(Arc::new(Instance::new(root.to_owned(), rig))))
     }
+}
+
+/// A relay module's identity as a plan names it.
+fn sender_identity(module: &str) -> PlanSenderIdentity {
+    PlanSenderIdentity::new(RouteStamp { principal: format!("reserved:{module}"), scope: None }, module)
 }
 
 /// The capability groups a `role.describe` answer declares, as the suite names them.
@@ -384,17 +392,17 @@ impl LlmRunnerSubject for Subject {
     /// a session's owner: the owner and the stranger call through relay modules the daemon
     /// launched (`broca-mock relay`), so broca sees their attested principals.
     async fn session_route(&self, handle: &Handle, session: &str, stamp: &RouteStamp) -> Result<Route, HarnessError> {
-        let via = [crate::rig::OWNER, crate::rig::STRANGER]
+        let via = crate::rig::RELAYS
             .into_iter()
             .find(|relay| stamp.scope.is_none() && stamp.principal == format!("reserved:{relay}"));
         let Some(via) = via else {
             return Err(HarnessError::new(format!(
-                "this adapter opens routes only as {} or {}, not as {stamp:?}",
-                self.owner_stamp().principal,
-                self.stranger_stamp().principal
+                "this adapter opens routes only as one of the relays {:?}, not as {stamp:?}",
+                crate::rig::RELAYS
             )));
         };
         let root = handle.instance().root.clone();
+        *self.last_root.lock().unwrap_or_else(|e| e.into_inner()) = Some(root.clone());
         self.instances.lock().unwrap_or_else(|e| e.into_inner()).insert(session.to_owned(), root);
         Ok(Route {
             instance: Arc::clone(handle.instance()),
@@ -462,6 +470,46 @@ impl LlmRunnerSubject for Subject {
             Some((n, _)) => Some(*n),
             None => Some(shown.iter().map(|(n, _)| *n).max().unwrap_or(0) + 1),
         }
+    }
+
+    /// The delivery-order cases' plan sender: a relay module of its own.
+    fn plan_sender(&self) -> Option<PlanSenderIdentity> {
+        Some(sender_identity(crate::rig::SENDER_A))
+    }
+
+    /// Two named senders besides the owner and the stranger (head.sender, succession and
+    /// message-sender cases).
+    fn head_sender_identities(&self) -> Option<[PlanSenderIdentity; 2]> {
+        Some([sender_identity(crate::rig::SENDER_A), sender_identity(crate::rig::SENDER_B)])
+    }
+
+    /// The send's fields with `members` (a plan's `senders`, say) added to the session's plan:
+    /// a later send repeats the whole plan, whose identity must match the frozen one.
+    fn send_fields_with_plan(
+        &self,
+        session: &str,
+        _first: bool,
+        members: &Map<String, Value>,
+    ) -> Option<Map<String, Value>> {
+        let mut fields = self.send_fields(session, true);
+        // The tool item opts into output references, so the session's requests show part
+        // numbers and a template's `part_tag` slot can name one (llm-runner §9.7).
+        let plan = json!({"tool_items": [{"provider": TOOLS, "params": {}, "output_refs": true}]});
+        fields.insert("plan".into(), plan);
+        fields.get_mut("plan")?.as_object_mut()?.extend(members.clone());
+        Some(fields)
+    }
+
+    /// The clock broca decides a send's expiry on: the instance's offset clock (`retention.rs`),
+    /// read for the instance a route was last opened on (the case's own session's).
+    fn delivery_clock_now_ms(&self) -> Option<u64> {
+        let root = self.last_root.lock().unwrap_or_else(|e| e.into_inner()).clone()?;
+        Some(crate::retention::now_ms(&root))
+    }
+
+    /// broca owns its loop: a send is staged the moment it is accepted (llm-runner §9.7).
+    async fn send_staged(&self, _session: &str, _send_id: &str) -> Result<(), HarnessError> {
+        Ok(())
     }
 
     fn send_fields(&self, session: &str, first: bool) -> Map<String, Value> {
