@@ -288,12 +288,12 @@ impl Doctor<'_> {
 }
 
 fn timeout() -> ProviderError {
-    ProviderError {
-        class: ErrorClass::Transient,
-        provider_code: Some("timeout".into()),
-        message: format!("no answer within {} s", CHECK_TIMEOUT.as_secs()),
-        http_status: None,
-    }
+    ProviderError::new(
+        ErrorClass::Transient,
+        Some("timeout".into()),
+        format!("no answer within {} s", CHECK_TIMEOUT.as_secs()),
+        None,
+    )
 }
 
 /// The problem a provider's error names, and what to do about it.

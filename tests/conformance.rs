@@ -29,6 +29,8 @@ mod nats;
 mod bus;
 #[path = "conformance/decode.rs"]
 mod decode;
+#[path = "conformance/host.rs"]
+mod host;
 #[path = "conformance/kill.rs"]
 mod kill;
 #[path = "conformance/model.rs"]

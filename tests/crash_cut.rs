@@ -191,12 +191,7 @@ fn tool_ok(run_id: &str, step: u64, call: &str) -> Record {
 }
 
 fn auth_error() -> ProviderError {
-    ProviderError {
-        class: ErrorClass::AuthRequired,
-        provider_code: Some("auth_required".into()),
-        message: "credential expired".into(),
-        http_status: Some(401),
-    }
+    ProviderError::new(ErrorClass::AuthRequired, Some("auth_required".into()), "credential expired".into(), Some(401))
 }
 
 /// The records of a two-step episode after its `RunStarted` (one tool call, then a stop).
@@ -601,12 +596,12 @@ fn child_random(l: &mut Lineage) -> ! {
                     l.finish_run(&run_id, FinishReason::Cancelled, None, vec![]).unwrap();
                 } else if e.final_step_finish_reason.as_deref() == Some("stop") {
                     if rng.below(10) == 0 {
-                        let err = ProviderError {
-                            class: ErrorClass::Permanent,
-                            provider_code: Some("bad_request".into()),
-                            message: "refused".into(),
-                            http_status: Some(400),
-                        };
+                        let err = ProviderError::new(
+                            ErrorClass::Permanent,
+                            Some("bad_request".into()),
+                            "refused".into(),
+                            Some(400),
+                        );
                         l.finish_run(&run_id, FinishReason::Error, Some(err), vec![]).unwrap();
                     } else {
                         l.finish_run(&run_id, FinishReason::Completed, None, vec![]).unwrap();

@@ -44,7 +44,39 @@ const SCENARIOS: &[Scenario] = &[
     ("unknown send members are tolerated and logged once per key", unknown_members_logged_once),
     ("a retained session expires, is deleted and a later send starts fresh", retention_expires_and_deletes),
     ("an Anthropic tool loop reads its prefix from the provider cache from its second step", prompt_cache_reads),
+    ("a rate-limited run's error keeps the provider's retry-after and reset time", rate_limit_timing_recorded),
 ];
+
+/// A run ended by a provider's rate limit records the provider's own timing (llm-runner §4.3,
+/// §6): `run.status` serves its fractional `Retry-After` and the exhausted limit's reset time
+/// (Anthropic's RFC 3339 header), `session.head.last_run_error` the same values from the same
+/// record, and both read the same after a SIGKILL and respawn (the WAL holds them).
+fn rate_limit_timing_recorded(h: &Harness) {
+    let s = h.session(HARNESS, &h.unique("rate-limited"), None);
+    let limited = json!({"status": 429, "headers": {
+        "retry-after": "1.5",
+        "anthropic-ratelimit-requests-remaining": "0",
+        "anthropic-ratelimit-requests-reset": "2026-09-21T14:13:23Z",
+        "anthropic-ratelimit-tokens-remaining": "900",
+        "anthropic-ratelimit-tokens-reset": "2026-09-21T14:20:00Z",
+    }});
+    // The first attempt and broca's three retries (each waits the asked 1.5 s at least).
+    h.install_alone(json!({"responses": [limited, limited, limited, limited]}));
+    let mut params = keyed("summarize the log", "rl-1");
+    params["model"] = json!({"provider": "mock", "model": "echo-messages"});
+    let run_id = s.ok("session.send", params)["run_id"].as_str().unwrap().to_owned();
+    let status = s.wait_run(&run_id, "error");
+    let error = &status["error"];
+    assert_eq!((&error["class"], &error["status"]), (&json!("transient"), &json!(429)), "{status}");
+    assert_eq!((&error["retry_after_secs"], &error["resets_at_ms"]), (&json!(1.5), &json!(1_790_000_003_000u64)));
+    let expected = json!({"class": "transient", "retry_after_secs": 1.5, "resets_at_ms": 1_790_000_003_000u64});
+    let head = s.ok("session.head", json!({}));
+    assert_eq!((&head["last_run_state"]["run_id"], &head["last_run_error"]), (&json!(run_id), &expected), "{head}");
+    let old = h.kill_broca();
+    h.wait_respawn(old);
+    assert_eq!(s.ok("run.status", json!({"run_id": run_id})), status, "run.status after a restart");
+    assert_eq!(s.ok("session.head", json!({}))["last_run_error"], expected, "the head after a restart");
+}
 
 /// Prompt caching through the daemon (#28): broca marks the prefix, broca-mock's model of the
 /// provider's cache (`{"usage": {"measured": true}}`) reads it back on every later step, and the

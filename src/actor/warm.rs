@@ -236,12 +236,7 @@ fn perform(
                     _ => ErrorClass::Permanent,
                 };
                 let message = format!("the vault read of credential '{credential_id}' was refused ({})", e.code());
-                WarmRefusal::Failed(ProviderError {
-                    class,
-                    provider_code: Some(e.code().into()),
-                    message,
-                    http_status: None,
-                })
+                WarmRefusal::Failed(ProviderError::new(class, Some(e.code().into()), message, None))
             })?;
             if job.account_id.is_some() && credential.account_id != job.account_id {
                 return Err(WarmRefusal::AccountChanged { credential_id: credential_id.clone() });

@@ -148,12 +148,12 @@ pub fn drive_with<C>(
     let config: RenderConfig = match frozen {
         Some(c) => c,
         None => {
-            let error = ProviderError {
-                class: ErrorClass::Permanent,
-                provider_code: Some("frozen_config_unreadable".into()),
-                message: "the run's frozen config does not decode in this build".to_string(),
-                http_status: None,
-            };
+            let error = ProviderError::new(
+                ErrorClass::Permanent,
+                Some("frozen_config_unreadable".into()),
+                "the run's frozen config does not decode in this build".to_string(),
+                None,
+            );
             lineage.finish_run(&run_id, FinishReason::Error, Some(error.clone()), vec![])?;
             out(Output::Control(lineage.commit()?));
             return Ok(TurnOutcome { run_id, reason: Some(FinishReason::Error), paused: None, error: Some(error) });
@@ -437,12 +437,12 @@ impl<C> Driver<'_, C> {
                         return self.pause(PauseReason::ToolHeld, None);
                     }
                     if end == (BatchEnd::Done { indeterminate: true }) {
-                        let error = ProviderError {
-                            class: ErrorClass::Transient,
-                            provider_code: Some("tool_reply_timeout".into()),
-                            message: "a tool call went unanswered past its wait; its outcome is unknown".into(),
-                            http_status: None,
-                        };
+                        let error = ProviderError::new(
+                            ErrorClass::Transient,
+                            Some("tool_reply_timeout".into()),
+                            "a tool call went unanswered past its wait; its outcome is unknown".into(),
+                            None,
+                        );
                         return self.finish(FinishReason::Interrupted, Some(error));
                     }
                 }
@@ -496,12 +496,12 @@ impl<C> Driver<'_, C> {
                     ("cancelled", Some(StepEnd::Ended(FinishReason::Cancelled, None)), None, t, None)
                 }
                 AttemptEnd::Watchdog(t) => {
-                    let error = ProviderError {
-                        class: ErrorClass::Transient,
-                        provider_code: Some("provider_idle_timeout".into()),
-                        message: format!("the provider sent nothing for {} ms", self.opts.idle_timeout.as_millis()),
-                        http_status: None,
-                    };
+                    let error = ProviderError::new(
+                        ErrorClass::Transient,
+                        Some("provider_idle_timeout".into()),
+                        format!("the provider sent nothing for {} ms", self.opts.idle_timeout.as_millis()),
+                        None,
+                    );
                     (
                         "interrupted",
                         Some(StepEnd::Ended(FinishReason::Interrupted, Some(error.clone()))),
@@ -591,21 +591,11 @@ impl<C> Driver<'_, C> {
                         }
                         Ok(AttemptEvent::End { terminal: true, telemetry }) => return Ok(AttemptEnd::Done(asm, telemetry)),
                         Ok(AttemptEvent::End { terminal: false, telemetry }) => {
-                            let error = ProviderError {
-                                class: ErrorClass::Transient,
-                                provider_code: Some("stream_truncated".into()),
-                                message: "the provider stream ended without its terminal event".into(),
-                                http_status: None,
-                            };
+                            let error = ProviderError::new(ErrorClass::Transient, Some("stream_truncated".into()), "the provider stream ended without its terminal event".into(), None);
                             return Ok(AttemptEnd::Failed { error, delivered: asm.delivered, retry_after: None, telemetry });
                         }
                         Err(_) => {
-                            let error = ProviderError {
-                                class: ErrorClass::Transient,
-                                provider_code: Some("transport".into()),
-                                message: "the streamer ended without a result".into(),
-                                http_status: None,
-                            };
+                            let error = ProviderError::new(ErrorClass::Transient, Some("transport".into()), "the streamer ended without a result".into(), None);
                             return Ok(AttemptEnd::Failed { error, delivered: asm.delivered, retry_after: None, telemetry: Telemetry::default() });
                         }
                     }

@@ -262,9 +262,13 @@ pub(super) fn session_head(ops: &Ops, route: &super::Route, version: u64) -> Res
     let page = read::transcript(&reader, u64::MAX, 0).map_err(|e| e.refusal())?;
     let last = page.state.last.as_ref();
     let last_run_error = match (&status.state, &status.error) {
-        (RunState::Finished(FinishReason::Error), Some(error)) => {
-            Some(LastRunError { class: error.class_name(), retry_after_secs: None })
-        }
+        // The same recorded error `run.status` serves (llm-runner §4.3: never a separate
+        // derivation); a wait that is not a finite non-negative number is left off the head.
+        (RunState::Finished(FinishReason::Error), Some(error)) => Some(LastRunError {
+            class: error.class_name(),
+            retry_after_secs: error.retry_after_secs.filter(|s| s.is_finite() && *s >= 0.0),
+            resets_at_ms: error.resets_at_ms,
+        }),
         _ => None,
     };
     let last_run_state = status.run_id.clone().map(|run_id| LastRunState {

@@ -96,12 +96,12 @@ pub fn request_headers(
         (Some(secret), Carrier::SigV4) => {
             let unsigned: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
             let signed = sigv4_headers(url, &unsigned, body, secret, crate::clock::unix_ms()).map_err(|message| {
-                crate::record::ProviderError {
-                    class: crate::record::ErrorClass::AuthRequired,
-                    provider_code: Some("credential_unusable".into()),
+                crate::record::ProviderError::new(
+                    crate::record::ErrorClass::AuthRequired,
+                    Some("credential_unusable".into()),
                     message,
-                    http_status: None,
-                }
+                    None,
+                )
             })?;
             headers.extend(signed.into_iter().map(|(n, v)| (n.to_owned(), v)));
         }

@@ -383,7 +383,7 @@ impl ModelClient for HttpClient {
 }
 
 fn transport_error(message: String) -> ProviderError {
-    ProviderError { class: ErrorClass::Transient, provider_code: Some("transport".into()), message, http_status: None }
+    ProviderError::transient("transport", message)
 }
 
 /// A request to `config`'s route: its URL and the headers [`super::auth::request_headers`]
@@ -467,6 +467,13 @@ fn retry_after(resp: &ureq::http::Response<ureq::Body>) -> Option<Duration> {
     resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).and_then(retry_after_secs)
 }
 
+/// Records the refusal's timing as the provider stated it (`retry-after`, rate-limit resets).
+fn timing(error: &mut ProviderError, headers: &ureq::http::HeaderMap) {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    error.retry_after_ms = header("retry-after").as_deref().and_then(super::ratelimit::retry_after_ms);
+    error.resets_at_ms = super::ratelimit::resets_at_ms(&header, crate::clock::unix_ms());
+}
+
 /// The longest provider-asked wait honoured.
 pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(3600);
 
@@ -494,9 +501,11 @@ fn stream(slot: &AgentSlot, a: Attempt, tx: &Sender<AttemptEvent>) {
         Ok(resp) if is_refusal(&resp) => {
             let status = resp.status().as_u16();
             let after = retry_after(&resp);
+            let resp_headers = resp.headers().clone();
             let mut body = Vec::new();
             let _ = resp.into_body().into_reader().take(1 << 20).read_to_end(&mut body);
-            let error = super::wire(a.config.family).classify_error(status, &body);
+            let mut error = super::wire(a.config.family).classify_error(status, &body);
+            timing(&mut error, &resp_headers);
             let _ = tx.send(AttemptEvent::Http { error, retry_after: after });
             return;
         }
@@ -544,12 +553,12 @@ fn stream(slot: &AgentSlot, a: Attempt, tx: &Sender<AttemptEvent>) {
             match decoder.decode(sse, &mut events) {
                 Ok(class) => telemetry.observe(&class, sse.data.len() as u64, now),
                 Err(e) => {
-                    let error = ProviderError {
-                        class: ErrorClass::Transient,
-                        provider_code: Some("undecodable_stream".into()),
-                        message: e.to_string(),
-                        http_status: None,
-                    };
+                    let error = ProviderError::new(
+                        ErrorClass::Transient,
+                        Some("undecodable_stream".into()),
+                        e.to_string(),
+                        None,
+                    );
                     let _ = tx.send(AttemptEvent::Failed { error, telemetry });
                     return;
                 }

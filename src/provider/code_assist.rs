@@ -266,12 +266,12 @@ pub fn resolve(
             break;
         };
         if waited >= ONBOARD_WAIT {
-            return Err(ProviderError {
-                class: ErrorClass::Transient,
-                provider_code: Some("code_assist_onboarding_pending".into()),
-                message: format!("Code Assist onboarding to {tier} did not finish within {}s", ONBOARD_WAIT.as_secs()),
-                http_status: None,
-            });
+            return Err(ProviderError::new(
+                ErrorClass::Transient,
+                Some("code_assist_onboarding_pending".into()),
+                format!("Code Assist onboarding to {tier} did not finish within {}s", ONBOARD_WAIT.as_secs()),
+                None,
+            ));
         }
         if !sleep(ONBOARD_POLL) {
             return Err(ProviderError::permanent("cancelled", "cancelled while Code Assist onboarding ran"));
@@ -296,11 +296,13 @@ fn valid_operation_name(name: &str) -> bool {
 /// the project are the credential's (`auth_required`); 429 and 5xx transient; the rest permanent.
 fn answer<T: for<'de> Deserialize<'de>>((status, body): (u16, Vec<u8>), what: &str) -> Result<T, ProviderError> {
     if (200..300).contains(&status) {
-        return serde_json::from_slice(&body).map_err(|e| ProviderError {
-            class: ErrorClass::Transient,
-            provider_code: Some("code_assist_answer_unreadable".into()),
-            message: format!("{what} answered something that is not its documented JSON: {e}"),
-            http_status: Some(status),
+        return serde_json::from_slice(&body).map_err(|e| {
+            ProviderError::new(
+                ErrorClass::Transient,
+                Some("code_assist_answer_unreadable".into()),
+                format!("{what} answered something that is not its documented JSON: {e}"),
+                Some(status),
+            )
         });
     }
     let mut error = super::errors::classify_http_error(crate::frozen::Family::GoogleCodeAssist, status, &body);

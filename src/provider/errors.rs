@@ -107,12 +107,12 @@ pub(crate) fn stream_error_with_status(
     };
     let class = named_class(code, kind, message).or_else(by_status).unwrap_or(ErrorClass::Transient);
     StreamEvent::Error {
-        error: ProviderError {
+        error: ProviderError::new(
             class,
-            provider_code: code.or(kind).map(String::from).or_else(|| status.map(|s| s.to_string())),
-            message: message.to_string(),
-            http_status: None,
-        },
+            code.or(kind).map(String::from).or_else(|| status.map(|s| s.to_string())),
+            message.to_string(),
+            None,
+        ),
     }
 }
 
@@ -232,5 +232,5 @@ pub fn classify_http_error(family: Family, status: u16, body: &[u8]) -> Provider
         },
         _ => ErrorClass::Permanent,
     };
-    ProviderError { class, provider_code: parsed.code.or(parsed.kind), message, http_status: Some(status) }
+    ProviderError::new(class, parsed.code.or(parsed.kind), message, Some(status))
 }

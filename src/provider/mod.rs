@@ -21,6 +21,7 @@ pub mod eventstream;
 pub mod gemini;
 pub mod openai_chat;
 pub mod openai_responses;
+pub mod ratelimit;
 pub mod render_cache;
 pub mod scripted;
 pub mod sigv4;

@@ -113,11 +113,6 @@ fn play(response: &Response, attempt: &Attempt, tx: &Sender<AttemptEvent>) {
 }
 
 fn failed(message: &str) -> AttemptEvent {
-    let error = ProviderError {
-        class: ErrorClass::Permanent,
-        provider_code: Some("scripted".into()),
-        message: message.into(),
-        http_status: None,
-    };
+    let error = ProviderError::new(ErrorClass::Permanent, Some("scripted".into()), message.into(), None);
     AttemptEvent::Failed { error, telemetry: Telemetry::default() }
 }

@@ -110,11 +110,13 @@ pub fn warm_body(base: &Value) -> Option<Vec<u8>> {
 
 /// Reads a warm's 2xx answer: Messages' JSON `usage`, and the rate-limit headers kept.
 pub fn decode_answer(body: &[u8], headers: &[(String, String)]) -> Result<WarmAnswer, ProviderError> {
-    let undecodable = |why: String| ProviderError {
-        class: crate::record::ErrorClass::Transient,
-        provider_code: Some("undecodable_answer".into()),
-        message: format!("the warm's answer is not a Messages response: {why}"),
-        http_status: None,
+    let undecodable = |why: String| {
+        ProviderError::new(
+            crate::record::ErrorClass::Transient,
+            Some("undecodable_answer".into()),
+            format!("the warm's answer is not a Messages response: {why}"),
+            None,
+        )
     };
     let answer: Value = serde_json::from_slice(body).map_err(|e| undecodable(e.to_string()))?;
     let usage = answer.get("usage").ok_or_else(|| undecodable("it has no usage".into()))?;

@@ -23,38 +23,48 @@ pub struct ProviderError {
     pub message: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http_status: Option<u16>,
+    /// The wait the provider asked for before a retry (its `Retry-After`), in milliseconds:
+    /// `run.status` and `session.head` serve it as `retry_after_secs` (llm-runner §4.3, §6).
+    /// Absent when the provider gave none (never 0 as a stand-in); a negative or non-finite
+    /// value is not recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+    /// When the provider said the limit this error hit resets (unix ms), from its rate-limit
+    /// headers (`crate::provider::ratelimit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resets_at_ms: Option<u64>,
 }
 
 impl ProviderError {
+    /// An error with no provider timing.
+    pub fn new(class: ErrorClass, provider_code: Option<String>, message: String, http_status: Option<u16>) -> Self {
+        ProviderError { class, provider_code, message, http_status, retry_after_ms: None, resets_at_ms: None }
+    }
+
+    /// A transient error broca itself decided (no provider status).
+    pub fn transient(code: &str, message: impl Into<String>) -> ProviderError {
+        ProviderError::new(ErrorClass::Transient, Some(code.into()), message.into(), None)
+    }
+
     /// A permanent error broca itself decided (no provider status).
     pub fn permanent(code: &str, message: impl Into<String>) -> ProviderError {
-        ProviderError {
-            class: ErrorClass::Permanent,
-            provider_code: Some(code.into()),
-            message: message.into(),
-            http_status: None,
-        }
+        ProviderError::new(ErrorClass::Permanent, Some(code.into()), message.into(), None)
     }
 
     /// The diagnostic a run is sealed with when its WAL latched an I/O failure in this process
     /// (the run could not be ended then; it is sealed when the session reopens).
     pub fn storage_failed(cause: &str) -> ProviderError {
-        ProviderError {
-            class: ErrorClass::Transient,
-            provider_code: Some(STORAGE_FAILED_CODE.into()),
-            message: format!("the session's WAL failed while this run was going ({cause}); it was sealed on reopen"),
-            http_status: None,
-        }
+        ProviderError::transient(
+            STORAGE_FAILED_CODE,
+            format!("the session's WAL failed while this run was going ({cause}); it was sealed on reopen"),
+        )
     }
 
     /// The diagnostic an orphaned run is sealed with.
     pub fn previous_process_ended() -> ProviderError {
-        ProviderError {
-            class: ErrorClass::Transient,
-            provider_code: Some(ORPHAN_PROVIDER_CODE.into()),
-            message: "the previous broca process ended without sealing this run: host crash, kill, or power loss"
-                .into(),
-            http_status: None,
-        }
+        ProviderError::transient(
+            ORPHAN_PROVIDER_CODE,
+            "the previous broca process ended without sealing this run: host crash, kill, or power loss",
+        )
     }
 }

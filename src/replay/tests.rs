@@ -153,12 +153,7 @@ fn cancel_requests_escalate_and_retries_are_counted() {
             step: 1,
             attempt: 0,
             outcome: outcome.into(),
-            error: Some(ProviderError {
-                class: ErrorClass::Transient,
-                provider_code: None,
-                message: "503".into(),
-                http_status: Some(503),
-            }),
+            error: Some(ProviderError::new(ErrorClass::Transient, None, "503".into(), Some(503))),
             ..Default::default()
         }))
     };

@@ -106,6 +106,8 @@ pub struct LastRunError {
     pub class: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after_secs: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resets_at_ms: Option<u64>,
 }
 
 /// `session.head`'s `model`: the selection a send naming no model would use next.

@@ -68,6 +68,12 @@ pub struct WireError {
     pub provider_code: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
+    /// The provider's `Retry-After`, in seconds (fractional, e.g. 1.5).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_secs: Option<f64>,
+    /// When the provider said the limit resets (unix ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resets_at_ms: Option<u64>,
 }
 
 impl WireError {
@@ -85,6 +91,8 @@ impl From<&ProviderError> for WireError {
             message: e.message.clone(),
             provider_code: e.provider_code.clone().or_else(class_name).unwrap_or_default(),
             status: e.http_status,
+            retry_after_secs: e.retry_after_ms.map(|ms| ms as f64 / 1000.0),
+            resets_at_ms: e.resets_at_ms,
         }
     }
 }
@@ -238,12 +246,7 @@ mod tests {
 
     #[test]
     fn a_provider_error_always_names_a_code() {
-        let e = ProviderError {
-            class: ErrorClass::Transient,
-            provider_code: None,
-            message: "m".into(),
-            http_status: Some(503),
-        };
+        let e = ProviderError::new(ErrorClass::Transient, None, "m".into(), Some(503));
         let text = serde_json::to_string(&WireError::from(&e)).unwrap();
         assert_eq!(text, r#"{"class":"transient","message":"m","provider_code":"transient","status":503}"#);
     }

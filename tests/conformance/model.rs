@@ -21,6 +21,7 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+use cortexkit_role_llm_runner::run::RunError;
 use cortexkit_role_llm_runner_conformance::{ModelRequestObservation, Script, ScriptedPart, ScriptedTurn};
 use serde_json::{json, Value};
 
@@ -45,6 +46,12 @@ struct Session {
     hold: Hold,
     /// Hold the next answer mid-stream after this many parts.
     stream_parts: Option<usize>,
+    /// Scripted failures already over: a failed request leaves no assistant message, so each
+    /// adds one to the turn a request's assistant count picks (see [`turn_of`]).
+    failures_past: usize,
+    /// The failure turn being served and the history length of the request it answers: a retry
+    /// of that request (the same history) gets the failure again, a longer history moves past it.
+    failing: Option<(usize, usize)>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -217,6 +224,31 @@ fn contents(content: &Value, texts: &mut Vec<String>) {
     }
 }
 
+/// The script turn a request of `session` gets: the number of assistant messages in its history
+/// plus the scripted failures already over. A failed request stores no assistant message, so
+/// without that the send after a failed run would get the failure again: the failure turn
+/// answers the request it was first served for and broca's retries of it (the same history), and
+/// a request with a longer history (the next send) goes on to the turn after it.
+fn turn_of(session: &mut Session, body: &Value) -> usize {
+    let history = body["messages"].as_array().map_or(0, Vec::len);
+    loop {
+        let n = assistant_messages(body) + session.failures_past;
+        let failure = session.script.as_ref().and_then(|s| s.turns.get(n)).is_some_and(|t| t.model_failure.is_some());
+        match session.failing {
+            _ if !failure => return n,
+            Some((turn, seen)) if turn == n && history > seen => {
+                session.failing = None;
+                session.failures_past += 1;
+            }
+            Some((turn, _)) if turn == n => return n,
+            _ => {
+                session.failing = Some((n, history));
+                return n;
+            }
+        }
+    }
+}
+
 /// The assistant messages in a request's history (OpenAI Chat `messages`).
 fn assistant_messages(body: &Value) -> usize {
     body["messages"].as_array().map_or(0, |m| m.iter().filter(|m| m["role"] == "assistant").count())
@@ -311,6 +343,64 @@ fn cap_of(body: &Value) -> Option<u64> {
     body["max_completion_tokens"].as_u64().or_else(|| body["max_tokens"].as_u64())
 }
 
+/// A scripted model failure as the provider's own refusal, which broca's real client reads and
+/// its family's decoder classifies (`src/provider/errors.rs`): the HTTP status the class and
+/// code stand for (the scripted `status` when given), the family's error document with the
+/// scripted message, `retry-after` in (fractional) seconds, and a scripted reset as the
+/// exhausted limit's reset header. Model-failure scripts run on the Anthropic Messages row
+/// (`Subject::install_script`), whose `anthropic-ratelimit-*-reset` is an absolute RFC 3339 time,
+/// so a scripted `resets_at_ms` crosses the wire exactly (OpenAI's resets are durations from now,
+/// which cannot state a past or exact instant). broca retries a transient failure as it would a
+/// real one; each retry is answered the same, as the script's turn is chosen by history.
+fn failure(error: Option<&RunError>, messages_wire: bool) -> Value {
+    let Some(error) = error else { return refusal("no failure is scripted") };
+    let code = error.provider_code.as_str();
+    let status = error.status.unwrap_or(match error.class.as_str() {
+        "transient" if code.contains("rate") => 429,
+        "transient" | "provider_unavailable" => 503,
+        "auth_required" | "auth" => 401,
+        _ => 400,
+    });
+    let kind = match status {
+        429 => "rate_limit_error",
+        401 => "authentication_error",
+        500..=599 => "api_error",
+        _ if error.class == "context_overflow" => "context_length_exceeded",
+        _ => "invalid_request_error",
+    };
+    let body = if messages_wire {
+        json!({"type": "error", "error": {"type": kind, "message": error.message}})
+    } else {
+        json!({"error": {"type": kind, "code": kind, "message": error.message}})
+    };
+    let mut headers = serde_json::Map::new();
+    if let Some(secs) = error.retry_after_secs {
+        headers.insert("retry-after".into(), json!(secs.to_string()));
+    }
+    if let Some(at) = error.resets_at_ms {
+        headers.insert("anthropic-ratelimit-requests-remaining".into(), json!("0"));
+        headers.insert("anthropic-ratelimit-requests-reset".into(), json!(rfc3339(at)));
+    }
+    json!({"responses": [{"status": status, "headers": headers, "body": body}]})
+}
+
+/// Unix milliseconds as an RFC 3339 UTC time with milliseconds (`2026-09-21T14:13:23.000Z`).
+fn rfc3339(ms: u64) -> String {
+    let (days, rest) = ((ms / 86_400_000) as i64, ms % 86_400_000);
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (h, m, s, milli) = (rest / 3_600_000, rest / 60_000 % 60, rest / 1000 % 60, rest % 1000);
+    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{milli:03}Z")
+}
+
 /// A permanent provider error naming why the front could not answer.
 fn refusal(message: &str) -> Value {
     json!({"responses": [{"status": 400, "body": {"error": {"message": message, "type": "invalid_request_error"}}}]})
@@ -318,7 +408,12 @@ fn refusal(message: &str) -> Value {
 
 /// Picks the turn for one request (after any hold), installs it on the lane and returns the lane,
 /// and the session when its answer is to be held mid-stream.
-fn choose(shared: &Shared, mock: &MockServer, body: &Value) -> Result<(String, Option<String>), String> {
+fn choose(
+    shared: &Shared,
+    mock: &MockServer,
+    body: &Value,
+    messages_wire: bool,
+) -> Result<(String, Option<String>), String> {
     let lane = lane_of(body).ok_or("the request's system text names no conformance lane")?;
     let mut state = shared.state.lock().map_err(|_| "the model state is poisoned")?;
     let session = state.lanes.get(&lane).cloned().ok_or_else(|| format!("no session has lane {lane}"))?;
@@ -337,9 +432,10 @@ fn choose(shared: &Shared, mock: &MockServer, body: &Value) -> Result<(String, O
     if s.hold == Hold::Released {
         s.hold = Hold::None;
     }
-    let n = assistant_messages(body);
+    let n = turn_of(s, body);
     let hold_after = s.stream_parts.take();
     let script = match s.script.as_ref().map(|script| script.turns.get(n)) {
+        Some(Some(turn)) if turn.model_failure.is_some() => failure(turn.model_failure.as_ref(), messages_wire),
         Some(Some(turn)) => render(turn, cap_of(body), hold_after),
         Some(None) => refusal(&format!("the script of {session} has no turn {n}")),
         None => refusal(&format!("no script is installed for {session}")),
@@ -358,7 +454,8 @@ fn serve(shared: &Shared, mock: &MockServer, mut client: TcpStream) -> io::Resul
     let (method, target, version) =
         (words.next().unwrap_or(""), words.next().unwrap_or(""), words.next().unwrap_or(""));
     let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let (lane, held) = match choose(shared, mock, &parsed) {
+    let messages_wire = target.split('?').next().is_some_and(|path| path.ends_with("/messages"));
+    let (lane, held) = match choose(shared, mock, &parsed, messages_wire) {
         Ok(chosen) => chosen,
         Err(why) => {
             log::warn!("conformance model front: {why}");

@@ -9,12 +9,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use cortexkit_role_llm_runner::read::HeadModel;
 use cortexkit_role_llm_runner_conformance::harness::{
     Harness, HarnessError, KillPoint, KillReport, PointDeclaration, RouteStamp, Trigger,
 };
 use cortexkit_role_llm_runner_conformance::{
-    AttributionFixture, Capability, LlmRunnerSubject, ModelRequestObservation, PlanSenderIdentity, Script,
-    ScriptedLateEntry, ToolResultLimitObservation, ToolResultObservation,
+    AttributionFixture, Capability, LlmRunnerSubject, ModelRequestObservation, PlanSenderIdentity, Reply, RouteFailure,
+    RunnerRoute, Script, ScriptedLateEntry, ToolResultLimitObservation, ToolResultObservation,
 };
 use serde_json::{json, Map, Value};
 use subc_client_rs::SubcConsumer;
@@ -34,6 +35,8 @@ const MODEL: (&str, &str) = ("mock", "echo-chat");
 const BLOCKS_MODEL: (&str, &str) = ("mock", "echo-messages");
 /// How long a held model request is awaited.
 const ARRIVAL: Duration = Duration::from_secs(30);
+/// How long `switch_head_model` waits for the switching send's run to end.
+const SWITCH_RUN: Duration = Duration::from_secs(60);
 
 /// One runner instance: a state root and the rig serving it now.
 pub struct Instance {
@@ -95,9 +98,11 @@ pub struct Subject {
     groups: BTreeSet<Capability>,
     /// The bus every rig's broca publishes step hints on (`None`: no `nats-server` here).
     bus: Option<Arc<crate::bus::Bus>>,
-    /// The instance root each session was last routed on: `advance_retention_clock` names only
-    /// the session, and moves its instance's clock.
-    instances: Mutex<HashMap<String, PathBuf>>,
+    /// The instance each session was last routed on: `advance_retention_clock` and
+    /// `switch_head_model` name only the session.
+    instances: Mutex<HashMap<String, Arc<Instance>>>,
+    /// Sessions switched to another model (`switch_head_model`): their later sends name it.
+    switched: Mutex<HashMap<String, (&'static str, &'static str)>>,
     /// The parts of the message `read_parts` last split (for `shown_part_number`).
     last_parts: Mutex<Vec<(String, Value)>>,
     /// Sessions started by `output_refs_fields`, which run on [`BLOCKS_MODEL`].
@@ -121,6 +126,7 @@ impl Subject {
             groups,
             bus,
             instances: Mutex::default(),
+            switched: Mutex::default(),
             last_parts: Mutex::default(),
             block_sessions: Mutex::default(),
             last_root: Mutex::default(),
@@ -129,6 +135,26 @@ impl Subject {
 
     pub fn rig_config(&self) -> &RigConfig {
         &self.config
+    }
+
+    /// The instance `session` was last routed on.
+    fn instance_of(&self, session: &str) -> Result<Arc<Instance>, HarnessError> {
+        let instance = self.instances.lock().unwrap_or_else(|e| e.into_inner()).get(session).cloned();
+        instance
+            .ok_or_else(|| HarnessError::new(format!("session {session} was never routed, so no instance holds it")))
+    }
+
+    /// The model `session`'s sends name: the one it was switched to, else its row's.
+    fn model_of(&self, session: &str) -> (&'static str, &'static str) {
+        if let Some(model) = self.switched.lock().unwrap_or_else(|e| e.into_inner()).get(session) {
+            return *model;
+        }
+        let blocks = self.block_sessions.lock().unwrap_or_else(|e| e.into_inner()).contains(session);
+        if blocks {
+            BLOCKS_MODEL
+        } else {
+            MODEL
+        }
     }
 
     async fn start(&self, root: &Path) -> Result<Handle, HarnessError> {
@@ -140,6 +166,15 @@ impl Subject {
 /// A relay module's identity as a plan names it.
 fn sender_identity(module: &str) -> PlanSenderIdentity {
     PlanSenderIdentity::new(RouteStamp { principal: format!("reserved:{module}"), scope: None }, module)
+}
+
+/// A route's answer, or its refusal or failure as the harness's error.
+fn answer(reply: Result<Reply, RouteFailure>, what: &str) -> Result<Value, HarnessError> {
+    match reply {
+        Ok(Reply::Response(value)) => Ok(value),
+        Ok(Reply::Error(error)) => Err(HarnessError::new(format!("{what} was refused: {error:?}"))),
+        Err(failure) => Err(HarnessError::new(format!("{what} failed: {failure:?}"))),
+    }
 }
 
 /// The capability groups a `role.describe` answer declares, as the suite names them.
@@ -198,6 +233,11 @@ impl LlmRunnerSubject for Subject {
         for call in script.tool_calls() {
             self.tools.script_call(call).map_err(HarnessError::new)?;
         }
+        if script.turns.iter().any(|turn| turn.model_failure.is_some()) {
+            // The failure's reset time crosses the wire exactly on Anthropic's absolute reset
+            // header (model.rs, `failure`).
+            self.block_sessions.lock().unwrap_or_else(|e| e.into_inner()).insert(session.to_owned());
+        }
         self.model.install(session, script);
         Ok(())
     }
@@ -228,6 +268,44 @@ impl LlmRunnerSubject for Subject {
     async fn hold_next_model_stream(&self, session: &str, parts: usize) -> Result<(), HarnessError> {
         self.model.arm_stream_hold(session, parts);
         Ok(())
+    }
+
+    /// model.rs answers a scripted failure as the provider's own HTTP refusal (status, error
+    /// document, `retry-after`, rate-limit reset), which broca's real client classifies, retries
+    /// and records as the run's error.
+    fn supports_model_failure_fixture(&self) -> bool {
+        true
+    }
+
+    /// broca records a model switch the way its callers make one: a send naming another model
+    /// (every `RunStarted` freezes the send's model; `session.head.model` is the newest one's).
+    /// The owner sends one such prompt (on broca-mock's other row) and waits for its run to
+    /// end; the session's later sends name the new model too. The selection returned is the
+    /// one the send asked for, never read back from broca.
+    async fn switch_head_model(&self, session: &str) -> Result<Option<HeadModel>, HarnessError> {
+        let instance = self.instance_of(session)?;
+        let next = if self.model_of(session) == MODEL { BLOCKS_MODEL } else { MODEL };
+        self.switched.lock().unwrap_or_else(|e| e.into_inner()).insert(session.to_owned(), next);
+        let route = Route { instance, identity: BindIdentity::new(HARNESS, session), via: Some(crate::rig::OWNER) };
+        let mut params = self.send_fields(session, false);
+        params.insert("prompt".into(), json!("switching models"));
+        params.insert("send_id".into(), json!(format!("switch-{session}")));
+        let sent = answer(route.request("session.send", Value::Object(params)).await, "the switching send")?;
+        let run_id = sent["run_id"].as_str().map(str::to_owned);
+        let until = Instant::now() + SWITCH_RUN;
+        loop {
+            let head = answer(route.request("session.head", json!({})).await, "session.head")?;
+            let last = &head["last_run_state"];
+            let ended = !matches!(last["state"].as_str(), None | Some("active" | "pending" | "paused"));
+            if ended && (run_id.is_none() || last["run_id"].as_str() == run_id.as_deref()) {
+                break;
+            }
+            if Instant::now() > until {
+                return Err(HarnessError::new(format!("the switching send's run did not end: {head}")));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(Some(HeadModel::new(next.0, next.1)))
     }
 
     fn session_usage_fixtures(&self) -> bool {
@@ -324,25 +402,15 @@ impl LlmRunnerSubject for Subject {
         }
     }
 
-    /// A host-side change that never reaches the model: the session's live WAL file gets a write
-    /// time an hour ahead (`session.head.updated_at` of a session without retention reads it).
+    /// A host-side change that never reaches the model: new write times on the session's WAL
+    /// and the run index, its run-index rows dropped and rebuilt from the WAL, and a restart of
+    /// the instance (host.rs).
     async fn change_host_metadata(&self, handle: &Handle, session: &str) -> Result<(), HarnessError> {
-        let root = broca::state_root::StateRoot::at(&crate::rig::broca_root(&handle.instance().root))
-            .map_err(|e| HarnessError::new(format!("the state root: {e:?}")))?;
-        let key = broca::session_key::SessionKey::new("/", HARNESS, session);
-        let path = root.wal_path(&key);
-        let touched = std::fs::File::options()
-            .append(true)
-            .open(&path)
-            .and_then(|file| file.set_modified(std::time::SystemTime::now() + Duration::from_secs(3600)));
-        touched.map_err(|e| HarnessError::new(format!("moving {}'s write time: {e}", path.display())))
+        crate::host::change_metadata(self, handle, session).await
     }
 
     async fn advance_retention_clock(&self, session: &str, milliseconds: u64) -> Result<(), HarnessError> {
-        let root = self.instances.lock().unwrap_or_else(|e| e.into_inner()).get(session).cloned();
-        let Some(root) = root else {
-            return Err(HarnessError::new(format!("session {session} was never routed, so no instance holds it")));
-        };
+        let root = self.instance_of(session)?.root.clone();
         let session = session.to_owned();
         tokio::task::spawn_blocking(move || crate::retention::advance(&root, &session, milliseconds))
             .await
@@ -401,9 +469,11 @@ impl LlmRunnerSubject for Subject {
                 crate::rig::RELAYS
             )));
         };
-        let root = handle.instance().root.clone();
-        *self.last_root.lock().unwrap_or_else(|e| e.into_inner()) = Some(root.clone());
-        self.instances.lock().unwrap_or_else(|e| e.into_inner()).insert(session.to_owned(), root);
+        *self.last_root.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle.instance().root.clone());
+        self.instances
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(session.to_owned(), Arc::clone(handle.instance()));
         Ok(Route {
             instance: Arc::clone(handle.instance()),
             identity: BindIdentity::new(HARNESS, session),
@@ -515,8 +585,7 @@ impl LlmRunnerSubject for Subject {
     fn send_fields(&self, session: &str, first: bool) -> Map<String, Value> {
         let lane = self.model.lane(session);
         let mut fields = Map::new();
-        let blocks = self.block_sessions.lock().unwrap_or_else(|e| e.into_inner()).contains(session);
-        let model = if blocks { BLOCKS_MODEL } else { MODEL };
+        let model = self.model_of(session);
         fields.insert("model".into(), json!({"provider": model.0, "model": model.1}));
         // The scripted model keys its answers by this line (model.rs).
         fields.insert("system".into(), json!(format!("{LANE_MARKER}{lane}")));

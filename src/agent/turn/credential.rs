@@ -50,12 +50,8 @@ impl<C> Driver<'_, C> {
                 Err(e) => e,
             };
             log::warn!("run {}: vault read of '{id}' refused: {e}", self.run_id);
-            let error = |class, code: &str, message: String| ProviderError {
-                class,
-                provider_code: Some(code.to_owned()),
-                message,
-                http_status: None,
-            };
+            let error =
+                |class, code: &str, message: String| ProviderError::new(class, Some(code.to_owned()), message, None);
             let end = match e.class {
                 C::AuthRequired | C::Unauthorized => StepEnd::Paused(error(
                     ErrorClass::AuthRequired,

@@ -39,14 +39,14 @@ impl<C> Driver<'_, C> {
     pub(super) fn context_limit_reached(&self) -> Option<ProviderError> {
         let limit = self.config.policy.context_limit?;
         let needed = self.lineage.state().context_tokens?;
-        (needed >= limit).then(|| ProviderError {
-            class: ErrorClass::ContextOverflow,
-            provider_code: Some(CONTEXT_LIMIT_REACHED.into()),
-            message: format!(
+        (needed >= limit).then(|| ProviderError::new(
+            ErrorClass::ContextOverflow,
+            Some(CONTEXT_LIMIT_REACHED.into()),
+            format!(
                 "the session's next request needs at least {needed} tokens and the run's context_limit is {limit}; nothing was sent"
             ),
-            http_status: None,
-        })
+            None,
+        ))
     }
 
     pub(super) fn finish_budget(&mut self, detail: BudgetDetail) -> Result<TurnOutcome, LineageError> {
