@@ -61,10 +61,14 @@ pub struct Message {
     /// never inside the message, and never rendered to a provider.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivered_as: Option<cortexkit_role_llm_runner::delivery_order::EntryDelivery>,
-    /// The plan-named module that sent this user message (llm-runner §9.7), absent for the
-    /// owner's: shown on its display row only, never in a read body nor to a provider.
+    /// The attested module whose send wrote this user message, the owner's or a plan-named
+    /// sender's (llm-runner §4.7 `message_senders`, §9.7); absent for a caller that is no
+    /// module. Shown on its display row only, never in a read body nor to a provider.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sender: Option<String>,
+    /// The caller's own id for this user message (llm-runner §9.11): on its display row only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_message_id: Option<String>,
 }
 
 /// The text a tool result's `output` shows as: a text output's text, else its `message`, else
@@ -85,6 +89,7 @@ impl Message {
             origin: None,
             delivered_as: None,
             sender: None,
+            client_message_id: None,
         }
     }
 
@@ -95,6 +100,7 @@ impl Message {
             origin: None,
             delivered_as: None,
             sender: None,
+            client_message_id: None,
         }
     }
 

@@ -768,7 +768,14 @@ impl Replay {
         if !content.is_empty() {
             self.push_message(
                 seq,
-                Message { role: Role::Tool, content, origin: None, delivered_as: None, sender: None },
+                Message {
+                    role: Role::Tool,
+                    content,
+                    origin: None,
+                    delivered_as: None,
+                    sender: None,
+                    client_message_id: None,
+                },
                 written_at,
                 sink,
             );
@@ -811,7 +818,14 @@ impl Replay {
                 Some(Part::ToolResult { tool_call_id: c.tool_call_id.clone(), output, is_error })
             })
             .collect();
-        Some(Message { role: Role::Tool, content, origin: None, delivered_as: None, sender: None })
+        Some(Message {
+            role: Role::Tool,
+            content,
+            origin: None,
+            delivered_as: None,
+            sender: None,
+            client_message_id: None,
+        })
     }
 }
 

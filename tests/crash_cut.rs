@@ -141,7 +141,7 @@ fn assistant(run_id: &str, step: u64, calls: &[String]) -> Message {
     for c in calls {
         content.push(Part::ToolCall { tool_call_id: c.clone(), tool_name: "echo".into(), input: json!({"call": c}) });
     }
-    Message { role: Role::Assistant, content, origin: None, delivered_as: None, sender: None }
+    Message { role: Role::Assistant, content, origin: None, delivered_as: None, sender: None, client_message_id: None }
 }
 
 fn model_step(run_id: &str, step: u64, calls: &[String]) -> Record {
@@ -219,6 +219,7 @@ fn episode_messages(run_id: &str) -> Vec<Message> {
             origin: None,
             delivered_as: None,
             sender: None,
+            client_message_id: None,
         },
         assistant(run_id, 2, &[]),
     ]

@@ -12,6 +12,8 @@
 //!   from a sender without the grant, a list from a module the plan does not name, a template
 //!   naming a part the session does not show, are refused by name (goldens), writing nothing;
 //! - a sender's `idle_start` starts a run, whose receipt is `{as: "turn"}`;
+//! - every message a module's send writes names that module on its display row, with the
+//!   caller's `client_message_id`, never in the read body;
 //! - the WAL's list sends carry the `delivery-order/v1` feature: a build without it refuses
 //!   the WAL rather than start a run from them.
 //!
@@ -151,7 +153,10 @@ fn lists_wait_then_ride_the_next_turn(h: &Harness) {
     assert_eq!(h.mock.requests("default").len(), requests, "a waiting list made a model request");
     assert_eq!(ok(h, OWNER, &s, "session.head", json!({}))["last_run_state"]["run_id"], run, "a run started");
 
-    let turn = ok(h, OWNER, &s, "session.send", send_params("owner turn"))["run_id"].as_str().unwrap().to_owned();
+    let mut owner_turn = send_params("owner turn");
+    owner_turn["send_id"] = json!("o-turn");
+    owner_turn["client_message_id"] = json!("client-7");
+    let turn = ok(h, OWNER, &s, "session.send", owner_turn.clone())["run_id"].as_str().unwrap().to_owned();
     wait_run(h, &s, &turn);
     for marker in ["steer-marker", "replacing-marker", "Context is 82% full."] {
         let held = entries_holding(h, &s, marker);
@@ -176,8 +181,15 @@ fn lists_wait_then_ride_the_next_turn(h: &Harness) {
     let row = rows.iter().map(|m| &m["row"]).find(|r| r["text"] == "steer-marker");
     let row = row.unwrap_or_else(|| panic!("no display row holds the sender's message: {history}"));
     assert_eq!(row["sender"], SENDER, "{row}");
+    // The owner's row names the owner's module and the caller's own message id (§4.7, §9.11);
+    // neither is in the read body, and the id is part of the send's identity.
     let owners = rows.iter().map(|m| &m["row"]).find(|r| r["text"] == "owner turn").unwrap();
-    assert!(owners.get("sender").is_none(), "the owner's row names no sender: {owners}");
+    assert_eq!((&owners["sender"], &owners["client_message_id"]), (&json!(OWNER), &json!("client-7")), "{owners}");
+    let read = entries_holding(h, &s, "owner turn");
+    assert!(read[0].get("client_message_id").is_none() && read[0]["message"].get("client_message_id").is_none());
+    owner_turn["client_message_id"] = json!("client-8");
+    let (code, body) = via(h, OWNER, &s, "session.send", owner_turn).unwrap_err();
+    assert_eq!((code.as_str(), &body["detail"]["field"]), ("send_id_reuse", &json!("client_message_id")), "{body}");
 }
 
 fn senders_are_bounded_by_the_plan(h: &Harness) {

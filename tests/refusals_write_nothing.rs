@@ -101,7 +101,7 @@ fn send_cases() -> Vec<Case> {
         ),
         both("send.structured_output_undeclared", with(json!({"structured_output": {}})), invalid),
         both("send.attachments_undeclared", with(json!({"attachments": []})), invalid),
-        both("send.client_message_id_undeclared", with(json!({"client_message_id": "c-1"})), invalid),
+        both("send.client_message_id_malformed", with(json!({"client_message_id": "not an id"})), invalid),
         both("send.directives_undeclared", with(json!({"directives": ["wake"]})), invalid),
         both("params.array", json!([1, 2]), invalid),
         // `delivery_order` (llm-runner §9.7): a malformed list, a list of only undeclared modes,

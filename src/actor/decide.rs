@@ -132,13 +132,21 @@ pub fn send(
         config.tools = if send.tools.as_ref().is_some_and(Vec::is_empty) { Vec::new() } else { tools };
     }
     let first_owner = checked.caller.as_owner();
-    let from = Admitted { sender, first_owner: first_owner.as_ref(), credentials: admission.credentials.as_ref() };
+    let sender_module = super::senders::caller_module(&checked.caller).map(str::to_owned);
+    let from = Admitted {
+        sender,
+        sender_module,
+        first_owner: first_owner.as_ref(),
+        credentials: admission.credentials.as_ref(),
+    };
     deliver(lineage, send, config, from, units).map_err(|e| e.refusal())
 }
 
 /// Who an admitted send is from, and what its run (if it starts one) is admitted with.
 struct Admitted<'a> {
     sender: super::senders::Sender,
+    /// The attested module the send came from, owner or named sender (`message_senders`).
+    sender_module: Option<String>,
     first_owner: Option<&'a crate::owner::Owner>,
     credentials: Option<&'a crate::vault::Credentials>,
 }
@@ -199,7 +207,7 @@ fn deliver(
     from: Admitted<'_>,
     units: &mut Units,
 ) -> Result<SendReply, LineageError> {
-    let Admitted { sender, first_owner, credentials } = from;
+    let Admitted { sender, sender_module, first_owner, credentials } = from;
     let submission_id = format!("sub-{}", uuid::Uuid::new_v4().simple());
     let running = match lineage.state().resolution() {
         Resolution::Resume { run_id } => Some((run_id, None)),
@@ -226,7 +234,8 @@ fn deliver(
         expires_at_ms: send.order.as_ref().and_then(|o| o.expires_at_ms),
     };
     let mut message = Message::user_text(send.prompt.clone());
-    message.sender = sender.principal();
+    message.sender = sender_module;
+    message.client_message_id = send.client_message_id.clone();
     for replaced in super::senders::superseded(lineage, send.order.as_ref(), &sender) {
         lineage.append(&Record::Dropped { submission_id: replaced, reason: DropReason::Superseded })?;
     }

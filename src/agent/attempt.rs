@@ -115,7 +115,14 @@ impl Assembler {
             let input = parse_arguments(&c.arguments);
             self.parts.push(Part::ToolCall { tool_call_id: c.id, tool_name: c.name, input });
         }
-        Message { role: Role::Assistant, content: self.parts, origin: Some(origin), delivered_as: None, sender: None }
+        Message {
+            role: Role::Assistant,
+            content: self.parts,
+            origin: Some(origin),
+            delivered_as: None,
+            sender: None,
+            client_message_id: None,
+        }
     }
 }
 

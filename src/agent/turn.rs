@@ -775,7 +775,14 @@ impl<C> Driver<'_, C> {
         if held {
             return Ok(BatchEnd::Held);
         }
-        self.history.push(Message { role: Role::Tool, content: parts, origin: None, delivered_as: None, sender: None });
+        self.history.push(Message {
+            role: Role::Tool,
+            content: parts,
+            origin: None,
+            delivered_as: None,
+            sender: None,
+            client_message_id: None,
+        });
         Ok(BatchEnd::Done { indeterminate: timed_out || indeterminate })
     }
 }

@@ -203,6 +203,9 @@ pub fn row(message: &Message, limits: Option<&Limits>) -> DisplayRow {
     if let Some(sender) = &message.sender {
         row = row.with_sender(sender.as_str());
     }
+    if let Some(id) = &message.client_message_id {
+        row = row.with_client_message_id(id.as_str());
+    }
     if let Some(origin) = &message.origin {
         let provider = origin.get("provider_module_id").and_then(Value::as_str);
         let model = origin.get("model_id").and_then(Value::as_str);

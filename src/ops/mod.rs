@@ -197,6 +197,8 @@ pub const GROUPS: &[&str] = {
         cap::SERVICE_TIER,
         cap::DELIVERY_ORDER,
         cap::SENDER_SUCCESSION,
+        cap::CLIENT_MESSAGE_ID,
+        cap::MESSAGE_SENDERS,
         "fetch-plan-optional-tools/v1",
     ]
 };

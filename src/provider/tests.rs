@@ -332,7 +332,7 @@ fn read_tool() -> ToolSpec {
 }
 
 fn msg(role: Role, content: Vec<Part>) -> Message {
-    Message { role, content, origin: None, delivered_as: None, sender: None }
+    Message { role, content, origin: None, delivered_as: None, sender: None, client_message_id: None }
 }
 
 fn multi_step_transcript() -> Vec<Message> {

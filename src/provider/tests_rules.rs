@@ -51,6 +51,7 @@ fn a_system_message_is_a_developer_item_on_the_chatgpt_backend_only() {
         origin: None,
         delivered_as: None,
         sender: None,
+        client_message_id: None,
     };
     let transcript = [Message::user_text("hi"), system, Message::user_text("again")];
     let roles = |family: Family| -> Vec<String> {
@@ -78,6 +79,7 @@ fn bedrock_converse_follows_its_model_rules() {
         origin: None,
         delivered_as: None,
         sender: None,
+        client_message_id: None,
     };
     let result = Message {
         role: Role::Tool,
@@ -89,6 +91,7 @@ fn bedrock_converse_follows_its_model_rules() {
         origin: None,
         delivered_as: None,
         sender: None,
+        client_message_id: None,
     };
     let transcript = [Message::user_text("size of a?"), call, result, Message::user_text("thanks")];
     let body = |model: &str, tools: Vec<ToolSpec>| -> Value {

@@ -158,6 +158,7 @@ mod tests {
                 origin: None,
                 delivered_as: None,
                 sender: None,
+                client_message_id: None,
             },
             Message {
                 role: Role::Tool,
@@ -169,8 +170,16 @@ mod tests {
                 origin: None,
                 delivered_as: None,
                 sender: None,
+                client_message_id: None,
             },
-            Message { role: Role::Assistant, content: reply, origin: None, delivered_as: None, sender: None },
+            Message {
+                role: Role::Assistant,
+                content: reply,
+                origin: None,
+                delivered_as: None,
+                sender: None,
+                client_message_id: None,
+            },
         ]
     }
 

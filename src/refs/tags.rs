@@ -113,6 +113,7 @@ pub fn tagged(history: &[Message]) -> Vec<Message> {
                 origin: m.origin.clone(),
                 delivered_as: m.delivered_as.clone(),
                 sender: m.sender.clone(),
+                client_message_id: m.client_message_id.clone(),
             }
         })
         .collect()
@@ -231,6 +232,7 @@ mod tests {
                 origin: None,
                 delivered_as: None,
                 sender: None,
+                client_message_id: None,
             },
             Message {
                 role: Role::Tool,
@@ -238,6 +240,7 @@ mod tests {
                 origin: None,
                 delivered_as: None,
                 sender: None,
+                client_message_id: None,
             },
             Message {
                 role: Role::Assistant,
@@ -245,6 +248,7 @@ mod tests {
                 origin: None,
                 delivered_as: None,
                 sender: None,
+                client_message_id: None,
             },
         ]
     }
@@ -265,6 +269,7 @@ mod tests {
             origin: None,
             delivered_as: None,
             sender: None,
+            client_message_id: None,
         });
         h.push(Message::assistant_text("done"));
         let after = numbers(&h);
@@ -300,6 +305,7 @@ mod tests {
             origin: None,
             delivered_as: None,
             sender: None,
+            client_message_id: None,
         });
         h.push(Message {
             role: Role::Assistant,
@@ -307,6 +313,7 @@ mod tests {
             origin: None,
             delivered_as: None,
             sender: None,
+            client_message_id: None,
         });
         assert_eq!(numbers(&h)[5], vec![None], "the second `a` has no result yet");
         h.push(Message {
@@ -315,6 +322,7 @@ mod tests {
             origin: None,
             delivered_as: None,
             sender: None,
+            client_message_id: None,
         });
         assert_eq!(numbers(&h)[5], vec![Some(6)]);
         let t = tagged(&h);

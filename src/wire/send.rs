@@ -42,17 +42,14 @@ const READ: &[&str] = &[
     "dedupe_key",
     "expires_at_ms",
     "template",
+    "client_message_id",
 ];
 
 /// Members that ask for a capability group of llm-runner/v1 this build does not declare, with
 /// the group: refused by name (`invalid_params {field}`) rather than ignored, so a caller's run
 /// never goes ahead without what it asked for. Truly unknown members stay tolerated (logged).
-const UNDECLARED: &[(&str, &str)] = &[
-    ("structured_output", "structured_output"),
-    ("attachments", "attachments"),
-    ("client_message_id", "client_message_id"),
-    ("directives", "turn_directives"),
-];
+const UNDECLARED: &[(&str, &str)] =
+    &[("structured_output", "structured_output"), ("attachments", "attachments"), ("directives", "turn_directives")];
 
 /// Members that make up a send's identity, in the order a `send_id_reuse` names the first
 /// that differs. `title` and `send_id` are not part of it.
@@ -61,6 +58,7 @@ const IDENTITY: &[&str] = &[
     "delivery",
     "dedupe_key",
     "template",
+    "client_message_id",
     "model",
     "model.variant",
     "system",
@@ -102,6 +100,8 @@ pub struct SendParams {
     pub send_id: Option<String>,
     pub title: Option<String>,
     pub delivery: Delivery,
+    /// The caller's id for the user message this send writes (llm-runner §9.11).
+    pub client_message_id: Option<String>,
     /// A `delivery_order` list with its members (llm-runner §9.7); `delivery` is then `queue`.
     pub order: Option<cortexkit_role_llm_runner::delivery_order::DeliveryOrder>,
     pub model: Option<ModelChoice>,
@@ -246,6 +246,11 @@ pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
         Some(_) => return Err(invalid_params("send_id", "a string of 1-256 bytes is required")),
     };
     let delivery = sent_delivery.legacy();
+    let client_message_id = match obj.get("client_message_id") {
+        None => None,
+        Some(Value::String(id)) if cortexkit_role_llm_runner::display::client_message_id_valid(id) => Some(id.clone()),
+        Some(_) => return Err(invalid_params("client_message_id", "1-64 characters of [A-Za-z0-9_-]")),
+    };
     let model = match obj.get("model") {
         None => None,
         Some(m) => Some(model(m, &key.harness)?),
@@ -374,6 +379,7 @@ pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
         title,
         delivery,
         order: sent_delivery.order().cloned(),
+        client_message_id,
         model,
         session_class,
         retention,

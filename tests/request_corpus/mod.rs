@@ -137,7 +137,7 @@ fn example(schema: &Value) -> Value {
 }
 
 fn msg(role: Role, content: Vec<Part>) -> Message {
-    Message { role, content, origin: None, delivered_as: None, sender: None }
+    Message { role, content, origin: None, delivered_as: None, sender: None, client_message_id: None }
 }
 
 /// A tool loop over `tools`: an image, reasoning with a signature, a call of each tool (the
