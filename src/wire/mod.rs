@@ -10,6 +10,7 @@
 //!   spec writes them (a plain JSON map would sort them).
 
 pub mod answers;
+pub mod descriptors;
 pub mod history;
 pub mod plan;
 pub mod read;

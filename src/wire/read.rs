@@ -3,6 +3,7 @@
 //! ordinals count from 1 and `mid` is `m<ordinal>`; every page and head carries the cache pair
 //! (`history_version`, `incarnation`) beside broca's `lineage_id` and `lineage_state`.
 
+use cortexkit_role_llm_runner::read::descriptors::PartDigest;
 use serde::Serialize;
 
 use crate::message::Message;
@@ -29,12 +30,21 @@ pub struct ReadToolCall {
     pub indeterminate: bool,
 }
 
+/// An entry's `message`: the stored body (`media: "inline"`), or that body described
+/// (`media: "descriptors"`, [`super::descriptors`]).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum EntryMessage<'a> {
+    Stored(&'a Message),
+    Described(serde_json::Value),
+}
+
 /// One `session.read` entry.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ReadEntry<'a> {
     pub ordinal: u64,
     pub mid: String,
-    pub message: &'a Message,
+    pub message: EntryMessage<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub run: Option<RunAttribution>,
     /// An assistant message's dispatch facts, one per tool call in planned order.
@@ -43,6 +53,12 @@ pub struct ReadEntry<'a> {
     pub role: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub written_at: Option<u64>,
+    /// In descriptors mode: the stored message's content digest (llm-runner §4.2).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// In descriptors mode: one digest per top-level stored part, keyed as display rows key it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub part_digests: Option<Vec<PartDigest>>,
 }
 
 /// A tool of the session's latest run, as `include_tools` serves it.
