@@ -135,7 +135,7 @@ fn descriptors_are_served(h: &Harness) {
     // One message a page, whatever the byte cap: the same bytes.
     for m in &described.messages {
         let page = read(&s, json!({"from_ordinal": m.ordinal, "limit": 1, "max_bytes": 1, "media": "descriptors"}));
-        assert_eq!(page.messages, [m.clone()], "{}", m.mid);
+        assert_eq!(page.messages, std::slice::from_ref(m), "{}", m.mid);
     }
     // The modes broca does not serve are refused by name, pinned.
     for (golden, media) in [("read.media_blocks_undeclared", "blocks"), ("read.media_unknown", "bogus")] {
