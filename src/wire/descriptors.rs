@@ -34,9 +34,18 @@ pub struct Identities {
     pub part_digests: Vec<PartDigest>,
 }
 
-/// The identities of `message`.
+/// The identities of `message`, over its served body: its role, content and origin, exactly
+/// what an inline read serves as `message` (never a member the envelope carries instead).
 pub fn identities(message: &Message) -> Identities {
-    let inline = serde_json::to_value(message).unwrap_or(Value::Null);
+    #[derive(serde::Serialize)]
+    struct Body<'m> {
+        role: &'m crate::message::Role,
+        content: &'m [Part],
+        #[serde(skip_serializing_if = "Option::is_none")]
+        origin: &'m Option<Value>,
+    }
+    let body = Body { role: &message.role, content: &message.content, origin: &message.origin };
+    let inline = serde_json::to_value(body).unwrap_or(Value::Null);
     let digest = content_digest(&inline);
     let parts = inline.get("content").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
     let part_digests = parts.iter().enumerate().map(|(i, part)| PartDigest::new(part_key(i), part)).collect();
