@@ -71,14 +71,82 @@ pub struct Message {
     pub client_message_id: Option<String>,
 }
 
-/// The text a tool result's `output` shows as: a text output's text, else its `message`, else
-/// its JSON. A display row's `tool_result.content` holds it, and a live `tool_finished`'s
-/// `output_bytes` is its length, so the two always agree.
+/// The text a tool result's `output` shows as: a text output's text, a content output's text
+/// ([`ContentOutput::text`]), else its `message`, else its JSON. A display row's
+/// `tool_result.content` holds it, and a live `tool_finished`'s `output_bytes` is its length, so
+/// the two always agree.
 pub fn tool_result_content(output: &Value) -> String {
+    if let Some(content) = ContentOutput::of(output) {
+        return content.text();
+    }
     match output.get("text").and_then(Value::as_str) {
         Some(text) if output.get("kind").and_then(Value::as_str) == Some("text") => text.to_owned(),
         _ => output.get("message").and_then(Value::as_str).map_or_else(|| output.to_string(), String::from),
     }
+}
+
+/// A tool result that carries images (`{"kind":"content","content":[…]}`): a `tool-result/v1`
+/// body's parts in the provider's order, each text part (an unknown part as its one-line note)
+/// and each image with its decoded-from-base64 bytes kept as the provider sent them. A result
+/// without images stays `{"kind":"text"}`, so its stored bytes are what they always were.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename = "content")]
+pub struct ContentOutput {
+    pub content: Vec<OutputPart>,
+}
+
+/// One part of a [`ContentOutput`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum OutputPart {
+    Text {
+        text: String,
+    },
+    Image {
+        media_type: String,
+        /// Standard base64, checked on receipt (tool-provider `result::validate`).
+        data: String,
+        width: u64,
+        height: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        alt: Option<String>,
+    },
+}
+
+impl ContentOutput {
+    /// The stored output as a content output, when it is one.
+    pub fn of(output: &Value) -> Option<ContentOutput> {
+        if output.get("kind").and_then(Value::as_str) != Some("content") {
+            return None;
+        }
+        serde_json::from_value(output.clone()).ok()
+    }
+
+    /// The stored value.
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+
+    /// The result as text, for a model that takes no image in a tool result and for display:
+    /// the parts joined by `\n`, each image as the note broca has always shown for one.
+    pub fn text(&self) -> String {
+        self.content.iter().map(OutputPart::text).collect::<Vec<_>>().join("\n")
+    }
+}
+
+impl OutputPart {
+    /// The part as text: its text, or an image's note.
+    pub fn text(&self) -> String {
+        match self {
+            OutputPart::Text { text } => text.clone(),
+            OutputPart::Image { media_type, width, height, .. } => image_note(media_type, *width, *height),
+        }
+    }
+}
+
+/// What stands for an image where it is not shown (`[image not shown: mime=image/png 1x1]`).
+pub fn image_note(media_type: &str, width: u64, height: u64) -> String {
+    format!("[image not shown: mime={media_type} {width}x{height}]")
 }
 
 impl Message {

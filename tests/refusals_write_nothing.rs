@@ -254,6 +254,11 @@ fn strict_op_refusals_write_nothing() {
         ("session.read", json!({"after_mid": "m-none"})),
         ("session.read", json!({"history_version": 99})),
         ("session.read", json!({"limit": -1})),
+        // Media modes broca does not serve (pinned by `tests/e2e_media.rs`), and a descriptors
+        // read, which answers and writes nothing.
+        ("session.read", json!({"media": "blocks"})),
+        ("session.read", json!({"media": "bogus"})),
+        ("session.read", json!({"media": "descriptors"})),
         ("session.history", json!({"cursor": "garbage"})),
         ("session.history", json!({"before_ordinal": 999})),
         ("session.head", json!({"x": 1})),

@@ -2,20 +2,22 @@
 //! transcript is the store prefix ⊕ the WAL tail (`lineage::read::entries`); internal ordinals
 //! count from 0 and are served from 1 (`projection::mid`).
 
+use cortexkit_role_llm_runner::read::MediaMode;
 use serde_json::{json, Value};
 
 use super::Ops;
 use crate::lineage::projection::{mid, served_ordinal};
 use crate::lineage::read::{self, Entry, TranscriptPage};
 use crate::lineage::reader::Reader;
-use crate::message::Role;
+use crate::message::{Message, Role};
 use crate::op::Op;
 use crate::record::FinishReason;
 use crate::replay::{EpisodeStatus, Resolution};
 use crate::session_key::SessionKey;
+use crate::wire::descriptors;
 use crate::wire::read::{
-    HeadCache, HeadMeta, HeadModel, LastRunError, LastRunState, ReadEntry, ReadPage, ReadTool, ReadToolCall,
-    RunAttribution, SessionUsage, UNWRITTEN_INCARNATION,
+    EntryMessage, HeadCache, HeadMeta, HeadModel, LastRunError, LastRunState, ReadEntry, ReadPage, ReadTool,
+    ReadToolCall, RunAttribution, SessionUsage, UNWRITTEN_INCARNATION,
 };
 use crate::wire::requests::{unknown_mid, ReadCursor, ReadRequest, READ_MAX_BYTES};
 use crate::wire::status::RunState;
@@ -97,23 +99,29 @@ pub(super) fn session_read(ops: &Ops, key: &SessionKey, request: ReadRequest, ve
     }
     let peek = (entries.len() as u64 > request.limit).then(|| entries.pop()).flatten();
     let mut calls = dispatch_facts(&reader, &entries)?;
-    let items: Vec<ReadEntry> = entries
+    let items = entries
         .iter()
         .enumerate()
         .map(|(i, e)| {
             let next = entries.get(i + 1).or(peek.as_ref());
-            ReadEntry {
+            let entry = ReadEntry {
                 ordinal: served_ordinal(e.ordinal),
                 mid: mid(e.ordinal),
-                message: &e.message,
+                message: EntryMessage::Stored(&e.message),
                 run: attribution(e, next, &page),
                 tool_calls: calls.remove(&e.ordinal),
                 role: role_name(e.message.role),
                 written_at: e.written_at,
                 delivered_as: e.message.delivered_as.as_ref(),
+                digest: None,
+                part_digests: None,
+            };
+            match request.media {
+                MediaMode::Descriptors => described(entry, &e.message, key),
+                _ => Ok(entry),
             }
         })
-        .collect();
+        .collect::<Result<Vec<ReadEntry>, Refusal>>()?;
     let sizes: Vec<usize> = items.iter().map(|i| serde_json::to_vec(i).map_or(0, |b| b.len() + 1)).collect();
     let (skip, take) = within_bytes(&sizes, request.max_bytes, request.cursor == ReadCursor::Tail);
     let end = start + (skip + take) as u64;
@@ -149,6 +157,33 @@ pub(super) fn session_read(ops: &Ops, key: &SessionKey, request: ReadRequest, ve
     // An indivisible message whose frame would cross the transport limit is refused by name.
     frame_fits(Op::SessionRead.name(), &answer, key, served_ordinal(first))?;
     Ok(super::body(answer))
+}
+
+/// `entry` in descriptors mode (llm-runner §4.2): its stored identities beside it and its
+/// message described within the fixed per-message budget, whatever the page. A message whose
+/// structure alone is over that budget is refused `reply_too_large`, naming its ordinal.
+fn described<'a>(mut entry: ReadEntry<'a>, message: &'a Message, key: &SessionKey) -> Result<ReadEntry<'a>, Refusal> {
+    let ids = descriptors::identities(message);
+    entry.digest = Some(ids.digest);
+    entry.part_digests = Some(ids.part_digests);
+    // The entry's bytes besides its message: encoded with a `null` message, less those 4 bytes.
+    entry.message = EntryMessage::Described(Value::Null);
+    let envelope = serde_json::to_vec(&entry).map_or(0, |b| b.len()).saturating_sub(4);
+    match descriptors::describe(message, &ids.inline, envelope) {
+        Ok(body) => {
+            entry.message = EntryMessage::Described(body);
+            Ok(entry)
+        }
+        Err(e) => {
+            let subject = json!({"kind": "message", "session": key.session, "ordinal": entry.ordinal});
+            let detail = crate::detail!("ordinal" => entry.ordinal, "limit" => e.limit, "subject" => subject);
+            let message = format!(
+                "session.read: message {} is over the {}-byte descriptor budget with every payload described",
+                entry.mid, e.limit
+            );
+            Err(Refusal::new(RefusalCode::ReplyTooLarge, message, Some(detail)))
+        }
+    }
 }
 
 /// The byte cap of a page (`session.read`, `session.history`): `(skip, take)` of the entries

@@ -23,13 +23,13 @@ use serde_json::{json, Value};
 
 use super::common::{
     class, data_object, event_type, finish, is_done, merge_usage, push_text, reasoning_delta, replays_reasoning,
-    str_at, text_delta, tool_output, u64_at, with_description,
+    str_at, text_delta, tool_images, tool_output, u64_at, with_description,
 };
 use super::config::{RenderConfig, ToolSpec};
 use super::errors::stream_error;
 use super::event::{DecodeError, EventClass, StreamDecoder, StreamEvent};
 use super::sse::SseEvent;
-use crate::message::{Message, Part, Role, StepUsage};
+use crate::message::{Message, OutputPart, Part, Role, StepUsage};
 
 /// `max_tokens` is required by the Messages API; this is sent when the config sets no cap.
 pub const DEFAULT_MAX_TOKENS: u64 = 4096;
@@ -92,7 +92,13 @@ fn block(part: &Part, assistant: bool, replay: bool) -> Option<Value> {
         }
         Part::ToolResult { tool_call_id, output, is_error } if !assistant => {
             let (text, is_error) = tool_output(output, *is_error);
-            let mut b = json!({"type": "tool_result", "tool_use_id": tool_call_id, "content": text});
+            // A result with images is its blocks in order (Messages takes text and image blocks
+            // in a tool_result); any other result keeps its plain string content.
+            let content = match tool_images(output) {
+                Some(parts) => Value::Array(parts.iter().filter_map(result_block).collect()),
+                None => json!(text),
+            };
+            let mut b = json!({"type": "tool_result", "tool_use_id": tool_call_id, "content": content});
             if is_error {
                 b["is_error"] = json!(true);
             }
@@ -107,6 +113,18 @@ fn block(part: &Part, assistant: bool, replay: bool) -> Option<Value> {
         | Part::ToolCall { .. }
         | Part::ToolResult { .. }
         | Part::Image { .. } => None,
+    }
+}
+
+/// One part of a tool result with images as a Messages block (an empty text part has none).
+fn result_block(part: &OutputPart) -> Option<Value> {
+    match part {
+        OutputPart::Text { text } if text.is_empty() => None,
+        OutputPart::Text { text } => Some(json!({"type": "text", "text": text})),
+        OutputPart::Image { media_type, data, .. } => Some(json!({
+            "type": "image",
+            "source": {"type": "base64", "media_type": media_type, "data": data},
+        })),
     }
 }
 

@@ -47,12 +47,14 @@ use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
-use super::common::{class, data_object, replays_reasoning, str_at, tool_output, u64_at, with_description};
+use super::common::{
+    class, data_object, replays_reasoning, str_at, tool_images, tool_output, u64_at, with_description,
+};
 use super::config::{RenderConfig, ToolSpec};
 use super::errors::stream_error;
 use super::event::{DecodeError, EventClass, StreamDecoder, StreamEvent};
 use super::sse::SseEvent;
-use crate::message::{Message, Part, Role, StepUsage};
+use crate::message::{Message, OutputPart, Part, Role, StepUsage};
 
 /// The request path after the base URL for `wire_model` (percent-encoded: Bedrock ids hold
 /// `:` and inference-profile ARNs hold `/`).
@@ -203,11 +205,29 @@ fn assistant_content(m: &Message, replay: bool) -> Vec<Value> {
 fn tool_result(p: &Part, with_status: bool) -> Option<Value> {
     let Part::ToolResult { tool_call_id, output, is_error } = p else { return None };
     let (text, is_error) = tool_output(output, *is_error);
-    let mut result = json!({"toolUseId": tool_call_id, "content": [{"text": text}]});
+    // A result with images is its blocks in order where the model takes an image in a
+    // toolResult (Converse documents image blocks there for Claude models); elsewhere its text.
+    let content = match tool_images(output).filter(|_| with_status) {
+        Some(parts) => parts.iter().filter_map(result_block).collect(),
+        None => vec![json!({"text": text})],
+    };
+    let mut result = json!({"toolUseId": tool_call_id, "content": content});
     if with_status {
         result["status"] = json!(if is_error { "error" } else { "success" });
     }
     Some(json!({"toolResult": result}))
+}
+
+/// One part of a tool result with images as a Converse content block (empty text has none).
+fn result_block(part: &OutputPart) -> Option<Value> {
+    match part {
+        OutputPart::Text { text } if text.is_empty() => None,
+        OutputPart::Text { text } => Some(json!({"text": text})),
+        OutputPart::Image { media_type, data, .. } => {
+            let format = media_type.strip_prefix("image/").unwrap_or(media_type);
+            Some(json!({"image": {"format": format, "source": {"bytes": data}}}))
+        }
+    }
 }
 
 /// The stop reason normalized by the role's table for `aws.bedrock_converse`.

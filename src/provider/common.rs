@@ -9,7 +9,7 @@ use serde_json::{json, Map, Value};
 use super::config::{RenderConfig, ToolSpec};
 use super::event::{DecodeError, EventClass, StreamEvent};
 use super::sse::SseEvent;
-use crate::message::{Message, StepUsage};
+use crate::message::{ContentOutput, Message, OutputPart, StepUsage};
 
 /// Whether the event is the `data: [DONE]` sentinel (Chat's terminator; tolerated elsewhere).
 pub(crate) fn is_done(event: &SseEvent) -> bool {
@@ -121,6 +121,12 @@ pub(crate) fn tool_output(output: &Value, is_error: bool) -> (String, bool) {
     match str_at(output, &["kind"]) {
         Some("text") => (str_at(output, &["text"]).unwrap_or_default().to_string(), is_error),
         Some("error") => (error_output_text(output), true),
+        // A result with images, for a family that takes none in a tool result: its text, each
+        // image as its note (`tool_images` gives the parts to a family that takes them).
+        Some("content") => match ContentOutput::of(output) {
+            Some(content) => (content.text(), is_error),
+            None => (compact(output), is_error),
+        },
         // A provider's non-string legacy body, kept as the JSON it sent.
         Some("json") => (at(output, &["json"]).map(compact).unwrap_or_default(), is_error),
         _ => match output {
@@ -128,6 +134,12 @@ pub(crate) fn tool_output(output: &Value, is_error: bool) -> (String, bool) {
             other => (compact(other), is_error),
         },
     }
+}
+
+/// The parts of a tool result that carries images (`{"kind":"content"}`), for a family whose
+/// provider takes images in a tool result; `None` for any other result, which renders as text.
+pub(crate) fn tool_images(output: &Value) -> Option<Vec<OutputPart>> {
+    ContentOutput::of(output).map(|c| c.content)
 }
 
 fn error_output_text(output: &Value) -> String {

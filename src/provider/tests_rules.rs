@@ -113,3 +113,61 @@ fn bedrock_converse_follows_its_model_rules() {
     assert_eq!(claude.pointer("/messages/2/content/0/toolResult/status"), Some(&json!("success")), "{claude}");
     assert!(claude["toolConfig"]["tools"].as_array().unwrap().iter().any(|t| t.get("cachePoint").is_some()));
 }
+
+/// A tool result with an image (#47): Anthropic Messages takes it as an image block inside the
+/// `tool_result`, Converse as an image block for Claude models; every other family (and a
+/// non-Claude Converse model) gets the result's text with the image's one-line note, exactly
+/// what broca sent before it kept images. A result without images renders as it always did.
+#[test]
+fn an_image_tool_result_renders_per_family() {
+    use crate::message::{Message, Part, Role};
+    let call = Message {
+        role: Role::Assistant,
+        content: vec![Part::ToolCall { tool_call_id: "t1".into(), tool_name: "shot".into(), input: json!({}) }],
+        origin: None,
+        delivered_as: None,
+        sender: None,
+        client_message_id: None,
+    };
+    let image = json!({"type": "image", "media_type": "image/png", "data": "AAAA", "width": 2, "height": 3});
+    let result = Message {
+        role: Role::Tool,
+        content: vec![Part::ToolResult {
+            tool_call_id: "t1".into(),
+            output: json!({"kind": "content", "content": [{"type": "text", "text": "a shot"}, image]}),
+            is_error: false,
+        }],
+        origin: None,
+        delivered_as: None,
+        sender: None,
+        client_message_id: None,
+    };
+    let transcript = [Message::user_text("look"), call, result];
+    let body = |family: Family, provider: &str, model: &str| -> String {
+        String::from_utf8(render_request(&config(family, provider, model), &transcript)).unwrap()
+    };
+    let note = r#"a shot\n[image not shown: mime=image/png 2x3]"#;
+    let anthropic: Value =
+        serde_json::from_str(&body(Family::AnthropicMessages, "anthropic", "claude-sonnet-4-5")).unwrap();
+    assert_eq!(
+        anthropic["messages"][2]["content"][0]["content"],
+        json!([{"type": "text", "text": "a shot"},
+               {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}])
+    );
+    let claude = body(Family::AwsBedrockConverse, "amazon-bedrock", "anthropic.claude-sonnet-4-5-20250929-v1:0");
+    let claude: Value = serde_json::from_str(&claude).unwrap();
+    assert_eq!(
+        claude["messages"][2]["content"][0]["toolResult"]["content"],
+        json!([{"text": "a shot"}, {"image": {"format": "png", "source": {"bytes": "AAAA"}}}])
+    );
+    for (family, provider, model) in [
+        (Family::AwsBedrockConverse, "amazon-bedrock", "amazon.nova-pro-v1:0"),
+        (Family::OpenaiChat, "openai", "o4-mini"),
+        (Family::OpenaiResponses, "openai", "gpt-5"),
+        (Family::GoogleGenerateContent, "google", "gemini-2.5-flash"),
+    ] {
+        let text = body(family, provider, model);
+        assert!(text.contains(note), "{family:?}: {text}");
+        assert!(!text.contains("AAAA"), "{family:?} takes no image in a tool result: {text}");
+    }
+}

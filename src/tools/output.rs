@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use subc_protocol::ErrorBody;
 
 use crate::agent::ToolOutput;
+use crate::message::{ContentOutput, OutputPart};
 
 /// The code of the result that replaces an oversized one.
 pub use cortexkit_role_llm_runner::errors::tool_result_reasons::TOOL_RESULT_TOO_LARGE;
@@ -117,8 +118,12 @@ fn result_value(module: &str, value: Value, tool_result_v1: bool) -> ToolOutput 
     legacy(module, value)
 }
 
-/// A `tool-result/v1` body: its content parts in order, as the model's text (images and
-/// unknown parts as one-line notes); `isError` an error result with its code.
+/// A `tool-result/v1` body, measured (an oversized one is discarded whole), then validated on
+/// receipt (`result::validate`: image data, types, dimensions, error code coupling, the 3 MiB
+/// reply bound): its content parts in order. A
+/// result with images is stored with them ([`ContentOutput`]: each family renders them where
+/// its provider takes an image in a tool result, else as a one-line note); one without is the
+/// model's text. Unknown parts are one-line notes; `isError` an error result with its code.
 fn tool_result(module: &str, result: ToolResult) -> ToolOutput {
     let bytes = cortexkit_role_tool_provider::result::model_visible_bytes(&result);
     if bytes > tool_result_limit::MAX_MODEL_VISIBLE_BYTES {
@@ -130,26 +135,39 @@ fn tool_result(module: &str, result: ToolResult) -> ToolOutput {
             false,
         );
     }
-    let lines: Vec<String> = result
+    if let Err(problem) = cortexkit_role_tool_provider::result::validate(&result) {
+        let message = format!("the tool provider {module} answered a malformed tool-result/v1 body: {problem}");
+        return error(ErrorOutput::new(message).with_module(module).with_code(INVALID_ANSWER), false);
+    }
+    let parts: Vec<OutputPart> = result
         .content
         .iter()
         .map(|part| match part {
-            ContentPart::Text { text } => text.clone(),
-            ContentPart::Image(image) => {
-                format!("[image not shown: mime={} {}x{}]", image.mime_type, image.width, image.height)
-            }
-            other => format!("[unsupported content: {}]", serde_json::to_string(other).unwrap_or_default()),
+            ContentPart::Text { text } => OutputPart::Text { text: text.clone() },
+            ContentPart::Image(image) => OutputPart::Image {
+                media_type: image.mime_type.clone(),
+                data: image.data.clone(),
+                width: image.width,
+                height: image.height,
+                alt: image.alt.clone(),
+            },
+            other => OutputPart::Text {
+                text: format!("[unsupported content: {}]", serde_json::to_string(other).unwrap_or_default()),
+            },
         })
         .collect();
-    let text = lines.join("\n");
+    let content = ContentOutput { content: parts };
     if result.is_error == Some(true) {
-        let mut out = ErrorOutput::new(text).with_module(module);
+        // An error result is the profile's error output: text, its images as notes.
+        let mut out = ErrorOutput::new(content.text()).with_module(module);
         if let Some(code) = result.error_code.filter(|c| error_output::is_valid_code(c)) {
             out = out.with_code(code);
         }
         return error(out, false);
     }
-    ToolOutput { output: json!({"kind": "text", "text": text}), is_error: false, refused: Some(false) }
+    let has_image = content.content.iter().any(|p| matches!(p, OutputPart::Image { .. }));
+    let output = if has_image { content.to_value() } else { json!({"kind": "text", "text": content.text()}) };
+    ToolOutput { output, is_error: false, refused: Some(false) }
 }
 
 /// A legacy body: a JSON string is the model's text, anything else JSON.
@@ -238,6 +256,58 @@ mod tests {
         let detail: Value = serde_json::from_str(out.output["detail"].as_str().unwrap()).unwrap();
         assert_eq!(detail, json!({"reason": "tool_result_too_large", "bytes": limit + 1, "limit": limit}));
         assert!(!out.output.to_string().contains("xxxx"), "nothing of the output is kept");
+    }
+
+    /// The 1x1 PNG the conformance suite's media cases use.
+    const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mP8/x8AAwMCAO+ip1sAAAAASUVORK5CYII=";
+
+    fn v1(body: Value) -> ToolOutput {
+        match first_answer("m", &serde_json::to_vec(&body).unwrap(), Terms { tool_result_v1: true, may_hold: false }) {
+            Answered::Result(out) => out,
+            Answered::Held { .. } => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn an_image_result_is_stored_with_its_bytes_in_order() {
+        let image =
+            json!({"type": "image", "mimeType": "image/png", "data": PNG, "width": 1, "height": 1, "alt": "dot"});
+        let out = v1(json!({"content": [{"type": "text", "text": "before"}, image, {"type": "chart", "n": 1}]}));
+        assert!(!out.is_error);
+        assert_eq!(
+            out.output,
+            json!({"kind": "content", "content": [
+                {"type": "text", "text": "before"},
+                {"type": "image", "media_type": "image/png", "data": PNG, "width": 1, "height": 1, "alt": "dot"},
+                {"type": "text", "text": "[unsupported content: {\"type\":\"chart\",\"n\":1}]"},
+            ]})
+        );
+        // Shown as text (display, families without images in tool results) exactly as before.
+        let shown = crate::message::tool_result_content(&out.output);
+        assert_eq!(
+            shown,
+            "before\n[image not shown: mime=image/png 1x1]\n[unsupported content: {\"type\":\"chart\",\"n\":1}]"
+        );
+        // A result without images keeps its text shape.
+        assert_eq!(
+            v1(json!({"content": [{"type": "text", "text": "hi"}]})).output,
+            json!({"kind": "text", "text": "hi"})
+        );
+    }
+
+    #[test]
+    fn a_malformed_image_is_refused_on_receipt_and_nothing_of_it_is_kept() {
+        for bad in [
+            json!({"type": "image", "mimeType": "image/png", "data": "data:AAAA", "width": 1, "height": 1}),
+            json!({"type": "image", "mimeType": "image/png", "data": "A", "width": 1, "height": 1}),
+            json!({"type": "image", "mimeType": "image/tiff", "data": PNG, "width": 1, "height": 1}),
+            json!({"type": "image", "mimeType": "image/png", "data": PNG, "width": 0, "height": 1}),
+        ] {
+            let out = v1(json!({"content": [bad]}));
+            assert!(out.is_error, "{out:?}");
+            assert_eq!(out.output["code"], INVALID_ANSWER);
+            assert!(!out.output.to_string().contains("iVBOR"), "{out:?}");
+        }
     }
 
     #[test]

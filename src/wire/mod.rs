@@ -11,6 +11,7 @@
 
 pub mod answers;
 pub mod delivery;
+pub mod descriptors;
 pub mod history;
 pub mod plan;
 pub mod read;

@@ -3,6 +3,7 @@
 //! ordinals count from 1 and `mid` is `m<ordinal>`; every page and head carries the cache pair
 //! (`history_version`, `incarnation`) beside broca's `lineage_id` and `lineage_state`.
 
+use cortexkit_role_llm_runner::read::descriptors::PartDigest;
 use serde::Serialize;
 
 use crate::message::Message;
@@ -29,13 +30,41 @@ pub struct ReadToolCall {
     pub indeterminate: bool,
 }
 
+/// An entry's `message`: the stored body (`media: "inline"`), or that body described
+/// (`media: "descriptors"`, [`super::descriptors`]).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum EntryMessage<'a> {
+    Stored(#[serde(serialize_with = "message_body")] &'a Message),
+    Described(serde_json::Value),
+}
+
+/// A stored message as a read serves it: its role, content and origin. What broca keeps beside
+/// it (its delivery, its sender, the caller's message id) is never in the body.
+#[derive(Serialize)]
+pub struct MessageBody<'m> {
+    pub role: &'m crate::message::Role,
+    pub content: &'m [crate::message::Part],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub origin: &'m Option<serde_json::Value>,
+}
+
+impl<'m> MessageBody<'m> {
+    pub fn of(message: &'m Message) -> MessageBody<'m> {
+        MessageBody { role: &message.role, content: &message.content, origin: &message.origin }
+    }
+}
+
+fn message_body<S: serde::Serializer>(message: &&Message, s: S) -> Result<S::Ok, S::Error> {
+    MessageBody::of(message).serialize(s)
+}
+
 /// One `session.read` entry.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ReadEntry<'a> {
     pub ordinal: u64,
     pub mid: String,
-    #[serde(serialize_with = "message_body")]
-    pub message: &'a Message,
+    pub message: EntryMessage<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub run: Option<RunAttribution>,
     /// An assistant message's dispatch facts, one per tool call in planned order.
@@ -48,19 +77,12 @@ pub struct ReadEntry<'a> {
     /// from the stored message, whose served body leaves it out.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub delivered_as: Option<&'a cortexkit_role_llm_runner::delivery_order::EntryDelivery>,
-}
-
-/// A stored message as a read serves it: its role, content and origin, never its delivery
-/// (that is the entry's `delivered_as`).
-fn message_body<S: serde::Serializer>(message: &&Message, s: S) -> Result<S::Ok, S::Error> {
-    #[derive(Serialize)]
-    struct Body<'m> {
-        role: &'m crate::message::Role,
-        content: &'m [crate::message::Part],
-        #[serde(skip_serializing_if = "Option::is_none")]
-        origin: &'m Option<serde_json::Value>,
-    }
-    Body { role: &message.role, content: &message.content, origin: &message.origin }.serialize(s)
+    /// In descriptors mode: the stored message's content digest (llm-runner §4.2).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// In descriptors mode: one digest per top-level stored part, keyed as display rows key it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub part_digests: Option<Vec<PartDigest>>,
 }
 
 /// A tool of the session's latest run, as `include_tools` serves it.

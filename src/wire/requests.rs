@@ -2,6 +2,7 @@
 //! checks its members in the order the goldens pin, so the first fault named is always the same.
 //! `session.send` is lenient and lives in [`super::send`].
 
+use cortexkit_role_llm_runner::read::MediaMode;
 use serde_json::Value;
 
 use super::{invalid_params, strict, Refusal, RefusalCode};
@@ -54,6 +55,9 @@ pub struct ReadRequest {
     pub max_bytes: u64,
     /// Add the tools of the session's latest run (`tools`, `tools_run_id`).
     pub include_tools: bool,
+    /// `inline` (the default) or `descriptors` (llm-runner §4.1); `blocks` is refused (broca
+    /// declares no `attachments`).
+    pub media: MediaMode,
 }
 
 /// `run.status {session?, run_id?}`; no `run_id` asks for the session's last episode.
@@ -156,11 +160,18 @@ impl ReadRequest {
             Some(Value::String(v)) if v == "raw" => {}
             Some(_) => return Err(invalid_params("view", "only \"raw\" is served")),
         }
-        match params.get("media") {
-            None | Some(Value::Null) => {}
-            Some(Value::String(m)) if m == "inline" => {}
-            Some(_) => return Err(invalid_params("media", "only \"inline\" is served")),
-        }
+        let media = match params.get("media") {
+            None | Some(Value::Null) => MediaMode::Inline,
+            Some(Value::String(m)) if m == "inline" => MediaMode::Inline,
+            Some(Value::String(m)) if m == "descriptors" => MediaMode::Descriptors,
+            Some(Value::String(m)) if m == "blocks" => {
+                return Err(invalid_params(
+                    "media",
+                    "\"blocks\" needs the attachments group, which broca does not declare",
+                ))
+            }
+            Some(_) => return Err(invalid_params("media", "\"inline\" or \"descriptors\"")),
+        };
         let from = count(params, "from_ordinal")?;
         let after = optional_string(params, "after_mid")?;
         let history_version = count(params, "history_version")?;
@@ -187,7 +198,7 @@ impl ReadRequest {
                 Some(crate::detail!("lineage_id" => lineage_id)),
             ));
         }
-        Ok(ReadRequest { cursor, limit, max_bytes, include_tools })
+        Ok(ReadRequest { cursor, limit, max_bytes, include_tools, media })
     }
 }
 

@@ -20,16 +20,38 @@ pub struct Deviation {
 
 /// Every deviation, each one failed case of the suite's report. A listed case that stops failing
 /// is reported too, so the list never outlives its reason.
-pub const DEVIATIONS: &[Deviation] = &[Deviation {
-    case: "display_without_limits_is_whole",
-    rule: "its scripted tool answers a JSON object of over 131,072 canonical bytes; llm-runner 0.8.0 \
+pub const DEVIATIONS: &[Deviation] = &[
+    Deviation {
+        case: "display_without_limits_is_whole",
+        rule: "its scripted tool answers a JSON object of over 131,072 canonical bytes; llm-runner 0.8.0 \
                §11.3.1 and tool-provider 0.15.0 §4.5 measure a legacy non-string result as its \
                canonical JSON against the inclusive 65,536-byte limit, so broca discards it for \
                tool_result_too_large (the suite's fake measures string results only)",
-    // broca's 117-byte tool_result_too_large error in the object's place (the arguments'
-    // size follows the suite's minted ids, so it is not pinned).
-    reason: " bytes and a result of 117 bytes, not the whole call",
-}];
+        // broca's 117-byte tool_result_too_large error in the object's place (the arguments'
+        // size follows the suite's minted ids, so it is not pinned).
+        reason: " bytes and a result of 117 bytes, not the whole call",
+    },
+    Deviation {
+        case: "media_descriptors_frame_budget",
+        rule: "its mixed-size fallback result is 19 text parts of 3,508,507 model-visible bytes, over \
+               the inclusive 65,536-byte provider-result limit (llm-runner 0.8.0 §11.3.1, \
+               tool-provider 0.15.0 result::model_visible_bytes), so broca discards it whole for \
+               tool_result_too_large and no text part is left to describe (its 3,200,000-character \
+               image is also over tool-provider's 3 MiB reply bound); the case's other checks \
+               (both args_refs in one message, the inline reply_too_large) pass",
+        // No mixed part stored, so none described.
+        reason: "largest-first fallback must describe mixed parts [1, 3], got []",
+    },
+    Deviation {
+        case: "media_descriptors_stable_across_pages",
+        rule: "its multipart result is 14 text parts of 3,584,000 model-visible bytes, over the \
+               inclusive 65,536-byte provider-result limit (llm-runner 0.8.0 §11.3.1), so broca \
+               discards it whole for tool_result_too_large and no text part is left to describe \
+               (the suite's fake measures string results only)",
+        // No text part stored, so none described.
+        reason: "fixed message budget must describe exactly 2 tied parts, got 0",
+    },
+];
 
 /// The failed cases and verdict reasons, sorted against [`DEVIATIONS`].
 pub struct Ledger {

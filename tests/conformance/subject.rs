@@ -494,19 +494,13 @@ impl LlmRunnerSubject for Subject {
         Ok(fields)
     }
 
-    /// The parts of a read message (the suite's default keys), remembered for the
-    /// `shown_part_number` call the suite makes next about one of them.
+    /// The parts of a read message keyed as broca publishes them (`p<index>` of the body's
+    /// `content`, as display rows and descriptor reads' `part_digests` key them), remembered for
+    /// the `shown_part_number` call the suite makes next about one of them.
     fn read_parts(&self, message: &Value) -> Vec<(String, Value)> {
-        // The suite's default keys: a part's `id`, else its index; a body without parts is one.
-        let parts: Vec<(String, Value)> = match message.get("parts").or_else(|| message.get("content")) {
-            Some(Value::Array(parts)) => parts
-                .iter()
-                .enumerate()
-                .map(|(i, p)| {
-                    (p.get("id").and_then(Value::as_str).map_or_else(|| i.to_string(), str::to_owned), p.clone())
-                })
-                .collect(),
-            _ => vec![("0".into(), message.clone())],
+        let parts: Vec<(String, Value)> = match message.get("content") {
+            Some(Value::Array(parts)) => parts.iter().enumerate().map(|(i, p)| (format!("p{i}"), p.clone())).collect(),
+            _ => Vec::new(),
         };
         *self.last_parts.lock().unwrap_or_else(|e| e.into_inner()) = parts.clone();
         parts
@@ -580,6 +574,33 @@ impl LlmRunnerSubject for Subject {
     /// broca owns its loop: a send is staged the moment it is accepted (llm-runner §9.7).
     async fn send_staged(&self, _session: &str, _send_id: &str) -> Result<(), HarnessError> {
         Ok(())
+    }
+
+    /// broca stores every body in its own `owned-broca` profile.
+    fn serializer_profile(&self, _session: &str) -> Option<String> {
+        Some(cortexkit_role_llm_runner::serializer_profile::OWNED_BROCA.into())
+    }
+
+    /// The scripted tool's `tool-result/v1` answer holding one image part of exactly `bytes`
+    /// (a PNG: its header gives the part's required dimensions; anything else is not offered).
+    /// broca keeps a tool's image inside the call's `tool_result` part, so a result is always
+    /// nested; `nested` asks for nothing broca stores differently.
+    fn media_tool_result(&self, bytes: &[u8], _nested: bool, _scenario: &str) -> Option<Value> {
+        use base64::Engine;
+        let dimension = |at: usize| Some(u32::from_be_bytes(bytes.get(at..at + 4)?.try_into().ok()?));
+        if !bytes.starts_with(b"\x89PNG\r\n\x1a\n") || bytes.get(12..16) != Some(b"IHDR") {
+            return None;
+        }
+        let (width, height) = (dimension(16)?, dimension(20)?);
+        let data = base64::engine::general_purpose::STANDARD.encode(bytes);
+        Some(
+            json!({"content": [{"type": "image", "mimeType": "image/png", "data": data, "width": width, "height": height}]}),
+        )
+    }
+
+    /// The scripted tool's `tool-result/v1` answer with one text part per text, in order.
+    fn multipart_tool_result(&self, texts: &[String]) -> Option<Value> {
+        Some(json!({"content": texts.iter().map(|t| json!({"type": "text", "text": t})).collect::<Vec<_>>()}))
     }
 
     fn send_fields(&self, session: &str, first: bool) -> Map<String, Value> {
