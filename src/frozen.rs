@@ -202,6 +202,9 @@ pub struct FrozenConfig {
     pub max_output_tokens: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_steps: Option<u64>,
+    /// The trailing directives the run reports (llm-runner §9.9), frozen at its admission.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub directives: Vec<cortexkit_role_llm_runner::directives::DirectiveName>,
     #[serde(default)]
     pub tools: Vec<ToolSpec>,
     #[serde(default)]

@@ -244,6 +244,26 @@ fn senders_are_bounded_by_the_plan(h: &Harness) {
     assert!(refused.is_err(), "a build without delivery-order/v1 read a WAL holding list sends");
 }
 
+/// `directives: ["wake"]` (llm-runner §9.9): a completed run reports the wake tag its final
+/// answer ends with on `run.result` and `run.status` alike, the stored text unedited; a run that
+/// did not ask reports none; a joining steer cannot change its run's names.
+fn turn_directives_report_a_wake_tag(h: &Harness) {
+    let s = h.session("delivery", "directives", None);
+    h.install(json!({"responses": [reply("done <wake in=\"90s\"/>"), reply("again <wake off/>")]}));
+    let mut asked = send_params("wake me");
+    asked["directives"] = json!(["wake"]);
+    let run = ok(h, OWNER, &s, "session.send", asked)["run_id"].as_str().unwrap().to_owned();
+    let status = wait_run(h, &s, &run);
+    let result = ok(h, OWNER, &s, "run.result", json!({"run_id": run}));
+    assert_eq!(result["directives"], json!([{"name": "wake", "in_ms": 90000}]), "{result}");
+    assert_eq!(status["directives"], result["directives"], "{status}");
+    assert_eq!(result["final_message"]["text"], "done <wake in=\"90s\"/>");
+    let plain = ok(h, OWNER, &s, "session.send", send_params("no directives"))["run_id"].as_str().unwrap().to_owned();
+    wait_run(h, &s, &plain);
+    let result = ok(h, OWNER, &s, "run.result", json!({"run_id": plain}));
+    assert!(result.get("directives").is_none(), "a run that did not ask reports none: {result}");
+}
+
 #[test]
 fn delivery_order_through_the_daemon() {
     let mock = broca_mock::exe();
@@ -257,9 +277,10 @@ fn delivery_order_through_the_daemon() {
         ..Options::default()
     });
     support::wait_modules_ready(&h, &[OWNER, SENDER, STRANGER]);
-    let checks: [support::Check; 2] = [
+    let checks: [support::Check; 3] = [
         ("lists wait, then ride the next turn", lists_wait_then_ride_the_next_turn),
         ("senders are bounded by the plan", senders_are_bounded_by_the_plan),
+        ("turn directives report a wake tag", turn_directives_report_a_wake_tag),
     ];
     support::run_checks(h, &checks);
 }

@@ -102,7 +102,7 @@ fn send_cases() -> Vec<Case> {
         both("send.structured_output_undeclared", with(json!({"structured_output": {}})), invalid),
         both("send.attachments_undeclared", with(json!({"attachments": []})), invalid),
         both("send.client_message_id_malformed", with(json!({"client_message_id": "not an id"})), invalid),
-        both("send.directives_undeclared", with(json!({"directives": ["wake"]})), invalid),
+        both("send.directives_malformed", with(json!({"directives": ["wake", "wake"]})), invalid),
         both("params.array", json!([1, 2]), invalid),
         // `delivery_order` (llm-runner §9.7): a malformed list, a list of only undeclared modes,
         // list members without a list, a template beside a prompt or that does not render, and

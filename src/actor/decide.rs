@@ -109,6 +109,12 @@ pub fn send(
         }
     }
     let running = matches!(state.resolution(), Resolution::Resume { .. } | Resolution::Paused { .. });
+    // A joining steer runs under the run's frozen directives: it may repeat them, not change them.
+    let frozen_directives = frozen.as_ref().map(|c| c.directives.as_slice()).unwrap_or_default();
+    if running && send.delivery == Delivery::Steer && send.directives.as_deref().is_some_and(|d| d != frozen_directives)
+    {
+        return Err(crate::wire::invalid_params("directives", "a joining steer cannot change its run's directives"));
+    }
     let plan = plan_for(&send, state.last.is_some(), frozen.as_ref(), checked.fetched)?;
     if let Some(fault) = &send.tools_fault {
         return Err(fault.clone());
@@ -119,6 +125,7 @@ pub fn send(
     };
     config.policy = session_policy(&admission.config, lineage, &send, frozen.as_ref())?;
     config.service_tier = super::tier::run_tier(&send, running, frozen.as_ref(), config.family)?;
+    config.directives = send.directives.clone().unwrap_or_default();
     if let Some((manifest, tools)) = plan {
         // The plan's system text comes first, then the send's own system prompt.
         if let Some(text) = &manifest.system_text {

@@ -166,7 +166,8 @@ impl PartNumbers {
 
     fn shown(&self, part: &PartRef) -> Option<u64> {
         let (_, parts) = self.0.iter().find(|(mid, _)| *mid == part.mid)?;
-        let index: usize = part.part.parse().ok()?;
+        // A part is keyed as reads and display rows key it, `p<index>`.
+        let index: usize = part.part.strip_prefix('p')?.parse().ok()?;
         parts.get(index).copied().flatten()
     }
 }

@@ -349,6 +349,7 @@ fn config_of(
         system: req.system.clone(),
         max_output_tokens,
         max_steps: req.max_steps,
+        directives: Vec::new(),
         tools: req.tools.clone(),
         auth,
         auth_method,

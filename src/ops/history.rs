@@ -26,7 +26,8 @@ use crate::wire::{Refusal, RefusalCode};
 struct RawEntry<'a> {
     ordinal: u64,
     mid: String,
-    message: &'a Message,
+    /// The body exactly as `session.read` serves it (never what broca keeps beside it).
+    message: crate::wire::read::MessageBody<'a>,
     role: &'static str,
     written_at: u64,
 }
@@ -125,7 +126,7 @@ fn raw(e: &Entry) -> RawEntry<'_> {
     RawEntry {
         ordinal: served_ordinal(e.ordinal),
         mid: mid(e.ordinal),
-        message: &e.message,
+        message: crate::wire::read::MessageBody::of(&e.message),
         role: role_name(e.message.role),
         written_at: e.written_at.unwrap_or_default(),
     }

@@ -9,6 +9,7 @@
 
 mod baseline;
 mod calls;
+mod directives;
 mod driver;
 pub mod expiry;
 mod history;
@@ -199,6 +200,7 @@ pub const GROUPS: &[&str] = {
         cap::SENDER_SUCCESSION,
         cap::CLIENT_MESSAGE_ID,
         cap::MESSAGE_SENDERS,
+        cap::TURN_DIRECTIVES,
         "fetch-plan-optional-tools/v1",
     ]
 };

@@ -24,7 +24,7 @@ fn snapshot(ops: &Ops, key: &SessionKey) -> Result<Option<TranscriptPage>, Refus
 }
 
 /// A known run's status; `page` gives the held calls of the session's last run.
-fn run_body(ops: &Ops, facts: &RunFacts, page: &TranscriptPage) -> RunStatus {
+fn run_body(ops: &Ops, key: &SessionKey, facts: &RunFacts, page: &TranscriptPage) -> Result<RunStatus, Refusal> {
     let run_id = Some(facts.run_id.clone());
     let mut out = match &facts.phase {
         RunPhase::Active => RunStatus::bare(run_id, RunState::Active),
@@ -48,7 +48,13 @@ fn run_body(ops: &Ops, facts: &RunFacts, page: &TranscriptPage) -> RunStatus {
     if page.state.last.as_ref().is_some_and(|e| e.run_id == facts.run_id) {
         out.held_calls = crate::lineage::projection::held_calls(&page.state);
     }
-    out
+    if let RunPhase::Finished { reason: reason @ crate::record::FinishReason::Completed } = facts.phase {
+        if let Some(reader) = Reader::open(ops.registry.shared(), key) {
+            out.directives =
+                super::directives::of_run(&reader, page, &facts.run_id, Some(reason)).map_err(|e| e.refusal())?;
+        }
+    }
+    Ok(out)
 }
 
 pub(super) fn run_status(ops: &Ops, key: &SessionKey, request: StatusRequest) -> Result<Value, Refusal> {
@@ -82,10 +88,10 @@ pub(super) fn status_of(ops: &Ops, key: &SessionKey, run_id: Option<String>) -> 
             }
         };
         let facts = ledger::run(store, &addr, &page, &last).map_err(|e| e.refusal())?;
-        return Ok(facts.map_or_else(idle, |f| run_body(ops, &f, &page)));
+        return facts.map_or_else(|| Ok(idle()), |f| run_body(ops, key, &f, &page));
     };
     if let Some(facts) = ledger::run(store, &addr, &page, &run_id).map_err(|e| e.refusal())? {
-        return Ok(run_body(ops, &facts, &page));
+        return run_body(ops, key, &facts, &page);
     }
     // A queued send's provisional run id (`run-` + its submission id): its fate, from the WAL.
     if let Some(submission) = run_id.strip_prefix("run-").filter(|s| s.starts_with("sub-")) {
@@ -96,7 +102,7 @@ pub(super) fn status_of(ops: &Ops, key: &SessionKey, run_id: Option<String>) -> 
                 (Fate::Delivered, Some(x)) | (Fate::Started, Some(x)) => {
                     let facts = ledger::run(store, &addr, &page, x).map_err(|e| e.refusal())?;
                     let unknown = || RunStatus::bare(Some(x.clone()), RunState::Unknown);
-                    let mut body = facts.map_or_else(unknown, |f| run_body(ops, &f, &page));
+                    let mut body = facts.map_or_else(|| Ok(unknown()), |f| run_body(ops, key, &f, &page))?;
                     if row.fate == Fate::Delivered {
                         body.delivered = Some(Delivered { as_: "step", reference: x.clone() });
                     }
@@ -123,7 +129,7 @@ pub(super) fn run_result(ops: &Ops, key: &SessionKey, request: ResultRequest) ->
     let Some(facts) = ledger::run(&shared.store, &key.addr(), &page, &run_id).map_err(|e| e.refusal())? else {
         return Err(unknown());
     };
-    let mut out = RunResult::of(run_id.clone(), run_body(ops, &facts, &page));
+    let mut out = RunResult::of(run_id.clone(), run_body(ops, key, &facts, &page)?);
     if let RunPhase::Finished { reason } = facts.phase {
         out.finish_reason = Some(reason.as_str());
         let reader = Reader::open(shared, key).ok_or_else(unknown)?;

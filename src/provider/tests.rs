@@ -285,6 +285,7 @@ pub(super) fn config(family: Family, provider: &str, wire_model: &str) -> Render
         system: Some("You are a careful coding assistant.".into()),
         max_output_tokens: None,
         max_steps: None,
+        directives: Vec::new(),
         tools: vec![],
         auth: AuthSource::None,
         auth_method: Default::default(),

@@ -43,13 +43,14 @@ const READ: &[&str] = &[
     "expires_at_ms",
     "template",
     "client_message_id",
+    "directives",
+    "directives",
 ];
 
 /// Members that ask for a capability group of llm-runner/v1 this build does not declare, with
 /// the group: refused by name (`invalid_params {field}`) rather than ignored, so a caller's run
 /// never goes ahead without what it asked for. Truly unknown members stay tolerated (logged).
-const UNDECLARED: &[(&str, &str)] =
-    &[("structured_output", "structured_output"), ("attachments", "attachments"), ("directives", "turn_directives")];
+const UNDECLARED: &[(&str, &str)] = &[("structured_output", "structured_output"), ("attachments", "attachments")];
 
 /// Members that make up a send's identity, in the order a `send_id_reuse` names the first
 /// that differs. `title` and `send_id` are not part of it.
@@ -100,6 +101,8 @@ pub struct SendParams {
     pub send_id: Option<String>,
     pub title: Option<String>,
     pub delivery: Delivery,
+    /// The trailing directives the run should report (llm-runner §9.9); `None` when omitted.
+    pub directives: Option<Vec<cortexkit_role_llm_runner::directives::DirectiveName>>,
     /// The caller's id for the user message this send writes (llm-runner §9.11).
     pub client_message_id: Option<String>,
     /// A `delivery_order` list with its members (llm-runner §9.7); `delivery` is then `queue`.
@@ -246,6 +249,17 @@ pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
         Some(_) => return Err(invalid_params("send_id", "a string of 1-256 bytes is required")),
     };
     let delivery = sent_delivery.legacy();
+    let directives = match obj.get("directives") {
+        None => None,
+        Some(raw) => {
+            let names: Vec<cortexkit_role_llm_runner::directives::DirectiveName> = serde_json::from_value(raw.clone())
+                .map_err(|_| invalid_params("directives", "a list of directive names (wake)"))?;
+            if names.iter().enumerate().any(|(i, n)| names[..i].contains(n)) {
+                return Err(invalid_params("directives", "a directive named twice"));
+            }
+            Some(names)
+        }
+    };
     let client_message_id = match obj.get("client_message_id") {
         None => None,
         Some(Value::String(id)) if cortexkit_role_llm_runner::display::client_message_id_valid(id) => Some(id.clone()),
@@ -380,6 +394,7 @@ pub fn parse(params: &Value, key: &SessionKey) -> Result<SendParams, Refusal> {
         delivery,
         order: sent_delivery.order().cloned(),
         client_message_id,
+        directives,
         model,
         session_class,
         retention,

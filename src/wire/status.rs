@@ -137,6 +137,9 @@ pub struct RunStatus {
     /// The held calls the run waits on (llm-runner `held_calls`); omitted when none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub held_calls: Vec<cortexkit_role_llm_runner::run::HeldCall>,
+    /// A completed run's trailing directives (llm-runner §9.9), when it asked for them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub directives: Option<Vec<cortexkit_role_llm_runner::directives::Directive>>,
 }
 
 impl RunStatus {
@@ -154,6 +157,7 @@ impl RunStatus {
             auth_selection: None,
             undelivered_steers: None,
             finish: None,
+            directives: None,
             step: None,
             delivered: None,
             held_calls: Vec::new(),
@@ -203,6 +207,9 @@ pub struct RunResult {
     pub final_message: Option<FinalMessage>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub finish: Option<String>,
+    /// As `run.status` reports them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub directives: Option<Vec<cortexkit_role_llm_runner::directives::Directive>>,
 }
 
 impl RunResult {
@@ -221,6 +228,7 @@ impl RunResult {
             finish_reason: None,
             final_message: None,
             finish: status.finish,
+            directives: status.directives,
         }
     }
 }

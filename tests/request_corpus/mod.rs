@@ -60,6 +60,7 @@ fn config(family: Family, system: bool, tools: Vec<ToolSpec>) -> FrozenConfig {
         system: system.then(|| "You are a careful coding assistant with tools from MCP servers.".into()),
         max_output_tokens: Some(4096),
         max_steps: None,
+        directives: Vec::new(),
         tools,
         auth: AuthSource::None,
         auth_method: Default::default(),
