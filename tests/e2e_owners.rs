@@ -176,7 +176,7 @@ fn strangers_are_refused(h: &Harness) {
 
     // head.sender: the owner's full grant; the stranger and `direct` have none.
     let grant = ok(h, A, &s, "session.head", json!({}))["sender"].clone();
-    assert_eq!(grant, json!({"modes": ["steer", "idle_start"], "interrupt": true, "owner": true}));
+    assert_eq!(grant, json!({"modes": ["tool_result", "steer", "idle_start"], "interrupt": true, "owner": true}));
     assert!(ok(h, B, &s, "session.head", json!({})).get("sender").is_none(), "a stranger has no grant");
     assert!(s.ok("session.head", json!({})).get("sender").is_none(), "direct has no grant");
     // A session nobody wrote yet: the caller's next send would make it the owner.

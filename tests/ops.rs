@@ -57,7 +57,7 @@ fn reads_and_the_head_serve_the_published_contract() {
     // A never-written session: the cache pair, and the caller's grant (its next send would
     // make it the owner; an in-process caller is `direct`, so it never becomes one).
     let head = rig.call("session.head", json!({})).unwrap();
-    let grant = json!({"modes": ["steer", "idle_start"], "interrupt": true, "owner": true});
+    let grant = json!({"modes": ["tool_result", "steer", "idle_start"], "interrupt": true, "owner": true});
     assert_eq!(head, json!({"history_version": 1, "incarnation": "log-1", "sender": grant}));
     let empty = rig.call("session.read", json!({})).unwrap();
     assert_eq!((empty["history_version"].clone(), empty["incarnation"].clone()), (json!(1), json!("log-1")));
