@@ -853,6 +853,8 @@ fn a_tool_reply_bound_is_frozen_with_the_tool_and_a_call_past_its_wait_ends_the_
     rig.wait_state(b["run_id"].as_str().unwrap(), "interrupted");
     let status = rig.call("run.status", json!({"run_id": b["run_id"]})).unwrap();
     assert_eq!(status["error"]["provider_code"], "tool_reply_timeout");
+    // Interrupted by a timeout, not by a stop or a crash: no role interrupt reason (§6.5).
+    assert!(status.get("reason").is_none(), "{status}");
     let outcomes: Vec<Option<broca::record::CallOutcome>> = rig
         .records()
         .into_iter()

@@ -185,6 +185,9 @@ fn exercise_sessions(h: &Harness) {
         }
     };
     assert_eq!(status["state"], "interrupted", "{status}");
+    // The durable interrupt reason (llm-runner §6.5), the same on run.status and run.result.
+    assert_eq!(status["reason"], "runner_crash", "{status}");
+    assert_eq!(s1.call("run.result", json!({"run_id": run3})).unwrap()["reason"], "runner_crash");
     h.install(json!({"responses": [slow_reply("Back")]}));
     let fourth = s1.call("session.send", send_params("Still there?")).unwrap();
     let run4 = fourth["run_id"].as_str().unwrap().to_owned();

@@ -208,7 +208,11 @@ impl<C> Driver<'_, C> {
         error: Option<ProviderError>,
         detail: Option<crate::record::BudgetDetail>,
     ) -> Result<TurnOutcome, LineageError> {
-        let (reason, error) = if self.sealing { (FinishReason::Interrupted, None) } else { (reason, error) };
+        let (reason, error) = if self.sealing {
+            (FinishReason::Interrupted, Some(ProviderError::runner_shutdown()))
+        } else {
+            (reason, error)
+        };
         // An acknowledged steer is in the transcript even when the run ends before a step
         // could show it to the model (the next turn sees it as history).
         self.deliver_steers(true)?;

@@ -201,6 +201,7 @@ pub const GROUPS: &[&str] = {
         cap::CLIENT_MESSAGE_ID,
         cap::MESSAGE_SENDERS,
         cap::TURN_DIRECTIVES,
+        cap::INTERRUPT_REASON,
         "fetch-plan-optional-tools/v1",
     ]
 };

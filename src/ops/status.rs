@@ -10,6 +10,7 @@ use crate::lineage::ledger::{self, RunFacts, RunPhase};
 use crate::lineage::read::{self, TranscriptPage};
 use crate::lineage::reader::Reader;
 use crate::message::{Part, Role};
+use crate::record::ProviderError;
 use crate::replay::Resolution;
 use crate::session_key::SessionKey;
 use crate::store::{Fate, SendLookup};
@@ -32,6 +33,10 @@ fn run_body(ops: &Ops, key: &SessionKey, facts: &RunFacts, page: &TranscriptPage
         RunPhase::Finished { reason } => RunStatus::bare(run_id, RunState::Finished(*reason)),
     };
     out.error = facts.error.as_ref().map(WireError::from);
+    if facts.phase == (RunPhase::Finished { reason: crate::record::FinishReason::Interrupted }) {
+        // The durable interrupt reason (llm-runner §6.5), from the seal's recorded diagnostic.
+        out.reason = facts.error.as_ref().and_then(ProviderError::interrupt_reason);
+    }
     out.detail = facts.detail.clone();
     out.usage = Some(facts.usage.clone());
     out.title = facts.title.clone();
@@ -131,7 +136,8 @@ pub(super) fn run_result(ops: &Ops, key: &SessionKey, request: ResultRequest) ->
     };
     let mut out = RunResult::of(run_id.clone(), run_body(ops, key, &facts, &page)?);
     if let RunPhase::Finished { reason } = facts.phase {
-        out.finish_reason = Some(reason.as_str());
+        out.finish_reason =
+            Some(facts.error.as_ref().and_then(ProviderError::interrupt_reason).unwrap_or(reason.as_str()));
         let reader = Reader::open(shared, key).ok_or_else(unknown)?;
         let final_message = read::last_message_of_run(&reader, &run_id, Role::Assistant).map_err(|e| e.refusal())?;
         if let Some((internal, message)) = final_message {

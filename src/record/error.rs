@@ -60,6 +60,26 @@ impl ProviderError {
         )
     }
 
+    /// The diagnostic a run broca sealed during a planned stop carries (llm-runner §6.5
+    /// `runner_shutdown`).
+    pub fn runner_shutdown() -> ProviderError {
+        ProviderError::transient(
+            cortexkit_role_llm_runner::run::interrupt_reasons::RUNNER_SHUTDOWN,
+            "broca stopped (a planned stop) while this run was going; it was sealed then",
+        )
+    }
+
+    /// The role's durable interrupt reason (llm-runner §6.5) this diagnostic records: a
+    /// planned stop's `runner_shutdown`, an orphan's `runner_crash`; `None` for any other.
+    pub fn interrupt_reason(&self) -> Option<&'static str> {
+        use cortexkit_role_llm_runner::run::interrupt_reasons::{RUNNER_CRASH, RUNNER_SHUTDOWN};
+        match self.provider_code.as_deref() {
+            Some(ORPHAN_PROVIDER_CODE) => Some(RUNNER_CRASH),
+            Some(RUNNER_SHUTDOWN) => Some(RUNNER_SHUTDOWN),
+            _ => None,
+        }
+    }
+
     /// The diagnostic an orphaned run is sealed with.
     pub fn previous_process_ended() -> ProviderError {
         ProviderError::transient(

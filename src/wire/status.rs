@@ -219,7 +219,8 @@ impl RunResult {
             run_id,
             state: status.state,
             usage: status.usage,
-            pause_name: status.reason,
+            // A finished run's `reason` is `run.result`'s own (`finish_reason`).
+            pause_name: if status.state == RunState::Paused { status.reason } else { None },
             pause_reason: status.pause_reason,
             error: status.error,
             detail: status.detail,
