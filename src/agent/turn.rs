@@ -14,6 +14,7 @@ mod backoff;
 mod code_assist;
 mod credential;
 mod held;
+mod mailbox;
 mod resume;
 mod stops;
 
@@ -285,56 +286,6 @@ impl<C> Driver<'_, C> {
         Ok(batch)
     }
 
-    /// Records a cancel request durably (the "ack" is only true after this).
-    fn request_cancel(&mut self, at: CancelAt) -> Result<(), LineageError> {
-        self.lineage.append(&Record::RunCancelRequested { run_id: self.run_id.clone(), at })?;
-        self.commit()
-    }
-
-    fn cancel_requested(&self) -> Option<CancelAt> {
-        self.lineage.state().last.as_ref().and_then(|e| e.cancel)
-    }
-
-    fn drain_commands(&mut self) -> Result<(), LineageError> {
-        while let Ok(cmd) = self.commands.try_recv() {
-            self.command(Ok(cmd))?;
-        }
-        Ok(())
-    }
-
-    /// Handles one command (or the channel's end); returns the cancel mode it asked for.
-    fn command(&mut self, cmd: Result<C, RecvError>) -> Result<Option<CancelAt>, LineageError> {
-        let Ok(cmd) = cmd else {
-            // Nobody can send commands any more: stop selecting on a channel that is always ready.
-            self.commands = crossbeam_channel::never();
-            return Ok(None);
-        };
-        let before = self.cancel_requested();
-        let handled = (self.handle)(self.lineage, cmd);
-        if !handled.units.is_empty() {
-            (self.out)(Output::Control(handled.units));
-        }
-        match handled.signal {
-            Some(RunCommand::Cancel(at)) => {
-                self.request_cancel(at)?;
-                Ok(Some(at))
-            }
-            Some(RunCommand::Seal) => {
-                self.sealing = true;
-                Ok(Some(CancelAt::Now))
-            }
-            Some(RunCommand::SealAtBoundary) => {
-                self.seal_at_boundary = true;
-                Ok(None)
-            }
-            None => {
-                // The command may have recorded a cancel (run.cancel, an interrupting send).
-                let after = self.cancel_requested();
-                Ok(if after != before { after } else { None })
-            }
-        }
-    }
-
     fn run(&mut self) -> Result<TurnOutcome, LineageError> {
         loop {
             self.drain_commands()?;
@@ -345,7 +296,7 @@ impl<C> Driver<'_, C> {
                 if self.config.policy.on_restart.as_deref() == Some("resume") {
                     return self.pause(PauseReason::Restart, None);
                 }
-                return self.finish(FinishReason::Interrupted, None);
+                return self.finish(FinishReason::Interrupted, Some(ProviderError::runner_shutdown()));
             }
             match self.ensure_code_assist()? {
                 Some(StepEnd::Paused(error)) => return self.pause(PauseReason::AuthRequired, Some(error)),
@@ -441,6 +392,13 @@ impl<C> Driver<'_, C> {
                         return self.pause(PauseReason::ToolHeld, None);
                     }
                     if end == (BatchEnd::Done { indeterminate: true }) {
+                        // A planned stop often closes the tool routes before broca's own stop
+                        // arrives: wait for it briefly, so such a run is sealed as the stop's
+                        // (`runner_shutdown`) rather than as a timeout.
+                        self.await_seal(mailbox::SEAL_GRACE)?;
+                        if self.sealing || self.seal_at_boundary {
+                            return self.finish(FinishReason::Interrupted, Some(ProviderError::runner_shutdown()));
+                        }
                         let error = ProviderError::new(
                             ErrorClass::Transient,
                             Some("tool_reply_timeout".into()),
