@@ -234,7 +234,10 @@ fn shutdown_seals_a_running_turn_gracefully() {
     assert!(started.elapsed() < Duration::from_secs(5), "sealing does not wait for the provider");
     let status = rig.call("run.status", json!({"run_id": run_id})).unwrap();
     assert_eq!(status["state"], "interrupted");
-    assert!(status.get("error").is_none(), "a graceful seal carries no crash diagnostic: {status}");
+    // A graceful seal carries the planned stop's diagnostic, never the crash one (llm-runner
+    // §6.5: `runner_shutdown`, served as the interrupt reason).
+    assert_eq!(status["error"]["provider_code"], "runner_shutdown", "{status}");
+    assert_eq!(status["reason"], "runner_shutdown", "{status}");
     // No new turn starts while shutting down: a send is refused, retryable.
     assert_eq!(rig.call("session.send", send("later")).unwrap_err().code, "module_reloading");
 }
