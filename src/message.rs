@@ -150,26 +150,17 @@ pub fn image_note(media_type: &str, width: u64, height: u64) -> String {
 }
 
 impl Message {
+    /// A message of `role` holding `content`, with nothing kept beside it.
+    pub fn of(role: Role, content: Vec<Part>) -> Message {
+        Message { role, content, origin: None, delivered_as: None, sender: None, client_message_id: None }
+    }
+
     pub fn user_text(text: impl Into<String>) -> Message {
-        Message {
-            role: Role::User,
-            content: vec![Part::Text { text: text.into() }],
-            origin: None,
-            delivered_as: None,
-            sender: None,
-            client_message_id: None,
-        }
+        Message::of(Role::User, vec![Part::Text { text: text.into() }])
     }
 
     pub fn assistant_text(text: impl Into<String>) -> Message {
-        Message {
-            role: Role::Assistant,
-            content: vec![Part::Text { text: text.into() }],
-            origin: None,
-            delivered_as: None,
-            sender: None,
-            client_message_id: None,
-        }
+        Message::of(Role::Assistant, vec![Part::Text { text: text.into() }])
     }
 
     /// The text parts joined, as `run.result` reports an assistant's answer.

@@ -766,19 +766,7 @@ impl Replay {
             })
             .collect();
         if !content.is_empty() {
-            self.push_message(
-                seq,
-                Message {
-                    role: Role::Tool,
-                    content,
-                    origin: None,
-                    delivered_as: None,
-                    sender: None,
-                    client_message_id: None,
-                },
-                written_at,
-                sink,
-            );
+            self.push_message(seq, Message::of(Role::Tool, content), written_at, sink);
         }
     }
 
@@ -818,14 +806,7 @@ impl Replay {
                 Some(Part::ToolResult { tool_call_id: c.tool_call_id.clone(), output, is_error })
             })
             .collect();
-        Some(Message {
-            role: Role::Tool,
-            content,
-            origin: None,
-            delivered_as: None,
-            sender: None,
-            client_message_id: None,
-        })
+        Some(Message::of(Role::Tool, content))
     }
 }
 

@@ -213,14 +213,7 @@ fn episode_messages(run_id: &str) -> Vec<Message> {
     vec![
         Message::user_text(format!("hello from {run_id}")),
         assistant(run_id, 1, std::slice::from_ref(&c1)),
-        Message {
-            role: Role::Tool,
-            content: vec![Part::ToolResult { tool_call_id: c1, output: ok_output(), is_error: false }],
-            origin: None,
-            delivered_as: None,
-            sender: None,
-            client_message_id: None,
-        },
+        Message::of(Role::Tool, vec![Part::ToolResult { tool_call_id: c1, output: ok_output(), is_error: false }]),
         assistant(run_id, 2, &[]),
     ]
 }

@@ -737,14 +737,7 @@ impl<C> Driver<'_, C> {
         if held {
             return Ok(BatchEnd::Held);
         }
-        self.history.push(Message {
-            role: Role::Tool,
-            content: parts,
-            origin: None,
-            delivered_as: None,
-            sender: None,
-            client_message_id: None,
-        });
+        self.history.push(Message::of(Role::Tool, parts));
         Ok(BatchEnd::Done { indeterminate: timed_out || indeterminate })
     }
 }

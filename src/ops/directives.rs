@@ -8,7 +8,7 @@ use cortexkit_role_llm_runner::directives::{parse_trailing, Directive, Directive
 use crate::lineage::read;
 use crate::lineage::reader::{Reader, Sink, Start};
 use crate::lineage::LineageError;
-use crate::message::{Part, Role};
+use crate::message::Role;
 use crate::record::{FinishReason, Record};
 
 /// The directives `run_id` reports: `None` unless it completed, was admitted with `wake`, and
@@ -23,15 +23,7 @@ pub fn of_run(
         return Ok(None);
     }
     let Some((_, message)) = read::last_message_of_run(reader, run_id, Role::Assistant)? else { return Ok(None) };
-    let text: String = message
-        .content
-        .iter()
-        .filter_map(|p| match p {
-            Part::Text { text } => Some(text.as_str()),
-            _ => None,
-        })
-        .collect();
-    Ok(parse_trailing(&text).map(|wake| vec![Directive::from(wake)]))
+    Ok(parse_trailing(&message.text()).map(|wake| vec![Directive::from(wake)]))
 }
 
 /// The names `run_id` was admitted with: the last episode's from the replay state, an older

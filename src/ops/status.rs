@@ -9,7 +9,7 @@ use super::Ops;
 use crate::lineage::ledger::{self, RunFacts, RunPhase};
 use crate::lineage::read::{self, TranscriptPage};
 use crate::lineage::reader::Reader;
-use crate::message::{Part, Role};
+use crate::message::Role;
 use crate::record::ProviderError;
 use crate::replay::Resolution;
 use crate::session_key::SessionKey;
@@ -142,14 +142,7 @@ pub(super) fn run_result(ops: &Ops, key: &SessionKey, request: ResultRequest) ->
         let final_message = read::last_message_of_run(&reader, &run_id, Role::Assistant).map_err(|e| e.refusal())?;
         if let Some((internal, message)) = final_message {
             let ordinal = crate::lineage::projection::served_ordinal(internal);
-            let text: String = message
-                .content
-                .iter()
-                .filter_map(|p| match p {
-                    Part::Text { text } => Some(text.as_str()),
-                    _ => None,
-                })
-                .collect();
+            let text = message.text();
             out.final_message = Some(FinalMessage { ordinal, mid: crate::lineage::projection::mid(internal), text });
             let frame = serde_json::to_vec(&json!({"result": &out})).map_or(0, |b| b.len()) + subc_protocol::HEADER_LEN;
             if frame > subc_protocol::MAX_DELIVERED_FRAME_LEN {

@@ -333,7 +333,7 @@ fn read_tool() -> ToolSpec {
 }
 
 fn msg(role: Role, content: Vec<Part>) -> Message {
-    Message { role, content, origin: None, delivered_as: None, sender: None, client_message_id: None }
+    Message::of(role, content)
 }
 
 fn multi_step_transcript() -> Vec<Message> {

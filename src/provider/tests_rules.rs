@@ -45,14 +45,7 @@ fn provider_specific_http_errors_classify_by_what_they_mean() {
 #[test]
 fn a_system_message_is_a_developer_item_on_the_chatgpt_backend_only() {
     use crate::message::{Message, Part, Role};
-    let system = Message {
-        role: Role::System,
-        content: vec![Part::Text { text: "be brief".into() }],
-        origin: None,
-        delivered_as: None,
-        sender: None,
-        client_message_id: None,
-    };
+    let system = Message::of(Role::System, vec![Part::Text { text: "be brief".into() }]);
     let transcript = [Message::user_text("hi"), system, Message::user_text("again")];
     let roles = |family: Family| -> Vec<String> {
         let body: Value =
@@ -121,14 +114,10 @@ fn bedrock_converse_follows_its_model_rules() {
 #[test]
 fn an_image_tool_result_renders_per_family() {
     use crate::message::{Message, Part, Role};
-    let call = Message {
-        role: Role::Assistant,
-        content: vec![Part::ToolCall { tool_call_id: "t1".into(), tool_name: "shot".into(), input: json!({}) }],
-        origin: None,
-        delivered_as: None,
-        sender: None,
-        client_message_id: None,
-    };
+    let call = Message::of(
+        Role::Assistant,
+        vec![Part::ToolCall { tool_call_id: "t1".into(), tool_name: "shot".into(), input: json!({}) }],
+    );
     let image = json!({"type": "image", "media_type": "image/png", "data": "AAAA", "width": 2, "height": 3});
     let result = Message {
         role: Role::Tool,

@@ -172,14 +172,7 @@ mod tests {
                 sender: None,
                 client_message_id: None,
             },
-            Message {
-                role: Role::Assistant,
-                content: reply,
-                origin: None,
-                delivered_as: None,
-                sender: None,
-                client_message_id: None,
-            },
+            Message::of(Role::Assistant, reply),
         ]
     }
 

@@ -226,30 +226,9 @@ mod tests {
     fn history() -> Vec<Message> {
         vec![
             Message::user_text("look"),
-            Message {
-                role: Role::Assistant,
-                content: vec![Part::Text { text: "reading".into() }, call("a"), call("b")],
-                origin: None,
-                delivered_as: None,
-                sender: None,
-                client_message_id: None,
-            },
-            Message {
-                role: Role::Tool,
-                content: vec![result("a", "A"), result("b", "B")],
-                origin: None,
-                delivered_as: None,
-                sender: None,
-                client_message_id: None,
-            },
-            Message {
-                role: Role::Assistant,
-                content: vec![Part::Text { text: String::new() }, call("c")],
-                origin: None,
-                delivered_as: None,
-                sender: None,
-                client_message_id: None,
-            },
+            Message::of(Role::Assistant, vec![Part::Text { text: "reading".into() }, call("a"), call("b")]),
+            Message::of(Role::Tool, vec![result("a", "A"), result("b", "B")]),
+            Message::of(Role::Assistant, vec![Part::Text { text: String::new() }, call("c")]),
         ]
     }
 
@@ -263,14 +242,7 @@ mod tests {
     fn a_number_once_shown_never_changes_as_the_transcript_grows() {
         let mut h = history();
         let before = numbers(&h);
-        h.push(Message {
-            role: Role::Tool,
-            content: vec![result("c", "C")],
-            origin: None,
-            delivered_as: None,
-            sender: None,
-            client_message_id: None,
-        });
+        h.push(Message::of(Role::Tool, vec![result("c", "C")]));
         h.push(Message::assistant_text("done"));
         let after = numbers(&h);
         assert_eq!(&after[..3], &before[..3]);
@@ -299,31 +271,10 @@ mod tests {
     #[test]
     fn a_reused_call_id_is_paired_by_position() {
         let mut h = history();
-        h.push(Message {
-            role: Role::Tool,
-            content: vec![result("c", "C")],
-            origin: None,
-            delivered_as: None,
-            sender: None,
-            client_message_id: None,
-        });
-        h.push(Message {
-            role: Role::Assistant,
-            content: vec![call("a")],
-            origin: None,
-            delivered_as: None,
-            sender: None,
-            client_message_id: None,
-        });
+        h.push(Message::of(Role::Tool, vec![result("c", "C")]));
+        h.push(Message::of(Role::Assistant, vec![call("a")]));
         assert_eq!(numbers(&h)[5], vec![None], "the second `a` has no result yet");
-        h.push(Message {
-            role: Role::Tool,
-            content: vec![result("a", "A2")],
-            origin: None,
-            delivered_as: None,
-            sender: None,
-            client_message_id: None,
-        });
+        h.push(Message::of(Role::Tool, vec![result("a", "A2")]));
         assert_eq!(numbers(&h)[5], vec![Some(6)]);
         let t = tagged(&h);
         let shown = |m: &Message| match &m.content[0] {

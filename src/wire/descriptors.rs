@@ -212,14 +212,8 @@ mod tests {
             {"type": "text", "text": "shot"},
             {"type": "image", "media_type": "image/png", "data": PNG, "width": 9, "height": 9},
         ]});
-        let message = Message {
-            role: Role::Tool,
-            content: vec![Part::ToolResult { tool_call_id: "c1".into(), output, is_error: false }],
-            origin: None,
-            delivered_as: None,
-            sender: None,
-            client_message_id: None,
-        };
+        let message =
+            Message::of(Role::Tool, vec![Part::ToolResult { tool_call_id: "c1".into(), output, is_error: false }]);
         let read = served(&message);
         let keys = vec!["p0".to_owned()];
         read.check_descriptors(&keys).unwrap();

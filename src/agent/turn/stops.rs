@@ -74,14 +74,7 @@ impl<C> Driver<'_, C> {
             }
         };
         let parts = self.append_not_executed(step, batch, &output)?;
-        self.history.push(Message {
-            role: Role::Tool,
-            content: parts,
-            origin: None,
-            delivered_as: None,
-            sender: None,
-            client_message_id: None,
-        });
+        self.history.push(Message::of(Role::Tool, parts));
         Ok(())
     }
 
