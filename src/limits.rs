@@ -179,6 +179,17 @@ impl Limits {
 /// the one that sent longest ago is forgotten (its head then has no `cache`, as after a restart).
 pub const CACHE_CLOCKS: usize = 65_536;
 
+/// The bytes the output-reference cache (`refs::cache`) keeps across every session: each
+/// session's index (its part numbers' places and call keys, extended as it grows) and the sets
+/// already derived with their snapshots. Past it the least recently read sessions are
+/// forgotten (their next read scans their WAL once again); a session whose entry alone is over
+/// it is not kept (every read of it derives from the whole session, as before the cache).
+pub const OUTPUT_REF_CACHE_BYTES: usize = 64 << 20;
+const _: () = assert!(
+    OUTPUT_REF_CACHE_BYTES >= 2 * cortexkit_role_llm_runner::output_refs::MAX_SET_BYTES,
+    "a set with its snapshots fits the output-reference cache"
+);
+
 /// The most `session.warm`s one process has in flight at once (one per session, each on its
 /// own thread); one more is refused `too_many_requests` until one finishes.
 pub const WARMS_IN_FLIGHT: usize = 64;

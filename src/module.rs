@@ -259,7 +259,7 @@ impl ModuleBuilder {
             let _ = slot.set(Arc::downgrade(&registry));
             pullers
         });
-        let ops = Arc::new(Ops { registry: Arc::clone(&registry), admission });
+        let ops = Arc::new(Ops { registry: Arc::clone(&registry), admission, refs: Arc::default() });
         Ok(Module { ops, hub, registry, held })
     }
 }

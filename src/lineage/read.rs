@@ -86,6 +86,50 @@ pub fn entries(reader: &Reader, from: u64, limit: u64) -> Result<(Vec<Entry>, Tr
     Ok((sink.entries, page))
 }
 
+/// The messages at `ordinals` (those the session has): the store's for ordinals below its
+/// checkpoint, the WAL tail's for the rest (scanned only when one is asked for).
+pub fn messages_at(
+    reader: &Reader,
+    ordinals: &std::collections::BTreeSet<u64>,
+) -> Result<std::collections::BTreeMap<u64, Message>, LineageError> {
+    let mut out = std::collections::BTreeMap::new();
+    if ordinals.is_empty() {
+        return Ok(out);
+    }
+    let mut scan = reader.start(Start::Checkpoint { before: None })?;
+    let stored = match (&scan.checkpoint, reader.store()) {
+        (Some(cp), Some(store)) => {
+            for &o in ordinals.range(..cp.replay.prompt_len) {
+                out.extend(store.messages(reader.addr(), o, 1)?);
+            }
+            cp.replay.prompt_len
+        }
+        _ => 0,
+    };
+    if ordinals.range(stored..).next().is_none() {
+        return Ok(out);
+    }
+    let mut sink = Wanted { ordinals, out: &mut out };
+    while !reader.next(&mut scan, usize::MAX, &mut sink)? {}
+    Ok(out)
+}
+
+/// Collects the messages at the wanted ordinals.
+struct Wanted<'a> {
+    ordinals: &'a std::collections::BTreeSet<u64>,
+    out: &'a mut std::collections::BTreeMap<u64, Message>,
+}
+
+impl Sink for Wanted<'_> {
+    fn effect(&mut self, effect: Effect) {
+        if let Effect::Message { ordinal, message, .. } = effect {
+            if self.ordinals.contains(&ordinal) {
+                self.out.insert(ordinal, message);
+            }
+        }
+    }
+}
+
 /// The session's durable state with no messages: `None` when it has no WAL.
 pub fn snapshot(shared: &Shared, key: &SessionKey) -> Result<Option<TranscriptPage>, LineageError> {
     Reader::open(shared, key).map(|r| transcript(&r, u64::MAX, 0)).transpose()

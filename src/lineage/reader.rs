@@ -78,6 +78,12 @@ impl Scan {
     pub fn done(&self) -> bool {
         self.done
     }
+
+    /// Lets a scan that reached the durable end read on from there (a scan kept across reads:
+    /// its next batch reads what became durable since).
+    pub fn resume(&mut self) {
+        self.done = false;
+    }
 }
 
 /// Why a batch stopped early.

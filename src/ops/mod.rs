@@ -60,6 +60,9 @@ pub type Reply = Box<dyn FnOnce(Result<Value, Refusal>) + Send>;
 pub struct Ops {
     pub registry: Arc<Registry>,
     pub admission: Arc<Admission>,
+    /// Output-reference sets and their inputs kept across reads (`session.output_refs`,
+    /// `session.output_ref_read`), bounded by `limits::OUTPUT_REF_CACHE_BYTES`.
+    pub refs: Arc<crate::refs::cache::RefCache>,
 }
 
 /// A typed answer as the JSON body served.

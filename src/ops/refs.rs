@@ -4,6 +4,7 @@
 //! content is looked up, exactly like one that never existed.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use base64::Engine;
 use cortexkit_role_llm_runner::output_refs::{Descriptor, ListRequest, Page, ReadReply, ReadRequest};
@@ -12,6 +13,7 @@ use serde_json::Value;
 use super::Ops;
 use crate::lineage::read;
 use crate::lineage::reader::Reader;
+use crate::refs::cache::Lookup;
 use crate::refs::ids::{RefId, SetId, SetSalt};
 use crate::refs::sets::{message_sets, Inputs, Set};
 use crate::session_key::SessionKey;
@@ -55,29 +57,46 @@ pub(super) fn session_output_ref_read(ops: &Ops, key: &SessionKey, request: Read
     Ok(super::body(reply))
 }
 
-/// The set `id` names in this session: parsed against the session's salt, then derived from
-/// the durable transcript. A session that never rendered part numbers has no sets.
+/// The set `id` names in this session: parsed against the session's salt, then taken from the
+/// process's [`crate::refs::cache::RefCache`] (derived from only the messages it needs), or, when the cache cannot
+/// answer, derived from the whole durable transcript. A session that never rendered part
+/// numbers has no sets.
 fn find(
     ops: &Ops,
     key: &SessionKey,
     (field, id): (&str, &str),
     parse: impl FnOnce(&SetSalt) -> Option<SetId>,
-) -> Result<Set, Refusal> {
+) -> Result<Arc<Set>, Refusal> {
     let missing = || unknown_ref(field, id);
     let reader = Reader::open(ops.registry.shared(), key).ok_or_else(missing)?;
-    let page = read::transcript(&reader, 0, u64::MAX).map_err(|e| e.refusal())?;
+    let mut parse = Some(parse);
+    let cached = ops.refs.set(&reader, |salt| parse.take().and_then(|p| p(salt))).map_err(|e| e.refusal())?;
+    match cached {
+        Lookup::Set(set) => Ok(set),
+        Lookup::Unknown => Err(missing()),
+        Lookup::Uncovered => match parse.take() {
+            Some(parse) => derive_whole(&reader, key, parse)?.map(Arc::new).ok_or_else(missing),
+            None => Err(missing()),
+        },
+    }
+}
+
+/// The set `parse` names, derived from the whole durable transcript and a WAL pass for call
+/// keys (what every read did before the cache; kept for a session its index cannot cover).
+fn derive_whole(
+    reader: &Reader,
+    key: &SessionKey,
+    parse: impl FnOnce(&SetSalt) -> Option<SetId>,
+) -> Result<Option<Set>, Refusal> {
+    let page = read::transcript(reader, 0, u64::MAX).map_err(|e| e.refusal())?;
     let salt = SetSalt::new(&key.addr(), &page.incarnation);
-    let set_id = parse(&salt).ok_or_else(missing)?;
-    let config = numbering_config(&page).ok_or_else(missing)?;
-    let at = page.messages.iter().position(|(ordinal, _)| *ordinal == set_id.ordinal).ok_or_else(missing)?;
+    let (Some(set_id), Some(config)) = (parse(&salt), numbering_config(&page)) else { return Ok(None) };
+    let Some(at) = page.messages.iter().position(|(ordinal, _)| *ordinal == set_id.ordinal) else { return Ok(None) };
     let history: Vec<_> = page.messages[..=at].iter().map(|(_, m)| m.clone()).collect();
-    let call_keys = call_keys(&reader, set_id.ordinal)?;
+    let call_keys = call_keys(reader, set_id.ordinal)?;
     let inputs = Inputs { salt: &salt, tools: &config.tools, call_keys: &call_keys };
-    message_sets(&history, at, set_id.ordinal, &inputs)
-        .into_iter()
-        .find(|(part, _)| *part == set_id.part)
-        .map(|(_, set)| set)
-        .ok_or_else(missing)
+    let sets = message_sets(&history, at, set_id.ordinal, &inputs);
+    Ok(sets.into_iter().find(|(part, _)| *part == set_id.part).map(|(_, set)| set))
 }
 
 /// One message's set descriptors: the reply set's under `None`, a call set's under its part.

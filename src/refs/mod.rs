@@ -6,7 +6,9 @@
 //! compaction provider, whose contract otherwise owns numbering). Nothing is stored for it: the
 //! sets are derived from the durable transcript ([`sets`]), ids are session-bound ([`ids`]).
 
+pub mod cache;
 pub mod ids;
+pub mod index;
 pub mod sets;
 pub mod tags;
 

@@ -41,28 +41,63 @@ pub struct Inputs<'a> {
 pub fn message_sets(history: &[Message], at: usize, ordinal: u64, inputs: &Inputs<'_>) -> Vec<(Option<usize>, Set)> {
     let Some(message) = history.get(at).filter(|m| m.role == Role::Assistant) else { return Vec::new() };
     let targets = targets(&history[..at], ordinal.saturating_sub(at as u64), inputs);
-    let mid = mid(ordinal);
-    let reply_id = SetId::reply(inputs.salt, ordinal);
+    let calls = message.content.iter().enumerate().filter(|(_, p)| matches!(p, Part::ToolCall { .. }));
+    std::iter::once(None)
+        .chain(calls.map(|(index, _)| Some(index)))
+        .filter_map(|part| one_set(message, ordinal, part, &targets, inputs).map(|set| (part, set)))
+        .collect()
+}
+
+/// One set of the assistant message `message` (ordinal `ordinal`): its reply set (`part`
+/// `None`), or the call set of the call at `part` when the call's tool is opted in; `targets`
+/// holds (at least) every numbered part the set names, as the message's request showed them.
+pub fn one_set(
+    message: &Message,
+    ordinal: u64,
+    part: Option<usize>,
+    targets: &BTreeMap<u64, Target>,
+    inputs: &Inputs<'_>,
+) -> Option<Set> {
+    let (id, key, resolution) = resolve(message, ordinal, part, targets, inputs)?;
+    Some(set(id, &mid(ordinal), key, resolution))
+}
+
+/// The numbers the set [`one_set`] would derive names, in encounter order (the references'
+/// tags; the rest of its records need no target).
+pub fn named_numbers(message: &Message, part: Option<usize>, inputs: &Inputs<'_>) -> Option<Vec<u64>> {
+    let (_, _, resolution) = resolve(message, 0, part, &BTreeMap::new(), inputs)?;
+    Some(resolution.records.iter().filter_map(|r| r.tag.as_deref()?.parse().ok()).collect())
+}
+
+/// The set's id, its call's key and its resolution against `targets`.
+fn resolve(
+    message: &Message,
+    ordinal: u64,
+    part: Option<usize>,
+    targets: &BTreeMap<u64, Target>,
+    inputs: &Inputs<'_>,
+) -> Option<(SetId, Option<String>, Resolution)> {
+    if message.role != Role::Assistant {
+        return None;
+    }
     let mut resolution = Resolution::new();
-    {
+    let Some(index) = part else {
+        let reply_id = SetId::reply(inputs.salt, ordinal);
         let mut mint = minter(&reply_id);
         for part in &message.content {
             if let Part::Text { text } = part {
-                resolution.reply(text, &targets, &mut mint);
+                resolution.reply(text, targets, &mut mint);
             }
         }
-    }
-    let mut sets = vec![(None, set(reply_id, &mid, None, resolution))];
-    for (index, part) in message.content.iter().enumerate() {
-        let Part::ToolCall { tool_call_id, tool_name, input } = part else { continue };
-        let Some(tool) = inputs.tools.iter().find(|t| t.name == *tool_name && t.output_refs) else { continue };
-        let id = SetId::call(inputs.salt, ordinal, index);
-        let mut resolution = Resolution::new();
-        resolution.call(input, &tool.reference_slots, true, &targets, &mut minter(&id));
-        let key = inputs.call_keys.get(&(ordinal, tool_call_id.clone())).cloned();
-        sets.push((Some(index), set(id, &mid, key, resolution)));
-    }
-    sets
+        drop(mint);
+        return Some((reply_id, None, resolution));
+    };
+    let Some(Part::ToolCall { tool_call_id, tool_name, input }) = message.content.get(index) else { return None };
+    let tool = inputs.tools.iter().find(|t| t.name == *tool_name && t.output_refs)?;
+    let id = SetId::call(inputs.salt, ordinal, index);
+    resolution.call(input, &tool.reference_slots, true, targets, &mut minter(&id));
+    let key = inputs.call_keys.get(&(ordinal, tool_call_id.clone())).cloned();
+    Some((id, key, resolution))
 }
 
 fn set(id: SetId, mid: &str, call_key: Option<String>, resolution: Resolution) -> Set {
@@ -90,30 +125,42 @@ fn targets(history: &[Message], first_ordinal: u64, inputs: &Inputs<'_>) -> BTre
     let mut out = BTreeMap::new();
     for (i, (m, ns)) in history.iter().zip(&numbers).enumerate() {
         let ordinal = first_ordinal + i as u64;
-        for (p, (part, n)) in m.content.iter().zip(ns).enumerate() {
+        for (p, n) in ns.iter().enumerate() {
             let Some(n) = n else { continue };
-            let target = match part {
-                Part::Text { text } => Target::text(part_key(ordinal, p), text.clone().into_bytes()),
-                Part::ToolCall { tool_call_id, tool_name, .. } => {
-                    let Some((q, Part::ToolResult { output, .. })) = super::tags::result_of(history, i, tool_call_id)
-                    else {
-                        continue;
-                    };
-                    let mut target = Target::text(part_key(ordinal + 1, q), tool_result_content(output).into_bytes());
-                    // Every call broca dispatched has a key; the call's id stands in for one
-                    // that has none, so the target still reads as a tool output.
-                    let key = inputs.call_keys.get(&(ordinal, tool_call_id.clone())).cloned();
-                    target.call_key = Some(key.unwrap_or_else(|| tool_call_id.clone()));
-                    target.tool = Some(tool_name.clone());
-                    target.provider = inputs.tools.iter().find(|t| t.name == *tool_name).and_then(|t| t.module.clone());
-                    target
-                }
-                _ => continue,
-            };
-            out.insert(*n, target);
+            if let Some(target) = target_at(m, history.get(i + 1), ordinal, p, inputs) {
+                out.insert(*n, target);
+            }
         }
     }
     out
+}
+
+/// The target a numbered part names: the part at `part` of `message` (ordinal `ordinal`), a
+/// text as a non-tool part, an answered call as its stored result in `next`.
+pub fn target_at(
+    message: &Message,
+    next: Option<&Message>,
+    ordinal: u64,
+    part: usize,
+    inputs: &Inputs<'_>,
+) -> Option<Target> {
+    match message.content.get(part)? {
+        Part::Text { text } => Some(Target::text(part_key(ordinal, part), text.clone().into_bytes())),
+        Part::ToolCall { tool_call_id, tool_name, .. } => {
+            let Some((q, Part::ToolResult { output, .. })) = super::tags::result_in(next, tool_call_id) else {
+                return None;
+            };
+            let mut target = Target::text(part_key(ordinal + 1, q), tool_result_content(output).into_bytes());
+            // Every call broca dispatched has a key; the call's id stands in for one that has
+            // none, so the target still reads as a tool output.
+            let key = inputs.call_keys.get(&(ordinal, tool_call_id.clone())).cloned();
+            target.call_key = Some(key.unwrap_or_else(|| tool_call_id.clone()));
+            target.tool = Some(tool_name.clone());
+            target.provider = inputs.tools.iter().find(|t| t.name == *tool_name).and_then(|t| t.module.clone());
+            Some(target)
+        }
+        _ => None,
+    }
 }
 
 /// A part's key: its message's mid and its place, as display rows number parts.

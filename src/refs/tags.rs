@@ -50,7 +50,13 @@ pub fn numbers(history: &[Message]) -> Vec<Vec<Option<u64>>> {
 /// The result of the call `id` of the assistant message `history[at]`: its part index in the
 /// tool message right after, and the part.
 pub fn result_of<'a>(history: &'a [Message], at: usize, id: &str) -> Option<(usize, &'a Part)> {
-    let results = history.get(at + 1).filter(|m| m.role == Role::Tool)?;
+    result_in(history.get(at + 1), id)
+}
+
+/// The result of the call `id` in `next`, the message right after the one that asked for it,
+/// if it is a tool message: its part index there, and the part.
+pub fn result_in<'a>(next: Option<&'a Message>, id: &str) -> Option<(usize, &'a Part)> {
+    let results = next.filter(|m| m.role == Role::Tool)?;
     results
         .content
         .iter()

@@ -111,7 +111,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
         Some("--help" | "-h") => {
-            println!("usage: depth-bench              every depth figure\n       depth-bench FAMILY...    only these families' figures (e.g. under a profiler)\n       depth-bench rss ROOT SMALL SESSION   (internal) open two sessions' actors, print the second's RSS growth in KiB");
+            println!("usage: depth-bench              every depth figure\n       depth-bench FAMILY...    only these families' figures (e.g. under a profiler)\n       depth-bench sessions     only the session figures (read, output refs, warm, open, rss)\n       depth-bench rss ROOT SMALL SESSION   (internal) open two sessions' actors, print the second's RSS growth in KiB");
             return;
         }
         Some("rss") => {
@@ -120,7 +120,8 @@ fn main() {
         }
         _ => {}
     }
-    let only = &args[1..];
+    let sessions_only = args.get(1).is_some_and(|a| a == "sessions");
+    let only = if sessions_only { &args[..0] } else { &args[1..] };
     if let Some(unknown) = only.iter().find(|a| !FAMILIES.iter().any(|(f, _, _)| f.as_str() == a.as_str())) {
         eprintln!("depth-bench: {unknown:?} is no family (see --help)");
         std::process::exit(2);
@@ -132,7 +133,7 @@ fn main() {
     report("depth.raw_fsync_us", raw, "us");
     report("depth.step_budget_us", 2.0 * raw + 300.0, "us");
     for (family, model, auth) in FAMILIES {
-        if !only.is_empty() && !only.iter().any(|a| a == family.as_str()) {
+        if sessions_only || (!only.is_empty() && !only.iter().any(|a| a == family.as_str())) {
             continue;
         }
         for &n in &depths() {
