@@ -45,4 +45,6 @@ pub fn render_request(config: &config::RenderConfig, transcript: &[crate::messag
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_render;
+#[cfg(test)]
 mod tests_rules;
