@@ -51,7 +51,7 @@ use super::common::{class, data_object, replays_reasoning, str_at, tool_output, 
 use super::config::{RenderConfig, ToolSpec};
 use super::errors::stream_error_with_status;
 use super::event::{DecodeError, EventClass, StreamDecoder, StreamEvent};
-use super::render_cache::RenderContext;
+use super::render_context::RenderContext;
 use super::sse::SseEvent;
 use crate::message::{Message, Part, Role, StepUsage};
 

@@ -23,6 +23,7 @@ pub mod openai_chat;
 pub mod openai_responses;
 pub mod ratelimit;
 pub mod render_cache;
+pub mod render_context;
 pub mod scripted;
 pub mod sigv4;
 pub mod sse;

@@ -30,7 +30,7 @@ use super::common::{
 use super::config::{RenderConfig, ToolSpec};
 use super::errors::stream_error;
 use super::event::{DecodeError, EventClass, StreamDecoder, StreamEvent};
-use super::render_cache::RenderContext;
+use super::render_context::RenderContext;
 use super::sse::SseEvent;
 use crate::message::{Message, Part, Role, StepUsage};
 

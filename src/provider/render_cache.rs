@@ -32,91 +32,17 @@
 //! grew since the last call, under the same config, so it compares the newest cached message
 //! only (every message in debug builds) instead of the whole transcript at every step.
 
-use std::collections::{HashMap, HashSet};
-
 use serde_json::Value;
 
 use super::config::RenderConfig;
-use super::wire::{wire, WireFamily};
-use crate::message::{Message, Part};
+use super::render_context::RenderContext;
+use super::wire::{push_element, wire, WireFamily};
+use crate::message::Message;
 
 /// Stands in for the rendered transcript in the body; a NUL-delimited string no config holds.
 const PLACEHOLDER: &str = "\u{0}broca:rendered-transcript\u{0}";
 /// [`PLACEHOLDER`] as it appears in a rendered body: a JSON string (tested).
 const MARKER: &[u8] = b"\"\\u0000broca:rendered-transcript\\u0000\"";
-
-/// What rendering one message needs from the rest of its transcript, gathered by
-/// [`RenderContext::note`] over every message before any is rendered (a whole render notes the
-/// whole transcript).
-#[derive(Clone, Debug, Default)]
-pub struct RenderContext {
-    /// The tool name of each call id: that of the last call with the id.
-    names: HashMap<String, String>,
-    /// Every called tool name, once, in first-use order.
-    called: Vec<String>,
-    /// Call ids the tool results rendered so far answer (kept by the cache only).
-    answered: HashSet<String>,
-}
-
-impl RenderContext {
-    /// The context of a whole transcript.
-    pub fn of(transcript: &[Message]) -> Self {
-        let mut context = Self::default();
-        for m in transcript {
-            context.note(m);
-        }
-        context
-    }
-
-    /// Notes `m`'s calls. False when one gives an id that a result already rendered answers a
-    /// name other than the one it was rendered with: that rendering is stale.
-    pub fn note(&mut self, m: &Message) -> bool {
-        let mut fresh = true;
-        for part in &m.content {
-            if let Part::ToolCall { tool_call_id, tool_name, .. } = part {
-                if self.answered.contains(tool_call_id) && self.names.get(tool_call_id) != Some(tool_name) {
-                    fresh = false;
-                }
-                if !self.called.contains(tool_name) {
-                    self.called.push(tool_name.clone());
-                }
-                self.names.insert(tool_call_id.clone(), tool_name.clone());
-            }
-        }
-        fresh
-    }
-
-    /// Records that `m` was rendered with this context (its results' call ids).
-    fn rendered(&mut self, m: &Message) {
-        for part in &m.content {
-            if let Part::ToolResult { tool_call_id, .. } = part {
-                if !self.answered.contains(tool_call_id) {
-                    self.answered.insert(tool_call_id.clone());
-                }
-            }
-        }
-    }
-
-    /// The tool name of the call `call_id` names, if the transcript has one.
-    pub fn tool_name(&self, call_id: &str) -> Option<&str> {
-        self.names.get(call_id).map(String::as_str)
-    }
-
-    /// Every called tool name, once, in first-use order.
-    pub fn called(&self) -> &[String] {
-        &self.called
-    }
-}
-
-/// `element` appended to a transcript's rendered `elements`, merged into the last one where
-/// `family` merges it.
-pub(crate) fn push_element<F: WireFamily + ?Sized>(family: &F, elements: &mut Vec<Value>, element: Value) {
-    let left = match elements.last_mut() {
-        Some(last) => family.merge_element(last, element),
-        None => Some(element),
-    };
-    elements.extend(left);
-}
 
 /// Rendered elements of one transcript, kept between its requests.
 #[derive(Default)]

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use super::common::merge_variant;
 use super::config::RenderConfig;
 use super::event::{Family, StreamDecoder};
-use super::render_cache::{push_element, RenderContext};
+use super::render_context::RenderContext;
 use super::sse::{Framer, SseFramer};
 use super::{anthropic, bedrock, cache, errors, gemini, openai_chat, openai_responses};
 use crate::message::Message;
@@ -439,4 +439,14 @@ impl WireFamily for GoogleCodeAssist {
     fn has_toggle_mapping(&self) -> bool {
         true
     }
+}
+
+/// `element` appended to a transcript's rendered `elements`, merged into the last one where
+/// `family` merges it.
+pub(crate) fn push_element<F: WireFamily + ?Sized>(family: &F, elements: &mut Vec<Value>, element: Value) {
+    let left = match elements.last_mut() {
+        Some(last) => family.merge_element(last, element),
+        None => Some(element),
+    };
+    elements.extend(left);
 }
