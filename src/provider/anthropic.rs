@@ -28,20 +28,28 @@ use super::common::{
 use super::config::{RenderConfig, ToolSpec};
 use super::errors::stream_error;
 use super::event::{DecodeError, EventClass, StreamDecoder, StreamEvent};
+use super::render_context::RenderContext;
 use super::sse::SseEvent;
 use crate::message::{Message, OutputPart, Part, Role, StepUsage};
 
 /// `max_tokens` is required by the Messages API; this is sent when the config sets no cap.
 pub const DEFAULT_MAX_TOKENS: u64 = 4096;
 
-/// The request body: `model`, `max_tokens`, `stream`, `system`?, `tools`?, `messages` (the
-/// variant's members and the cache marks are added by [`super::wire::WireFamily::render`]).
-pub fn body(config: &RenderConfig, transcript: &[Message]) -> Value {
+/// One transcript message's element of `messages` (none when it has no block). It depends on
+/// the message and the config alone.
+pub(crate) fn render_message(config: &RenderConfig, _context: &RenderContext, m: &Message) -> Vec<Value> {
+    message(m, config).into_iter().collect()
+}
+
+/// The request body around the transcript's rendered `messages`: `model`, `max_tokens`,
+/// `stream`, `system`?, `tools`?, `messages` (the variant's members and the cache marks are
+/// added by [`super::wire::WireFamily::render`]).
+pub(crate) fn body_around(config: &RenderConfig, _context: &RenderContext, messages: Vec<Value>) -> Value {
     let mut body = json!({
         "model": config.wire_model,
         "max_tokens": config.max_output_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
         "stream": true,
-        "messages": transcript.iter().filter_map(|m| message(m, config)).collect::<Vec<_>>(),
+        "messages": messages,
     });
     if let Some(system) = config.system.as_deref().filter(|s| !s.is_empty()) {
         body["system"] = json!(system);

@@ -53,6 +53,7 @@ use super::common::{
 use super::config::{RenderConfig, ToolSpec};
 use super::errors::stream_error;
 use super::event::{DecodeError, EventClass, StreamDecoder, StreamEvent};
+use super::render_context::RenderContext;
 use super::sse::SseEvent;
 use crate::message::{Message, OutputPart, Part, Role, StepUsage};
 
@@ -69,25 +70,41 @@ pub fn path(wire_model: &str) -> String {
     format!("/model/{id}/converse-stream")
 }
 
-pub fn body(config: &RenderConfig, transcript: &[Message]) -> Value {
-    let mut messages: Vec<(&str, Vec<Value>)> = Vec::new();
-    let status = result_status(&config.wire_model);
-    for m in transcript {
-        let (role, content) = match m.role {
-            Role::User | Role::System => ("user", user_content(m)),
-            Role::Assistant => ("assistant", assistant_content(m, replays_reasoning(m, config))),
-            Role::Tool => ("user", m.content.iter().filter_map(|p| tool_result(p, status)).collect()),
-        };
-        if content.is_empty() {
-            continue;
+/// One transcript message's turn (none when it has no block): `{role, content}` for the
+/// message and the config alone; [`merge_turn`] joins it to a turn of its role before it.
+pub(crate) fn render_message(config: &RenderConfig, _context: &RenderContext, m: &Message) -> Vec<Value> {
+    let (role, content) = match m.role {
+        Role::User | Role::System => ("user", user_content(m)),
+        Role::Assistant => ("assistant", assistant_content(m, replays_reasoning(m, config))),
+        Role::Tool => {
+            let status = result_status(&config.wire_model);
+            ("user", m.content.iter().filter_map(|p| tool_result(p, status)).collect())
         }
-        match messages.last_mut() {
-            Some((last, blocks)) if *last == role => blocks.extend(content),
-            _ => messages.push((role, content)),
-        }
+    };
+    if content.is_empty() {
+        return Vec::new();
     }
-    let messages: Vec<Value> =
-        messages.into_iter().map(|(role, content)| json!({"role": role, "content": content})).collect();
+    vec![json!({"role": role, "content": content})]
+}
+
+/// Merges `next` into `last` when both are turns of one role (`None`: merged): Converse
+/// requires turns to alternate.
+pub(crate) fn merge_turn(last: &mut Value, mut next: Value) -> Option<Value> {
+    let role = last.get("role");
+    let blocks = |turn: &Value| turn.get("content").is_some_and(Value::is_array);
+    if role.is_none() || role != next.get("role") || !blocks(last) || !blocks(&next) {
+        return Some(next);
+    }
+    let more = next.get_mut("content").map(Value::take);
+    if let (Some(blocks), Some(Value::Array(more))) = (last.get_mut("content").and_then(Value::as_array_mut), more) {
+        blocks.extend(more);
+    }
+    None
+}
+
+/// The request body around the transcript's rendered turns. A run offered no tools declares
+/// the tools the transcript called (`context.called()`).
+pub(crate) fn body_around(config: &RenderConfig, context: &RenderContext, messages: Vec<Value>) -> Value {
     let mut body = json!({"messages": messages});
     if let Some(system) = config.system.as_deref().filter(|s| !s.is_empty()) {
         body["system"] = json!([{"text": system}]);
@@ -96,7 +113,7 @@ pub fn body(config: &RenderConfig, transcript: &[Message]) -> Value {
         // Converse refuses toolUse/toolResult blocks without a toolConfig ("The toolConfig
         // field must be defined when using toolUse and toolResult content blocks"): a run
         // offered no tools over a history that called some declares those names, open (#46).
-        let called = called_tools(transcript);
+        let called = context.called();
         if !called.is_empty() {
             let open = |name: &str| json!({"toolSpec": {"name": name, "inputSchema": {"json": {"type": "object"}}}});
             body["toolConfig"] = json!({"tools": called.iter().map(|n| open(n)).collect::<Vec<_>>()});
@@ -118,19 +135,6 @@ pub fn body(config: &RenderConfig, transcript: &[Message]) -> Value {
         body["inferenceConfig"] = json!({"maxTokens": cap});
     }
     body
-}
-
-/// The tool names the transcript's calls used, each once, in first-use order.
-fn called_tools(transcript: &[Message]) -> Vec<&str> {
-    let mut names: Vec<&str> = Vec::new();
-    for part in transcript.iter().flat_map(|m| &m.content) {
-        if let Part::ToolCall { tool_name, .. } = part {
-            if !names.contains(&tool_name.as_str()) {
-                names.push(tool_name);
-            }
-        }
-    }
-    names
 }
 
 /// Whether a model takes `toolResult.status`: Converse documents the member for Anthropic
@@ -160,9 +164,19 @@ pub fn mark_cache(config: &RenderConfig, body: &mut Value) {
     if let Some(tools) = body.pointer_mut("/toolConfig/tools").and_then(Value::as_array_mut).filter(|_| tools_cache) {
         tools.push(point.clone());
     }
-    let last = body.get_mut("messages").and_then(Value::as_array_mut).and_then(|m| m.last_mut());
-    if let Some(content) = last.and_then(|m| m.get_mut("content")).and_then(Value::as_array_mut) {
-        content.push(point);
+    if let Some(messages) = body.get_mut("messages").and_then(Value::as_array_mut) {
+        mark_tail(config, messages);
+    }
+}
+
+/// The cache point at the end of the last of `messages`, where the model caches.
+pub fn mark_tail(config: &RenderConfig, messages: &mut [Value]) {
+    if !caches(&config.wire_model) {
+        return;
+    }
+    let last = messages.last_mut().and_then(|m| m.get_mut("content")).and_then(Value::as_array_mut);
+    if let Some(content) = last {
+        content.push(json!({"cachePoint": {"type": "default"}}));
     }
 }
 

@@ -50,12 +50,20 @@ pub fn unsupported(config: &RenderConfig, policy: &CachePolicy) -> Option<String
     }
 }
 
-/// Anthropic: the breakpoints ([`ANTHROPIC_BREAKPOINTS`]) on a rendered Messages body.
-pub fn mark_anthropic(config: &RenderConfig, body: &mut Value) {
-    let control = match CachePolicy::anthropic_ttl(config.policy.cache.as_ref()) {
+/// The `cache_control` an Anthropic breakpoint carries under `config`'s policy.
+fn anthropic_control(config: &RenderConfig) -> Value {
+    match CachePolicy::anthropic_ttl(config.policy.cache.as_ref()) {
         CacheTtl::OneHour => json!({"type": "ephemeral", "ttl": "1h"}),
         CacheTtl::FiveMinutes | CacheTtl::OneDay => json!({"type": "ephemeral"}),
-    };
+    }
+}
+
+/// The breakpoints the transcript's tail takes: the tools and the system prompt take one each.
+const ANTHROPIC_TAIL_BREAKPOINTS: usize = ANTHROPIC_BREAKPOINTS - 2;
+
+/// Anthropic: the breakpoints ([`ANTHROPIC_BREAKPOINTS`]) on a rendered Messages body.
+pub fn mark_anthropic(config: &RenderConfig, body: &mut Value) {
+    let control = anthropic_control(config);
     if let Some(last) = body.get_mut("tools").and_then(Value::as_array_mut).and_then(|t| t.last_mut()) {
         last["cache_control"] = control.clone();
     }
@@ -63,18 +71,46 @@ pub fn mark_anthropic(config: &RenderConfig, body: &mut Value) {
         let system = system.clone();
         body["system"] = json!([{"type": "text", "text": system, "cache_control": control.clone()}]);
     }
-    let Some(messages) = body.get_mut("messages").and_then(Value::as_array_mut) else { return };
-    // The tools and the system prompt take one breakpoint each; the tail has the rest.
-    let tail = messages.iter_mut().rev().filter_map(markable_block).take(ANTHROPIC_BREAKPOINTS - 2);
+    if let Some(messages) = body.get_mut("messages").and_then(Value::as_array_mut) {
+        mark_anthropic_tail(config, messages);
+    }
+}
+
+/// Anthropic: the tail's breakpoints on the last `messages` (the last markable block of each
+/// of the last two messages that have one).
+pub fn mark_anthropic_tail(config: &RenderConfig, messages: &mut [Value]) {
+    let control = anthropic_control(config);
+    let tail = messages.iter_mut().rev().filter_map(markable_block).take(ANTHROPIC_TAIL_BREAKPOINTS);
     for block in tail.collect::<Vec<_>>() {
         block["cache_control"] = control.clone();
     }
+}
+
+/// How many of the last `messages` [`mark_anthropic_tail`] may mark as the transcript grows:
+/// from the second-last that has a markable block (all of them when fewer have one).
+pub fn anthropic_marked_tail(messages: &[Value]) -> usize {
+    let mut found = 0;
+    for (from_end, message) in messages.iter().rev().enumerate() {
+        if is_markable(message) {
+            found += 1;
+            if found == ANTHROPIC_TAIL_BREAKPOINTS {
+                return from_end + 1;
+            }
+        }
+    }
+    messages.len()
 }
 
 /// A message's last block that may carry a marker (thinking blocks may not).
 fn markable_block(message: &mut Value) -> Option<&mut Value> {
     let blocks = message.get_mut("content")?.as_array_mut()?;
     blocks.iter_mut().rev().find(|b| !matches!(b["type"].as_str(), Some("thinking" | "redacted_thinking")))
+}
+
+/// Whether [`markable_block`] finds a block in `message`.
+fn is_markable(message: &Value) -> bool {
+    let Some(blocks) = message.get("content").and_then(Value::as_array) else { return false };
+    blocks.iter().any(|b| !matches!(b["type"].as_str(), Some("thinking" | "redacted_thinking")))
 }
 
 /// OpenAI's own routes: `prompt_cache_key`, and the long retention when asked.

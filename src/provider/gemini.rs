@@ -44,7 +44,6 @@
 //! other.
 
 use crate::frozen::{ToolChoice, ToolChoiceMode};
-use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
@@ -52,6 +51,7 @@ use super::common::{class, data_object, replays_reasoning, str_at, tool_output, 
 use super::config::{RenderConfig, ToolSpec};
 use super::errors::stream_error_with_status;
 use super::event::{DecodeError, EventClass, StreamDecoder, StreamEvent};
+use super::render_context::RenderContext;
 use super::sse::SseEvent;
 use crate::message::{Message, Part, Role, StepUsage};
 
@@ -60,16 +60,14 @@ pub fn path(wire_model: &str) -> String {
     format!("/models/{wire_model}:streamGenerateContent?alt=sse")
 }
 
-pub fn body(config: &RenderConfig, transcript: &[Message]) -> Value {
-    let names: HashMap<&str, &str> = transcript
-        .iter()
-        .flat_map(|m| &m.content)
-        .filter_map(|p| match p {
-            Part::ToolCall { tool_call_id, tool_name, .. } => Some((tool_call_id.as_str(), tool_name.as_str())),
-            _ => None,
-        })
-        .collect();
-    let contents: Vec<Value> = transcript.iter().filter_map(|m| content(m, config, &names)).collect();
+/// One transcript message's element of `contents` (none when it has no part): the message,
+/// the config and, for a tool result, the name of the call it answers (`context`).
+pub(crate) fn render_message(config: &RenderConfig, context: &RenderContext, m: &Message) -> Vec<Value> {
+    content(m, config, context).into_iter().collect()
+}
+
+/// The request body around the transcript's rendered `contents`.
+pub(crate) fn body_around(config: &RenderConfig, _context: &RenderContext, contents: Vec<Value>) -> Value {
     let mut body = json!({"contents": contents});
     if let Some(system) = config.system.as_deref().filter(|s| !s.is_empty()) {
         body["systemInstruction"] = json!({"parts": [{"text": system}]});
@@ -99,8 +97,8 @@ pub const CODE_ASSIST_PATH: &str = "/v1internal:streamGenerateContent?alt=sse";
 /// `converter.ts` `toGenerateContentRequest`; the project and ids are the loop's,
 /// `provider::code_assist`, absent only where no run set them, e.g. a request golden). No
 /// per-attempt `requestId`: the bytes of a step stay the same across its retries.
-pub fn code_assist_body(config: &RenderConfig, transcript: &[Message]) -> Value {
-    let mut request = body(config, transcript);
+pub(crate) fn code_assist_body_around(config: &RenderConfig, context: &RenderContext, contents: Vec<Value>) -> Value {
+    let mut request = body_around(config, context, contents);
     let mut envelope = json!({"model": config.wire_model});
     if let Some(ids) = &config.code_assist {
         envelope["project"] = json!(ids.project);
@@ -148,11 +146,11 @@ fn tool(spec: &ToolSpec) -> Value {
     with_description(json!({"name": spec.name, "parametersJsonSchema": schema}), spec)
 }
 
-fn content(m: &Message, config: &RenderConfig, names: &HashMap<&str, &str>) -> Option<Value> {
+fn content(m: &Message, config: &RenderConfig, context: &RenderContext) -> Option<Value> {
     let (role, parts) = match m.role {
         Role::User | Role::System => ("user", user_parts(m)),
         Role::Assistant => ("model", model_parts(m, replays_reasoning(m, config))),
-        Role::Tool => ("user", m.content.iter().filter_map(|p| function_response(p, names)).collect()),
+        Role::Tool => ("user", m.content.iter().filter_map(|p| function_response(p, context)).collect()),
     };
     (!parts.is_empty()).then(|| json!({"role": role, "parts": parts}))
 }
@@ -200,9 +198,11 @@ fn model_parts(m: &Message, replay: bool) -> Vec<Value> {
     parts
 }
 
-fn function_response(p: &Part, names: &HashMap<&str, &str>) -> Option<Value> {
+/// A tool result as a `functionResponse`, named as the transcript's last call of its id (the
+/// id itself when there is none).
+fn function_response(p: &Part, context: &RenderContext) -> Option<Value> {
     let Part::ToolResult { tool_call_id, output, is_error } = p else { return None };
-    let name = names.get(tool_call_id.as_str()).copied().unwrap_or(tool_call_id.as_str());
+    let name = context.tool_name(tool_call_id).unwrap_or(tool_call_id.as_str());
     let (text, is_error) = tool_output(output, *is_error);
     let response = if is_error { json!({"error": text}) } else { json!({"output": text}) };
     let mut answer = json!({"name": name, "response": response});

@@ -23,6 +23,7 @@ pub mod openai_chat;
 pub mod openai_responses;
 pub mod ratelimit;
 pub mod render_cache;
+pub mod render_context;
 pub mod scripted;
 pub mod sigv4;
 pub mod sse;
@@ -44,5 +45,7 @@ pub fn render_request(config: &config::RenderConfig, transcript: &[crate::messag
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_render;
 #[cfg(test)]
 mod tests_rules;

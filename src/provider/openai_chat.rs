@@ -29,29 +29,22 @@ use super::common::{
 use super::config::{RenderConfig, ToolSpec};
 use super::errors::stream_error_with_status;
 use super::event::{DecodeError, EventClass, StreamDecoder, StreamEvent};
+use super::render_context::RenderContext;
 use super::sse::SseEvent;
 use crate::message::{Message, Part, Role, StepUsage};
 
-/// The request body: `model`, `stream`, `stream_options.include_usage`, `messages`, `tools`?,
-/// the output cap?, then the variant's members merged on top (e.g. `reasoning_effort`).
-pub fn body(config: &RenderConfig, transcript: &[Message]) -> Value {
-    let mut messages = Vec::new();
-    for m in transcript {
-        push_message(m, &mut messages);
-    }
-    body_around(config, messages)
-}
-
 /// One transcript message's elements of `messages` (none, one, or one per tool result). They
-/// depend on the message alone, so [`super::render_cache`] keeps them across a run's steps.
-pub(crate) fn render_message(m: &Message) -> Vec<Value> {
+/// depend on the message alone.
+pub(crate) fn render_message(_config: &RenderConfig, _context: &RenderContext, m: &Message) -> Vec<Value> {
     let mut out = Vec::new();
     push_message(m, &mut out);
     out
 }
 
-/// The request body around the transcript's rendered `messages` (the system prompt first).
-pub(crate) fn body_around(config: &RenderConfig, transcript_messages: Vec<Value>) -> Value {
+/// The request body around the transcript's rendered `messages` (the system prompt first):
+/// `model`, `stream`, `stream_options.include_usage`, `messages`, `tools`?, the output cap?,
+/// then the variant's members merged on top (e.g. `reasoning_effort`).
+pub(crate) fn body_around(config: &RenderConfig, _context: &RenderContext, transcript_messages: Vec<Value>) -> Value {
     let mut messages = Vec::with_capacity(transcript_messages.len() + 1);
     if let Some(system) = config.system.as_deref().filter(|s| !s.is_empty()) {
         messages.push(json!({"role": "system", "content": system}));

@@ -30,16 +30,22 @@ use super::common::{
 use super::config::{RenderConfig, ToolSpec};
 use super::errors::stream_error;
 use super::event::{DecodeError, EventClass, StreamDecoder, StreamEvent};
+use super::render_context::RenderContext;
 use super::sse::SseEvent;
 use crate::message::{Message, Part, Role, StepUsage};
 
-/// The request body: `model`, `stream`, `store: false`, `instructions`?, `max_output_tokens`?,
-/// `tools`?, `input`, then the variant's members merged on top (e.g. `reasoning`, `include`).
-pub fn body(config: &RenderConfig, transcript: &[Message]) -> Value {
-    let mut input = Vec::new();
-    for m in transcript {
-        push_items(m, config, &mut input);
-    }
+/// One transcript message's `input` items (none, one, or several). They depend on the message
+/// and the config alone.
+pub(crate) fn render_message(config: &RenderConfig, _context: &RenderContext, m: &Message) -> Vec<Value> {
+    let mut items = Vec::new();
+    push_items(m, config, &mut items);
+    items
+}
+
+/// The request body around the transcript's rendered `input`: `model`, `stream`, `store:
+/// false`, `instructions`?, `max_output_tokens`?, `tools`?, `input`, then the variant's members
+/// merged on top (e.g. `reasoning`, `include`).
+pub(crate) fn body_around(config: &RenderConfig, _context: &RenderContext, input: Vec<Value>) -> Value {
     let mut body = json!({"model": config.wire_model, "stream": true, "store": false, "input": input});
     if let Some(system) = config.system.as_deref().filter(|s| !s.is_empty()) {
         body["instructions"] = json!(system);
@@ -60,23 +66,26 @@ pub fn body(config: &RenderConfig, transcript: &[Message]) -> Value {
     body
 }
 
+/// The ChatGPT/Codex backend's items: [`render_message`]'s, a system-role transcript message
+/// sent as a `developer` input item: the backend refuses a `system` one ("System messages are
+/// not allowed"), as OpenAI's own Codex client never sends it (#46).
+pub(crate) fn chatgpt_render_message(config: &RenderConfig, context: &RenderContext, m: &Message) -> Vec<Value> {
+    let mut items = render_message(config, context, m);
+    for item in items.iter_mut().filter(|i| i.get("role").and_then(Value::as_str) == Some("system")) {
+        item["role"] = json!("developer");
+    }
+    items
+}
+
 /// The ChatGPT/Codex backend's body: the Responses body without `max_output_tokens` (the
 /// backend rejects the field; an explicit cap is accepted and not rendered, spec §4), with
-/// `instructions` always present (the backend requires it; empty without a system prompt), and
-/// a system-role transcript message sent as a `developer` input item: the backend refuses a
-/// `system` one ("System messages are not allowed"), as OpenAI's own Codex client never sends
-/// it (#46).
-pub fn chatgpt_body(config: &RenderConfig, transcript: &[Message]) -> Value {
-    let mut body = body(config, transcript);
+/// `instructions` always present (the backend requires it; empty without a system prompt).
+pub(crate) fn chatgpt_body_around(config: &RenderConfig, context: &RenderContext, input: Vec<Value>) -> Value {
+    let mut body = body_around(config, context, input);
     if let Value::Object(top) = &mut body {
         top.shift_remove("max_output_tokens");
         if !top.contains_key("instructions") {
             top.insert("instructions".into(), json!(""));
-        }
-        if let Some(Value::Array(items)) = top.get_mut("input") {
-            for item in items.iter_mut().filter(|i| i.get("role").and_then(Value::as_str) == Some("system")) {
-                item["role"] = json!("developer");
-            }
         }
     }
     body

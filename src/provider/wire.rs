@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 use super::common::merge_variant;
 use super::config::RenderConfig;
 use super::event::{Family, StreamDecoder};
+use super::render_context::RenderContext;
 use super::sse::{Framer, SseFramer};
 use super::{anthropic, bedrock, cache, errors, gemini, openai_chat, openai_responses};
 use crate::message::Message;
@@ -45,11 +46,50 @@ pub trait WireFamily: Sync {
         &[]
     }
 
-    /// The request body as JSON, before the variant's members and the cache marks.
-    fn body(&self, config: &RenderConfig, transcript: &[Message]) -> Value;
+    /// The request body as JSON, before the variant's members and the cache marks: the
+    /// transcript's elements ([`WireFamily::render_message`] under the whole transcript's
+    /// context, merged by [`WireFamily::merge_element`]) in [`WireFamily::body_around`]. The
+    /// render cache ([`super::render_cache`]) renders from the same pieces.
+    fn body(&self, config: &RenderConfig, transcript: &[Message]) -> Value {
+        let context = RenderContext::of(transcript);
+        let mut elements = Vec::new();
+        for m in transcript {
+            for element in self.render_message(config, &context, m) {
+                push_element(self, &mut elements, element);
+            }
+        }
+        self.body_around(config, &context, elements)
+    }
+
+    /// One message's elements of the request's transcript array (none, one, or several), given
+    /// what `context` gathered from the whole transcript.
+    fn render_message(&self, config: &RenderConfig, context: &RenderContext, message: &Message) -> Vec<Value>;
+
+    /// The body around rendered elements: `body(config, t)` is `body_around(config,
+    /// context of t, elements of t)`. It may read `context.called()`, nothing else of it.
+    fn body_around(&self, config: &RenderConfig, context: &RenderContext, elements: Vec<Value>) -> Value;
+
+    /// Merges `next` into the element before it, where the family merges neighbours (`None`:
+    /// merged); by default elements stand apart (`Some(next)`). A family that merges keeps its
+    /// last element open ([`WireFamily::open_tail`] ≥ 1).
+    fn merge_element(&self, _last: &mut Value, next: Value) -> Option<Value> {
+        Some(next)
+    }
+
+    /// How many of the last rendered elements a later message or [`WireFamily::mark_tail`] may
+    /// still change (by default none).
+    fn open_tail(&self, _elements: &[Value]) -> usize {
+        0
+    }
+
+    /// Marks the prompt cache on the transcript's last elements (at least the
+    /// [`WireFamily::open_tail`] ones), as [`WireFamily::mark_cache`] marks them in a whole
+    /// body. Default: nothing.
+    fn mark_tail(&self, _config: &RenderConfig, _tail: &mut [Value]) {}
 
     /// Marks the prompt cache on a rendered body, from the run's frozen cache policy (spec §4
-    /// `send.cache`; [`super::cache`]). Default: nothing (a family without prompt caching).
+    /// `send.cache`; [`super::cache`]): the body's own members, then the transcript's tail
+    /// ([`WireFamily::mark_tail`]). Default: nothing (a family without prompt caching).
     fn mark_cache(&self, _config: &RenderConfig, _body: &mut Value) {}
 
     /// The request body's bytes: [`WireFamily::body`], the variant's members merged on top,
@@ -68,24 +108,6 @@ pub trait WireFamily: Sync {
         self.merge_variant(&mut body, config);
         self.mark_cache(config, &mut body);
         serde_json::to_vec(&body).unwrap_or_default()
-    }
-
-    /// For a family whose request lists the transcript as one JSON array in which each message
-    /// renders on its own (whatever its position, the config or the other messages): one
-    /// message's elements of that array. `None` (the default): whole requests only.
-    fn render_message(&self, _message: &Message) -> Option<Vec<Value>> {
-        None
-    }
-
-    /// With [`WireFamily::render_message`]: the body around already rendered elements, such
-    /// that `body(config, t)` is `body_around(config, elements of every message of t)`.
-    fn body_around(&self, _config: &RenderConfig, _elements: Vec<Value>) -> Option<Value> {
-        None
-    }
-
-    /// [`WireFamily::body_around`], finished as [`WireFamily::render`] finishes a body.
-    fn render_body(&self, config: &RenderConfig, elements: Vec<Value>) -> Option<Vec<u8>> {
-        self.body_around(config, elements).map(|body| self.finish(config, body))
     }
 
     /// A fresh decoder for one response stream.
@@ -150,11 +172,21 @@ impl WireFamily for AnthropicMessages {
     fn headers(&self) -> &'static [(&'static str, &'static str)] {
         &[("anthropic-version", "2023-06-01")]
     }
-    fn body(&self, config: &RenderConfig, transcript: &[Message]) -> Value {
-        anthropic::body(config, transcript)
+    fn render_message(&self, config: &RenderConfig, context: &RenderContext, message: &Message) -> Vec<Value> {
+        anthropic::render_message(config, context, message)
+    }
+    fn body_around(&self, config: &RenderConfig, context: &RenderContext, elements: Vec<Value>) -> Value {
+        anthropic::body_around(config, context, elements)
     }
     fn mark_cache(&self, config: &RenderConfig, body: &mut Value) {
         cache::mark_anthropic(config, body);
+    }
+    /// Open: the elements from the second-last that takes a mark on (the tail's breakpoints).
+    fn open_tail(&self, elements: &[Value]) -> usize {
+        cache::anthropic_marked_tail(elements)
+    }
+    fn mark_tail(&self, config: &RenderConfig, tail: &mut [Value]) {
+        cache::mark_anthropic_tail(config, tail);
     }
     fn decoder(&self) -> Box<dyn StreamDecoder> {
         Box::new(anthropic::AnthropicDecoder::new())
@@ -184,17 +216,14 @@ impl WireFamily for OpenaiChat {
     fn path(&self) -> &'static str {
         "/chat/completions"
     }
-    fn body(&self, config: &RenderConfig, transcript: &[Message]) -> Value {
-        openai_chat::body(config, transcript)
+    fn render_message(&self, config: &RenderConfig, context: &RenderContext, message: &Message) -> Vec<Value> {
+        openai_chat::render_message(config, context, message)
+    }
+    fn body_around(&self, config: &RenderConfig, context: &RenderContext, elements: Vec<Value>) -> Value {
+        openai_chat::body_around(config, context, elements)
     }
     fn mark_cache(&self, config: &RenderConfig, body: &mut Value) {
         cache::mark_openai(config, body);
-    }
-    fn render_message(&self, message: &Message) -> Option<Vec<Value>> {
-        Some(openai_chat::render_message(message))
-    }
-    fn body_around(&self, config: &RenderConfig, elements: Vec<Value>) -> Option<Value> {
-        Some(openai_chat::body_around(config, elements))
     }
     fn decoder(&self) -> Box<dyn StreamDecoder> {
         Box::new(openai_chat::ChatDecoder::new())
@@ -235,8 +264,11 @@ impl WireFamily for OpenaiChatgptResponses {
     fn account_header(&self) -> Option<&'static str> {
         Some("chatgpt-account-id")
     }
-    fn body(&self, config: &RenderConfig, transcript: &[Message]) -> Value {
-        openai_responses::chatgpt_body(config, transcript)
+    fn render_message(&self, config: &RenderConfig, context: &RenderContext, message: &Message) -> Vec<Value> {
+        openai_responses::chatgpt_render_message(config, context, message)
+    }
+    fn body_around(&self, config: &RenderConfig, context: &RenderContext, elements: Vec<Value>) -> Value {
+        openai_responses::chatgpt_body_around(config, context, elements)
     }
     fn mark_cache(&self, config: &RenderConfig, body: &mut Value) {
         cache::mark_chatgpt(config, body);
@@ -256,8 +288,11 @@ impl WireFamily for OpenaiResponses {
     fn path(&self) -> &'static str {
         "/responses"
     }
-    fn body(&self, config: &RenderConfig, transcript: &[Message]) -> Value {
-        openai_responses::body(config, transcript)
+    fn render_message(&self, config: &RenderConfig, context: &RenderContext, message: &Message) -> Vec<Value> {
+        openai_responses::render_message(config, context, message)
+    }
+    fn body_around(&self, config: &RenderConfig, context: &RenderContext, elements: Vec<Value>) -> Value {
+        openai_responses::body_around(config, context, elements)
     }
     fn mark_cache(&self, config: &RenderConfig, body: &mut Value) {
         cache::mark_openai(config, body);
@@ -283,8 +318,11 @@ impl WireFamily for GoogleGenerateContent {
     fn url(&self, config: &RenderConfig) -> String {
         format!("{}{}", config.base_url, gemini::path(&config.wire_model))
     }
-    fn body(&self, config: &RenderConfig, transcript: &[Message]) -> Value {
-        gemini::body(config, transcript)
+    fn render_message(&self, config: &RenderConfig, context: &RenderContext, message: &Message) -> Vec<Value> {
+        gemini::render_message(config, context, message)
+    }
+    fn body_around(&self, config: &RenderConfig, context: &RenderContext, elements: Vec<Value>) -> Value {
+        gemini::body_around(config, context, elements)
     }
     fn merge_variant(&self, body: &mut Value, config: &RenderConfig) {
         gemini::merge_variant(body, config);
@@ -319,11 +357,25 @@ impl WireFamily for AwsBedrockConverse {
     fn url(&self, config: &RenderConfig) -> String {
         format!("{}{}", config.base_url, bedrock::path(&config.wire_model))
     }
-    fn body(&self, config: &RenderConfig, transcript: &[Message]) -> Value {
-        bedrock::body(config, transcript)
+    fn render_message(&self, config: &RenderConfig, context: &RenderContext, message: &Message) -> Vec<Value> {
+        bedrock::render_message(config, context, message)
+    }
+    fn body_around(&self, config: &RenderConfig, context: &RenderContext, elements: Vec<Value>) -> Value {
+        bedrock::body_around(config, context, elements)
     }
     fn mark_cache(&self, config: &RenderConfig, body: &mut Value) {
         bedrock::mark_cache(config, body);
+    }
+    /// Consecutive messages of one role are one turn.
+    fn merge_element(&self, last: &mut Value, next: Value) -> Option<Value> {
+        bedrock::merge_turn(last, next)
+    }
+    /// Open: the last turn (the next message may merge into it; it takes the cache point).
+    fn open_tail(&self, elements: &[Value]) -> usize {
+        elements.len().min(1)
+    }
+    fn mark_tail(&self, config: &RenderConfig, tail: &mut [Value]) {
+        bedrock::mark_tail(config, tail);
     }
     fn decoder(&self) -> Box<dyn StreamDecoder> {
         Box::new(bedrock::BedrockDecoder::new())
@@ -367,8 +419,11 @@ impl WireFamily for GoogleCodeAssist {
     fn headers(&self) -> &'static [(&'static str, &'static str)] {
         super::code_assist::CLIENT_HEADERS
     }
-    fn body(&self, config: &RenderConfig, transcript: &[Message]) -> Value {
-        gemini::code_assist_body(config, transcript)
+    fn render_message(&self, config: &RenderConfig, context: &RenderContext, message: &Message) -> Vec<Value> {
+        gemini::render_message(config, context, message)
+    }
+    fn body_around(&self, config: &RenderConfig, context: &RenderContext, elements: Vec<Value>) -> Value {
+        gemini::code_assist_body_around(config, context, elements)
     }
     fn merge_variant(&self, body: &mut Value, config: &RenderConfig) {
         gemini::code_assist_merge_variant(body, config);
@@ -384,4 +439,14 @@ impl WireFamily for GoogleCodeAssist {
     fn has_toggle_mapping(&self) -> bool {
         true
     }
+}
+
+/// `element` appended to a transcript's rendered `elements`, merged into the last one where
+/// `family` merges it.
+pub(crate) fn push_element<F: WireFamily + ?Sized>(family: &F, elements: &mut Vec<Value>, element: Value) {
+    let left = match elements.last_mut() {
+        Some(last) => family.merge_element(last, element),
+        None => Some(element),
+    };
+    elements.extend(left);
 }

@@ -25,7 +25,8 @@
 //!   [`rounds`] paired rounds (21, 5 at 10,000 messages), each on a freshly written session.
 //! - `depth.render_us.<family>.<n>`: rendering the request of one step of a session of n
 //!   messages as the loop does (`RenderCache::render_appended`, the cache holding the request
-//!   before the step's two new messages; a family rendered whole renders everything); p50.
+//!   before the step's two new messages: it renders those and the open tail, and copies the
+//!   settled bytes into the body); p50.
 //! - `depth.read_page_us.<n>`: `session.read {limit: 10}` (the ten newest messages); p50.
 //! - `depth.output_ref_read_mb_per_s.<n>`: snapshot bytes served per second by back-to-back
 //!   whole reads (60,000 bytes) of `session.output_ref_read` of a reference the session's last
