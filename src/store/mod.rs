@@ -20,11 +20,13 @@ mod error;
 pub mod export;
 #[cfg(debug_assertions)]
 mod faults;
+mod sends;
 pub mod writer;
 
 pub use error::StoreError;
 #[cfg(debug_assertions)]
 use faults::FlushFaults;
+pub use sends::{Fate, SendLookup, SendRow};
 
 use std::path::{Path, PathBuf};
 
@@ -190,71 +192,6 @@ pub struct RunRow {
     pub undelivered_steers: Option<String>,
     /// The normalized finish of the run's last model step, once it finished.
     pub finish: Option<String>,
-}
-
-/// How a ledger row is looked up.
-#[derive(Clone, Copy, Debug)]
-pub enum SendLookup<'a> {
-    Submission(&'a str),
-    /// The newest send under `send_id` in one sender's namespace (`principal`: a plan-named
-    /// sender's module; `None`: the owner's).
-    SendId {
-        send_id: &'a str,
-        principal: Option<&'a str>,
-    },
-}
-
-/// Where a durably queued send stands (the ledger's `fate` column).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fate {
-    /// Queued, not yet consumed.
-    Pending,
-    /// Consumed by the `RunStarted` of its own run.
-    Started,
-    /// Delivered into a running run as a steer.
-    Delivered,
-    Retracted,
-    /// A waiting `delivery_order` send another with its `dedupe_key` replaced.
-    Superseded,
-    /// A waiting `delivery_order` send past its `expires_at_ms`.
-    Expired,
-}
-
-impl Fate {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Fate::Pending => "pending",
-            Fate::Started => "started",
-            Fate::Delivered => "delivered",
-            Fate::Retracted => "retracted",
-            Fate::Superseded => "superseded",
-            Fate::Expired => "expired",
-        }
-    }
-
-    /// The fate of a list send dropped for `reason`.
-    pub fn dropped(reason: crate::record::DropReason) -> Fate {
-        match reason {
-            crate::record::DropReason::Superseded => Fate::Superseded,
-            crate::record::DropReason::Expired => Fate::Expired,
-        }
-    }
-
-    fn parse(s: &str) -> Option<Fate> {
-        [Fate::Pending, Fate::Started, Fate::Delivered, Fate::Retracted, Fate::Superseded, Fate::Expired]
-            .into_iter()
-            .find(|f| f.as_str() == s)
-    }
-}
-
-/// A send's row in the ledger.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SendRow {
-    pub submission_id: String,
-    pub request: crate::record::RequestIdentity,
-    pub fate: Fate,
-    /// The run that consumed it (`Started`, `Delivered`).
-    pub run_id: Option<String>,
 }
 
 /// The `-wal` size up to which a closing store leaves the WAL as it is. The next process to
