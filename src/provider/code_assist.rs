@@ -29,8 +29,8 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::record::{ErrorClass, ProviderError};
@@ -64,12 +64,43 @@ const USER_AGENT: &str = "antigravity/1.11.5 linux/arm64";
 const USER_AGENT: &str = "antigravity/1.11.5 linux/amd64";
 
 /// The `metadata` of `loadCodeAssist` and `onboardUser` (the Antigravity client's).
-fn metadata(project: Option<&str>) -> Value {
-    let mut m = json!({"ideType": "ANTIGRAVITY", "platform": "PLATFORM_UNSPECIFIED", "pluginType": "GEMINI"});
-    if let Some(p) = project {
-        m["duetProject"] = json!(p);
+/// The client metadata every setup call carries (members in gemini-cli's order).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientMetadata {
+    ide_type: &'static str,
+    platform: &'static str,
+    plugin_type: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    duet_project: Option<String>,
+}
+
+fn metadata(project: Option<&str>) -> ClientMetadata {
+    ClientMetadata {
+        ide_type: "ANTIGRAVITY",
+        platform: "PLATFORM_UNSPECIFIED",
+        plugin_type: "GEMINI",
+        duet_project: project.map(str::to_owned),
     }
-    m
+}
+
+/// The `loadCodeAssist` request body.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadBody {
+    metadata: ClientMetadata,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cloudaicompanion_project: Option<String>,
+}
+
+/// The `onboardUser` request body: the free tier names no project.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OnboardBody {
+    tier_id: String,
+    metadata: ClientMetadata,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cloudaicompanion_project: Option<String>,
 }
 
 /// The longest one setup call may stay silent.
@@ -170,19 +201,15 @@ pub enum AfterLoad {
     /// Onboard to this tier with this `onboardUser` body.
     Onboard {
         tier: String,
-        body: Value,
+        body: OnboardBody,
     },
     /// No project can be had: the account needs one configured, or is ineligible.
     Missing(ProviderError),
 }
 
 /// The `loadCodeAssist` request body.
-pub fn load_body(configured: Option<&str>) -> Value {
-    let mut body = json!({"metadata": metadata(configured)});
-    if let Some(p) = configured {
-        body["cloudaicompanionProject"] = json!(p);
-    }
-    body
+pub fn load_body(configured: Option<&str>) -> LoadBody {
+    LoadBody { metadata: metadata(configured), cloudaicompanion_project: configured.map(str::to_owned) }
 }
 
 /// gemini-cli's `setupUser` decision after `loadCodeAssist`.
@@ -195,14 +222,11 @@ pub fn after_load(answer: &LoadAnswer, configured: Option<&str>) -> AfterLoad {
         };
     }
     let tier = answer.allowed_tiers.iter().find(|t| t.is_default).map_or(LEGACY_TIER, |t| t.id.as_str()).to_owned();
-    let body = if tier == FREE_TIER {
-        json!({"tierId": tier, "metadata": metadata(None)})
-    } else {
-        let mut body = json!({"tierId": tier, "metadata": metadata(configured)});
-        if let Some(p) = configured {
-            body["cloudaicompanionProject"] = json!(p);
-        }
-        body
+    let project = if tier == FREE_TIER { None } else { configured };
+    let body = OnboardBody {
+        tier_id: tier.clone(),
+        metadata: metadata(project),
+        cloudaicompanion_project: project.map(str::to_owned),
     };
     AfterLoad::Onboard { tier, body }
 }
@@ -253,13 +277,13 @@ pub fn resolve(
     configured: Option<&str>,
     sleep: &mut dyn FnMut(Duration) -> bool,
 ) -> Result<Project, ProviderError> {
-    let load: LoadAnswer = answer(x.post(LOAD_PATH, &load_body(configured))?, "loadCodeAssist")?;
+    let load: LoadAnswer = answer(x.post(LOAD_PATH, &to_json(&load_body(configured)))?, "loadCodeAssist")?;
     let (tier, body) = match after_load(&load, configured) {
         AfterLoad::Found(project) => return Ok(project),
         AfterLoad::Missing(error) => return Err(error),
         AfterLoad::Onboard { tier, body } => (tier, body),
     };
-    let mut op: Operation = answer(x.post(ONBOARD_PATH, &body)?, "onboardUser")?;
+    let mut op: Operation = answer(x.post(ONBOARD_PATH, &to_json(&body))?, "onboardUser")?;
     let mut waited = Duration::ZERO;
     while !op.done {
         let Some(name) = op.name.as_deref().filter(|n| valid_operation_name(n)) else {
@@ -280,6 +304,11 @@ pub fn resolve(
         op = answer(x.get(&format!("{OPERATION_PREFIX}{name}"))?, "the onboarding operation")?;
     }
     after_onboard(&op, &tier, configured, &load)
+}
+
+/// A typed setup body as the exchange sends it.
+fn to_json(body: &impl Serialize) -> Value {
+    serde_json::to_value(body).unwrap_or(Value::Null)
 }
 
 /// An operation name is a path of plain segments (`operations/abc`): anything else is not
@@ -350,6 +379,7 @@ impl ProjectCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
     use std::cell::RefCell;
 
     /// A backend scripted by path: each answer taken in order; every request kept.
