@@ -27,29 +27,13 @@ use std::time::{Duration, Instant};
 
 use cortexkit_role_llm_runner::delivery_order::{template_digest, Slot, Template};
 use serde_json::{json, Value};
-use subc_client_rs::CallError;
-use subc_protocol::RouteTarget;
-use support::{call_options, send_params, Harness, Options, Session, STEP};
+use support::{send_params, Harness, Options, Session, STEP};
 
 const OWNER: &str = "owner-a";
 const SENDER: &str = "sender-a";
 const STRANGER: &str = "stranger-x";
 
-/// `method` on `session` through the relay module `relay`: the `result`, or the refusal as
-/// `(code, full error body)`.
-fn via(h: &Harness, relay: &str, s: &Session, method: &str, params: Value) -> Result<Value, (String, Value)> {
-    let body = json!({"method": method, "params": params}).to_string().into_bytes();
-    let target = RouteTarget::ManagementSurface { module_id: relay.into() };
-    match h.block_on(h.client().consumer().call(target, s.identity(), body, call_options())) {
-        Ok(bytes) => Ok(serde_json::from_slice::<Value>(&bytes).expect("a JSON reply")["result"].clone()),
-        Err(CallError::Module(e)) => Err((e.code.clone(), serde_json::to_value(&e).unwrap())),
-        Err(e) => panic!("{method} through {relay}: {e:?}"),
-    }
-}
-
-fn ok(h: &Harness, relay: &str, s: &Session, method: &str, params: Value) -> Value {
-    via(h, relay, s, method, params).unwrap_or_else(|(code, body)| panic!("{relay} {method} refused {code}: {body}"))
-}
+use support::{relay_call as via, relay_ok as ok};
 
 /// A refusal, pinned as `golden` (`testdata/golden/<golden>.json`), that wrote nothing.
 fn refused(h: &Harness, relay: &str, s: &Session, params: Value, code: &str, golden: &str) {
@@ -149,7 +133,8 @@ fn lists_wait_then_ride_the_next_turn(h: &Harness) {
         "session.send",
         listed(None, "s-5", json!({"delivery": ["turn_system", "steer"], "template": used})),
     );
-    std::thread::sleep(Duration::from_millis(300));
+    // The session's actor handles its sends one after another and starts a run, if it starts
+    // one, before it answers the next: a run the first list started would show by now.
     assert_eq!(h.mock.requests("default").len(), requests, "a waiting list made a model request");
     assert_eq!(ok(h, OWNER, &s, "session.head", json!({}))["last_run_state"]["run_id"], run, "a run started");
 

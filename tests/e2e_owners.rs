@@ -25,28 +25,12 @@ use broca::lineage::reader::{Reader, Sink, Start};
 use broca::record::{Record, KNOWN_FEATURES};
 use broca::wal::{self, FileStorage, ScannedFrame, Wal, WalError, WalOpen};
 use serde_json::{json, Value};
-use subc_client_rs::CallError;
-use subc_protocol::RouteTarget;
-use support::{call_options, send_params, Harness, Options, Session, STEP};
+use support::{send_params, Harness, Options, Session, STEP};
 
 const A: &str = "owner-a";
 const B: &str = "owner-b";
 
-/// `method` on `session` through the relay module `relay` (so under `reserved:<relay>`): the
-/// `result`, or the refusal as `(code, full error body)`.
-fn via(h: &Harness, relay: &str, s: &Session, method: &str, params: Value) -> Result<Value, (String, Value)> {
-    let body = json!({"method": method, "params": params}).to_string().into_bytes();
-    let target = RouteTarget::ManagementSurface { module_id: relay.into() };
-    match h.block_on(h.client().consumer().call(target, s.identity(), body, call_options())) {
-        Ok(bytes) => Ok(serde_json::from_slice::<Value>(&bytes).expect("a JSON reply")["result"].clone()),
-        Err(CallError::Module(e)) => Err((e.code.clone(), serde_json::to_value(&e).unwrap())),
-        Err(e) => panic!("{method} through {relay}: {e:?}"),
-    }
-}
-
-fn ok(h: &Harness, relay: &str, s: &Session, method: &str, params: Value) -> Value {
-    via(h, relay, s, method, params).unwrap_or_else(|(code, body)| panic!("{relay} {method} refused {code}: {body}"))
-}
+use support::{relay_call as via, relay_ok as ok};
 
 /// The refusal of a stranger's call, checked as `scope_owner_mismatch` naming the caller.
 fn mismatch(h: &Harness, relay: &str, s: &Session, method: &str, params: Value) -> Value {

@@ -76,6 +76,30 @@ pub fn consumer_options() -> ConsumerOptions {
     ConsumerOptions { handshake_timeout: Duration::from_secs(2), call_timeout: CALL_TIMEOUT, ..Default::default() }
 }
 
+/// `method` on `s` through the relay module `relay` (a `broca-mock relay` the daemon launched),
+/// so under the principal `reserved:<relay>`: the `result`, or the refusal as `(code, body)`.
+pub fn relay_call(
+    h: &Harness,
+    relay: &str,
+    s: &Session,
+    method: &str,
+    params: Value,
+) -> Result<Value, (String, Value)> {
+    let body = json!({"method": method, "params": params}).to_string().into_bytes();
+    let target = RouteTarget::ManagementSurface { module_id: relay.into() };
+    match h.block_on(h.client().consumer().call(target, s.identity(), body, call_options())) {
+        Ok(bytes) => Ok(serde_json::from_slice::<Value>(&bytes).expect("a JSON reply")["result"].clone()),
+        Err(CallError::Module(e)) => Err((e.code.clone(), serde_json::to_value(&e).unwrap())),
+        Err(e) => panic!("{method} through {relay}: {e:?}"),
+    }
+}
+
+/// [`relay_call`] that must be answered.
+pub fn relay_ok(h: &Harness, relay: &str, s: &Session, method: &str, params: Value) -> Value {
+    relay_call(h, relay, s, method, params)
+        .unwrap_or_else(|(code, body)| panic!("{relay} {method} refused {code}: {body}"))
+}
+
 pub fn call_options() -> CallOptions {
     CallOptions { timeout: CALL_TIMEOUT, ..Default::default() }
 }
